@@ -1,0 +1,38 @@
+# The two commands that matter: `make report` and `make test`. Each sets up .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# CPU machines take torch 2.13.0 from local disk; a GPU host overrides TORCH_SPEC (e.g. TORCH_SPEC=torch).
+TORCH_SPEC ?= torch==2.13.0
+SMOKE ?= 0
+
+.PHONY: all setup report test lab clean gpu-bundle
+
+all: test
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[notebooks,test]"
+	$(PY) -m ipykernel install --sys-prefix --name workbench --display-name "workbench (.venv)" >/dev/null
+	@command -v espeak-ng >/dev/null || sh scripts/install_espeak.sh || true
+	touch $@
+
+setup: $(VENV)/.installed
+
+report: setup
+	$(PY) -m workbench report --out reports $(if $(filter 1,$(SMOKE)),--smoke,)
+
+test: setup
+	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks
+
+lab: setup
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+
+gpu-bundle:
+	sh scripts/gpu_bundle.sh
+
+clean:
+	rm -rf reports .pytest_cache

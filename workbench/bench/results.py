@@ -1,0 +1,152 @@
+"""One home for benchmark result files: provenance, timing with spread, reading them back.
+
+Every figure reported from a GPU lands in ``benchmarks/results/<name>.json`` with what ran, the command,
+the git commit, the device, the date, and each figure with its spread. Nothing is typed by hand.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+
+
+def git_commit() -> str:
+    """The current commit (with ``+dirty`` when the tree has changes), or 'unknown' outside git."""
+    env_commit = os.environ.get("WORKBENCH_GIT_COMMIT")
+    if env_commit:
+        return env_commit
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def device_info() -> dict[str, Any]:
+    """The machine the numbers come from: GPU name and memory when CUDA is there, else the CPU."""
+    info: dict[str, Any] = {"host": platform.node(), "cpu": platform.processor() or platform.machine(),
+                            "cpu_count": os.cpu_count(), "python": sys.version.split()[0]}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            info.update(gpu=props.name, gpu_count=torch.cuda.device_count(),
+                        gpu_memory_bytes=props.total_memory, cuda=torch.version.cuda,
+                        driver=_driver_version())
+    except ImportError:
+        pass
+    return info
+
+
+def _driver_version() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        return None
+
+
+def summarize(samples: list[float]) -> dict[str, float]:
+    """Median with spread (min, max, IQR, count) of repeated measurements, in their own unit."""
+    xs = sorted(samples)
+    if not xs:
+        raise ValueError("summarize() needs at least one sample")
+    q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0], xs[0], xs[0]]
+    return {"median": statistics.median(xs), "min": xs[0], "max": xs[-1], "p25": q[0], "p75": q[2],
+            "n": len(xs)}
+
+
+def time_cpu(fn: Callable[[], Any], *, repeat: int = 5, warmup: int = 1) -> dict[str, float]:
+    """Wall-clock seconds of ``fn()`` on the host: warm-up runs, then ``repeat`` timed runs."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return summarize(samples)
+
+
+def time_cuda(fn: Callable[[], Any], *, repeat: int = 20, warmup: int = 3) -> dict[str, float]:
+    """Seconds of ``fn()`` on the current CUDA device, timed with events after a synchronize."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / 1000.0)
+    return summarize(samples)
+
+
+def write_result(name: str, *, what: str, figures: dict[str, Any], params: dict[str, Any] | None = None,
+                 out_dir: str | os.PathLike | None = None, command: str | None = None) -> Path:
+    """Write ``<out_dir>/<name>.json`` atomically with provenance; returns the path.
+
+    ``figures`` holds the measurements (use :func:`summarize` for anything repeated, so the spread is
+    kept); ``params`` what was run with which settings.
+    """
+    out = Path(out_dir) if out_dir is not None else RESULTS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    record = {
+        "name": name,
+        "what": what,
+        "command": command or " ".join([Path(sys.executable).name, *sys.argv]),
+        "git_commit": git_commit(),
+        "device": device_info(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "params": params or {},
+        "figures": figures,
+    }
+    path = out / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=False, default=_jsonable) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _jsonable(obj: Any) -> Any:
+    if hasattr(obj, "item"):
+        return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return str(obj)
+
+
+def load_result(name: str, results_dir: str | os.PathLike | None = None) -> dict[str, Any] | None:
+    """The committed result ``name`` (without .json), or None when it has not been measured yet."""
+    path = Path(results_dir or RESULTS_DIR) / f"{name}.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def provenance_line(record: dict[str, Any]) -> str:
+    """One line saying where a result came from: device, date, commit."""
+    dev = record.get("device", {})
+    where = dev.get("gpu") or dev.get("cpu") or "unknown device"
+    return f"measured on {where}, {record.get('date', '?')}, commit {str(record.get('git_commit', '?'))[:12]}"

@@ -1,0 +1,120 @@
+"""The bucket profile: bins (1D or 2D), per-bucket batch sizes and TPS limits, as one YAML file.
+
+The file is shaped so that a NeMo or lhotse config takes ``bucket_duration_bins`` and
+``bucket_batch_size`` unchanged: 1D bins are a list of max durations in seconds; 2D bins are a list of
+``[max_duration_s, max_tokens]`` pairs. ``bucket_batch_size`` is absent until the OOMptimizer has run.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass
+class BucketProfile:
+    bucket_duration_bins: list  # 1D: [max_duration_s, ...]; 2D: [[max_duration_s, max_tokens], ...]
+    bucket_batch_size: list[int] | None = None  # one per bucket, once the OOMptimizer has run
+    max_tps: list[float] | float | None = None  # tokens-per-second limit, per bucket (2D) or one value
+    metadata: dict[str, Any] = field(default_factory=dict)  # model, dtype, GPU, torch version, date...
+
+    @property
+    def num_buckets(self) -> int:
+        return len(self.bucket_duration_bins)
+
+    @property
+    def is_2d(self) -> bool:
+        return bool(self.bucket_duration_bins) and isinstance(self.bucket_duration_bins[0], (list, tuple))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"num_buckets": self.num_buckets,
+                               "bucket_duration_bins": [list(b) if isinstance(b, (list, tuple)) else b
+                                                        for b in self.bucket_duration_bins]}
+        if self.bucket_batch_size is not None:
+            out["bucket_batch_size"] = list(self.bucket_batch_size)
+        if self.max_tps is not None:
+            out["max_tps"] = self.max_tps
+        if self.metadata:
+            out["metadata"] = self.metadata
+        return out
+
+
+def save_profile(path: str | os.PathLike, profile: BucketProfile) -> Path:
+    """Write the profile as YAML atomically (temp file in the same folder, then rename)."""
+    validate_profile(profile, source=str(path))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(_plain(profile.to_dict()), sort_keys=False, default_flow_style=None)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_profile(path: str | os.PathLike) -> BucketProfile:
+    """Read a profile YAML; errors name the file and the field that is wrong."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such profile file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict) or "bucket_duration_bins" not in data:
+        raise ValueError(f"{path}: missing field 'bucket_duration_bins'")
+    profile = BucketProfile(bucket_duration_bins=data["bucket_duration_bins"],
+                            bucket_batch_size=data.get("bucket_batch_size"),
+                            max_tps=data.get("max_tps"), metadata=data.get("metadata") or {})
+    validate_profile(profile, source=str(path))
+    if "num_buckets" in data and data["num_buckets"] != profile.num_buckets:
+        raise ValueError(f"{path}: field 'num_buckets' is {data['num_buckets']} but "
+                         f"'bucket_duration_bins' has {profile.num_buckets} entries")
+    return profile
+
+
+def validate_profile(profile: BucketProfile, source: str = "profile") -> None:
+    """Raise ValueError naming the field when the profile is inconsistent."""
+    bins = profile.bucket_duration_bins
+    if not isinstance(bins, list) or not bins:
+        raise ValueError(f"{source}: field 'bucket_duration_bins' must be a non-empty list")
+    for i, b in enumerate(bins):
+        values = b if isinstance(b, (list, tuple)) else [b]
+        if isinstance(b, (list, tuple)) and len(b) != 2:
+            raise ValueError(f"{source}: bucket_duration_bins[{i}] must be [max_duration, max_tokens]")
+        if any(not isinstance(v, (int, float)) or v != v or v <= 0 for v in values):
+            raise ValueError(f"{source}: bucket_duration_bins[{i}] = {b!r} must be positive numbers")
+    if profile.is_2d != all(isinstance(b, (list, tuple)) for b in bins):
+        raise ValueError(f"{source}: field 'bucket_duration_bins' mixes 1D and 2D entries")
+    bs = profile.bucket_batch_size
+    if bs is not None:
+        if len(bs) != len(bins):
+            raise ValueError(f"{source}: field 'bucket_batch_size' has {len(bs)} entries, "
+                             f"'bucket_duration_bins' has {len(bins)}")
+        for i, b in enumerate(bs):
+            if not isinstance(b, int) or b < 1:
+                raise ValueError(f"{source}: bucket_batch_size[{i}] = {b!r} must be a positive integer")
+    tps = profile.max_tps
+    if isinstance(tps, list) and len(tps) != len(bins):
+        raise ValueError(f"{source}: field 'max_tps' has {len(tps)} entries, "
+                         f"'bucket_duration_bins' has {len(bins)}")
+
+
+def _plain(obj: Any) -> Any:
+    """numpy scalars and tuples to plain Python, so the YAML has no tags."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if hasattr(obj, "item"):
+        return obj.item()
+    return obj

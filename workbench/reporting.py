@@ -1,0 +1,115 @@
+"""Notebook support: smoke switch, showing committed GPU results on CPU machines, and `workbench report`.
+
+`workbench report` executes every notebook in notebooks/ with papermill, renders each to HTML under
+reports/, and writes reports/index.html linking them with one line on what each shows (the notebook's
+first markdown line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from workbench.bench.results import REPO_ROOT, load_result, provenance_line
+
+NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+
+
+def smoke_mode(smoke: bool) -> bool:
+    """True for the fast run: the `smoke` parameter, or WORKBENCH_SMOKE=1 (set by `make test` for nbval)."""
+    return bool(smoke) or os.environ.get("WORKBENCH_SMOKE", "0") == "1"
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def committed_result(name: str) -> dict[str, Any] | None:
+    """The newest committed GPU result ``benchmarks/results/<name>.json``, announced with its provenance.
+
+    Prints plainly when there is none, so a GPU-only section never shows silently nothing.
+    """
+    record = load_result(name)
+    if record is None:
+        print(f"No committed result '{name}' yet: run the GPU benchmark (see README, 'GPU host').")
+        return None
+    print(f"Showing committed result '{name}': {provenance_line(record)}")
+    return record
+
+
+def gpu_section_note(what: str) -> bool:
+    """Say whether a live GPU section runs here; returns has_cuda()."""
+    if has_cuda():
+        return True
+    print(f"No CUDA GPU on this machine: '{what}' is not run live; the committed GPU results are shown.")
+    return False
+
+
+def _first_markdown_line(path: Path) -> str:
+    nb = json.loads(path.read_text())
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") == "markdown":
+            for line in "".join(cell.get("source", "")).splitlines():
+                line = line.strip().lstrip("#").strip()
+                if line:
+                    return line
+    return path.stem
+
+
+def run_notebooks(out_dir: str | os.PathLike = "reports", *, smoke: bool = False,
+                  only: list[str] | None = None) -> Path:
+    """Execute and render every notebook; returns the path of index.html. Stops at the first failure."""
+    import nbformat
+    import papermill as pm
+    from nbconvert import HTMLExporter
+
+    out = Path(out_dir)
+    (out / "executed").mkdir(parents=True, exist_ok=True)
+    notebooks = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+    if only:
+        notebooks = [nb for nb in notebooks if any(o in nb.name for o in only)]
+    if not notebooks:
+        raise FileNotFoundError(f"no notebooks found in {NOTEBOOK_DIR}")
+    rows = []
+    for nb_path in notebooks:
+        t0 = time.perf_counter()
+        print(f"[report] {nb_path.name} ...", flush=True)
+        executed = out / "executed" / nb_path.name
+        pm.execute_notebook(str(nb_path), str(executed), parameters={"smoke": smoke, "interactive": False},
+                            cwd=str(NOTEBOOK_DIR), kernel_name="python3", progress_bar=False)
+        body, _ = HTMLExporter(template_name="lab").from_notebook_node(nbformat.read(executed, as_version=4))
+        html = out / (nb_path.stem + ".html")
+        tmp = html.with_suffix(".html.tmp")
+        tmp.write_text(body)
+        os.replace(tmp, html)
+        rows.append((html.name, nb_path.stem, _first_markdown_line(nb_path), time.perf_counter() - t0))
+        print(f"[report] {nb_path.name} done in {rows[-1][3]:.1f} s -> {html}", flush=True)
+    items = "\n".join(f'<li><a href="{h}">{stem}</a>: {desc} <small>({secs:.0f} s)</small></li>'
+                      for h, stem, desc, secs in rows)
+    index = out / "index.html"
+    index.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>workbench reports</title>"
+                     f"</head><body><h1>workbench reports</h1><p>{'smoke run' if smoke else 'full run'}, "
+                     f"{time.strftime('%Y-%m-%d %H:%M')}</p><ul>\n{items}\n</ul></body></html>\n")
+    print(f"[report] wrote {index}")
+    return index
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="run every notebook and render HTML reports")
+    p.add_argument("--out", default="reports", help="output folder (default: reports)")
+    p.add_argument("--smoke", action="store_true", help="fast run with small inputs")
+    p.add_argument("--only", nargs="*", help="run only notebooks whose name contains one of these")
+    p.set_defaults(func=lambda a: (run_notebooks(a.out, smoke=a.smoke, only=a.only), 0)[1])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(run_notebooks(smoke="--smoke" in sys.argv) and 0)
