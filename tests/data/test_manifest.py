@@ -1,0 +1,90 @@
+import gzip
+import json
+
+import numpy as np
+import pytest
+from lhotse import CutSet
+
+from workbench.data import read_cut_arrays, synthetic_cut_arrays, write_synthetic_corpus
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_synthetic_corpus(tmp_path_factory.mktemp("syn"), 300, seed=3, progress=False)
+
+
+def test_reader_matches_lhotse(corpus):
+    arrays = read_cut_arrays(corpus, with_texts=True, progress=False)
+    cuts = list(CutSet.from_jsonl_lazy(corpus))
+    assert arrays.ids == [c.id for c in cuts]
+    np.testing.assert_array_equal(arrays.durations, [c.duration for c in cuts])
+    np.testing.assert_array_equal(arrays.num_tokens, [c.custom["num_tokens"] for c in cuts])
+    assert arrays.texts == [" ".join(s.text for s in c.supervisions) for c in cuts]
+
+
+def test_synthetic_arrays_equal_written_corpus(corpus):
+    arrays = read_cut_arrays(corpus, progress=False)
+    mem = synthetic_cut_arrays(300, seed=3)
+    np.testing.assert_array_equal(arrays.durations, mem.durations)
+    np.testing.assert_array_equal(arrays.num_tokens, mem.num_tokens)
+
+
+def test_plain_jsonl_and_multi_member_gzip(tmp_path, corpus):
+    lines = gzip.open(corpus, "rt").read().splitlines()
+    plain = tmp_path / "cuts.jsonl"
+    plain.write_text("\n".join(lines[:10]) + "\n\n")  # blank lines are fine
+    assert len(read_cut_arrays(plain, progress=False)) == 10
+    multi = tmp_path / "multi.jsonl.gz"
+    with open(multi, "wb") as f:
+        f.write(gzip.compress(("\n".join(lines[:5]) + "\n").encode()))
+        f.write(gzip.compress(("\n".join(lines[5:12]) + "\n").encode()))
+    assert len(read_cut_arrays(multi, progress=False)) == 12
+
+
+def _write(tmp_path, rows, name="bad.jsonl"):
+    path = tmp_path / name
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_malformed_json_names_file_and_line(tmp_path):
+    path = _write(tmp_path, [{"id": "a", "duration": 1.0}, '{"id": "b", "duration": ', {"id": "c", "duration": 2}])
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: malformed JSON"):
+        read_cut_arrays(path, progress=False)
+
+
+@pytest.mark.parametrize("bad", [0, -1.5, "NaN"])
+def test_non_positive_duration_names_line_and_field(tmp_path, bad):
+    row = '{"id": "b", "duration": NaN}' if bad == "NaN" else {"id": "b", "duration": bad}
+    path = _write(tmp_path, [{"id": "a", "duration": 1.0}, {"id": "x", "duration": 2.0}, row])
+    with pytest.raises(ValueError, match=r"bad\.jsonl:3: .*'b'.*'duration'"):
+        read_cut_arrays(path, progress=False)
+
+
+def test_missing_duration(tmp_path):
+    path = _write(tmp_path, [{"id": "a", "duration": 1.0}, {"id": "sup1", "recording_id": "r"}])
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: .*no field 'duration'"):
+        read_cut_arrays(path, progress=False)
+
+
+def test_empty_and_missing_files(tmp_path):
+    empty = tmp_path / "empty.jsonl.gz"
+    with gzip.open(empty, "wt"):
+        pass
+    with pytest.raises(ValueError, match="empty"):
+        read_cut_arrays(empty, progress=False)
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        read_cut_arrays(tmp_path / "nope.jsonl", progress=False)
+    truncated = tmp_path / "trunc.jsonl.gz"
+    truncated.write_bytes(gzip.compress(b'{"id": "a", "duration": 1.0}\n' * 1000)[:-20])
+    with pytest.raises(ValueError, match="truncated|not a valid gzip"):
+        read_cut_arrays(truncated, progress=False)
+
+
+def test_partial_token_counts_are_an_error(tmp_path):
+    path = _write(tmp_path, [{"id": "a", "duration": 1.0, "custom": {"num_tokens": 3}},
+                             {"id": "b", "duration": 2.0}])
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: field 'custom.num_tokens' is missing on 1 of 2"):
+        read_cut_arrays(path, progress=False)
+    ok = _write(tmp_path, [{"id": "a", "duration": 1.0}, {"id": "b", "duration": 2.0}], "ok.jsonl")
+    assert read_cut_arrays(ok, progress=False).num_tokens is None

@@ -1,0 +1,31 @@
+import subprocess
+import sys
+
+from workbench.cli import main
+
+
+def test_help_lists_commands(capsys):
+    assert main([]) == 2
+    out = capsys.readouterr().out
+    for command in ("corpus", "report"):
+        assert command in out
+
+
+def test_corpus_synthetic_and_stats(tmp_path, capsys):
+    assert main(["corpus", "synthetic", "--out", str(tmp_path), "--num-cuts", "500"]) == 0
+    assert (tmp_path / "cuts.jsonl.gz").exists()
+    assert main(["corpus", "stats", str(tmp_path / "cuts.jsonl.gz")]) == 0
+    assert '"cuts": 500' in capsys.readouterr().out
+
+
+def test_user_errors_are_one_line_not_a_traceback(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "duration": 1}\n{"id": \n')
+    proc = subprocess.run([sys.executable, "-m", "workbench", "corpus", "stats", str(bad)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "bad.jsonl:2: malformed JSON" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    missing = subprocess.run([sys.executable, "-m", "workbench", "corpus", "stats", str(tmp_path / "x.jsonl")],
+                             capture_output=True, text=True)
+    assert missing.returncode == 2 and "x.jsonl: no such manifest" in missing.stderr
