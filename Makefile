@@ -26,7 +26,7 @@ report: setup
 
 test: setup
 	$(PY) -m pytest -q tests
-	$(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks
+	WORKBENCH_SMOKE=1 $(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks
 
 lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks

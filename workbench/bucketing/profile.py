@@ -91,8 +91,10 @@ def validate_profile(profile: BucketProfile, source: str = "profile") -> None:
         values = b if isinstance(b, (list, tuple)) else [b]
         if isinstance(b, (list, tuple)) and len(b) != 2:
             raise ValueError(f"{source}: bucket_duration_bins[{i}] must be [max_duration, max_tokens]")
-        if any(not isinstance(v, (int, float)) or v != v or v <= 0 for v in values):
-            raise ValueError(f"{source}: bucket_duration_bins[{i}] = {b!r} must be positive numbers")
+        if any(not isinstance(v, (int, float)) or isinstance(v, bool) or v != v for v in values) \
+                or values[0] <= 0 or (len(values) == 2 and values[1] < 0):
+            raise ValueError(f"{source}: bucket_duration_bins[{i}] = {b!r} must be a positive duration"
+                             f"{' and a token count >= 0' if len(values) == 2 else ''}")
     if profile.is_2d != all(isinstance(b, (list, tuple)) for b in bins):
         raise ValueError(f"{source}: field 'bucket_duration_bins' mixes 1D and 2D entries")
     bs = profile.bucket_batch_size
