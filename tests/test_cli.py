@@ -29,3 +29,16 @@ def test_user_errors_are_one_line_not_a_traceback(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "workbench", "corpus", "stats", str(tmp_path / "x.jsonl")],
                              capture_output=True, text=True)
     assert missing.returncode == 2 and "x.jsonl: no such manifest" in missing.stderr
+
+
+def test_corpus_tokenizer_adds_counts(tmp_path, capsys):
+    assert main(["corpus", "synthetic", "--out", str(tmp_path), "--num-cuts", "2000"]) == 0
+    out = tmp_path / "with_counts.jsonl.gz"
+    assert main(["corpus", "tokenizer", str(tmp_path / "cuts.jsonl.gz"), "--vocab-size", "128",
+                 "--add-counts", str(out)]) == 0
+    from workbench.data import read_cut_arrays
+    from workbench.data.tokenizer import count_tokens, load_tokenizer
+
+    arrays = read_cut_arrays(out, with_texts=True, progress=False)
+    model = next(tmp_path.glob("*.model"))
+    assert (arrays.num_tokens == count_tokens(load_tokenizer(model), arrays.texts)).all()

@@ -21,7 +21,8 @@ def _tts(args: argparse.Namespace) -> int:
     from workbench.data.tts import make_tts_corpus
 
     paths = make_tts_corpus(args.out, text_file=args.text_file, num_utterances=args.num_utterances,
-                            voice=args.voice, seed=args.seed)
+                            voice=args.voice, speed_wpm=args.speed_wpm, seed=args.seed,
+                            tokenizer=args.tokenizer, num_speakers=args.num_speakers, num_workers=args.workers)
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     return 0
@@ -31,8 +32,7 @@ def _tokenizer(args: argparse.Namespace) -> int:
     from workbench.data.tokenizer import add_token_counts, load_tokenizer, train_tokenizer
 
     manifest = Path(args.manifest)
-    prefix = args.out or str(manifest.parent / f"tokenizer_bpe{args.vocab_size}")
-    model_path = train_tokenizer(manifest, prefix, vocab_size=args.vocab_size)
+    model_path = train_tokenizer(manifest, args.out, vocab_size=args.vocab_size, model_type=args.model_type)
     print(f"tokenizer: {model_path}")
     if args.add_counts:
         out = add_token_counts(manifest, load_tokenizer(model_path), args.add_counts)
@@ -69,14 +69,19 @@ def register(sub) -> None:
     p = csub.add_parser("tts", help="real 16 kHz audio spoken by espeak-ng, no downloads")
     p.add_argument("--out", required=True, help="output folder for audio and manifests")
     p.add_argument("--text-file", default=None, help="sentences to speak (default: prose CPython ships)")
-    p.add_argument("--num-utterances", type=int, default=200)
+    p.add_argument("--num-utterances", type=int, default=None, help="default: each sentence once")
     p.add_argument("--voice", default="en")
+    p.add_argument("--speed-wpm", type=int, default=None, help="one speed for all speakers, words/minute")
+    p.add_argument("--num-speakers", type=int, default=8)
+    p.add_argument("--workers", type=int, default=2, help="espeak-ng processes")
+    p.add_argument("--tokenizer", default=None, help="sentencepiece model: fills custom.num_tokens")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_tts)
 
     p = csub.add_parser("tokenizer", help="train a sentencepiece BPE tokenizer on a corpus's transcripts")
     p.add_argument("manifest", help="cuts manifest (.jsonl or .jsonl.gz)")
     p.add_argument("--vocab-size", type=int, default=256, help="128 to 1024")
+    p.add_argument("--model-type", default="bpe", choices=["bpe", "unigram"])
     p.add_argument("--out", default=None, help="model path prefix (default: beside the manifest)")
     p.add_argument("--add-counts", default=None, metavar="CUTS_OUT",
                    help="also write the cuts with custom.num_tokens to this manifest")

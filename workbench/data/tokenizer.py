@@ -1,0 +1,186 @@
+"""Sentencepiece tokenizers trained on a corpus's transcripts, and token counts per cut.
+
+Models are trained from an iterator of texts (no text file on disk) with no BOS/EOS pieces: id 0 is
+``<unk>`` and every other id is a real piece, so ``vocab_size`` is what a model's output layer needs.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import re
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+from tqdm.auto import tqdm
+
+MIN_VOCAB_SIZE, MAX_VOCAB_SIZE = 128, 1024
+
+
+def _is_path(source) -> bool:
+    return isinstance(source, (str, os.PathLike))
+
+
+def manifest_texts(path: str | os.PathLike, *, progress: bool = True) -> list[str]:
+    """The transcript of every cut of a lhotse CutSet manifest (supervision texts joined by a space)."""
+    from workbench.data.manifest import read_cut_arrays
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"manifest {str(path)!r} does not exist")
+    return read_cut_arrays(path, with_texts=True, progress=progress).texts
+
+
+def train_tokenizer(source: Iterable[str] | str | os.PathLike, out_prefix: str | os.PathLike | None = None,
+                    vocab_size: int = 256, model_type: str = "bpe", *, progress: bool = True,
+                    max_sentences: int = 2_000_000) -> Path:
+    """Train a sentencepiece model on texts, or on the transcripts of a CutSet manifest; returns its ``.model``.
+
+    ``source``: an iterable of transcripts, or the path of a cuts manifest (``.jsonl``/``.jsonl.gz``).
+    ``out_prefix``: where ``<out_prefix>.model`` (and a readable ``.vocab``) go; by default beside the
+    manifest as ``tokenizer_<model_type>_<vocab_size>``. ``vocab_size`` in 128..1024 (inclusive).
+    At most ``max_sentences`` transcripts (sampled by sentencepiece) are used. Files are written
+    atomically. ValueError when the text is too small for ``vocab_size``, saying the largest that fits.
+    """
+    import sentencepiece as spm
+
+    if not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
+        raise ValueError(f"vocab_size must be in {MIN_VOCAB_SIZE}..{MAX_VOCAB_SIZE}, got {vocab_size}")
+    if model_type not in ("bpe", "unigram", "char", "word"):
+        raise ValueError(f"model_type must be 'bpe', 'unigram', 'char' or 'word', got {model_type!r}")
+    if _is_path(source):
+        origin = str(source)
+        texts = manifest_texts(source, progress=progress)
+        if out_prefix is None:
+            out_prefix = Path(source).parent / f"tokenizer_{model_type}_{vocab_size}"
+    else:
+        origin = "the given texts"
+        texts = list(source)
+        if out_prefix is None:
+            raise ValueError("out_prefix is required when training from texts (not from a manifest path)")
+    texts = [t for t in texts if t and t.strip()]
+    if not texts:
+        raise ValueError(f"{origin}: no non-empty transcripts to train a tokenizer on (0 found)")
+    out_prefix = Path(out_prefix)
+    out_prefix.parent.mkdir(parents=True, exist_ok=True)
+
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(tqdm(texts, desc="sentencepiece", unit="text", disable=not progress)),
+            model_writer=model, vocab_size=vocab_size, model_type=model_type, character_coverage=1.0,
+            unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1, input_sentence_size=max_sentences,
+            shuffle_input_sentence=True, minloglevel=2, num_threads=os.cpu_count() or 1)
+    except RuntimeError as e:
+        fits = re.search(r"value <= (\d+)", str(e))
+        if fits:
+            raise ValueError(f"{origin}: vocab_size {vocab_size} is too large for {len(texts)} transcripts; "
+                             f"at most {fits.group(1)} fits this text (use more text or a smaller vocab)") from None
+        raise
+
+    model_path = out_prefix.with_name(out_prefix.name + ".model")
+    _write_atomically(model_path, model.getvalue())
+    processor = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    vocab = "".join(f"{processor.id_to_piece(i)}\t{processor.get_score(i)}\n" for i in range(processor.vocab_size()))
+    _write_atomically(out_prefix.with_name(out_prefix.name + ".vocab"), vocab.encode("utf-8"))
+    return model_path
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".tmp{os.getpid()}-{path.name}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """A ``sentencepiece.SentencePieceProcessor`` from a ``.model`` file."""
+    import sentencepiece as spm
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"tokenizer model {str(path)!r} does not exist")
+    try:
+        return spm.SentencePieceProcessor(model_file=str(path))
+    except (RuntimeError, OSError) as e:
+        raise ValueError(f"{path}: not a sentencepiece model ({e})") from None
+
+
+def count_tokens(tokenizer, texts: Iterable[str | None], *, batch_size: int = 8192) -> np.ndarray:
+    """Number of tokens of each text (int64; None or empty text is 0), encoded in batches of ``batch_size``."""
+    texts = [t or "" for t in texts]
+    counts = np.zeros(len(texts), dtype=np.int64)
+    for start in range(0, len(texts), batch_size):
+        batch = texts[start:start + batch_size]
+        counts[start:start + len(batch)] = [len(ids) for ids in tokenizer.encode(batch)]
+    return counts
+
+
+def _cut_texts(cut: dict) -> list[str]:
+    """Supervision texts of a cut dict, including those inside the tracks of a MixedCut."""
+    texts = [s["text"] for s in cut.get("supervisions") or () if s.get("text")]
+    for track in cut.get("tracks") or ():
+        texts.extend(_cut_texts(track.get("cut") or {}))
+    return texts
+
+
+def _write_with_counts(out, cuts: list[dict], tokenizer) -> None:
+    """Write cut dicts as JSON lines, each with custom["num_tokens"] = tokens summed over its texts."""
+    pieces = [_cut_texts(c) for c in cuts]
+    flat = count_tokens(tokenizer, [t for texts in pieces for t in texts])
+    owner = np.repeat(np.arange(len(cuts)), [len(texts) for texts in pieces])
+    sums = np.bincount(owner, weights=flat, minlength=len(cuts)).astype(np.int64)
+    for cut, n in zip(cuts, sums.tolist()):
+        cut["custom"] = {**(cut.get("custom") or {}), "num_tokens": n}
+        out.write(json.dumps(cut, ensure_ascii=False))
+        out.write("\n")
+
+
+def add_token_counts(manifest_in: str | os.PathLike, tokenizer, manifest_out: str | os.PathLike, *,
+                     progress: bool = True, chunk_size: int = 65536) -> Path:
+    """Copy a CutSet manifest with ``custom["num_tokens"]`` set on every cut; returns ``manifest_out``.
+
+    A cut's count is the sum over its supervisions' texts (0 with no text). ``tokenizer`` is a
+    sentencepiece processor or the path of its ``.model``. The output (gzip when it ends in ``.gz``) is
+    written atomically, so ``manifest_out`` may be ``manifest_in``. Every other field is kept as it was.
+    """
+    from workbench.data.manifest import iter_manifest_lines
+
+    if isinstance(tokenizer, (str, os.PathLike)):
+        tokenizer = load_tokenizer(tokenizer)
+    src, dst = Path(manifest_in), Path(manifest_out)
+    if not src.is_file():
+        raise FileNotFoundError(f"manifest {str(src)!r} does not exist")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".tmp{os.getpid()}-{dst.name}")
+    written = 0
+    try:
+        with (gzip.open(tmp, "wt", encoding="utf-8", compresslevel=5) if dst.suffix == ".gz"
+              else open(tmp, "w", encoding="utf-8")) as out:
+            cuts: list[dict] = []
+            for lineno, line in iter_manifest_lines(src, progress=progress):
+                try:
+                    cut = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{src}:{lineno}: malformed JSON ({e})") from None
+                if not isinstance(cut, dict):
+                    raise ValueError(f"{src}:{lineno}: expected a JSON object (a lhotse cut)")
+                cuts.append(cut)
+                written += 1
+                if len(cuts) >= chunk_size:
+                    _write_with_counts(out, cuts, tokenizer)
+                    cuts.clear()
+            _write_with_counts(out, cuts, tokenizer)
+        if not written:
+            raise ValueError(f"{src}: the manifest is empty (no cuts)")
+        os.replace(tmp, dst)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return dst

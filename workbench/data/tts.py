@@ -1,0 +1,310 @@
+"""A real-audio corpus with no downloads: espeak-ng speaks sentences, written as lhotse manifests.
+
+The default text is the English prose that every CPython ships (``pydoc_data.topics``), cleaned into
+sentences of 3 to 30 words. Each utterance is spoken by one of a few 'speakers' (an espeak-ng voice
+variant with its own speed and pitch), resampled from espeak's 22.05 kHz to 16 kHz mono with the
+windowed-sinc polyphase resampler below (no torchaudio, no scipy), and saved as 16-bit FLAC.
+
+Layout written under ``out_dir`` (every file atomically: temp file, then rename)::
+
+    audio/<cut_id>.flac       16 kHz mono, 16-bit
+    recordings.jsonl.gz       lhotse RecordingSet (absolute audio paths)
+    supervisions.jsonl.gz     lhotse SupervisionSet (one per recording, the spoken sentence as text)
+    cuts.jsonl.gz             lhotse CutSet of MonoCuts; custom["num_tokens"] when a tokenizer is given
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import re
+import shutil
+import subprocess
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+SAMPLE_RATE = 16_000
+ESPEAK_INSTALL_HINT = ("espeak-ng is not installed (the text-to-speech corpus needs it). Install it with "
+                       "`sudo apt-get install -y espeak-ng` (Debian/Ubuntu), `brew install espeak-ng` (macOS), "
+                       "`conda install -c conda-forge espeak-ng`, or run scripts/install_espeak.sh.")
+# Voice variants that sound clearly different from one another; each speaker gets one.
+VOICE_VARIANTS = ("m1", "f1", "m3", "f2", "m2", "f3", "m4", "f4", "m5", "f5", "m6", "m7")
+_ALLOWED_SENTENCE = re.compile(r"^[A-Za-z][A-Za-z ,.;:'?!-]*[.?!]$")
+
+
+@dataclass(frozen=True)
+class SpeakerStyle:
+    """How one 'speaker' sounds: an espeak-ng voice (e.g. ``en+f2``), words per minute, pitch 0..99."""
+
+    speaker: str
+    voice: str
+    speed_wpm: int
+    pitch: int
+
+
+# ---------------------------------------------------------------------------------------------- text
+
+
+def default_text() -> str:
+    """The English prose that ships with CPython (the pydoc help topics), topics in sorted order."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[name] for name in sorted(topics))
+
+
+def split_sentences(text: str, *, min_words: int = 3, max_words: int = 30) -> list[str]:
+    """Speakable sentences of ``min_words..max_words`` words (both inclusive), in text order, no repeats.
+
+    Paragraphs are separated by blank lines; indented paragraphs (code, grammar) and heading underlines
+    are dropped; double quotes are removed; a sentence is kept only if it holds nothing but letters,
+    spaces and ``,.;:'?!-`` and ends with ``.``, ``?`` or ``!`` (so the transcript is what is spoken).
+    """
+    if min_words < 1 or max_words < min_words:
+        raise ValueError(f"need 1 <= min_words <= max_words, got min_words={min_words}, max_words={max_words}")
+    sentences: list[str] = []
+    seen: set[str] = set()
+    for paragraph in re.split(r"\n\s*\n", text):
+        lines = [line for line in paragraph.splitlines() if line.strip()]
+        if not lines or lines[0][:1].isspace():
+            continue
+        lines = [line for line in lines if not re.fullmatch(r"\s*([*=~^#+-])\1{2,}\s*", line)]
+        flat = re.sub(r"\s+", " ", " ".join(lines).replace('"', "")).strip()
+        for sentence in re.split(r"(?<=[.?!])\s+(?=[A-Z])", flat):
+            sentence = sentence.strip()
+            if not _ALLOWED_SENTENCE.match(sentence) or sentence in seen:
+                continue
+            if min_words <= len(sentence.split()) <= max_words:
+                seen.add(sentence)
+                sentences.append(sentence)
+    return sentences
+
+
+def choose_sentences(sentences: list[str], num_utterances: int | None, seed: int = 0) -> list[str]:
+    """``num_utterances`` sentences in a seeded order (all of them once when None).
+
+    Asking for more than there are cycles through them again, each pass in a new seeded order.
+    """
+    if not sentences:
+        raise ValueError("no sentences to speak (0 found)")
+    count = len(sentences) if num_utterances is None else num_utterances
+    if count < 1:
+        raise ValueError(f"num_utterances must be >= 1, got {num_utterances}")
+    rng = np.random.default_rng(seed)
+    order: list[int] = []
+    while len(order) < count:
+        order.extend(rng.permutation(len(sentences)).tolist())
+    return [sentences[i] for i in order[:count]]
+
+
+# -------------------------------------------------------------------------------------------- speakers
+
+
+def speaker_styles(num_speakers: int, *, voice: str = "en", speed_wpm: int | None = None,
+                   seed: int = 0) -> list[SpeakerStyle]:
+    """``num_speakers`` seeded speaker styles: a voice variant each, speed 130..200 wpm, pitch 25..75.
+
+    ``speed_wpm`` fixes every speaker's speed instead (espeak-ng accepts 80..450).
+    """
+    if num_speakers < 1:
+        raise ValueError(f"num_speakers must be >= 1, got {num_speakers}")
+    if speed_wpm is not None and not 80 <= speed_wpm <= 450:
+        raise ValueError(f"speed_wpm must be in 80..450 words per minute, got {speed_wpm}")
+    rng = np.random.default_rng([seed, 7919])
+    speeds = rng.integers(130, 201, size=num_speakers)
+    pitches = rng.integers(25, 76, size=num_speakers)
+    return [SpeakerStyle(speaker=f"spk{i:02d}", voice=f"{voice}+{VOICE_VARIANTS[i % len(VOICE_VARIANTS)]}",
+                         speed_wpm=int(speed_wpm if speed_wpm is not None else speeds[i]), pitch=int(pitches[i]))
+            for i in range(num_speakers)]
+
+
+# ------------------------------------------------------------------------------------------- resampling
+
+
+def resample(signal: np.ndarray, from_hz: int, to_hz: int, *, zero_crossings: int = 16,
+             rolloff: float = 0.95, kaiser_beta: float = 8.6) -> np.ndarray:
+    """Band-limited resampling of a 1-D signal (polyphase windowed sinc), float32 out.
+
+    The output has ``ceil(len(signal) * to_hz / from_hz)`` samples; output sample ``n`` sits at input
+    time ``n * from_hz / to_hz`` samples. The low-pass cuts at ``rolloff`` times the lower Nyquist
+    frequency, with a Kaiser window ``zero_crossings`` lobes wide on each side; each phase of the
+    filter is normalized to unit DC gain.
+    """
+    x = np.asarray(signal, dtype=np.float64)
+    if x.ndim != 1:
+        raise ValueError(f"resample() takes a 1-D signal, got shape {x.shape}")
+    if from_hz <= 0 or to_hz <= 0:
+        raise ValueError(f"sample rates must be positive, got from_hz={from_hz}, to_hz={to_hz}")
+    g = math.gcd(int(from_hz), int(to_hz))
+    up, down = int(to_hz) // g, int(from_hz) // g
+    if up == down:
+        return x.astype(np.float32)
+    num_out = -(-len(x) * up // down)
+    cutoff = min(1.0, up / down) * rolloff  # in cycles per input sample, times two
+    half_width = int(math.ceil(zero_crossings / cutoff))
+    offsets = np.arange(-half_width + 1, half_width + 1)  # input taps around floor(position)
+    t = np.arange(up)[:, None] / up - offsets[None, :]  # distance from each tap, per phase
+    window = np.i0(kaiser_beta * np.sqrt(np.clip(1.0 - (t / half_width) ** 2, 0.0, None))) / np.i0(kaiser_beta)
+    bank = cutoff * np.sinc(cutoff * t) * window
+    bank /= bank.sum(axis=1, keepdims=True)
+    block = np.arange(up) * down  # output r of a block sits at input (block[r] / up) past the block start
+    frame = down + 2 * half_width
+    if up * frame <= 4_000_000:
+        # Outputs come in blocks of `up` that start every `down` inputs, so one matrix maps a block's input
+        # window to its outputs: out[q, r] = padded[q * down : q * down + frame] @ matrix[:, r].
+        matrix = np.zeros((frame, up))
+        rows = (block // up)[:, None] + offsets[None, :] + half_width
+        matrix[rows, np.arange(up)[:, None]] = bank[block % up]
+        num_blocks = -(-num_out // up)
+        padded = np.zeros(num_blocks * down + frame)
+        padded[half_width:half_width + len(x)] = x
+        windows = np.lib.stride_tricks.sliding_window_view(padded, frame)[::down][:num_blocks]
+        out = (windows @ matrix).reshape(-1)[:num_out]
+    else:  # rates with a huge common period (e.g. 16001 -> 16000): one gather per filter tap
+        numer = np.arange(num_out, dtype=np.int64) * down
+        base, phase = numer // up, numer % up
+        padded = np.concatenate([np.zeros(half_width), x, np.zeros(half_width + 1)])
+        out = np.zeros(num_out)
+        for j, offset in enumerate(offsets):
+            out += bank[phase, j] * padded[base + offset + half_width]
+    return out.astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------- espeak-ng
+
+
+def espeak_binary() -> str:
+    """Path of espeak-ng (or espeak); FileNotFoundError saying how to install it when neither exists."""
+    for name in ("espeak-ng", "espeak"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise FileNotFoundError(ESPEAK_INSTALL_HINT)
+
+
+def synthesize(text: str, style: SpeakerStyle, *, espeak: str | None = None) -> np.ndarray:
+    """``text`` spoken in ``style``: float32 samples at 16 kHz, mono, in [-1, 1]."""
+    import soundfile
+
+    cmd = [espeak or espeak_binary(), "-v", style.voice, "-s", str(style.speed_wpm), "-p", str(style.pitch),
+           "--stdout", "--", text]
+    run = subprocess.run(cmd, capture_output=True, check=False)
+    if run.returncode != 0 or len(run.stdout) <= 44:
+        raise RuntimeError(f"espeak-ng failed (exit {run.returncode}) for voice {style.voice!r} on {text!r}: "
+                           f"{run.stderr.decode(errors='replace').strip()}")
+    audio, rate = soundfile.read(io.BytesIO(run.stdout), dtype="float32", always_2d=True)
+    return resample(audio[:, 0], rate, SAMPLE_RATE)
+
+
+def _speak_to_file(job: tuple[str, SpeakerStyle, str, str]) -> int:
+    """Worker: speak one sentence, write it atomically as 16-bit FLAC, return its number of samples."""
+    import soundfile
+
+    text, style, path, espeak = job
+    audio = np.clip(synthesize(text, style, espeak=espeak), -1.0, 1.0)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        soundfile.write(tmp, audio, SAMPLE_RATE, format="FLAC", subtype="PCM_16")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return len(audio)
+
+
+# ---------------------------------------------------------------------------------------------- corpus
+
+
+def _write_manifest_atomically(manifest, path: Path) -> None:
+    tmp = path.with_name(f".tmp{os.getpid()}-{path.name}")  # keeps the .jsonl.gz suffix lhotse reads
+    try:
+        manifest.to_file(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike | None = None,
+                    num_utterances: int | None = None, voice: str = "en", speed_wpm: int | None = None,
+                    seed: int = 0, progress: bool = True, tokenizer=None, num_speakers: int = 8,
+                    num_workers: int = 2, min_words: int = 3, max_words: int = 30) -> dict[str, Path]:
+    """Speak sentences with espeak-ng into a 16 kHz lhotse corpus under ``out_dir``; returns its paths.
+
+    ``text_file``: UTF-8 prose to take sentences from (default: CPython's pydoc topics). The sentences
+    (``min_words..max_words`` words) are taken in a ``seed``-ed order; ``num_utterances=None`` speaks each
+    once, more than there are cycles through them again. Utterance ``i`` goes to a seeded speaker among
+    ``num_speakers`` styles of ``voice`` (see :func:`speaker_styles`; ``speed_wpm`` fixes the speed).
+    ``tokenizer`` (a sentencepiece processor or the path of its ``.model``) fills
+    ``custom["num_tokens"]`` on every cut. Audio is made by ``num_workers`` processes.
+
+    Returns ``{"recordings", "supervisions", "cuts", "audio_dir"}`` paths.
+    """
+    from lhotse import CutSet, Recording, RecordingSet, SupervisionSegment, SupervisionSet
+    from lhotse.audio import AudioSource
+    from lhotse.cut import MonoCut
+
+    espeak = espeak_binary()
+    if text_file is None:
+        text, source = default_text(), "pydoc_data.topics"
+    else:
+        text_path = Path(text_file)
+        if not text_path.is_file():
+            raise FileNotFoundError(f"text_file {str(text_path)!r} does not exist")
+        text, source = text_path.read_text(encoding="utf-8"), str(text_path)
+    sentences = split_sentences(text, min_words=min_words, max_words=max_words)
+    if not sentences:
+        raise ValueError(f"{source}: no sentences of {min_words}-{max_words} words made only of letters "
+                         "and ,.;:'?!- (0 found)")
+    chosen = choose_sentences(sentences, num_utterances, seed)
+    styles = speaker_styles(num_speakers, voice=voice, speed_wpm=speed_wpm, seed=seed)
+    if "+" in voice:
+        raise ValueError(f"voice {voice!r} must be a base voice without a '+variant' (each speaker adds one)")
+    if subprocess.run([espeak, "-v", voice, "-q", "--", "test"], capture_output=True).returncode != 0:
+        raise ValueError(f"voice {voice!r} is not an espeak-ng voice (list them with `espeak-ng --voices`)")
+    who = np.random.default_rng([seed, 104729]).integers(0, num_speakers, size=len(chosen))
+    num_tokens = None
+    if tokenizer is not None:
+        from workbench.data.tokenizer import count_tokens, load_tokenizer
+
+        if isinstance(tokenizer, (str, os.PathLike)):
+            tokenizer = load_tokenizer(tokenizer)
+        num_tokens = count_tokens(tokenizer, chosen)
+
+    out = Path(out_dir).resolve()
+    audio_dir = out / "audio"
+    audio_dir.mkdir(parents=True, exist_ok=True)
+    ids = [f"tts-{i:06d}" for i in range(len(chosen))]
+    paths = [str(audio_dir / f"{cut_id}.flac") for cut_id in ids]
+    jobs = [(sentence, styles[k], path, espeak) for sentence, k, path in zip(chosen, who, paths)]
+    bar = dict(total=len(jobs), desc="espeak-ng", unit="utt", disable=not progress)
+    if num_workers <= 1 or len(jobs) == 1:
+        num_samples = [_speak_to_file(job) for job in tqdm(jobs, **bar)]
+    else:
+        with ProcessPoolExecutor(max_workers=num_workers, mp_context=get_context("spawn")) as pool:
+            num_samples = list(tqdm(pool.map(_speak_to_file, jobs, chunksize=4), **bar))
+
+    language = voice.split("-")[0].split("+")[0]
+    recordings, supervisions, cuts = [], [], []
+    for i, cut_id in enumerate(ids):
+        duration = num_samples[i] / SAMPLE_RATE
+        rec = Recording(id=cut_id, sources=[AudioSource(type="file", channels=[0], source=paths[i])],
+                        sampling_rate=SAMPLE_RATE, num_samples=num_samples[i], duration=duration)
+        sup = SupervisionSegment(id=cut_id, recording_id=cut_id, start=0.0, duration=duration, channel=0,
+                                 text=chosen[i], speaker=styles[who[i]].speaker, language=language)
+        custom = {"num_tokens": int(num_tokens[i])} if num_tokens is not None else None
+        recordings.append(rec)
+        supervisions.append(sup)
+        cuts.append(MonoCut(id=cut_id, start=0.0, duration=duration, channel=0, recording=rec,
+                            supervisions=[sup], custom=custom))
+    result = {"recordings": out / "recordings.jsonl.gz", "supervisions": out / "supervisions.jsonl.gz",
+              "cuts": out / "cuts.jsonl.gz", "audio_dir": audio_dir}
+    _write_manifest_atomically(RecordingSet.from_recordings(recordings), result["recordings"])
+    _write_manifest_atomically(SupervisionSet.from_segments(supervisions), result["supervisions"])
+    _write_manifest_atomically(CutSet.from_cuts(cuts), result["cuts"])
+    return result
