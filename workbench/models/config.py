@@ -1,0 +1,92 @@
+"""Model configs: one dataclass, and flat builders with literal sizes for tiny, large (~115M), xl (~1B).
+
+Model names are "{size}-{head}", size in tiny | large | xl and head in rnnt | tdt | ctc | aed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+HEADS = ("rnnt", "tdt", "ctc", "aed")
+SIZES = ("tiny", "large", "xl")
+
+
+@dataclass
+class ModelConfig:
+    head: str                        # rnnt | tdt | ctc | aed
+    vocab_size: int                  # tokenizer pieces V; blank (= V) or bos/eos (= V, V + 1) come after
+    name: str = ""                   # the builder name, e.g. "large-rnnt"
+    # features: log-mel computed on the device from 16 kHz audio
+    sample_rate: int = 16000         # Hz of the input audio
+    n_mels: int = 80                 # mel bands
+    n_fft: int = 512                 # FFT size in samples
+    win_length: int = 400            # analysis window in samples (25 ms)
+    hop_length: int = 160            # frame shift in samples (10 ms); 8x subsampling -> 80 ms per encoder frame
+    # encoder: 8x depthwise-separable subsampling, then conformer blocks
+    subsampling_channels: int = 256  # conv channels of the subsampling stack
+    d_model: int = 512               # encoder width
+    num_layers: int = 17             # conformer blocks
+    num_heads: int = 8               # self-attention heads
+    ff_mult: int = 4                 # feed-forward hidden = ff_mult * d_model
+    conv_kernel: int = 9             # depthwise conv kernel (frames) in the convolution module
+    dropout: float = 0.1             # dropout everywhere (0 for deterministic tests)
+    # transducer heads (rnnt, tdt)
+    pred_hidden: int = 640           # LSTM prediction network width (and label embedding size)
+    pred_layers: int = 1             # LSTM layers
+    joint_hidden: int = 640          # joint network width
+    durations: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])  # TDT durations in encoder frames
+    # attention encoder-decoder head (aed)
+    dec_layers: int = 6              # transformer decoder layers
+    dec_heads: int = 8               # decoder attention heads
+    dec_d_model: int = 512           # decoder width (the encoder output is projected to it)
+    label_smoothing: float = 0.1     # cross-entropy label smoothing
+
+    def __post_init__(self):
+        if self.head not in HEADS:
+            raise ValueError(f"head: expected one of {HEADS}, got {self.head!r}")
+        if self.vocab_size < 1:
+            raise ValueError(f"vocab_size: need at least 1, got {self.vocab_size}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def tiny_config(head: str, vocab_size: int = 32) -> ModelConfig:
+    """CPU tests: trains in seconds (~0.3M parameters)."""
+    return ModelConfig(head=head, vocab_size=vocab_size, name=f"tiny-{head}", n_mels=32,
+                       subsampling_channels=16, d_model=64, num_layers=2, num_heads=4, ff_mult=2,
+                       conv_kernel=5, dropout=0.0, pred_hidden=64, pred_layers=1, joint_hidden=64,
+                       dec_layers=1, dec_heads=4, dec_d_model=64, label_smoothing=0.0)
+
+
+def large_config(head: str, vocab_size: int = 1024) -> ModelConfig:
+    """Like FastConformer-L: 17 blocks of width 512 (about 115M parameters with an RNN-T head)."""
+    return ModelConfig(head=head, vocab_size=vocab_size, name=f"large-{head}", n_mels=80,
+                       subsampling_channels=256, d_model=512, num_layers=17, num_heads=8, ff_mult=4,
+                       conv_kernel=9, dropout=0.1, pred_hidden=640, pred_layers=1, joint_hidden=640,
+                       dec_layers=4, dec_heads=8, dec_d_model=512)
+
+
+def xl_config(head: str, vocab_size: int = 1024) -> ModelConfig:
+    """About 1B parameters: transducer/CTC like Parakeet-1.1B (42 blocks of 1024); AED like Canary-1B
+    (24 encoder blocks of 1024 and a 24-layer decoder of 1024)."""
+    if head == "aed":
+        return ModelConfig(head=head, vocab_size=vocab_size, name=f"xl-{head}", n_mels=128,
+                           subsampling_channels=256, d_model=1024, num_layers=24, num_heads=8, ff_mult=4,
+                           conv_kernel=9, dropout=0.1, dec_layers=24, dec_heads=8, dec_d_model=1024)
+    return ModelConfig(head=head, vocab_size=vocab_size, name=f"xl-{head}", n_mels=80,
+                       subsampling_channels=256, d_model=1024, num_layers=42, num_heads=8, ff_mult=4,
+                       conv_kernel=9, dropout=0.1, pred_hidden=640, pred_layers=2, joint_hidden=640)
+
+
+BUILDERS = {"tiny": tiny_config, "large": large_config, "xl": xl_config}
+
+
+def config_from_name(name: str, *, vocab_size: int | None = None) -> ModelConfig:
+    """ModelConfig for "{tiny,large,xl}-{rnnt,tdt,ctc,aed}"; vocab_size overrides the builder's."""
+    size, _, head = name.partition("-")
+    if size not in BUILDERS or head not in HEADS:
+        raise ValueError(f"model name: expected '{{{','.join(SIZES)}}}-{{{','.join(HEADS)}}}', got {name!r}")
+    builder = BUILDERS[size]
+    return builder(head) if vocab_size is None else builder(head, vocab_size=vocab_size)

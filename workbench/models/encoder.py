@@ -1,0 +1,154 @@
+"""FastConformer-like encoder: log-mel -> 8x depthwise-separable conv subsampling -> conformer blocks.
+
+Differences from NeMo's FastConformer, on purpose: absolute sinusoidal positions added after the
+subsampling instead of relative-position attention (so attention runs through PyTorch's fused
+scaled_dot_product_attention), and LayerNorm-free subsampling. Sizes, shapes and the memory profile
+(activations per frame, the attention's T x T) are the same kind.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workbench.models.config import ModelConfig
+from workbench.models.features import LogMel
+
+
+def subsampled_length(lengths, times: int = 3):
+    """Frames left after `times` convolutions of kernel 3, stride 2, padding 1: ceil(L / 2) each time
+    (int or long tensor)."""
+    for _ in range(times):
+        lengths = (lengths - 1) // 2 + 1
+    return lengths
+
+
+def sinusoidal_positions(num_positions: int, dim: int, device, dtype) -> torch.Tensor:
+    """[num_positions, dim] sine/cosine position codes."""
+    position = torch.arange(num_positions, device=device, dtype=torch.float32)[:, None]
+    rate = torch.exp(torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    codes = torch.zeros(num_positions, dim, device=device)
+    codes[:, 0::2] = torch.sin(position * rate)
+    codes[:, 1::2] = torch.cos(position * rate)
+    return codes.to(dtype)
+
+
+class Subsampling(nn.Module):
+    """[B, frames, n_mels] -> [B, ceil(frames / 8), d_model]: one conv, then two depthwise-separable convs,
+    each with stride 2 in time and frequency, then a linear over channels x remaining mel bins. Frames
+    past each utterance's length are zeroed after every stage, so padding never leaks into valid frames."""
+
+    def __init__(self, n_mels: int, channels: int, d_model: int):
+        super().__init__()
+        self.stages = nn.ModuleList([
+            nn.Sequential(nn.Conv2d(1, channels, 3, stride=2, padding=1), nn.ReLU()),
+            nn.Sequential(nn.Conv2d(channels, channels, 3, stride=2, padding=1, groups=channels),
+                          nn.Conv2d(channels, channels, 1), nn.ReLU()),
+            nn.Sequential(nn.Conv2d(channels, channels, 3, stride=2, padding=1, groups=channels),
+                          nn.Conv2d(channels, channels, 1), nn.ReLU()),
+        ])
+        self.out = nn.Linear(channels * subsampled_length(n_mels), d_model)
+
+    def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = features[:, None]                                  # [B, 1, T, F]
+        for stage in self.stages:
+            x = stage(x)
+            lengths = subsampled_length(lengths, times=1)
+            valid = torch.arange(x.shape[2], device=x.device)[None] < lengths[:, None]
+            x = x * valid[:, None, :, None].to(x.dtype)
+        x = self.out(x.permute(0, 2, 1, 3).flatten(2))         # [B, T/8, d_model]
+        return x, lengths
+
+
+class Attention(nn.Module):
+    """Multi-head attention through F.scaled_dot_product_attention; key_mask [B, Tk] True = attend."""
+
+    def __init__(self, dim: int, num_heads: int, dropout: float):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"num_heads: {num_heads} does not divide width {dim}")
+        self.num_heads, self.dropout = num_heads, dropout
+        self.query = nn.Linear(dim, dim)
+        self.key_value = nn.Linear(dim, 2 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *, key_mask: torch.Tensor | None = None,
+                causal: bool = False) -> torch.Tensor:
+        memory = x if memory is None else memory
+        batch, length, dim = x.shape
+        q = self.query(x).view(batch, length, self.num_heads, -1).transpose(1, 2)
+        k, v = self.key_value(memory).view(batch, memory.shape[1], 2, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        mask = None if key_mask is None else key_mask[:, None, None, :]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(batch, length, dim))
+
+
+def feed_forward(dim: int, hidden: int, dropout: float) -> nn.Sequential:
+    return nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, hidden), nn.SiLU(), nn.Dropout(dropout),
+                         nn.Linear(hidden, dim), nn.Dropout(dropout))
+
+
+class ConvolutionModule(nn.Module):
+    """Pointwise conv + GLU, depthwise conv over time, batch norm, SiLU, pointwise conv; padding zeroed."""
+
+    def __init__(self, dim: int, kernel: int, dropout: float):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.pointwise_in = nn.Conv1d(dim, 2 * dim, 1)
+        self.depthwise = nn.Conv1d(dim, dim, kernel, padding=kernel // 2, groups=dim)
+        self.batch_norm = nn.BatchNorm1d(dim)
+        self.pointwise_out = nn.Conv1d(dim, dim, 1)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        y = F.glu(self.pointwise_in(self.norm(x).transpose(1, 2)), dim=1)
+        y = y * valid[:, None, :]
+        y = F.silu(self.batch_norm(self.depthwise(y)))
+        return self.dropout(self.pointwise_out(y).transpose(1, 2))
+
+
+class ConformerBlock(nn.Module):
+    """Half feed-forward, self-attention, convolution module, half feed-forward, final norm."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        dim = config.d_model
+        self.ff1 = feed_forward(dim, config.ff_mult * dim, config.dropout)
+        self.attn_norm = nn.LayerNorm(dim)
+        self.attn = Attention(dim, config.num_heads, config.dropout)
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.conv = ConvolutionModule(dim, config.conv_kernel, config.dropout)
+        self.ff2 = feed_forward(dim, config.ff_mult * dim, config.dropout)
+        self.out_norm = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        x = x + 0.5 * self.ff1(x)
+        x = x + self.attn_dropout(self.attn(self.attn_norm(x), key_mask=valid))
+        x = x + self.conv(x, valid)
+        x = x + 0.5 * self.ff2(x)
+        return self.out_norm(x)
+
+
+class Encoder(nn.Module):
+    """audio [B, S] 16 kHz, audio_lens [B] samples -> (enc [B, T, d_model], enc_lens [B]), T = ceil(frames/8)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.features = LogMel(sample_rate=config.sample_rate, n_fft=config.n_fft, win_length=config.win_length,
+                               hop_length=config.hop_length, n_mels=config.n_mels)
+        self.subsampling = Subsampling(config.n_mels, config.subsampling_channels, config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(ConformerBlock(config) for _ in range(config.num_layers))
+
+    def forward(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features, frames = self.features(audio, audio_lens)
+        x, lengths = self.subsampling(features, frames)
+        x = self.dropout(x + sinusoidal_positions(x.shape[1], x.shape[2], x.device, x.dtype))
+        valid = torch.arange(x.shape[1], device=x.device)[None] < lengths[:, None]
+        for block in self.blocks:
+            x = block(x, valid)
+        return x, lengths

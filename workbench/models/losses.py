@@ -1,0 +1,197 @@
+"""Transducer losses (RNN-T, TDT) in plain PyTorch: log space, fp32, vectorized over batch and diagonals.
+
+The lattice has a node (t, u) for every frame t in [0, T) and every number of emitted labels u in
+[0, U]. alpha(t, u) is the log of the summed probability of all partial alignments that reach it. All
+nodes on one anti-diagonal n = t + u depend only on earlier diagonals, so the forward pass walks the
+T + U diagonals and computes each in one batched step; autograd gives the backward pass. Only the
+blank and target-label log-probabilities are gathered from the joint output, so the recursion works on
+[B, T, U + 1] tensors while the joint itself stays B x T x (U + 1) x classes like in real trainers.
+
+- RNN-T: a blank moves from (t, u) to (t + 1, u), label u + 1 moves from (t, u) to (t, u + 1); the
+  alignment ends with the blank emitted at (T - 1, U).
+- TDT (Xu et al. 2023, "Efficient Sequence Transduction by Jointly Predicting Tokens and Durations"):
+  the joint output ends with one logit per duration; token and duration distributions are normalized
+  separately and multiply. A label with duration d moves from (t, u) to (t + d, u + 1) (d = 0 allowed);
+  a blank with duration d moves to (t + d, u) and needs d > 0 (a blank of duration 0 would be a
+  self-loop, so it is not an alignment step). The alignment ends with a blank that lands exactly on
+  frame T from (T - d, U); labels must land on a frame < T.
+
+The loss is the negative log of the sum over every valid alignment (per utterance, ``reduction="none"``).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+# A finite "log of zero": -inf would turn logsumexp gradients into NaN on unreachable nodes.
+LOG_ZERO = -1.0e30
+
+
+def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
+              target_lengths: torch.Tensor, *, blank: int = -1, reduction: str = "mean") -> torch.Tensor:
+    """RNN-T negative log-likelihood from joint logits (log-softmax is applied here, in fp32).
+
+    logits [B, T, U + 1, V + 1] (any float dtype), targets [B, U] long (label ids, no blank),
+    logit_lengths [B] in [1, T], target_lengths [B] in [0, U]. ``blank`` indexes the last dim (negative
+    counts from the end, as in torchaudio). reduction: "none" -> [B], "sum", or "mean" (over the batch).
+    """
+    num_classes = logits.shape[-1] if logits.dim() == 4 else 0
+    blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_classes)
+    logit_lse = logits.float().logsumexp(dim=-1)  # [B, T, U + 1]
+    blank_logp = logits[..., blank].float() - logit_lse
+    label_logp = _gather_labels(logits, targets).float() - logit_lse[:, :, :-1]
+    label_weight = F.pad(label_logp, (0, 1), value=LOG_ZERO)  # nothing to emit once u == U
+    log_likelihood = lattice_log_likelihood(blank_logp[None], label_weight[None], blank_durations=[1],
+                                            label_durations=[0], logit_lengths=logit_lengths,
+                                            target_lengths=target_lengths)
+    return _reduce(-log_likelihood, reduction)
+
+
+def tdt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
+             target_lengths: torch.Tensor, *, blank: int, durations: Sequence[int] = (0, 1, 2, 3, 4),
+             sigma: float = 0.0, reduction: str = "mean") -> torch.Tensor:
+    """TDT negative log-likelihood from joint logits [B, T, U + 1, V + 1 + len(durations)].
+
+    The first V + 1 logits are tokens (``blank`` indexes them), the last len(durations) are durations
+    in frames, in the order given. ``sigma`` is the paper's logit under-normalization (subtracted from
+    every token log-prob; 0 disables it). Other arguments as in :func:`rnnt_loss`.
+    """
+    durations = [int(d) for d in durations]
+    if not durations or min(durations) < 0 or len(set(durations)) != len(durations):
+        raise ValueError(f"durations: need distinct non-negative frame counts, got {durations}")
+    if max(durations) == 0:
+        raise ValueError("durations: need at least one duration > 0 for blank, got only 0")
+    num_token_classes = logits.shape[-1] - len(durations) if logits.dim() == 4 else 0
+    if logits.dim() == 4 and num_token_classes < 2:
+        raise ValueError(f"logits: last dim {logits.shape[-1]} leaves {num_token_classes} token classes "
+                         f"after {len(durations)} durations; need at least 2")
+    blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_token_classes)
+    token_logits = logits[..., :num_token_classes]
+    token_lse = token_logits.float().logsumexp(dim=-1)
+    duration_logp = logits[..., num_token_classes:].float().log_softmax(dim=-1)  # [B, T, U + 1, D]
+    blank_logp = token_logits[..., blank].float() - token_lse - sigma
+    label_logp = _gather_labels(token_logits, targets).float() - token_lse[:, :, :-1] - sigma
+    blank_durations = [d for d in durations if d > 0]
+    blank_weight = torch.stack([blank_logp + duration_logp[..., i]
+                                for i, d in enumerate(durations) if d > 0])
+    label_weight = torch.stack([F.pad(label_logp + duration_logp[:, :, :-1, i], (0, 1), value=LOG_ZERO)
+                                for i in range(len(durations))])
+    log_likelihood = lattice_log_likelihood(blank_weight, label_weight, blank_durations=blank_durations,
+                                            label_durations=durations, logit_lengths=logit_lengths,
+                                            target_lengths=target_lengths)
+    return _reduce(-log_likelihood, reduction)
+
+
+def lattice_log_likelihood(blank_weight: torch.Tensor, label_weight: torch.Tensor, *,
+                           blank_durations: Sequence[int], label_durations: Sequence[int],
+                           logit_lengths: torch.Tensor, target_lengths: torch.Tensor) -> torch.Tensor:
+    """log P(targets | audio) [B] summed over every alignment of a transducer lattice.
+
+    blank_weight [len(blank_durations), B, T, U + 1]: log-weight of a blank with that duration at
+    (t, u). label_weight [len(label_durations), B, T, U + 1]: log-weight of emitting label u + 1 with
+    that duration at (t, u) (column U must be LOG_ZERO). Alignments end with a blank landing exactly on
+    frame logit_lengths[b] at u = target_lengths[b]; everything is fp32.
+    """
+    _, batch, num_frames, num_cols = blank_weight.shape
+    device = blank_weight.device
+    blank_skewed, on_lattice = _skew(blank_weight.float())
+    label_skewed, _ = _skew(label_weight.float())
+    num_diagonals = num_frames + num_cols - 1
+    start = torch.full((batch, num_cols), LOG_ZERO, device=device)
+    start[:, 0] = 0.0
+    alphas = [start]  # alphas[n][b, u] = alpha(n - u, u)
+    log_zero_column = torch.full((batch, 1), LOG_ZERO, device=device)
+    for n in range(1, num_diagonals):
+        terms = [alphas[n - d] + blank_skewed[i, :, n - d]
+                 for i, d in enumerate(blank_durations) if n - d >= 0]
+        label_terms = [alphas[n - 1 - d] + label_skewed[i, :, n - 1 - d]
+                       for i, d in enumerate(label_durations) if n - 1 - d >= 0]
+        if label_terms:
+            from_below = _logsumexp_list(label_terms)  # indexed by the source column u - 1
+            terms.append(torch.cat([log_zero_column, from_below[:, :-1]], dim=1))
+        alphas.append(torch.where(on_lattice[n], _logsumexp_list(terms), LOG_ZERO))
+    alpha = torch.stack(alphas, dim=1)  # [B, diagonals, U + 1]
+
+    rows = torch.arange(batch, device=device)
+    u_end = target_lengths.long()
+    finals = []
+    for i, d in enumerate(blank_durations):
+        t_from = logit_lengths.long() - d
+        t_safe = t_from.clamp(min=0)
+        value = alpha[rows, t_safe + u_end, u_end] + blank_weight[i, rows, t_safe, u_end].float()
+        finals.append(torch.where(t_from >= 0, value, LOG_ZERO))
+    return _logsumexp_list(finals)
+
+
+def label_smoothed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, smoothing: float = 0.1,
+                                 ignore_index: int = -100) -> torch.Tensor:
+    """Mean token cross-entropy (fp32) with label smoothing; positions equal to ignore_index are skipped.
+
+    logits [B, L, C], targets [B, L].
+    """
+    if logits.shape[:2] != targets.shape:
+        raise ValueError(f"targets: shape {tuple(targets.shape)} does not match logits {tuple(logits.shape[:2])}")
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=ignore_index,
+                           label_smoothing=smoothing)
+
+
+def _skew(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., T, U + 1] -> [..., T + U, U + 1] with out[..., n, u] = x[..., n - u, u]; LOG_ZERO off-lattice."""
+    num_frames, num_cols = x.shape[-2:]
+    n = torch.arange(num_frames + num_cols - 1, device=x.device)[:, None]
+    u = torch.arange(num_cols, device=x.device)[None, :]
+    t = n - u
+    on_lattice = (t >= 0) & (t < num_frames)
+    skewed = x[..., t.clamp(0, num_frames - 1), u]
+    return torch.where(on_lattice, skewed, LOG_ZERO), on_lattice
+
+
+def _logsumexp_list(xs: list[torch.Tensor]) -> torch.Tensor:
+    return xs[0] if len(xs) == 1 else torch.logsumexp(torch.stack(xs), dim=0)
+
+
+def _gather_labels(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """logits[b, t, u, targets[b, u]] for u < U -> [B, T, U]."""
+    batch, num_frames, _, _ = logits.shape
+    num_labels = targets.shape[1]
+    index = targets.long()[:, None, :, None].expand(batch, num_frames, num_labels, 1)
+    return logits[:, :, :num_labels, :].gather(-1, index).squeeze(-1)
+
+
+def _check_inputs(logits, targets, logit_lengths, target_lengths, blank: int, num_token_classes: int) -> int:
+    """Raise ValueError naming the field and how many entries are wrong; return blank as an index >= 0."""
+    if logits.dim() != 4:
+        raise ValueError(f"logits: expected 4 dims [B, T, U + 1, classes], got {logits.dim()}")
+    batch, num_frames, num_cols, _ = logits.shape
+    if targets.dim() != 2 or targets.shape != (batch, num_cols - 1):
+        raise ValueError(f"targets: expected shape ({batch}, {num_cols - 1}), got {tuple(targets.shape)}")
+    for name, lengths in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
+        if lengths.shape != (batch,):
+            raise ValueError(f"{name}: expected shape ({batch},), got {tuple(lengths.shape)}")
+    bad = int(((logit_lengths < 1) | (logit_lengths > num_frames)).sum())
+    if bad:
+        raise ValueError(f"logit_lengths: {bad} of {batch} outside [1, {num_frames}]")
+    bad = int(((target_lengths < 0) | (target_lengths > num_cols - 1)).sum())
+    if bad:
+        raise ValueError(f"target_lengths: {bad} of {batch} outside [0, {num_cols - 1}]")
+    if not -num_token_classes <= blank < num_token_classes:
+        raise ValueError(f"blank: {blank} is not one of the {num_token_classes} token classes")
+    blank = blank % num_token_classes
+    in_use = torch.arange(num_cols - 1, device=targets.device)[None, :] < target_lengths[:, None].to(targets.device)
+    bad = int((in_use & ((targets < 0) | (targets >= num_token_classes) | (targets == blank))).sum())
+    if bad:
+        raise ValueError(f"targets: {bad} labels are blank ({blank}) or outside [0, {num_token_classes})")
+    return blank
+
+
+def _reduce(losses: torch.Tensor, reduction: str) -> torch.Tensor:
+    if reduction == "none":
+        return losses
+    if reduction == "sum":
+        return losses.sum()
+    if reduction == "mean":
+        return losses.mean()
+    raise ValueError(f"reduction: expected 'none', 'sum' or 'mean', got {reduction!r}")

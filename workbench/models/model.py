@@ -1,0 +1,122 @@
+"""ASRModel: the encoder plus one head (rnnt, tdt, ctc, aed), with what the OOMptimizer needs:
+make_batch (the worst case of a bucket) and training_step (forward + loss + backward).
+
+Batches are dicts: audio [B, S] float32 16 kHz, audio_lens [B] long (samples), tokens [B, U] long in
+[0, vocab_size), token_lens [B] long. The loss is the negative log-likelihood per target token
+(summed over the batch, divided by the number of target tokens), so heads and batches compare.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workbench.models.aed import TransformerDecoder
+from workbench.models.config import ModelConfig, config_from_name
+from workbench.models.encoder import Encoder
+from workbench.models.losses import label_smoothed_cross_entropy, rnnt_loss, tdt_loss
+from workbench.models.transducer import Joint, Predictor
+
+TRAINING_DTYPES = (torch.float32, torch.bfloat16)
+
+
+class ASRModel(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.vocab_size = config.vocab_size
+        self.encoder = Encoder(config)
+        self.blank_id = config.vocab_size  # rnnt, tdt, ctc
+        self.durations = list(config.durations) if config.head == "tdt" else None
+        if config.head in ("rnnt", "tdt"):
+            self.predictor = Predictor(config.vocab_size, config.pred_hidden, config.pred_layers, config.dropout)
+            extra = len(config.durations) if config.head == "tdt" else 0
+            self.joint = Joint(config.d_model, config.pred_hidden, config.joint_hidden,
+                               config.vocab_size + 1 + extra)
+        elif config.head == "ctc":
+            self.ctc_out = nn.Linear(config.d_model, config.vocab_size + 1)
+        else:
+            self.decoder = TransformerDecoder(config)
+
+    def encode(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """audio [B, S] 16 kHz, audio_lens [B] samples -> (enc [B, T, D], enc_lens [B]); 80 ms per frame."""
+        return self.encoder(audio, audio_lens)
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Scalar loss with its graph: summed NLL / number of target tokens (AED: mean smoothed CE)."""
+        tokens, token_lens = batch["tokens"], batch["token_lens"]
+        enc, enc_lens = self.encode(batch["audio"], batch["audio_lens"])
+        num_targets = token_lens.sum().clamp_min(1)
+        head = self.config.head
+        if head in ("rnnt", "tdt"):
+            logits = self.joint(enc, self.predictor(tokens))  # [B, T, U + 1, V + 1 (+ D)]
+            if head == "rnnt":
+                nll = rnnt_loss(logits, tokens, enc_lens, token_lens, blank=self.blank_id, reduction="sum")
+            else:
+                nll = tdt_loss(logits, tokens, enc_lens, token_lens, blank=self.blank_id,
+                               durations=self.durations, reduction="sum")
+            return nll / num_targets
+        if head == "ctc":
+            log_probs = self.ctc_out(enc).float().log_softmax(-1).transpose(0, 1)  # [T, B, V + 1]
+            nll = F.ctc_loss(log_probs, tokens, enc_lens, token_lens, blank=self.blank_id, reduction="sum",
+                             zero_infinity=True)
+            return nll / num_targets
+        return self._aed_loss(enc, enc_lens, tokens, token_lens)
+
+    def _aed_loss(self, enc, enc_lens, tokens, token_lens) -> torch.Tensor:
+        batch, max_tokens = tokens.shape
+        in_use = torch.arange(max_tokens, device=tokens.device)[None] < token_lens[:, None]
+        bos = torch.full_like(tokens[:, :1], self.decoder.bos_id)
+        inputs = torch.cat([bos, tokens.masked_fill(~in_use, self.decoder.eos_id)], dim=1)
+        targets = torch.cat([tokens.masked_fill(~in_use, -100), torch.full_like(bos, -100)], dim=1)
+        targets[torch.arange(batch, device=tokens.device), token_lens] = self.decoder.eos_id
+        logits = self.decoder(inputs, enc, enc_lens)
+        return label_smoothed_cross_entropy(logits, targets, smoothing=self.config.label_smoothing)
+
+    def make_batch(self, batch_size: int, duration_s: float, num_tokens: int, device: torch.device | str,
+                   *, seed: int = 0) -> dict[str, torch.Tensor]:
+        """The worst case of a bucket: every item is duration_s seconds of audio with num_tokens labels.
+
+        Audio is Gaussian noise (std 0.1), tokens uniform in [0, vocab_size); the same seed gives the
+        same batch.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size: need at least 1, got {batch_size}")
+        if not duration_s > 0:
+            raise ValueError(f"duration_s: need > 0 seconds, got {duration_s}")
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens: need >= 0, got {num_tokens}")
+        device = torch.device(device)
+        num_samples = max(1, round(duration_s * self.config.sample_rate))
+        generator = torch.Generator(device=device).manual_seed(seed)
+        audio = torch.randn(batch_size, num_samples, generator=generator, device=device) * 0.1
+        tokens = torch.randint(0, self.vocab_size, (batch_size, num_tokens), generator=generator, device=device)
+        return {"audio": audio,
+                "audio_lens": torch.full((batch_size,), num_samples, dtype=torch.long, device=device),
+                "tokens": tokens,
+                "token_lens": torch.full((batch_size,), num_tokens, dtype=torch.long, device=device)}
+
+    def training_step(self, batch: dict[str, torch.Tensor], *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Forward, loss and backward in train mode (bf16 autocast or fp32); returns the detached loss.
+
+        Gradients accumulate into .grad; the caller steps (and zeroes) the optimizer.
+        """
+        if dtype not in TRAINING_DTYPES:
+            raise ValueError(f"dtype: expected torch.float32 or torch.bfloat16, got {dtype}")
+        self.train()
+        device_type = batch["audio"].device.type
+        with torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            loss = self.loss(batch)
+        loss.backward()
+        return loss.detach()
+
+
+def build_model(name: str, *, vocab_size: int | None = None) -> ASRModel:
+    """"{tiny,large,xl}-{rnnt,tdt,ctc,aed}" -> ASRModel on the current default device (use
+    ``with torch.device("meta"):`` to count parameters without allocating)."""
+    return ASRModel(config_from_name(name, vocab_size=vocab_size))
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,167 @@
+"""Training recipe: train any workbench model on a lhotse corpus.
+
+    python -m workbench train --cuts data/tts/cuts.jsonl.gz --tokenizer data/tts/tokenizer_bpe256.model \
+        --model large-rnnt --profile profiles/large-rnnt.yaml --steps 2000 --out runs/large-rnnt
+
+With --profile (from the OOMptimizer) batches come from workbench.bucketing.make_sampler and respect
+its per-bucket batch sizes; without one, from lhotse's DynamicBucketingSampler with --max-duration
+seconds of audio per batch. Logs loss and audio seconds per second; writes <out>/model.pt (weights and
+config: load with load_checkpoint, which uses torch.load(weights_only=True)) and <out>/train_log.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from workbench.models.collate import collate_cuts, cut_text
+from workbench.models.config import ModelConfig
+from workbench.models.model import ASRModel, build_model
+
+log = logging.getLogger(__name__)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass
+class TrainConfig:
+    cuts: str                        # lhotse CutSet manifest (.jsonl or .jsonl.gz)
+    tokenizer: str                   # sentencepiece .model; its size sets the model's vocabulary
+    out_dir: str                     # where model.pt and train_log.jsonl go
+    model: str = "tiny-rnnt"         # "{tiny,large,xl}-{rnnt,tdt,ctc,aed}"
+    profile: str | None = None       # bucket profile YAML with batch sizes; None -> lhotse max_duration
+    max_duration: float = 200.0      # seconds of audio per batch without a profile
+    num_buckets: int = 10            # lhotse buckets without a profile
+    steps: int = 1000                # optimizer steps (epochs repeat as needed)
+    lr: float = 1e-3                 # peak AdamW learning rate
+    warmup_steps: int = 100          # linear warm-up, then cosine decay to 0 at `steps`
+    weight_decay: float = 1e-3       # AdamW weight decay
+    grad_clip: float = 1.0           # max global gradient norm
+    dtype: str = "bf16"              # bf16 (autocast) or fp32
+    device: str = "cuda" if torch.cuda.is_available() else "cpu"
+    log_every: int = 10              # steps between log lines
+    seed: int = 0                    # model init and sampler shuffling
+
+
+def learning_rate(step: int, config: TrainConfig) -> float:
+    """Linear warm-up over warmup_steps (step 0 -> lr / warmup), then cosine to 0 at config.steps."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return config.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def make_batches(cuts, config: TrainConfig, tokenizer):
+    """The sampler for this run: make_sampler with the profile, else lhotse's DynamicBucketingSampler."""
+    from lhotse.dataset import DynamicBucketingSampler
+
+    if config.profile:
+        from workbench.bucketing import load_profile, make_sampler
+
+        def num_tokens(cut) -> int:
+            custom = cut.custom or {}
+            return int(custom["num_tokens"]) if "num_tokens" in custom else len(tokenizer.encode(cut_text(cut)))
+
+        return make_sampler(cuts, load_profile(config.profile), shuffle=True, seed=config.seed,
+                            num_tokens_fn=num_tokens)
+    return DynamicBucketingSampler(cuts, max_duration=config.max_duration, num_buckets=config.num_buckets,
+                                   shuffle=True, seed=config.seed)
+
+
+def train(config: TrainConfig) -> dict:
+    """Run the recipe; returns {"losses": [...], "audio_seconds_per_second": float, "checkpoint": path}."""
+    from lhotse import CutSet
+
+    from workbench.data.tokenizer import load_tokenizer
+
+    if config.dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {config.dtype!r}")
+    if config.steps < 1:
+        raise ValueError(f"steps: need at least 1, got {config.steps}")
+    if not Path(config.cuts).exists():
+        raise FileNotFoundError(f"cuts manifest {config.cuts!r} does not exist")
+    tokenizer = load_tokenizer(config.tokenizer)
+    torch.manual_seed(config.seed)
+    device = torch.device(config.device)
+    model = build_model(config.model, vocab_size=tokenizer.vocab_size()).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    sampler = make_batches(CutSet.from_file(config.cuts), config, tokenizer)
+
+    records, audio_seconds, busy_seconds = [], 0.0, 0.0
+    step, epoch = 0, 0
+    progress = tqdm(total=config.steps, desc=f"train {config.model}", unit="step")
+    while step < config.steps:
+        sampler.set_epoch(epoch)
+        batches_this_epoch = 0
+        for cuts in sampler:
+            start = time.perf_counter()
+            batch = {k: v.to(device, non_blocking=True) for k, v in collate_cuts(cuts, tokenizer).items()}
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, config)
+            loss = model.training_step(batch, dtype=DTYPES[config.dtype])
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss_value = float(loss)  # synchronizes, so the timing below is honest
+            elapsed = time.perf_counter() - start
+            seconds = float(batch["audio_lens"].sum()) / model.config.sample_rate
+            audio_seconds, busy_seconds = audio_seconds + seconds, busy_seconds + elapsed
+            records.append({"step": step, "loss": loss_value, "batch_size": len(batch["audio_lens"]),
+                            "audio_s": seconds, "step_s": elapsed, "lr": learning_rate(step, config)})
+            if step % config.log_every == 0 or step == config.steps - 1:
+                log.info("step %d  loss %.4f  %.1f audio s/s", step, loss_value, seconds / elapsed)
+            progress.update(1)
+            progress.set_postfix(loss=f"{loss_value:.3f}")
+            step += 1
+            batches_this_epoch += 1
+            if step >= config.steps:
+                break
+        if batches_this_epoch == 0:
+            raise ValueError(f"cuts: the sampler gave 0 batches from {config.cuts} (empty corpus or nothing fits)")
+        epoch += 1
+    progress.close()
+    close = getattr(sampler, "cuts_iter", None)
+    if close is not None and hasattr(close, "close"):
+        close.close()
+
+    out = Path(config.out_dir)
+    checkpoint = save_checkpoint(out / "model.pt", model, extra={"train_config": asdict(config), "steps": step})
+    _write_jsonl(out / "train_log.jsonl", records)
+    throughput = audio_seconds / busy_seconds
+    log.info("done: %d steps, %.1f audio s/s, saved %s", step, throughput, checkpoint)
+    return {"losses": [r["loss"] for r in records], "audio_seconds_per_second": throughput,
+            "checkpoint": checkpoint}
+
+
+def save_checkpoint(path: str | os.PathLike, model: ASRModel, *, extra: dict | None = None) -> Path:
+    """Weights + config in one file (plain tensors and dicts, loadable with weights_only=True), atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    tmp = path.with_name(f".tmp-{path.name}")
+    torch.save({"config": model.config.to_dict(), "state_dict": state, **(extra or {})}, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> ASRModel:
+    """The model saved by :func:`save_checkpoint`, in eval mode on ``device``."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+    saved = torch.load(path, map_location=device, weights_only=True)
+    model = ASRModel(ModelConfig(**saved["config"])).to(device)
+    model.load_state_dict(saved["state_dict"])
+    return model.eval()
+
+
+def _write_jsonl(path: Path, records: list[dict]) -> None:
+    tmp = path.with_name(f".tmp-{path.name}")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    os.replace(tmp, path)
