@@ -1,0 +1,80 @@
+import gzip
+import json
+
+import pytest
+
+from workbench.bucketing import estimate_2d_bins, estimate_duration_bins, load_profile
+from workbench.cli import main
+from workbench.data.manifest import read_cut_arrays
+from workbench.data.synthetic import write_synthetic_corpus
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory):
+    return write_synthetic_corpus(tmp_path_factory.mktemp("syn"), 3000, seed=4, progress=False)
+
+
+def test_bins_2d_writes_the_estimate(manifest, tmp_path, capsys):
+    out = tmp_path / "p.yaml"
+    assert main(["bins", str(manifest), "--buckets", "6", "--sub-buckets", "3", "--tps-threshold", "3",
+                 "--out", str(out), "-q"]) == 0
+    arrays = read_cut_arrays(manifest, progress=False)
+    est = estimate_2d_bins(arrays.durations, arrays.num_tokens, 6, 3, tps_threshold=3.0)
+    profile = load_profile(out)
+    assert [tuple(b) for b in profile.bucket_duration_bins] == est.bins
+    assert profile.max_tps == est.max_tps
+    assert profile.bucket_batch_size is None
+    text = capsys.readouterr().out
+    assert "bucket_duration_bins" in text and "padded_input_share" in text and "2D" in text
+
+
+def test_bins_1d_with_duration_window(manifest, tmp_path):
+    out = tmp_path / "p.yaml"
+    assert main(["bins", str(manifest), "--buckets", "5", "--1d", "--min-duration", "2", "--max-duration", "20",
+                 "--out", str(out), "-q", "--no-padding"]) == 0
+    d = read_cut_arrays(manifest, progress=False).durations
+    kept = d[(d >= 2) & (d <= 20)]
+    profile = load_profile(out)
+    assert profile.bucket_duration_bins == estimate_duration_bins(kept, 5)
+    assert profile.metadata["excluded_by_duration"] == int(len(d) - len(kept))
+    assert main(["bins", str(manifest), "--buckets", "5", "--1d", "--equal-count", "--out", str(out), "-q",
+                 "--no-padding"]) == 0
+    assert load_profile(out).bucket_duration_bins == estimate_duration_bins(d, 5, equal_count=True)
+
+
+def test_bins_without_tokens_is_1d(tmp_path):
+    path = tmp_path / "cuts.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        for i, d in enumerate([1.0, 2.0, 3.0, 4.0]):
+            f.write(json.dumps({"id": f"c{i}", "start": 0, "duration": d, "channel": 0, "type": "MonoCut"}) + "\n")
+    out = tmp_path / "p.yaml"
+    assert main(["bins", str(path), "--buckets", "2", "--out", str(out), "-q"]) == 0
+    # 5 s per bucket: the total before 4.0 is 6 > 5, so 4.0 is a boundary, then the max (4.0) again
+    assert load_profile(out).bucket_duration_bins == [4.0, 4.0]
+
+
+def test_bins_user_errors(manifest, tmp_path, capsys):
+    assert main(["bins", str(tmp_path / "missing.jsonl.gz"), "--out", str(tmp_path / "p.yaml")]) == 2
+    assert main(["bins", str(manifest), "--buckets", "5000", "--out", str(tmp_path / "p.yaml"), "-q"]) == 2
+    assert "more than the 3000 utterances" in capsys.readouterr().err
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_bins_with_tokenizer_counts_tokens(manifest, tmp_path):
+    from workbench.data.tokenizer import count_tokens, load_tokenizer, train_tokenizer
+
+    # the same cuts without custom.num_tokens: the tokenizer must count them
+    stripped = tmp_path / "cuts.jsonl.gz"
+    with gzip.open(manifest, "rt") as src, gzip.open(stripped, "wt") as dst:
+        for line in src:
+            cut = json.loads(line)
+            cut.pop("custom", None)
+            dst.write(json.dumps(cut) + "\n")
+    model = train_tokenizer(stripped, tmp_path / "tok", 128, progress=False)
+    out = tmp_path / "p.yaml"
+    assert main(["bins", str(stripped), "--tokenizer", str(model), "--buckets", "4", "--out", str(out), "-q",
+                 "--no-padding"]) == 0
+    arrays = read_cut_arrays(stripped, with_texts=True, progress=False)
+    tokens = count_tokens(load_tokenizer(model), arrays.texts)
+    est = estimate_2d_bins(arrays.durations, tokens, 4, 2)
+    assert [tuple(b) for b in load_profile(out).bucket_duration_bins] == est.bins

@@ -1,0 +1,131 @@
+import logging
+
+import numpy as np
+import pytest
+
+from bucketing_helpers import make_cuts
+from workbench.bucketing import BucketProfile, close_sampler, make_fitter, make_sampler
+from workbench.bucketing.constraint import BucketBatchSizeConstraint
+
+pytestmark = pytest.mark.filterwarnings("ignore:You are using DynamicBucketingSampler with an eagerly")
+
+
+def _corpus(n=600, seed=0):
+    rng = np.random.default_rng(seed)
+    d = np.round(rng.uniform(0.5, 12.0, n), 2)
+    t = np.maximum(1, (d * rng.uniform(2, 4, n)).astype(int))
+    d[:3] = [13.0, 14.0, 20.0]  # too long for the profile below
+    t[3:5] = [400, 300]  # tokens per second far above the limit
+    return d, t
+
+
+PROFILE_2D = BucketProfile(bucket_duration_bins=[[4.0, 10], [4.0, 20], [8.0, 25], [8.0, 40], [12.0, 60]],
+                           bucket_batch_size=[16, 9, 7, 5, 3], max_tps=[6.0, 6.0, 5.5, 5.5, 5.0])
+
+
+def _check_epoch(sampler, profile, d, t):
+    fitter = make_fitter([tuple(b) for b in profile.bucket_duration_bins] if profile.is_2d
+                         else profile.bucket_duration_bins, profile.max_tps)
+    expected_idx, reason = fitter.assign(d, t)
+    seen = []
+    for batch in sampler:
+        buckets = {expected_idx[int(c.id[1:])] for c in batch}
+        assert len(buckets) == 1, f"a batch mixes buckets {buckets}"
+        b = buckets.pop()
+        assert b >= 0
+        assert 1 <= len(batch) <= profile.bucket_batch_size[b]
+        seen += [c.id for c in batch]
+    return seen, expected_idx, reason
+
+
+@pytest.mark.parametrize("concurrent", [False, True])
+def test_every_batch_respects_its_bucket_and_unfit_are_reported(concurrent, caplog):
+    d, t = _corpus()
+    cuts = make_cuts(d, t)
+    sampler = make_sampler(cuts, PROFILE_2D, concurrent=concurrent, buffer_size=1000, seed=1)
+    with caplog.at_level(logging.WARNING, logger="workbench.bucketing.sampler"):
+        seen, idx, reason = _check_epoch(sampler, PROFILE_2D, d, t)
+    assert sorted(seen) == sorted(f"c{i}" for i in np.flatnonzero(idx >= 0))  # each fitting cut once
+    report = sampler.unfit_report
+    assert report.seen == len(d)
+    assert report.counts["too_long"] == 3
+    assert report.counts["tps_over_limit"] == int((reason == 2).sum()) >= 2
+    assert report.counts["too_many_tokens"] == int((reason == 3).sum())
+    assert report.total_unfit == int((idx < 0).sum())
+    assert {e["id"] for e in report.examples["too_long"]} == {"c0", "c1", "c2"}
+    assert "fit no bucket" in report.summary()
+    assert "fits no bucket" in caplog.text
+
+
+def test_1d_profile_and_full_batches_use_the_batch_size():
+    d = np.repeat([1.0, 2.0, 3.0], 40)
+    cuts = make_cuts(d)
+    profile = BucketProfile(bucket_duration_bins=[1.0, 2.0, 3.0], bucket_batch_size=[10, 8, 4])
+    sampler = make_sampler(cuts, profile, concurrent=False, shuffle=False)
+    sizes = {}
+    for batch in sampler:
+        dur = {c.duration for c in batch}
+        assert len(dur) == 1
+        sizes.setdefault(dur.pop(), []).append(len(batch))
+    assert sizes == {1.0: [10] * 4, 2.0: [8] * 5, 3.0: [4] * 10}
+    assert sampler.unfit_report.total_unfit == 0
+
+
+def test_world_size_splits_batches_between_ranks():
+    d, t = _corpus(400, seed=3)
+    cuts = make_cuts(d, t)
+    ids = []
+    for rank in (0, 1):
+        s = make_sampler(cuts, PROFILE_2D, world_size=2, rank=rank, concurrent=False, seed=5, drop_last=True)
+        ids.append([c.id for batch in s for c in batch])
+    assert ids[0] and ids[1]
+    assert not set(ids[0]) & set(ids[1])
+
+
+def test_constraint_select_bucket_and_errors():
+    fitter = make_fitter([(4.0, 10), (8.0, 30)], [5.0, 5.0])
+    c = BucketBatchSizeConstraint(fitter=fitter, batch_sizes=[4, 2])
+    cut = make_cuts([3.0], [12])[0]
+    assert c.measure_length(cut) == (3.0, 12)
+    with pytest.raises(ValueError, match="too_many_tokens"):  # strict 2D: only its own duration group
+        c.select_bucket(example=cut)
+    loose = BucketBatchSizeConstraint(fitter=make_fitter([(4.0, 10), (8.0, 30)], [5.0, 5.0], strict_2d=False),
+                                      batch_sizes=[4, 2])
+    assert loose.select_bucket(example=cut) == 1
+    with pytest.raises(ValueError, match="too_long"):
+        c.select_bucket(example_len=(9.0, 1))
+    with pytest.raises(ValueError, match="batch_sizes has 1 entries"):
+        BucketBatchSizeConstraint(fitter=fitter, batch_sizes=[4])
+
+
+def test_make_sampler_rejects_bad_setup():
+    cuts = make_cuts([1.0, 2.0], [1, 2])
+    with pytest.raises(ValueError, match="bucket_batch_size"):
+        make_sampler(cuts, BucketProfile(bucket_duration_bins=[2.0]))
+    with pytest.raises(ValueError, match="rank"):
+        make_sampler(cuts, BucketProfile(bucket_duration_bins=[2.0], bucket_batch_size=[2]), world_size=2, rank=2)
+    with pytest.raises(ValueError, match="num_tokens_fn"):
+        make_sampler(make_cuts([1.0, 2.0]), PROFILE_2D)
+
+
+@pytest.mark.parametrize("concurrent", [False, True])
+def test_cuts_missing_token_counts_are_counted_not_fatal(concurrent):
+    cuts = make_cuts([1.0] * 30, [3] * 30)
+    for cut in list(cuts)[10:15]:
+        cut.custom = None
+    s = make_sampler(cuts, PROFILE_2D, concurrent=concurrent, buffer_size=100)
+    assert sum(len(b) for b in s) == 25
+    assert s.unfit_report.counts["no_token_count"] == 5
+    assert s.unfit_report.examples["no_token_count"][0]["id"] == "c10"
+
+
+def test_custom_num_tokens_fn_and_early_close():
+    d = np.full(300, 2.0)
+    cuts = make_cuts(d)
+    profile = BucketProfile(bucket_duration_bins=[[2.0, 5], [2.0, 10]], bucket_batch_size=[6, 3])
+    s = make_sampler(cuts, profile, num_tokens_fn=lambda c: 4 + int(c.id[1:]) % 2 * 4, concurrent=True,
+                     buffer_size=200)
+    it = iter(s)
+    first = next(it)
+    assert len(first) in (6, 3)
+    close_sampler(s)

@@ -1,0 +1,208 @@
+"""Bucketing benchmarks (CPU only; about 4-8 minutes on 2 cores for 1M utterances, most of it in lhotse).
+
+    python3 -m workbench.bench.bucketing --out benchmarks/results [--num-cuts 1000000]
+
+1. ``bucketing_bins_1m``: `workbench bins` end to end (a fresh process: import, read the manifest,
+   2D bins, write the profile, padding summary) on a synthetic manifest with token counts, against the
+   same work through lhotse: iterate ``CutSet.from_jsonl_lazy`` for durations and token counts, then the
+   plain-loop 2D estimate (as NeMo's script does). Both must give the same bins.
+2. ``bucketing_first_batch``: time to the first batch of ``make_sampler`` on the same manifest read
+   lazily, with concurrent bucketing and without, for two buffer sizes.
+
+Exits non-zero when the two ways disagree, a batch breaks its bucket's batch size, or the 1M target
+(<= 10 s end to end) is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from workbench.bench.results import summarize, write_result
+
+TARGET_BINS_S = 10.0
+
+
+def _loop_2d(durations: list[float], tokens: list[int], num_buckets: int, num_subbuckets: int,
+             threshold: float) -> list[tuple[float, int]]:
+    """The plain Python loop estimate a lhotse-iteration script would run (spec in DESIGN.md)."""
+    pairs = sorted(zip(durations, tokens))
+    d = np.array([p[0] for p in pairs])
+    t = np.array([p[1] for p in pairs], dtype=np.int64)
+    per, tot, cuts = d.sum() / num_buckets, 0.0, []
+    for i, v in enumerate(d.tolist()):
+        if tot > per:
+            cuts.append(i)
+            tot = 0.0
+        tot += v
+    starts, stops, bounds = [0] + cuts, cuts + [len(d)], [d[i] for i in cuts] + [d[-1]]
+    groups: list[list] = []
+    for b, s, e in zip(bounds, starts, stops):
+        if groups and groups[-1][0] == b:
+            groups[-1][2], groups[-1][3] = e, groups[-1][3] + 1
+        else:
+            groups.append([b, s, e, 1])
+    bins = []
+    for b, s, e, k in groups:
+        tps = t[s:e] / d[s:e]
+        std = np.std(tps)
+        keep = np.ones(len(tps), bool) if std == 0 else (tps - np.mean(tps)) / std <= threshold
+        kept = sorted(t[s:e][keep].tolist())
+        per_t, tot_t = sum(kept) / (k * num_subbuckets), 0
+        for x in kept:
+            if tot_t > per_t:
+                bins.append((float(b), x))
+                tot_t = 0
+            tot_t += x
+        bins.append((float(b), kept[-1]))
+    return bins
+
+
+def _in_process_breakdown(manifest: Path) -> dict:
+    """Seconds of each stage of `workbench bins`, in this process: read, 1D + 2D bins, padding summary."""
+    from workbench.bucketing import estimate_2d_bins, estimate_duration_bins, padding_comparison
+    from workbench.data.manifest import read_cut_arrays
+
+    t0 = time.perf_counter()
+    arrays = read_cut_arrays(manifest, progress=False)
+    t1 = time.perf_counter()
+    bins_1d = estimate_duration_bins(arrays.durations, 30)
+    est = estimate_2d_bins(arrays.durations, arrays.num_tokens, 30, 2)
+    t2 = time.perf_counter()
+    padding_comparison(arrays.durations, arrays.num_tokens,
+                       {"none": None, "1D": bins_1d, "2D": (est.bins, est.max_tps)})
+    t3 = time.perf_counter()
+    return {"stage_read_manifest_s": t1 - t0, "stage_bins_1d_2d_s": t2 - t1, "stage_padding_summary_s": t3 - t2}
+
+
+def bench_bins(manifest: Path, work: Path, repeat: int) -> tuple[dict, list[str]]:
+    from lhotse import CutSet
+
+    from workbench.bucketing import load_profile
+
+    failures: list[str] = []
+    out = work / "profile.yaml"
+    cmd = [sys.executable, "-m", "workbench", "bins", str(manifest), "--buckets", "30", "--sub-buckets", "2",
+           "--out", str(out), "-q"]
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        samples.append(time.perf_counter() - t0)
+        if proc.returncode != 0:
+            failures.append(f"`workbench bins` failed: {proc.stderr.strip()[-500:]}")
+            return {}, failures
+    ours = [tuple(b) for b in load_profile(out).bucket_duration_bins]
+    breakdown = _in_process_breakdown(manifest)
+
+    t0 = time.perf_counter()
+    durations, tokens = [], []
+    for cut in tqdm(CutSet.from_jsonl_lazy(manifest), desc="lhotse CutSet iteration", unit="cut", mininterval=2.0):
+        durations.append(cut.duration)
+        tokens.append(cut.custom["num_tokens"])
+    t_read = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    theirs = _loop_2d(durations, tokens, 30, 2, 4.0)
+    t_est = time.perf_counter() - t0
+    if ours != theirs:
+        failures.append(f"bins differ: ours {len(ours)} bins, lhotse-iteration {len(theirs)} bins; first "
+                        f"difference at {next(i for i, (a, b) in enumerate(zip(ours + [None], theirs + [None])) if a != b)}")
+    ours_s = summarize(samples)
+    if ours_s["median"] > TARGET_BINS_S:
+        failures.append(f"`workbench bins` on {len(durations)} utterances took {ours_s['median']:.1f} s "
+                        f"(target <= {TARGET_BINS_S} s)")
+    figures = {"workbench_bins_end_to_end_s": ours_s, "lhotse_iteration_read_s": t_read,
+               "loop_estimate_s": t_est, "lhotse_total_s": t_read + t_est,
+               "speedup_vs_lhotse": (t_read + t_est) / ours_s["median"], "num_bins": len(ours),
+               "bins_equal": ours == theirs, "utterances": len(durations), **breakdown}
+    return figures, failures
+
+
+def bench_first_batch(manifest: Path, work: Path, repeat: int) -> tuple[dict, list[str]]:
+    from lhotse import CutSet
+
+    from workbench.bucketing import BucketProfile, close_sampler, load_profile, make_fitter, make_sampler
+
+    failures: list[str] = []
+    base = load_profile(work / "profile.yaml")
+    bins = [tuple(b) for b in base.bucket_duration_bins]
+    batch_sizes = [max(1, int(600 // b[0])) for b in bins]  # ~600 s of audio per batch
+    profile = BucketProfile(bucket_duration_bins=base.bucket_duration_bins, bucket_batch_size=batch_sizes,
+                            max_tps=base.max_tps)
+    fitter = make_fitter(bins, base.max_tps)
+    figures: dict = {}
+    for buffer_size in (20_000, 100_000):
+        for concurrent in (False, True):
+            samples = []
+            for _ in range(repeat):
+                cuts = CutSet.from_jsonl_lazy(manifest)
+                sampler = make_sampler(cuts, profile, concurrent=concurrent, buffer_size=buffer_size, seed=0)
+                t0 = time.perf_counter()
+                batch = next(iter(sampler))
+                samples.append(time.perf_counter() - t0)
+                close_sampler(sampler)
+                buckets = {fitter.select(c.duration, c.custom["num_tokens"])[0] for c in batch}
+                if len(buckets) != 1 or len(batch) > batch_sizes[buckets.pop()]:
+                    failures.append(f"first batch (concurrent={concurrent}) breaks its bucket's batch size")
+            figures[f"buffer_{buffer_size}_{'concurrent' if concurrent else 'sequential'}_s"] = summarize(samples)
+        seq = figures[f"buffer_{buffer_size}_sequential_s"]["median"]
+        con = figures[f"buffer_{buffer_size}_concurrent_s"]["median"]
+        figures[f"buffer_{buffer_size}_speedup"] = seq / con
+    return figures, failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for the JSON results")
+    parser.add_argument("--num-cuts", type=int, default=1_000_000, help="utterances in the synthetic manifest")
+    parser.add_argument("--work", default=None, help="folder for the manifest (kept and reused)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs of the fast paths")
+    args = parser.parse_args(argv)
+
+    import logging
+
+    from workbench.data.synthetic import write_synthetic_corpus
+
+    logging.getLogger("workbench.bucketing.sampler").setLevel(logging.ERROR)  # unfit cuts are expected here
+
+    work = Path(args.work or Path(tempfile.gettempdir()) / f"workbench_bench_bucketing_{args.num_cuts}")
+    manifest = work / "cuts.jsonl.gz"
+    if not manifest.exists():
+        print(f"writing a {args.num_cuts}-utterance synthetic manifest to {manifest} ...", flush=True)
+        write_synthetic_corpus(work, args.num_cuts, seed=0)
+    params = {"num_cuts": args.num_cuts, "manifest": "synthetic seed 0", "buckets": 30, "sub_buckets": 2,
+              "tps_threshold": 4.0, "repeat": args.repeat}
+
+    print("1/2 bins end to end vs lhotse CutSet iteration ...", flush=True)
+    bins_fig, failures = bench_bins(manifest, work, args.repeat)
+    if bins_fig:
+        write_result("bucketing_bins_1m", what="`workbench bins` end to end vs the same via lhotse CutSet "
+                     "iteration and a plain-loop estimate (CPU)", figures=bins_fig, params=params, out_dir=args.out)
+        print("2/2 time to first batch, concurrent vs not ...", flush=True)
+        fb_fig, fb_fail = bench_first_batch(manifest, work, args.repeat)
+        failures += fb_fail
+        write_result("bucketing_first_batch", what="time to first batch of make_sampler on a lazily read "
+                     "manifest: concurrent bucketing vs not (CPU)", figures=fb_fig, params=params, out_dir=args.out)
+
+        print(f"\n{'measure':<48}{'seconds':>10}")
+        print(f"{'workbench bins, end to end (median)':<48}{bins_fig['workbench_bins_end_to_end_s']['median']:>10.2f}")
+        print(f"{'lhotse CutSet iteration + loop estimate':<48}{bins_fig['lhotse_total_s']:>10.2f}")
+        print(f"{'  ratio (lhotse / ours)':<48}{bins_fig['speedup_vs_lhotse']:>10.1f}x")
+        for k in ("stage_read_manifest_s", "stage_bins_1d_2d_s", "stage_padding_summary_s"):
+            print(f"{'  ours, in process: ' + k:<48}{bins_fig[k]:>10.2f}")
+        for k, v in fb_fig.items():
+            print(f"{k:<48}{(v['median'] if isinstance(v, dict) else v):>10.2f}{'x' if 'speedup' in k else ''}")
+    for f in failures:
+        print(f"FAILED: {f}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

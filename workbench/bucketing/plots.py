@@ -1,0 +1,118 @@
+"""Plots for the bucketing notebook; each returns a matplotlib Figure."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.patches import Rectangle
+
+from workbench.bucketing.estimate import Bins2D
+
+
+def duration_histogram(durations, bins_1d, *, title: str = "Durations and 1D bins") -> plt.Figure:
+    """Histogram of durations (seconds) with a vertical line at each bucket's upper bound."""
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    ax.hist(durations, bins=120, color="#4C72B0", alpha=0.8)
+    for b in bins_1d:
+        ax.axvline(b, color="#C44E52", lw=0.8, alpha=0.8)
+    ax.set(xlabel="duration (s)", ylabel="utterances", title=f"{title} ({len(bins_1d)} buckets)")
+    fig.tight_layout()
+    return fig
+
+
+def tokens_vs_duration(durations, num_tokens, est: Bins2D, *, title: str = "Tokens vs duration, 2D bins") -> plt.Figure:
+    """Hexbin of (duration, tokens) with each 2D bin drawn as the rectangle it covers."""
+    fig, ax = plt.subplots(figsize=(9, 5))
+    hb = ax.hexbin(durations, num_tokens, gridsize=80, bins="log", cmap="viridis", mincnt=1)
+    fig.colorbar(hb, ax=ax, label="utterances (log)")
+    prev_dur, prev_tok, group_dur = 0.0, 0, None
+    for dur, tok in est.bins:
+        if dur != group_dur:  # new duration group: tokens start at 0 again
+            prev_dur = group_dur if group_dur is not None else 0.0
+            group_dur, prev_tok = dur, 0
+        ax.add_patch(Rectangle((prev_dur, prev_tok), dur - prev_dur, tok - prev_tok, fill=False,
+                               edgecolor="#C44E52", lw=0.7))
+        prev_tok = tok
+    ax.set(xlabel="duration (s)", ylabel="output tokens", title=f"{title} ({len(est.bins)} bins)")
+    fig.tight_layout()
+    return fig
+
+
+def tps_histograms(durations, num_tokens, est: Bins2D, *, max_panels: int = 12) -> plt.Figure:
+    """Tokens-per-second histogram of each duration group, its limit, and the outliers it removes."""
+    dur_s = np.asarray(durations, dtype=np.float64)[est.order]
+    tok_s = np.asarray(num_tokens)[est.order]
+    groups = est.groups
+    if len(groups) > max_panels:  # show evenly spaced groups
+        groups = [groups[i] for i in np.linspace(0, len(groups) - 1, max_panels).round().astype(int)]
+    cols = min(4, len(groups))
+    rows = math.ceil(len(groups) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False)
+    for ax, g in zip(axes.flat, groups):
+        tps = tok_s[g.start:g.stop] / dur_s[g.start:g.stop]
+        out = tps > g.max_tps
+        ax.hist(tps[~out], bins=50, color="#4C72B0")
+        if out.any():
+            ax.hist(tps[out], bins=20, color="#C44E52", label=f"{int(out.sum())} outliers")
+            ax.legend(fontsize=7)
+        ax.axvline(g.max_tps, color="#C44E52", ls="--", lw=1)
+        ax.set_title(f"<= {g.max_duration:.1f} s: max {g.max_tps:.1f} tok/s", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.axis("off")
+    fig.supxlabel("tokens per second", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def padding_bars(comparison: pd.DataFrame, *, title: str = "Padding waste") -> plt.Figure:
+    """Grouped bars of padded input and output shares per setup (rows of ``padding_comparison``)."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    x = np.arange(len(comparison))
+    ax.bar(x - 0.2, comparison["padded_input_share"] * 100, 0.4, label="input frames")
+    ax.bar(x + 0.2, comparison["padded_output_share"].fillna(0) * 100, 0.4, label="output tokens")
+    ax.set_xticks(x, comparison.index)
+    ax.set(ylabel="padded share (%)", title=title)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def interactive_panel(durations, num_tokens, *, num_buckets: int = 30, num_subbuckets: int = 2,
+                      tps_threshold: float = 4.0):
+    """An ipywidgets panel (bucket count, sub-buckets, TPS threshold) that redraws the 2D bins and the
+    padding table; None with a printed note when ipywidgets is not installed."""
+    try:
+        import ipywidgets as widgets
+        from IPython.display import display
+    except ImportError:
+        print("ipywidgets is not installed: no interactive panel (the static plots above show the same).")
+        return None
+    from workbench.bucketing.estimate import estimate_2d_bins, estimate_duration_bins
+    from workbench.bucketing.padding import padding_comparison
+
+    buckets = widgets.IntSlider(value=num_buckets, min=2, max=80, description="buckets")
+    subs = widgets.IntSlider(value=num_subbuckets, min=1, max=6, description="sub-buckets")
+    thr = widgets.FloatSlider(value=tps_threshold, min=0.5, max=8.0, step=0.5, description="TPS z")
+    out = widgets.Output()
+
+    def redraw(_=None):
+        with out:
+            out.clear_output(wait=True)
+            est = estimate_2d_bins(durations, num_tokens, buckets.value, subs.value, tps_threshold=thr.value)
+            fig = tokens_vs_duration(durations, num_tokens, est)
+            display(fig)
+            plt.close(fig)
+            display(padding_comparison(durations, num_tokens, {
+                "none": None, "1D": estimate_duration_bins(durations, buckets.value),
+                "2D": (est.bins, est.max_tps)}))
+
+    for w in (buckets, subs, thr):
+        w.observe(redraw, names="value")
+    redraw()
+    panel = widgets.VBox([widgets.HBox([buckets, subs, thr]), out])
+    display(panel)
+    return panel

@@ -1,0 +1,129 @@
+"""Sampler factory: lhotse's DynamicBucketingSampler driven by a bucket profile (bins + batch sizes).
+
+Every batch comes from one bucket and holds at most that bucket's batch size. Utterances that fit no
+bucket (too long, too many tokens, tokens per second over the bucket's limit) are filtered at sampling
+time and counted in ``sampler.unfit_report`` with examples; the first of each kind is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from lhotse import CutSet
+from lhotse.dataset.sampling.dynamic_bucketing import DynamicBucketingSampler
+
+from workbench.bucketing.constraint import BucketBatchSizeConstraint, cut_num_tokens
+from workbench.bucketing.fit import FITS, REASONS, make_fitter
+from workbench.bucketing.profile import BucketProfile, validate_profile
+
+log = logging.getLogger(__name__)
+NO_TOKEN_COUNT = "no_token_count"  # num_tokens_fn failed on the cut
+UNFIT_REASONS = [*REASONS.values(), NO_TOKEN_COUNT]
+
+
+@dataclass
+class UnfitReport:
+    """Counts of utterances seen by the sampler and of those that fit no bucket, with a few examples."""
+
+    seen: int = 0
+    counts: dict[str, int] = field(default_factory=lambda: {name: 0 for name in UNFIT_REASONS})
+    examples: dict[str, list[dict]] = field(default_factory=lambda: {name: [] for name in UNFIT_REASONS})
+    max_examples: int = 5
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def total_unfit(self) -> int:
+        return sum(self.counts.values())
+
+    def record(self, cut_id: str, duration: float, num_tokens: int | None, reason: str) -> None:
+        with self._lock:
+            first = self.counts[reason] == 0
+            self.counts[reason] += 1
+            if len(self.examples[reason]) < self.max_examples:
+                self.examples[reason].append({"id": cut_id, "duration": duration, "num_tokens": num_tokens})
+        if first:
+            log.warning("utterance %r fits no bucket (%s: %.3f s, %s tokens); it is skipped, and every such "
+                        "utterance is counted in sampler.unfit_report", cut_id, reason, duration, num_tokens)
+
+    def summary(self) -> str:
+        if not self.total_unfit:
+            return f"all {self.seen} utterances seen fit a bucket"
+        parts = [f"{n} {reason}" for reason, n in self.counts.items() if n]
+        ex = next(e for r in self.examples.values() for e in r)
+        return (f"{self.total_unfit} of {self.seen} utterances fit no bucket ({', '.join(parts)}); "
+                f"e.g. {ex['id']} ({ex['duration']:.2f} s, {ex['num_tokens']} tokens)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seen": self.seen, "unfit": dict(self.counts), "examples": {k: list(v) for k, v in self.examples.items()}}
+
+
+@dataclass
+class FitFilter:
+    """Sampler filter: True for cuts that fit a bucket; records the others in ``report``."""
+
+    constraint: BucketBatchSizeConstraint
+    report: UnfitReport
+
+    def __call__(self, cut) -> bool:
+        fitter = self.constraint.fitter
+        tokens = None
+        if fitter.needs_tokens:
+            try:
+                tokens = self.constraint.num_tokens_fn(cut)
+            except Exception:  # noqa: BLE001
+                # raising here would kill lhotse's concurrent filling thread and hang the sampler
+                self.report.seen += 1
+                self.report.record(cut.id, float(cut.duration), None, NO_TOKEN_COUNT)
+                return False
+        _, reason = fitter.select(cut.duration, tokens)
+        self.report.seen += 1
+        if reason == FITS:
+            return True
+        self.report.record(cut.id, float(cut.duration), tokens, REASONS[reason])
+        return False
+
+
+def make_sampler(cuts: CutSet, profile: BucketProfile, *, world_size: int = 1, rank: int = 0,
+                 concurrent: bool = True, shuffle: bool = True, seed: int = 0,
+                 num_tokens_fn: Callable[[Any], int] | None = None, buffer_size: int = 20000,
+                 strict_2d: bool = True, drop_last: bool = False) -> DynamicBucketingSampler:
+    """A DynamicBucketingSampler yielding CutSet batches of at most ``profile.bucket_batch_size[b]`` cuts,
+    all from bucket ``b``.
+
+    1D or 2D bins from the profile; ``profile.max_tps`` (one value or one per bucket) applied to each cut
+    while sampling. Token counts come from ``num_tokens_fn(cut)`` (default: ``cut.custom["num_tokens"]``).
+    ``sampler.unfit_report`` counts what was skipped. Concurrent bucketing (a background thread fills
+    the buckets) is on by default; call :func:`close_sampler` when leaving an epoch early.
+    """
+    validate_profile(profile)
+    if profile.bucket_batch_size is None:
+        raise ValueError("profile has no 'bucket_batch_size': run the OOMptimizer or set one batch size per bucket")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
+    bins = [tuple(b) for b in profile.bucket_duration_bins] if profile.is_2d else list(profile.bucket_duration_bins)
+    fitter = make_fitter(bins, profile.max_tps, strict_2d=strict_2d)
+    constraint = BucketBatchSizeConstraint(fitter=fitter, batch_sizes=list(profile.bucket_batch_size),
+                                           num_tokens_fn=num_tokens_fn or cut_num_tokens)
+    if fitter.needs_tokens:  # fail now on a corpus without token counts, not in the filling thread
+        first = next(iter(cuts), None)
+        if first is not None:
+            constraint.num_tokens_fn(first)
+    sampler = DynamicBucketingSampler(cuts, constraint=constraint, duration_bins=bins, shuffle=shuffle,
+                                      drop_last=drop_last, buffer_size=buffer_size, world_size=world_size,
+                                      rank=rank, seed=seed, concurrent=concurrent)
+    report = UnfitReport()
+    sampler.filter(FitFilter(constraint, report))
+    sampler.unfit_report = report
+    return sampler
+
+
+def close_sampler(sampler: DynamicBucketingSampler) -> None:
+    """End the current epoch's iteration now (stops the concurrent filling thread)."""
+    it = getattr(sampler, "cuts_iter", None)
+    if it is not None and hasattr(it, "close"):
+        it.close()
