@@ -1,0 +1,140 @@
+"""On a CUDA GPU: full and partial graphs give exactly what eager (off) gives; the fallback chain works."""
+
+import logging
+import random
+
+import pytest
+import torch
+
+from workbench.decoding import GreedyTransducerDecoder, cuda_graphs, make_toy_transducer
+from workbench.decoding import greedy as greedy_module
+
+pytestmark = pytest.mark.gpu
+
+
+def gpu_case(seed, dtype=torch.float32):
+    rng = random.Random(seed)
+    vocab = rng.choice([5, 17, 64, 300])
+    durations = rng.choice([None, None, [0, 1, 2, 3, 4], [0, 2, 4], [1, 2]])
+    blank_id = rng.choice([0, vocab])
+    enc_dim, pred_dim, joint_dim = rng.choice([(8, 16, 16), (32, 64, 48), (64, 128, 128)])
+    predictor, joint = make_toy_transducer(
+        vocab_size=vocab, enc_dim=enc_dim, pred_dim=pred_dim, joint_dim=joint_dim,
+        num_layers=rng.randint(1, 2), durations=durations, blank_id=blank_id,
+        blank_bias=rng.uniform(-1.0, 3.0), logit_scale=rng.uniform(2.0, 6.0), seed=seed, dtype=dtype,
+        device="cuda")
+    batch, frames = rng.choice([1, 3, 16, 33]), rng.randint(1, 60)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    enc = torch.randn(batch, frames, enc_dim, device="cuda", generator=gen)
+    lengths = torch.tensor([rng.choice([0, frames, rng.randint(0, frames)]) for _ in range(batch)], device="cuda")
+    return predictor, joint, enc, lengths, blank_id, durations, rng.choice([1, 2, 3, 10])
+
+
+def same(a, b, exact_scores=False):
+    assert [h.tokens for h in a] == [h.tokens for h in b]
+    assert [h.timestamps for h in a] == [h.timestamps for h in b]
+    for x, y in zip(a, b):
+        assert x.score == pytest.approx(y.score, rel=1e-5, abs=1e-4)
+
+
+def decoders(predictor, joint, blank_id, durations, max_symbols):
+    return {mode: GreedyTransducerDecoder(predictor, joint, blank_id=blank_id, durations=durations,
+                                          max_symbols=max_symbols, cuda_graphs=mode)
+            for mode in ("off", "partial", "full")}
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_full_and_partial_equal_off(seed):
+    predictor, joint, enc, lengths, blank_id, durations, max_symbols = gpu_case(seed)
+    decs = decoders(predictor, joint, blank_id, durations, max_symbols)
+    ref = decs["off"](enc, lengths)
+    for mode in ("partial", "full"):
+        same(decs[mode](enc, lengths), ref)
+        same(decs[mode](enc, lengths), ref)  # replay again: state fully reset by the graph
+        assert decs[mode].mode_used == mode
+    if durations is None:
+        frame = GreedyTransducerDecoder(predictor, joint, blank_id=blank_id, max_symbols=max_symbols,
+                                        algorithm="frame_looping")
+        same(frame(enc, lengths), ref)
+
+
+def test_bf16_full_equals_off():
+    predictor, joint, enc, lengths, blank_id, durations, max_symbols = gpu_case(3, dtype=torch.bfloat16)
+    decs = decoders(predictor, joint, blank_id, durations, max_symbols)
+    ref = decs["off"](enc, lengths)
+    same(decs["full"](enc, lengths), ref)
+    same(decs["partial"](enc, lengths), ref)
+
+
+def test_graphs_reused_for_smaller_inputs_and_recaptured_for_larger():
+    predictor, joint = make_toy_transducer(vocab_size=40, enc_dim=16, pred_dim=32, joint_dim=32, seed=1,
+                                           blank_bias=1.5, logit_scale=4.0, device="cuda")
+    off = GreedyTransducerDecoder(predictor, joint, blank_id=40, cuda_graphs="off")
+    for mode in ("full", "partial"):
+        dec = GreedyTransducerDecoder(predictor, joint, blank_id=40, cuda_graphs=mode)
+        shapes = [(8, 30), (3, 12), (8, 30), (1, 1), (10, 20), (4, 40)]
+        expected_captures = [1, 1, 1, 1, 2, 3]
+        for (b, t), n in zip(shapes, expected_captures):
+            enc = torch.randn(b, t, 16, device="cuda")
+            lengths = torch.randint(0, t + 1, (b,), device="cuda")
+            same(dec(enc, lengths), off(enc, lengths))
+            assert dec.captures == n, (mode, b, t)
+        assert dec._captured.buffers.batch_capacity == 10 and dec._captured.buffers.frame_capacity == 40
+        dec.reset()
+        assert dec._captured is None
+        enc = torch.randn(2, 5, 16, device="cuda")
+        lengths = torch.tensor([5, 3], device="cuda")
+        same(dec(enc, lengths), off(enc, lengths))
+        assert dec.captures == 4
+
+
+def test_full_graph_supported_on_this_gpu():
+    assert cuda_graphs.full_graph_unsupported_reason() is None
+
+
+def test_empty_while_iteration_is_measured():
+    cost = cuda_graphs.empty_while_iteration_seconds(iterations=500, repeat=3)
+    assert 0 < cost["seconds_per_iteration"] < 1e-4
+
+
+def test_fallback_chain(monkeypatch, caplog):
+    predictor, joint, enc, lengths, blank_id, durations, max_symbols = gpu_case(5)
+    ref = GreedyTransducerDecoder(predictor, joint, blank_id=blank_id, durations=durations,
+                                  max_symbols=max_symbols, cuda_graphs="off")(enc, lengths)
+    make = lambda mode: GreedyTransducerDecoder(predictor, joint, blank_id=blank_id, durations=durations,
+                                                max_symbols=max_symbols, cuda_graphs=mode)
+    dec = make("auto")
+    same(dec(enc, lengths), ref)
+    assert dec.mode_used == "full"
+
+    # an old driver (or no cuda-python): auto -> partial, logged once; forced full raises
+    greedy_module._already_logged.clear()
+    monkeypatch.setattr(cuda_graphs, "full_graph_unsupported_reason", lambda device=None: "driver 12.2 < 12.6")
+    with caplog.at_level(logging.INFO, logger="workbench.decoding"):
+        for _ in range(2):
+            dec = make("auto")
+            same(dec(enc, lengths), ref)
+            assert dec.mode_used == "partial"
+    assert sum("driver 12.2 < 12.6" in r.message for r in caplog.records) == 1
+    with pytest.raises(RuntimeError, match="driver 12.2"):
+        make("full")(enc, lengths)
+
+    # partial unavailable too: auto -> off
+    monkeypatch.setattr(cuda_graphs, "partial_graph_unsupported_reason", lambda device=None: "no graphs here")
+    dec = make("auto")
+    same(dec(enc, lengths), ref)
+    assert dec.mode_used == "off"
+
+    # a capture that fails at run time: auto falls back and says why; forced raises
+    monkeypatch.undo()
+    def broken(*a, **k):
+        raise RuntimeError("simulated capture failure")
+    monkeypatch.setattr(cuda_graphs, "FullGraph", broken)
+    greedy_module._already_logged.clear()
+    with caplog.at_level(logging.WARNING, logger="workbench.decoding"):
+        dec = make("auto")
+        same(dec(enc, lengths), ref)
+    assert dec.mode_used == "partial"
+    assert any("simulated capture failure" in r.message for r in caplog.records)
+    with pytest.raises(RuntimeError, match="simulated capture failure"):
+        make("full")(enc, lengths)

@@ -1,0 +1,299 @@
+"""Greedy RNN-T / TDT decoding speed on the GPU: frame-looping vs label-looping off / partial / full graph.
+
+    python3 -m workbench.bench.decoding --out DIR [--quick]
+
+Decoding loop only (encoder outputs given): vocabulary 1024, LSTM predictor 640, joint 640, encoder
+width 640, random weights with the blank bias bisected so that about one label is emitted per 3 frames.
+Utterances of 12 s and 30 s at 80 ms frames (150 and 375 frames), B in {1, 16, 64, 128}, fp32 and
+bf16, RNN-T and TDT (durations 0-4). Methods: frame-looping off (RNN-T), label-looping off / partial /
+full; torchaudio's RNNTBeamSearch, beam 1, on an equal-sized torchaudio RNN-T model at B=1 (outside
+reference); the measured cost of one empty conditional-while iteration; label-looping full with a
+blank window of 1 (one frame per search step) to show what the window buys. Tokens and timestamps of
+label-looping off / partial / full must be identical; frame-looping and window 1 too in fp32 (in bf16,
+where they multiply other matrix shapes, at most 2% of utterances may differ on near-ties). Bounded: about 3 minutes on an H200 (a deadline skips what is
+left, and says so); --quick (B in {1, 16}, 12 s, fp32) about 40 s. Exits non-zero when a check fails:
+results differ, or the targets (full >= 10x frame-looping off at B=16, 12 s, fp32; faster than NeMo's
+full graph: 47 ms RNN-T, 21 ms TDT) are missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from typing import Any
+
+import torch
+
+from workbench.bench.results import time_cpu, time_cuda, write_result
+from workbench.decoding import GreedyTransducerDecoder, empty_while_iteration_seconds, make_toy_transducer
+from workbench.decoding.toy_models import set_blank_bias
+
+VOCAB, PRED, JOINT, ENC = 1024, 640, 640, 640
+BLANK = VOCAB
+DEVICE = "cuda"  # the CPU dry run in the tests sets "cpu"
+FRAME_S = 0.08
+TDT_DURATIONS = [0, 1, 2, 3, 4]
+NEMO_REFERENCE = {
+    "source": "DESIGN.md: NeMo 3.0.0 on an H200; vocabulary 1024, predictor and joint 640, 16 utterances "
+              "of 12 s, about one label per 3 frames, fp32",
+    "rnnt_full_graph_s": 0.047, "tdt_full_graph_s": 0.021, "rnnt_no_graphs_s": 0.216,
+    "tdt_no_graphs_s": 0.102, "rnnt_frame_looping_no_graphs_s": 0.665,
+}
+# (algorithm, graph mode, blank window); the window only applies to RNN-T label-looping
+METHODS = [("frame_looping", "off", 8), ("label_looping", "off", 8), ("label_looping", "partial", 8),
+           ("label_looping", "full", 8), ("label_looping", "full", 1)]
+
+
+def timed(fn, repeat: int, warmup: int) -> dict[str, float]:
+    return time_cuda(fn, repeat=repeat, warmup=warmup) if DEVICE == "cuda" else time_cpu(fn, repeat=repeat, warmup=warmup)
+
+
+def method_name(algorithm: str, mode: str, window: int = 8) -> str:
+    suffix = " window 1" if window == 1 else ""
+    return f"{'frame' if algorithm == 'frame_looping' else 'label'}-looping {mode}{suffix}"
+
+
+def calibrate_blank_bias(predictor, joint, durations, target: float = 1 / 3, steps: int = 14, frames: int = 150) -> tuple[float, float]:
+    """Bisect the blank bias so labels per frame is about ``target`` on B=16 x 12 s of random input."""
+    gen = torch.Generator(device=DEVICE).manual_seed(123)
+    enc = torch.randn(16, frames, ENC, device=DEVICE, generator=gen)
+    lengths = torch.full((16,), frames, device=DEVICE)
+    dec = GreedyTransducerDecoder(predictor, joint, blank_id=BLANK, durations=durations, cuda_graphs="auto")
+    low, high, rate = -20.0, 20.0, 0.0
+    for _ in range(steps):
+        mid = (low + high) / 2
+        set_blank_bias(joint, BLANK, mid)
+        rate = sum(len(h.tokens) for h in dec(enc, lengths)) / (16 * frames)
+        low, high = (mid, high) if rate > target else (low, mid)
+    bias = (low + high) / 2
+    set_blank_bias(joint, BLANK, bias)
+    rate = sum(len(h.tokens) for h in dec(enc, lengths)) / (16 * frames)
+    return bias, rate
+
+
+def torchaudio_reference(frames_list: list[int]) -> list[dict[str, Any]]:
+    """torchaudio RNNTBeamSearch, beam 1, B=1, fp32, on an equal-sized torchaudio RNN-T (encoder given)."""
+    try:
+        from torchaudio.models import RNNT, RNNTBeamSearch
+        from torchaudio.models.rnnt import _Joiner, _Predictor
+    except Exception as e:  # torchaudio missing or the API removed
+        print(f"torchaudio reference unavailable: {e}")
+        return [{"method": "torchaudio RNNTBeamSearch beam 1", "unavailable": str(e)}]
+
+    class PassThrough(torch.nn.Module):
+        def forward(self, x, lengths):
+            return x, lengths
+
+        def infer(self, x, lengths, states):
+            return x, lengths, []
+
+    torch.manual_seed(0)
+    predictor = _Predictor(num_symbols=VOCAB + 1, output_dim=JOINT, symbol_embedding_dim=PRED,
+                           num_lstm_layers=1, lstm_hidden_dim=PRED)
+    model = RNNT(PassThrough(), predictor, _Joiner(JOINT, VOCAB + 1)).to(DEVICE).eval()
+    search = RNNTBeamSearch(model, BLANK, step_max_tokens=10)
+    rows = []
+    with torch.inference_mode():
+        short = torch.randn(1, 50, JOINT, device=DEVICE)
+        low, high = -20.0, 20.0
+        for _ in range(8):  # coarse blank-bias bisection towards 1 label per 3 frames
+            mid = (low + high) / 2
+            model.joiner.linear.bias[BLANK] = mid
+            rate = (len(search(short, torch.tensor([50], device=DEVICE), 1)[0][0]) - 1) / 50
+            low, high = (mid, high) if rate > 1 / 3 else (low, mid)
+        model.joiner.linear.bias[BLANK] = (low + high) / 2
+        for frames in frames_list:
+            enc = torch.randn(1, frames, JOINT, device=DEVICE)
+            length = torch.tensor([frames], device=DEVICE)
+            labels = len(search(enc, length, 1)[0][0]) - 1
+            t = timed(lambda: search(enc, length, 1), repeat=3 if frames <= 150 else 1,
+                          warmup=1 if frames <= 150 else 0)
+            rows.append({"model": "rnnt", "dtype": "float32", "batch": 1, "frames": frames,
+                         "audio_seconds": frames * FRAME_S, "method": "torchaudio RNNTBeamSearch beam 1",
+                         "time_s": t, "audio_s_per_s": frames * FRAME_S / t["median"],
+                         "labels_per_frame": labels / frames})
+    return rows
+
+
+def run(out_dir: str, quick: bool, budget_s: float) -> int:
+    t_start = time.perf_counter()
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32
+    torch.backends.cudnn.allow_tf32 = False
+    batches = [1, 16] if quick else [1, 16, 64, 128]
+    frame_counts = [150] if quick else [150, 375]
+    dtypes = [torch.float32] if quick else [torch.float32, torch.bfloat16]
+    failures: list[str] = []
+    skipped: list[str] = []
+    rows: list[dict[str, Any]] = []
+
+    if DEVICE == "cuda":
+        empty = empty_while_iteration_seconds(iterations=2000, repeat=10)
+    else:
+        empty = {"seconds_per_iteration": float("nan"), "note": "not measured on CPU"}
+    print(f"empty conditional-while iteration: {empty['seconds_per_iteration'] * 1e6:.2f} us")
+
+    calibration = {}
+    models = {}
+    for model_name, durations in (("rnnt", None), ("tdt", TDT_DURATIONS)):
+        predictor, joint = make_toy_transducer(vocab_size=VOCAB, enc_dim=ENC, pred_dim=PRED, joint_dim=JOINT,
+                                               durations=durations, seed=0, device=DEVICE)
+        with torch.inference_mode():
+            bias, rate = calibrate_blank_bias(predictor, joint, durations, **({} if DEVICE == "cuda" else {"steps": 4, "frames": 20}))
+        calibration[model_name] = {"blank_bias": bias, "labels_per_frame": rate}
+        print(f"{model_name}: blank bias {bias:.3f} -> {rate:.3f} labels per frame")
+        models[model_name] = (predictor, joint, durations)
+
+    for dtype in dtypes:
+        frame_looping_base: dict[tuple, float] = {}  # (B, T) -> RNN-T frame-looping off seconds; TDT rows use it too
+        for model_name, (predictor32, joint32, durations) in models.items():
+            predictor = predictor32 if dtype == torch.float32 else copy.deepcopy(predictor32).to(dtype)
+            joint = joint32 if dtype == torch.float32 else copy.deepcopy(joint32).to(dtype)
+            predictor.lstm.flatten_parameters()
+            for frames in frame_counts:
+                for batch in batches:
+                    tag = f"{model_name} {str(dtype)[6:]} B={batch} T={frames}"
+                    if time.perf_counter() - t_start > budget_s:
+                        skipped.append(tag)
+                        continue
+                    gen = torch.Generator(device=DEVICE).manual_seed(batch * 1000 + frames)
+                    enc = torch.randn(batch, frames, ENC, device=DEVICE, generator=gen)
+                    lengths = torch.full((batch,), frames, device=DEVICE)
+                    reference = None
+                    group = []
+                    for algorithm, mode, window in METHODS:
+                        if ((algorithm == "frame_looping" or window != 8) and durations is not None) or (
+                                DEVICE != "cuda" and mode != "off"):
+                            continue
+                        dec = GreedyTransducerDecoder(predictor, joint, blank_id=BLANK, durations=durations,
+                                                      algorithm=algorithm, cuda_graphs=mode, blank_window=window)
+                        try:
+                            hyps = dec(enc, lengths)
+                            timing = timed(lambda: dec(enc, lengths), repeat=5 if mode == "full" else 3,
+                                           warmup=0)  # the call above warmed up (and captured the graphs)
+                        except Exception as e:  # keep measuring the rest; the failure is reported
+                            failures.append(f"{tag}: {method_name(algorithm, mode, window)} raised {type(e).__name__}: {e}")
+                            print(f"FAIL: {failures[-1]}", flush=True)
+                            continue
+                        stats = dict(dec.last_stats)
+                        key = ([h.tokens for h in hyps], [h.timestamps for h in hyps])
+                        if algorithm == "label_looping" and mode == "off" and window != 1:
+                            reference, ll_stats = key, stats
+                        if algorithm == "label_looping" and window == 1:
+                            probe = GreedyTransducerDecoder(predictor, joint, blank_id=BLANK, durations=durations,
+                                                            cuda_graphs="off", blank_window=1)
+                            probe(enc, lengths)
+                            stats = dict(probe.last_stats)
+                        group.append({"model": model_name, "dtype": str(dtype)[6:], "batch": batch,
+                                      "frames": frames, "audio_seconds": frames * FRAME_S,
+                                      "method": method_name(algorithm, mode, window), "time_s": timing,
+                                      "audio_s_per_s": batch * frames * FRAME_S / timing["median"],
+                                      "labels_per_frame": sum(len(k) for k in key[0]) / (batch * frames),
+                                      "mode_used": dec.mode_used, "_key": key,
+                                      **({"_stats": stats} if window == 1 else {})})
+                    for row in group:
+                        key = row.pop("_key")
+                        same_math = row["method"] in ("label-looping off", "label-looping partial", "label-looping full")
+                        differing = sum(a != b for a, b in zip(zip(*key), zip(*reference))) if reference else batch
+                        row["utterances_differing_from_label_looping_off"] = differing
+                        row["equal_to_label_looping_off"] = differing == 0
+                        # The same stages (off/partial/full) must agree exactly. Frame-looping and window 1 run
+                        # the joint on other GEMM shapes: in fp32 they must agree exactly too; in bf16 a
+                        # near-tie can round either way, so up to 2% of utterances may differ there.
+                        allowed = 0 if (same_math or dtype == torch.float32) else int(0.02 * batch)
+                        if differing > allowed:
+                            failures.append(f"{tag}: {row['method']}: {differing} of {batch} utterances differ "
+                                            f"from label-looping off (allowed {allowed})")
+                        if row["method"].startswith("label"):
+                            it = row.pop("_stats") if "_stats" in row else ll_stats
+                            row.update(outer_iterations=it["outer_iterations"], inner_iterations=it["inner_iterations"],
+                                       seconds_per_outer_iteration=row["time_s"]["median"] / max(1, it["outer_iterations"]),
+                                       seconds_per_iteration=row["time_s"]["median"]
+                                       / max(1, it["outer_iterations"] + it["inner_iterations"]))
+                    base = next((r for r in group if r["method"] == "frame-looping off"), None)
+                    if base is not None:
+                        frame_looping_base[(batch, frames)] = base["time_s"]["median"]
+                    for row in group:
+                        if (batch, frames) in frame_looping_base:
+                            row["speedup_vs_frame_looping_off"] = frame_looping_base[(batch, frames)] / row["time_s"]["median"]
+                    rows += group
+                    print(f"{tag}: " + ", ".join(f"{r['method']} {r['time_s']['median'] * 1e3:.2f} ms"
+                                                 for r in group), flush=True)
+
+    if time.perf_counter() - t_start < budget_s:
+        rows += torchaudio_reference(frame_counts)
+    else:
+        skipped.append("torchaudio reference")
+
+    # targets at B=16, 12 s, fp32
+    def median(model, method):
+        r = next((r for r in rows if r.get("model") == model and r.get("dtype") == "float32" and r.get("batch") == 16
+                  and r.get("frames") == 150 and r.get("method") == method), None)
+        return None if r is None else r["time_s"]["median"]
+
+    rnnt_full, tdt_full = median("rnnt", "label-looping full"), median("tdt", "label-looping full")
+    rnnt_frame = median("rnnt", "frame-looping off")
+    targets = {
+        "full_speedup_vs_frame_looping_off_rnnt": None if not (rnnt_full and rnnt_frame) else rnnt_frame / rnnt_full,
+        "rnnt_full_s": rnnt_full, "tdt_full_s": tdt_full,
+        "speedup_vs_nemo_full_rnnt": None if not rnnt_full else NEMO_REFERENCE["rnnt_full_graph_s"] / rnnt_full,
+        "speedup_vs_nemo_full_tdt": None if not tdt_full else NEMO_REFERENCE["tdt_full_graph_s"] / tdt_full,
+        "speedup_vs_nemo_no_graphs_rnnt": None if not rnnt_full else NEMO_REFERENCE["rnnt_no_graphs_s"] / rnnt_full,
+        "goal": "full >= 10x frame-looping off; faster than NeMo full graph (goal 1.5x)",
+    }
+    if targets["full_speedup_vs_frame_looping_off_rnnt"] is None or targets["full_speedup_vs_frame_looping_off_rnnt"] < 10:
+        failures.append(f"full graph is not >= 10x frame-looping off at B=16, 12 s, fp32: "
+                        f"{targets['full_speedup_vs_frame_looping_off_rnnt']}")
+    if rnnt_full is None or rnnt_full >= NEMO_REFERENCE["rnnt_full_graph_s"]:
+        failures.append(f"RNN-T full graph {rnnt_full} s is not below NeMo's 0.047 s")
+    if tdt_full is None or tdt_full >= NEMO_REFERENCE["tdt_full_graph_s"]:
+        failures.append(f"TDT full graph {tdt_full} s is not below NeMo's 0.021 s")
+
+    path = write_result(
+        "decoding" if not quick else "decoding_quick", out_dir=out_dir,
+        what="greedy RNN-T/TDT decoding loop (encoder output given): seconds per batch, audio s/s, speedups",
+        params={"vocab": VOCAB, "predictor": PRED, "joint": JOINT, "encoder_dim": ENC, "frame_s": FRAME_S,
+                "tdt_durations": TDT_DURATIONS, "batches": batches, "frames": frame_counts,
+                "dtypes": [str(d)[6:] for d in dtypes], "max_symbols": 10, "quick": quick,
+                "tf32": False,
+                "speedup_note": "TDT rows are compared with RNN-T frame-looping off of the same batch and length"},
+        figures={"rows": rows, "empty_while_iteration": empty, "calibration": calibration,
+                 "nemo_reference": NEMO_REFERENCE, "targets": targets, "failures": failures,
+                 "skipped_for_time": skipped, "elapsed_s": time.perf_counter() - t_start})
+    print_table(rows, empty, targets)
+    print(f"wrote {path} in {time.perf_counter() - t_start:.0f} s")
+    if skipped:
+        print(f"SKIPPED for time: {skipped}")
+    for f in failures:
+        print(f"FAIL: {f}")
+    return 1 if failures else 0
+
+
+def print_table(rows, empty, targets) -> None:
+    print(f"\n{'model':5} {'dtype':8} {'B':>4} {'T':>4} {'method':28} {'ms':>9} {'audio s/s':>10} {'x frame':>8} {'us/outer':>9}")
+    for r in rows:
+        if "time_s" not in r:
+            continue
+        per = r.get("seconds_per_outer_iteration")
+        print(f"{r['model']:5} {r['dtype']:8} {r['batch']:>4} {r['frames']:>4} {r['method']:28} "
+              f"{r['time_s']['median'] * 1e3:9.2f} {r['audio_s_per_s']:10.0f} "
+              f"{r.get('speedup_vs_frame_looping_off', float('nan')):8.1f} {'' if per is None else f'{per * 1e6:9.1f}'}")
+    print(f"empty while iteration: {empty['seconds_per_iteration'] * 1e6:.2f} us; targets: "
+          + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in targets.items() if k != "goal"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for decoding.json")
+    parser.add_argument("--quick", action="store_true", help="B in {1, 16}, 12 s, fp32 only")
+    parser.add_argument("--budget-s", type=float, default=200.0, help="skip remaining configs after this")
+    args = parser.parse_args(argv)
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("FAIL: this benchmark needs a CUDA GPU", file=sys.stderr)
+        return 2
+    return run(args.out, args.quick, args.budget_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Classic frame-synchronous batched greedy RNN-T decoding: the baseline label-looping is measured against.
+
+For each frame t (Python loop), up to ``max_symbols`` joint evaluations for the whole batch; a row
+stops at this frame on its first blank; the loop over symbols ends as soon as no row emitted a label
+(one host sync per evaluation). Same tokens, timestamps and scores as label-looping.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+from workbench.decoding.label_looping import LoopBuffers, decide
+
+
+def run_frame_looping(buf: LoopBuffers, predictor, joint, max_frames: int) -> dict[str, int]:
+    """Decode the batch in ``buf`` (inputs loaded) frame by frame; returns the number of joint calls."""
+    if buf.durations is not None:
+        raise ValueError("frame_looping decodes RNN-T only (durations must be None)")
+    buf.enc_proj.copy_(joint.project_encoder(buf.enc))
+    for t in (buf.num_emitted, buf.scores):
+        t.zero_()
+    labels = torch.full_like(buf.labels, buf.blank_id)
+    out, state = predictor.step(labels, predictor.init_state(buf.batch_capacity))
+    state = tuple(s.clone() for s in state)
+    pred_proj = joint.project_predictor(out)
+    evaluations = 0
+    for t in range(max_frames):
+        enc_t = buf.enc_proj[:, t]
+        done = buf.lengths <= t
+        for _ in range(buf.max_symbols):
+            token, _, score = decide(buf, joint.joint_after_projection(enc_t, pred_proj))
+            evaluations += 1
+            buf.scores.add_(torch.where(done, 0, score))
+            emit = ~done & (token != buf.blank_id)
+            done = done | ~emit
+            if not bool(emit.any()):
+                break
+            buf.tokens[buf.batch_index, buf.num_emitted] = token
+            buf.timestamps[buf.batch_index, buf.num_emitted] = t
+            buf.num_emitted.add_(emit.long())
+            out, new_state = predictor.step(token, state)
+            state = tuple(torch.where(emit.view(-1, *([1] * (n.dim() - 1))), n, s) for n, s in zip(new_state, state))
+            pred_proj = torch.where(emit.unsqueeze(1), joint.project_predictor(out), pred_proj)
+    return {"joint_evaluations": evaluations, "frames": max_frames}
+
+

@@ -1,0 +1,235 @@
+"""Batched label-looping greedy decoding for RNN-T and TDT, as fixed-shape stages with no host sync.
+
+The loop runs over labels, not frames: each outer step finds, for every utterance at once, the next
+non-blank label (an inner loop skips blanks frame by frame), then advances the predictor once for the
+whole batch; rows that emitted nothing keep their state through masks. Every stage reads and writes
+only the tensors of :class:`LoopBuffers` (in place), so the same stages run eagerly, as separate CUDA
+graphs (``partial``) or inside one graph with conditional while-nodes (``full``).
+
+RNN-T is TDT with fixed durations: blank -> 1 frame, label -> 0 frames.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class LoopBuffers:
+    """Persistent decode state for up to ``batch_capacity`` utterances of up to ``frame_capacity`` frames.
+
+    Rows at or beyond the real batch get length 0 and stay inactive. ``time`` is the current frame
+    (0-based); a row is active while ``time < length`` (the length is exclusive).
+    """
+
+    batch_capacity: int
+    frame_capacity: int
+    max_symbols: int
+    blank_id: int
+    num_token_outputs: int      # V + 1: the joint's outputs before the TDT duration logits
+    window: int                 # RNN-T: frames looked at per search step (1: one frame at a time)
+    durations: Tensor | None    # [K] long, TDT only
+    enc: Tensor                 # [Bc, Tc, D] encoder output, joint dtype
+    lengths: Tensor             # [Bc] long
+    enc_proj: Tensor            # [Bc, Tc, J]
+    batch_index: Tensor         # [Bc] arange
+    window_offsets: Tensor      # [W] arange
+    time: Tensor                # [Bc] long
+    active: Tensor              # [Bc] bool: time < length
+    searching: Tensor           # [Bc] bool: active and still on a blank in this outer step
+    labels: Tensor              # [Bc] long: argmax token of the latest decision per row
+    step_duration: Tensor       # [Bc] long: frames the latest decision moves
+    symbols_at_frame: Tensor    # [Bc] long: labels emitted at the current frame
+    num_emitted: Tensor         # [Bc] long
+    tokens: Tensor              # [Bc, Lc] long
+    timestamps: Tensor          # [Bc, Lc] long
+    scores: Tensor              # [Bc] float (float32, or float64 for a float64 joint)
+    pred_state: tuple[Tensor, ...]
+    pred_proj: Tensor           # [Bc, J]
+    active_any: Tensor          # [] bool: loop condition of the outer loop
+    searching_any: Tensor       # [] bool: loop condition of the inner loop
+
+
+def make_buffers(predictor, joint, *, batch_capacity: int, frame_capacity: int, enc_dim: int,
+                 dtype: torch.dtype, device: torch.device, blank_id: int, durations: list[int] | None,
+                 max_symbols: int, window: int = 1) -> LoopBuffers:
+    """Allocate buffers; runs the predictor and joint once on a dummy batch to learn their shapes."""
+    bc, tc = batch_capacity, frame_capacity
+    enc = torch.zeros(bc, tc, enc_dim, dtype=dtype, device=device)
+    enc_proj = joint.project_encoder(enc[:, :1])
+    blank = torch.full((bc,), blank_id, dtype=torch.long, device=device)
+    try:
+        out, state = predictor.step(blank, predictor.init_state(bc))
+        pred_proj = joint.project_predictor(out)
+        logits = joint.joint_after_projection(enc_proj[:, 0], pred_proj)
+    except IndexError as e:
+        raise ValueError(f"the predictor does not accept blank_id={blank_id} as a label: {e}") from e
+    num_token_outputs = logits.shape[-1] - len(durations or [])
+    if num_token_outputs <= blank_id or num_token_outputs < 1:
+        raise ValueError(f"joint gives {logits.shape[-1]} outputs: too few for blank_id={blank_id} "
+                         f"and {len(durations or [])} durations")
+    capacity = tc * max_symbols + 1
+    long = dict(dtype=torch.long, device=device)
+    score_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    return LoopBuffers(
+        batch_capacity=bc, frame_capacity=tc, max_symbols=max_symbols, blank_id=blank_id,
+        num_token_outputs=num_token_outputs, window=1 if durations is not None else max(1, int(window)),
+        durations=None if durations is None else torch.tensor(durations, **long),
+        enc=enc, lengths=torch.zeros(bc, **long),
+        enc_proj=torch.zeros(bc, tc, enc_proj.shape[-1], dtype=enc_proj.dtype, device=device),
+        batch_index=torch.arange(bc, **long),
+        window_offsets=torch.arange(1 if durations is not None else max(1, int(window)), **long), time=torch.zeros(bc, **long),
+        active=torch.zeros(bc, dtype=torch.bool, device=device),
+        searching=torch.zeros(bc, dtype=torch.bool, device=device),
+        labels=blank.clone(), step_duration=torch.zeros(bc, **long),
+        symbols_at_frame=torch.zeros(bc, **long), num_emitted=torch.zeros(bc, **long),
+        tokens=torch.zeros(bc, capacity, **long), timestamps=torch.zeros(bc, capacity, **long),
+        scores=torch.zeros(bc, dtype=score_dtype, device=device),
+        pred_state=tuple(torch.zeros_like(s) for s in state), pred_proj=torch.zeros_like(pred_proj),
+        active_any=torch.zeros((), dtype=torch.bool, device=device),
+        searching_any=torch.zeros((), dtype=torch.bool, device=device),
+    )
+
+
+def load_inputs(buf: LoopBuffers, enc: Tensor, lengths: Tensor) -> None:
+    """Copy a batch into the buffers (outside any graph). Needs B <= batch and T <= frame capacity."""
+    b, t = enc.shape[0], enc.shape[1]
+    buf.enc[:b, :t].copy_(enc)
+    buf.lengths.zero_()
+    buf.lengths[:b].copy_(lengths)
+
+
+def decide(buf: LoopBuffers, logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Greedy decision per row: (token, frames to move, log-probability of the decision).
+
+    The argmax of the log-softmax is the argmax of the logits (ties: the lowest index); one fused
+    softmax kernel gives both the token and its log-probability.
+    """
+    v1 = buf.num_token_outputs
+    score, token = torch.log_softmax(logits[:, :v1].to(buf.scores.dtype), dim=-1).max(dim=-1)
+    if buf.durations is None:
+        return token, (token == buf.blank_id).long(), score
+    score_d, index_d = torch.log_softmax(logits[:, v1:].to(buf.scores.dtype), dim=-1).max(dim=-1)
+    duration = buf.durations[index_d]
+    duration = duration.masked_fill_((token == buf.blank_id) & (duration == 0), 1)  # a blank always moves
+    return token, duration, score + score_d
+
+
+def _joint_at_current_frame(buf: LoopBuffers, joint) -> Tensor:
+    frame = buf.time.clamp(max=buf.frame_capacity - 1)
+    return joint.joint_after_projection(buf.enc_proj[buf.batch_index, frame], buf.pred_proj)
+
+
+def start(buf: LoopBuffers, predictor, joint) -> None:
+    """Project the encoder, reset the loop state, run the predictor on the start symbol."""
+    buf.enc_proj.copy_(joint.project_encoder(buf.enc))
+    for t in (buf.time, buf.symbols_at_frame, buf.num_emitted, buf.scores):
+        t.zero_()
+    buf.labels.fill_(buf.blank_id)
+    torch.lt(buf.time, buf.lengths, out=buf.active)
+    out, state = predictor.step(buf.labels, predictor.init_state(buf.batch_capacity))
+    for dst, src in zip(buf.pred_state, state):
+        dst.copy_(src)
+    buf.pred_proj.copy_(joint.project_predictor(out))
+    torch.any(buf.active, out=buf.active_any)
+
+
+def _take_decision(buf: LoopBuffers, joint, rows: Tensor, first: bool) -> None:
+    token, duration, score = decide(buf, _joint_at_current_frame(buf, joint))
+    if first:
+        buf.labels.copy_(token)
+        buf.step_duration.copy_(duration)
+    else:
+        torch.where(rows, token, buf.labels, out=buf.labels)
+        torch.where(rows, duration, buf.step_duration, out=buf.step_duration)
+    buf.scores.add_(score.masked_fill_(~rows, 0))
+    blank_rows = rows & (token == buf.blank_id)
+    buf.time.add_(duration.masked_fill_(~blank_rows, 0))
+    buf.symbols_at_frame.masked_fill_(blank_rows, 0)
+    torch.lt(buf.time, buf.lengths, out=buf.active)
+    torch.logical_and(blank_rows, buf.active, out=buf.searching)
+    torch.any(buf.searching, out=buf.searching_any)
+
+
+def _search_window(buf: LoopBuffers, joint, rows: Tensor) -> None:
+    """RNN-T: decide on ``window`` frames at once (the predictor is fixed while blanks are skipped).
+
+    Each searching row moves past its blanks to its first label in the window (frames at or beyond its
+    length never count), or past the whole window when it holds only blanks.
+    """
+    bc, w = buf.batch_capacity, buf.window
+    frames = buf.time.unsqueeze(1) + buf.window_offsets                       # [B, W]
+    enc = buf.enc_proj[buf.batch_index.unsqueeze(1), frames.clamp(max=buf.frame_capacity - 1)]
+    pred = buf.pred_proj.unsqueeze(1).expand(bc, w, buf.pred_proj.shape[-1])
+    logits = joint.joint_after_projection(enc.reshape(bc * w, -1), pred.reshape(bc * w, -1))
+    token, _, score = decide(buf, logits)
+    token, score = token.view(bc, w), score.view(bc, w)
+    valid = frames < buf.lengths.unsqueeze(1)
+    is_label = (token != buf.blank_id) & valid
+    found = is_label.any(dim=1)
+    first = is_label.to(torch.int32).argmax(dim=1, keepdim=True)              # first label (0 if none)
+    skipped = torch.where(found, first.squeeze(1), w)                         # blank frames passed
+    decided = (buf.window_offsets <= skipped.unsqueeze(1)) & valid             # blanks + the label
+    buf.scores.add_((score * decided).sum(dim=1).masked_fill_(~rows, 0))
+    found_here = rows & found
+    torch.where(found_here, token.gather(1, first).squeeze(1), buf.labels, out=buf.labels)
+    buf.step_duration.masked_fill_(found_here, 0)
+    moved = skipped.masked_fill_(~rows, 0)
+    buf.time.add_(moved)
+    buf.symbols_at_frame.masked_fill_(moved > 0, 0)
+    torch.lt(buf.time, buf.lengths, out=buf.active)
+    torch.logical_and(rows & ~found, buf.active, out=buf.searching)
+    torch.any(buf.searching, out=buf.searching_any)
+
+
+def find_label_first(buf: LoopBuffers, joint) -> None:
+    """First decision of an outer step for every active row; blanks move their row's frame."""
+    if buf.window > 1:
+        _search_window(buf, joint, buf.active.clone())
+    else:
+        _take_decision(buf, joint, buf.active.clone(), first=True)
+
+
+def find_label_again(buf: LoopBuffers, joint) -> None:
+    """Inner-loop step: a new decision for rows still on a blank (``searching``)."""
+    if buf.window > 1:
+        _search_window(buf, joint, buf.searching.clone())
+    else:
+        _take_decision(buf, joint, buf.searching.clone(), first=False)
+
+
+def emit_labels(buf: LoopBuffers, predictor, joint) -> None:
+    """Emit the found label of every active row, advance the predictor there, move frames."""
+    emit = buf.active
+    buf.tokens[buf.batch_index, buf.num_emitted] = buf.labels       # rows not emitting write past their end
+    buf.timestamps[buf.batch_index, buf.num_emitted] = buf.time
+    buf.num_emitted.add_(emit)
+    out, state = predictor.step(buf.labels, buf.pred_state)
+    for dst, src in zip(buf.pred_state, state):
+        torch.where(emit.view(-1, *([1] * (src.dim() - 1))), src, dst, out=dst)
+    torch.where(emit.unsqueeze(1), joint.project_predictor(out), buf.pred_proj, out=buf.pred_proj)
+    moved = buf.step_duration.masked_fill_(~emit, 0)
+    buf.time.add_(moved)
+    symbols = (buf.symbols_at_frame + emit).masked_fill_(moved > 0, 0)
+    forced = emit & (symbols >= buf.max_symbols)                   # max_symbols labels at this frame
+    buf.time.add_(forced)
+    buf.symbols_at_frame.copy_(symbols.masked_fill_(forced, 0))
+    torch.lt(buf.time, buf.lengths, out=buf.active)
+    torch.any(buf.active, out=buf.active_any)
+
+
+def run_eager(buf: LoopBuffers, predictor, joint) -> dict[str, int]:
+    """The whole decode with Python loops (one host sync per loop test); returns iteration counts."""
+    start(buf, predictor, joint)
+    outer = inner = 0
+    while bool(buf.active_any):
+        find_label_first(buf, joint)
+        while bool(buf.searching_any):
+            find_label_again(buf, joint)
+            inner += 1
+        emit_labels(buf, predictor, joint)
+        outer += 1
+    return {"outer_iterations": outer, "inner_iterations": inner}
