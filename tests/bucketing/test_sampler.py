@@ -129,3 +129,15 @@ def test_custom_num_tokens_fn_and_early_close():
     first = next(it)
     assert len(first) in (6, 3)
     close_sampler(s)
+
+
+def test_sampler_reports_allocator_configuration():
+    from workbench.bucketing import make_sampler
+    from workbench.bucketing.profile import BucketProfile
+
+    cuts = make_cuts([1.0, 2.0, 3.0], [2, 4, 6])
+    profile = BucketProfile(bucket_duration_bins=[2.0, 3.0], bucket_batch_size=[2, 2])
+    status = make_sampler(cuts, profile, concurrent=False).allocator_status
+    assert status is not None and status.action in ("skipped", "set_env", "set_runtime", "already_active")
+    opted_out = make_sampler(cuts, profile, concurrent=False, expandable_segments=False).allocator_status
+    assert opted_out.skip_reason == "opt_out"

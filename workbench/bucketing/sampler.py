@@ -89,7 +89,8 @@ class FitFilter:
 def make_sampler(cuts: CutSet, profile: BucketProfile, *, world_size: int = 1, rank: int = 0,
                  concurrent: bool = True, shuffle: bool = True, seed: int = 0,
                  num_tokens_fn: Callable[[Any], int] | None = None, buffer_size: int = 20000,
-                 strict_2d: bool = True, drop_last: bool = False) -> DynamicBucketingSampler:
+                 strict_2d: bool = True, drop_last: bool = False,
+                 expandable_segments: bool = True) -> DynamicBucketingSampler:
     """A DynamicBucketingSampler yielding CutSet batches of at most ``profile.bucket_batch_size[b]`` cuts,
     all from bucket ``b``.
 
@@ -97,6 +98,10 @@ def make_sampler(cuts: CutSet, profile: BucketProfile, *, world_size: int = 1, r
     while sampling. Token counts come from ``num_tokens_fn(cut)`` (default: ``cut.custom["num_tokens"]``).
     ``sampler.unfit_report`` counts what was skipped. Concurrent bucketing (a background thread fills
     the buckets) is on by default; call :func:`close_sampler` when leaving an epoch early.
+
+    Dynamic batch shapes want the CUDA allocator's expandable segments: the sampler turns them on
+    (keeping every other allocator option the user set); ``expandable_segments=False`` opts out.
+    ``sampler.allocator_status`` says what was done and why.
     """
     validate_profile(profile)
     if profile.bucket_batch_size is None:
@@ -119,6 +124,9 @@ def make_sampler(cuts: CutSet, profile: BucketProfile, *, world_size: int = 1, r
     report = UnfitReport()
     sampler.filter(FitFilter(constraint, report))
     sampler.unfit_report = report
+    from workbench.memory import configure_allocator
+
+    sampler.allocator_status = configure_allocator(expandable_segments=expandable_segments)
     return sampler
 
 
