@@ -1,0 +1,39 @@
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+
+from workbench.bucketing.profile import BucketProfile  # noqa: E402
+from workbench.oomptimizer import SyntheticMemory, demo_buckets, search_batch_sizes  # noqa: E402
+from workbench.oomptimizer.plots import plot_batch_sizes, plot_probe_trace, plot_strategy_comparison  # noqa: E402
+from workbench.oomptimizer.run import profile_buckets  # noqa: E402
+
+
+def test_profile_buckets_2d_and_1d():
+    assert profile_buckets(BucketProfile([[5.0, 40], [10.0, 90]])) == [(5.0, 40.0), (10.0, 90.0)]
+    assert profile_buckets(BucketProfile([2.0, 4.5], max_tps=[8.0, 10.0])) == [(2.0, 16.0), (4.5, 45.0)]
+    assert profile_buckets(BucketProfile([3.0], max_tps=7.5)) == [(3.0, 23.0)]  # ceil(22.5)
+
+
+def test_plots_accept_results_and_json_figures():
+    memory = SyntheticMemory(kind="step")
+    buckets = demo_buckets(4, 2)
+    result = search_batch_sizes(buckets, memory.probe, budget_bytes=memory.budget_bytes)
+    as_json = {"batch_sizes": result.batch_sizes,
+               "trace": [[p.bucket_index, p.batch_size, p.peak_bytes, p.predicted_bytes] for p in result.probes]}
+    fig = plot_batch_sizes(buckets, result.batch_sizes)
+    assert len(fig.axes) == 3  # bars, heat map, colour bar
+    assert len(plot_batch_sizes([(b[0], 0.0) for b in demo_buckets(5, 1)], [5, 4, 3, 2, 1]).axes) == 1
+    for r in (result, as_json):
+        ax = plot_probe_trace(r, buckets, memory.budget_bytes).axes[0]
+        assert len(ax.lines) >= len(buckets)
+        bars = plot_strategy_comparison({"a": r, "b": r}).axes[1].patches
+        assert [p.get_height() for p in bars[:2]] == [len(result.probes)] * 2
+
+
+def test_soak_needs_batch_sizes():
+    from workbench.oomptimizer.run import soak
+
+    with pytest.raises(ValueError, match="bucket_batch_size"):
+        soak(None, BucketProfile([[5.0, 40]]))

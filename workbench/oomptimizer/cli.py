@@ -1,0 +1,112 @@
+"""`workbench oomptimize`: per-bucket batch sizes for a model on this GPU, written into the profile."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("oomptimize", help="find the largest batch size per bucket that fits on the GPU")
+    p.add_argument("--model", required=True, help="model name, e.g. large-rnnt")
+    p.add_argument("--bins", required=True, help="profile YAML with bucket_duration_bins (from `workbench bins`)")
+    p.add_argument("--out", help="where to write the profile (default: overwrite --bins)")
+    p.add_argument("--strategy", choices=["predictive", "bisect"], default="predictive")
+    p.add_argument("--memory-fraction", type=float, default=0.9, help="share of GPU memory to use (0, 1]")
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--rel-gap", type=float, default=0.05, help="stop when (OOM - fit) / OOM <= this")
+    p.add_argument("--start-batch-size", type=int, default=32)
+    p.add_argument("--no-merge", action="store_true", help="keep neighbouring buckets with equal sizes")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--ddp", action="store_true", help="account for DDP gradient buckets on one GPU")
+    group.add_argument("--nproc", type=int, help="probe under torchrun with DDP on N GPUs")
+    p.add_argument("--validate", action="store_true", help="soak: train a few steps per bucket after the search")
+    p.set_defaults(func=run_oomptimize)
+
+
+def run_oomptimize(args) -> int:
+    from workbench.cli import UserError
+
+    if not 0 < args.memory_fraction <= 1:
+        raise ValueError(f"--memory-fraction: must be in (0, 1], got {args.memory_fraction}")
+    bins_path = Path(args.bins)
+    if not bins_path.exists():
+        raise FileNotFoundError(f"{bins_path}: no such profile file")
+    if args.nproc and args.nproc > 1 and "LOCAL_RANK" not in os.environ:
+        return _relaunch_under_torchrun(args.nproc)
+    from workbench.oomptimizer.probe import configure_allocator
+
+    configure_allocator()  # before CUDA is initialized
+    import torch
+
+    from workbench.bucketing.profile import load_profile, save_profile
+    from workbench.oomptimizer.run import DTYPES, oomptimize, soak
+
+    if not torch.cuda.is_available():
+        raise UserError("oomptimize needs a CUDA GPU (the probes run real training steps)")
+    rank = _init_distributed(torch)
+    try:
+        from workbench.models import build_model
+    except ImportError as e:
+        raise UserError(f"workbench.models is not available: {e}") from None
+    bins = load_profile(bins_path)
+    model = build_model(args.model).cuda()
+    say = print if rank == 0 else (lambda *a, **k: None)
+    say(f"oomptimize {args.model}: {bins.num_buckets} buckets, {args.strategy}, {args.dtype}, "
+        f"memory fraction {args.memory_fraction}")
+    t0 = time.perf_counter()
+    counter = {"probes": 0}
+
+    def on_probe(rec):
+        counter["probes"] += 1
+        peak = "OOM" if rec.oom else f"{rec.peak_bytes / 2**30:6.1f} GiB"
+        if rank == 0:
+            print(f"\r  bucket {rec.bucket_index:3d}: probe batch size {rec.batch_size:5d} -> {peak:>10}   ",
+                  end="", flush=True)
+
+    def on_bucket(i, batch_size, records):
+        peak = max((r.peak_bytes for r in records if not r.oom), default=0)
+        d, u = buckets[i]
+        say(f"\r  bucket {i:3d} ({d:6.2f} s, {u:5.0f} tok): batch size {batch_size:5d}  "
+            f"probes {len(records):2d}  peak {peak / 2**30:6.1f} GiB")
+
+    from workbench.oomptimizer.run import profile_buckets
+
+    buckets = profile_buckets(bins)
+    profile, result = oomptimize(model, args.model, bins, strategy=args.strategy, dtype=DTYPES[args.dtype],
+                                 memory_fraction=args.memory_fraction, ddp=args.ddp, rel_gap=args.rel_gap,
+                                 start_batch_size=args.start_batch_size, merge=not args.no_merge,
+                                 on_probe=on_probe, on_bucket=on_bucket)
+    say(f"done: {result.num_probes} probes ({result.probes_per_bucket:.2f} per bucket, {result.num_ooms} OOMs) "
+        f"in {time.perf_counter() - t0:.1f} s; {profile.num_buckets} buckets after merging")
+    if args.validate:
+        report = soak(model, profile, dtype=DTYPES[args.dtype], memory_fraction=args.memory_fraction,
+                      progress=rank == 0)
+        profile.metadata["soak"] = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in report.items()}
+        say(f"soak: {report['steps']} steps, 0 OOMs, peak {report['peak_reserved_bytes'] / 2**30:.1f} GiB")
+    if rank == 0:
+        out = save_profile(args.out or bins_path, profile)
+        print(f"wrote {out}")
+    return 0
+
+
+def _init_distributed(torch) -> int:
+    """Join the torchrun group when launched by torchrun; returns this process's rank."""
+    if "LOCAL_RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return 0
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl")
+    return torch.distributed.get_rank()
+
+
+def _relaunch_under_torchrun(nproc: int) -> int:
+    """Run this same command under ``torchrun --nproc_per_node nproc`` (each rank probes)."""
+    argv = [a for a in sys.argv[1:]]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "workbench", *argv]
+    print("launching:", " ".join(cmd), flush=True)
+    return subprocess.call(cmd)

@@ -1,0 +1,121 @@
+"""From bins and a model to a profile: buckets, GPU search, merge, metadata, and the soak that validates it."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import random
+import time
+from typing import Callable
+
+import torch
+
+from workbench.bucketing.profile import BucketProfile
+from workbench.oomptimizer.merge import merge_equal_buckets
+from workbench.oomptimizer.probe import TrainingStepProbe, is_oom_error, release_memory
+from workbench.oomptimizer.search import SearchResult, search_batch_sizes
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
+DEFAULT_TOKENS_PER_SECOND = 10.0  # token bound of a 1D bucket when the profile has no max_tps
+
+
+def profile_buckets(profile: BucketProfile) -> list[tuple[float, float]]:
+    """(max duration s, max tokens) per bucket: 2D bins as they are; 1D bins take tokens from max_tps."""
+    if profile.is_2d:
+        return [(float(d), float(u)) for d, u in profile.bucket_duration_bins]
+    tps = profile.max_tps
+    out = []
+    for i, d in enumerate(profile.bucket_duration_bins):
+        rate = tps[i] if isinstance(tps, list) else (tps or DEFAULT_TOKENS_PER_SECOND)
+        out.append((float(d), float(math.ceil(float(d) * float(rate)))))
+    return out
+
+
+def gpu_metadata(model_name: str, dtype: torch.dtype, memory_fraction: float, **extra) -> dict:
+    """What the batch sizes were measured for: model, dtype, GPU, memory, fraction, torch, date."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return {"model": model_name, "dtype": str(dtype).replace("torch.", ""), "gpu": props.name,
+            "gpu_memory_bytes": int(props.total_memory), "memory_fraction": float(memory_fraction),
+            "torch": torch.__version__,
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **extra}
+
+
+def oomptimize(model: torch.nn.Module, model_name: str, bins: BucketProfile, *, strategy: str = "predictive",
+               dtype: torch.dtype = torch.bfloat16, memory_fraction: float = 0.9, ddp: bool = False,
+               rel_gap: float = 0.05, start_batch_size: int = 32, merge: bool = True,
+               on_probe: Callable | None = None, on_bucket: Callable | None = None,
+               ) -> tuple[BucketProfile, SearchResult]:
+    """Search per-bucket batch sizes for ``model`` (already on the GPU) over the buckets of ``bins``.
+
+    Returns the filled profile (merged buckets when ``merge``) and the search trace. Raises
+    RuntimeError when the probes leave memory allocated behind.
+    """
+    world = torch.distributed.get_world_size() if torch.distributed.is_available() and \
+        torch.distributed.is_initialized() else 1
+    probe = TrainingStepProbe(model, dtype=dtype, memory_fraction=memory_fraction,
+                              ddp_gradient_buckets=ddp or world > 1)
+    buckets = profile_buckets(bins)
+    result = search_batch_sizes(buckets, probe, budget_bytes=probe.budget_bytes, rel_gap=rel_gap,
+                                start_batch_size=start_batch_size, strategy=strategy, on_probe=on_probe,
+                                on_bucket=on_bucket)
+    release_memory()
+    leftover = torch.cuda.memory_allocated() - probe.baseline_bytes
+    if leftover != 0:
+        raise RuntimeError(f"probes left {leftover} bytes allocated (baseline {probe.baseline_bytes})")
+    bin_list, batch_sizes, tps = list(bins.bucket_duration_bins), list(result.batch_sizes), bins.max_tps
+    if merge:
+        per_bucket_tps = tps if isinstance(tps, list) else None
+        bin_list, batch_sizes, merged_tps = merge_equal_buckets(bin_list, batch_sizes, per_bucket_tps)
+        tps = merged_tps if per_bucket_tps is not None else tps
+    meta = gpu_metadata(model_name, dtype, memory_fraction, strategy=strategy, ddp=bool(ddp or world > 1),
+                        world_size=world, probes=result.num_probes, search_seconds=round(result.seconds, 2),
+                        budget_bytes=int(probe.budget_bytes), unmerged_buckets=len(buckets))
+    return BucketProfile(bin_list, batch_sizes, tps, {**bins.metadata, **meta}), result
+
+
+def soak(model: torch.nn.Module, profile: BucketProfile, *, dtype: torch.dtype = torch.bfloat16,
+         memory_fraction: float = 0.9, steps_per_bucket: int = 3, seed: int = 0,
+         progress: bool = True) -> dict:
+    """Train ``steps_per_bucket`` steps per bucket at the profile's batch sizes, in shuffled bucket order
+    like training, with lengths varied inside each bucket (the longest at the bucket's bound). One
+    persistent optimizer, as in training. Raises RuntimeError on any OOM; returns counts and peaks."""
+    from tqdm.auto import tqdm
+
+    if profile.bucket_batch_size is None:
+        raise ValueError("profile: field 'bucket_batch_size' is missing; run the search first")
+    torch.cuda.set_per_process_memory_fraction(memory_fraction)
+    buckets = profile_buckets(profile)
+    rng = random.Random(seed)
+    order = [i for i in range(len(buckets)) for _ in range(steps_per_bucket)]
+    rng.shuffle(order)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    try:
+        for step, i in enumerate(tqdm(order, desc="soak", disable=not progress)):
+            d, u = buckets[i]
+            low = buckets[i - 1][0] if i > 0 and buckets[i - 1][0] < d else d * 0.5
+            bs = profile.bucket_batch_size[i]
+            batch = model.make_batch(bs, d, int(u), next(model.parameters()).device)
+            # Varied lengths: the first utterance keeps the bucket's bound, the others fall inside it.
+            frac = torch.empty(bs).uniform_(low / d, 1.0)
+            frac[0] = 1.0
+            batch["audio_lens"] = (batch["audio_lens"].float() * frac.to(batch["audio_lens"].device)).long().clamp(min=1)
+            batch["token_lens"] = (batch["token_lens"].float() * frac.to(batch["token_lens"].device)).long().clamp(min=1)
+            try:
+                model.training_step(batch, dtype=dtype)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            except Exception as e:  # noqa: BLE001
+                if is_oom_error(e):
+                    raise RuntimeError(f"soak: OOM at step {step}, bucket {i} ({d:g} s, {u:g} tokens), "
+                                       f"batch size {bs}: {str(e).splitlines()[0]}") from None
+                raise
+            del batch
+    finally:
+        del optimizer
+        model.zero_grad(set_to_none=True)
+        release_memory()
+    return {"steps": len(order), "ooms": 0, "seconds": time.perf_counter() - t0,
+            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved()),
+            "budget_bytes": int(memory_fraction * torch.cuda.get_device_properties(0).total_memory)}

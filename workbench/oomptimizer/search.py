@@ -1,0 +1,322 @@
+"""Per-bucket batch-size search over a probe: pure logic, runs on CPU against any probe.
+
+``probe(bucket, batch_size)`` runs one training step at that bucket's worst case and returns its peak
+memory in bytes, or raises ``torch.OutOfMemoryError``. For each bucket the search returns the largest
+batch size it found that fits; every returned size was probed successfully.
+
+Two strategies:
+- ``bisect``: largest bucket first, each bucket starting from the previous result; double until the
+  first OOM (halve while the start fails), then bisect until
+  (smallest OOM - largest fit) / smallest OOM <= rel_gap.
+- ``predictive``: fits peak = base + batch_size * per_item_cost(bucket) (memory_model.py) to every
+  successful probe (per-item cost measured per bucket, predicted for a new bucket from its shape),
+  jumps to the predicted maximum, and stops when the bracket closes to rel_gap, where the upper end is
+  the smallest OOM, or the first size whose predicted peak exceeds the budget (a fraction of rel_gap
+  only, since a prediction is weaker than an OOM). The budget is the given one until an OOM is
+  predicted below it (on a GPU steps fail a little before the limit), then it is learned from the
+  OOMs; with no budget given it is learned from OOMs alone. Noisy peaks (the fit's residual) make the
+  proof use an optimistic reading. Buckets run largest first.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from workbench.oomptimizer.memory_model import MemoryFit, fit_base_and_costs, fit_shape_model, shape_features
+
+Bucket = tuple[float, float]  # (max duration in seconds, max tokens) of one bucket
+Probe = Callable[[Bucket, int], float]
+STRATEGIES = ("predictive", "bisect")
+
+
+@dataclass
+class ProbeRecord:
+    bucket_index: int  # index into the caller's bucket list
+    batch_size: int
+    peak_bytes: float | None  # None when the step ran out of memory
+    predicted_bytes: float | None  # the model's expectation before the probe (predictive only)
+    seconds: float  # wall time of the probe
+
+    @property
+    def oom(self) -> bool:
+        return self.peak_bytes is None
+
+
+@dataclass
+class SearchResult:
+    buckets: list[Bucket]
+    batch_sizes: list[int]  # one per bucket, in the caller's order, each probed successfully
+    probes: list[ProbeRecord]  # the trace, in the order run
+    strategy: str
+    rel_gap: float
+    budget_bytes: float | None
+    seconds: float
+    fit: MemoryFit | None = None  # the final memory model (predictive)
+    budget_bounds: tuple[float, float] | None = None  # what the search knows of the budget (bytes)
+    stop_reasons: list[str] = field(default_factory=list)  # per bucket: "gap", "budget", "exhausted"
+
+    @property
+    def num_probes(self) -> int:
+        return len(self.probes)
+
+    @property
+    def probes_per_bucket(self) -> float:
+        return len(self.probes) / max(len(self.buckets), 1)
+
+    @property
+    def num_ooms(self) -> int:
+        return sum(p.oom for p in self.probes)
+
+    def probes_of(self, bucket_index: int) -> list[ProbeRecord]:
+        return [p for p in self.probes if p.bucket_index == bucket_index]
+
+
+def search_batch_sizes(buckets, probe: Probe, *, budget_bytes: float | None = None, rel_gap: float = 0.05,
+                       start_batch_size: int = 32, strategy: str = "predictive",
+                       max_batch_size: int = 1 << 20, max_probes_per_bucket: int = 40,
+                       on_probe: Callable[[ProbeRecord], None] | None = None,
+                       on_bucket: Callable[[int, int, list[ProbeRecord]], None] | None = None) -> SearchResult:
+    """The largest batch size per bucket that fits, found with few probes.
+
+    ``buckets``: list of ``(duration_seconds, num_tokens)``, any order. ``budget_bytes``: the memory limit
+    the probe's peaks are measured against (an upper bound; OOMs below it are learned), or None to learn
+    it from OOMs alone. ``max_batch_size``: no size above it is probed. ``rel_gap``: stop once
+    (smallest OOM - largest fit) / smallest OOM <= rel_gap. ``on_probe(record)`` after every probe;
+    ``on_bucket(index, batch_size, records)`` when a bucket is done. Raises ValueError on bad input
+    and RuntimeError when a bucket does not fit even at batch size 1.
+    """
+    buckets = [_check_bucket(i, b) for i, b in enumerate(buckets)]
+    if not buckets:
+        raise ValueError("buckets: need at least 1 bucket, got 0")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy: must be one of {STRATEGIES}, got {strategy!r}")
+    if not 0 < rel_gap < 1:
+        raise ValueError(f"rel_gap: must be in (0, 1), got {rel_gap}")
+    if int(start_batch_size) < 1:
+        raise ValueError(f"start_batch_size: must be >= 1, got {start_batch_size}")
+    if budget_bytes is not None and not budget_bytes > 0:
+        raise ValueError(f"budget_bytes: must be positive or None, got {budget_bytes}")
+    state = _SearchState(buckets, probe, budget_bytes, rel_gap, int(start_batch_size), int(max_batch_size),
+                         max_probes_per_bucket, on_probe)
+    t0 = time.perf_counter()
+    order = sorted(range(len(buckets)), key=lambda i: (buckets[i][0], buckets[i][1]), reverse=True)
+    result = [0] * len(buckets)
+    reasons = [""] * len(buckets)
+    previous = int(start_batch_size)
+    for i in order:
+        if strategy == "bisect":
+            result[i], reasons[i] = state.bisect_bucket(i, previous)
+            previous = result[i]
+        else:
+            result[i], reasons[i] = state.predictive_bucket(i)
+        if on_bucket is not None:
+            on_bucket(i, result[i], [p for p in state.records if p.bucket_index == i])
+    fit = state.fit() if strategy == "predictive" else None
+    bounds = state.budget_bounds(fit) if fit is not None else None
+    return SearchResult(buckets, result, state.records, strategy, rel_gap, budget_bytes,
+                        time.perf_counter() - t0, fit, bounds, reasons)
+
+
+def _check_bucket(i: int, b) -> Bucket:
+    try:
+        d, u = (float(b[0]), float(b[1] or 0.0)) if isinstance(b, (tuple, list)) else (float(b), 0.0)
+    except (TypeError, ValueError, IndexError):
+        raise ValueError(f"buckets[{i}] = {b!r}: must be (duration_seconds, num_tokens)") from None
+    if not (d > 0 and u >= 0 and math.isfinite(d) and math.isfinite(u)):
+        raise ValueError(f"buckets[{i}] = {b!r}: duration must be > 0 and tokens >= 0")
+    return (d, u)
+
+
+class _SearchState:
+    """Probes run so far and what they say; the per-bucket loops of both strategies."""
+
+    def __init__(self, buckets, probe, budget, rel_gap, start, max_bs, max_probes, on_probe):
+        self.buckets, self.probe, self.budget, self.rel_gap = buckets, probe, budget, rel_gap
+        self.start, self.max_bs, self.max_probes, self.on_probe = start, max_bs, max_probes, on_probe
+        self.records: list[ProbeRecord] = []
+        self.scale = (max(b[0] for b in buckets), max(max(b[1] for b in buckets), 1.0))
+        self.shape_errors: list[float] = []  # relative errors of the shape model on new buckets
+
+    # ---- probing -------------------------------------------------------------------------------
+    def run(self, i: int, n: int, predicted: float | None = None) -> float | None:
+        t0 = time.perf_counter()
+        try:
+            peak: float | None = float(self.probe(self.buckets[i], n))
+        except torch.OutOfMemoryError:
+            peak = None
+        rec = ProbeRecord(i, n, peak, predicted, time.perf_counter() - t0)
+        self.records.append(rec)
+        if self.on_probe is not None:
+            self.on_probe(rec)
+        return peak
+
+    def bracket(self, i: int) -> tuple[int | None, float | None, int | None]:
+        """(largest fit below the smallest OOM, its peak, smallest OOM) for bucket i."""
+        mine = [r for r in self.records if r.bucket_index == i]
+        ooms = [r.batch_size for r in mine if r.oom]
+        upper = min(ooms) if ooms else None
+        fits = [r for r in mine if not r.oom and (upper is None or r.batch_size < upper)]
+        best = max(fits, key=lambda r: r.batch_size) if fits else None
+        return (best.batch_size, best.peak_bytes, upper) if best else (None, None, upper)
+
+    def gap_closed(self, lower: int | None, upper: int | None) -> bool:
+        return (lower is not None and upper is not None
+                and (upper - lower <= 1 or (upper - lower) / upper <= self.rel_gap))
+
+    def finish(self, i: int, lower: int | None, reason: str) -> tuple[int, str]:
+        if lower is None:
+            d, u = self.buckets[i]
+            raise RuntimeError(f"bucket {i} ({d:g} s, {u:g} tokens) does not fit in memory even at batch "
+                               f"size 1")
+        return lower, reason
+
+    # ---- bisect ----------------------------------------------------------------------------------
+    def bisect_bucket(self, i: int, start: int) -> tuple[int, str]:
+        n = max(1, min(start, self.max_bs))
+        for _ in range(self.max_probes):
+            self.run(i, n)
+            lower, _, upper = self.bracket(i)
+            if self.gap_closed(lower, upper):
+                return self.finish(i, lower, "gap")
+            if upper is None:
+                if lower >= self.max_bs:
+                    return self.finish(i, lower, "max_batch_size")
+                n = min(2 * lower, self.max_bs)
+            elif lower is None:
+                if upper == 1:
+                    return self.finish(i, None, "exhausted")
+                n = max(1, upper // 2)
+            else:
+                n = (lower + upper) // 2
+        return self.finish(i, self.bracket(i)[0], "exhausted")
+
+    # ---- predictive ------------------------------------------------------------------------------
+    def fit(self) -> MemoryFit:
+        return fit_base_and_costs([(r.bucket_index, r.batch_size, r.peak_bytes)
+                                   for r in self.records if not r.oom])
+
+    def budget_bounds(self, fit: MemoryFit) -> tuple[float, float]:
+        """(low, high) bytes: where the search believes the usable budget lies.
+
+        High: the given budget, lowered to the predicted peak of any OOM in a bucket whose cost is
+        measured (on a GPU a step fails before its peak reaches the limit: fragmentation, one large
+        request). Low: the given budget while no OOM says otherwise, else the largest peak that fitted.
+        """
+        fits = [r.peak_bytes for r in self.records if not r.oom]
+        largest_fit = max(fits) if fits else 0.0
+        high = self.budget if self.budget is not None else math.inf
+        learned = False
+        for r in self.records:
+            if r.oom and r.bucket_index in fit.per_item_bytes and fit.base_known:
+                predicted = fit.base_bytes + r.batch_size * fit.per_item_bytes[r.bucket_index]
+                if largest_fit < predicted < high:  # a prediction below a measured fit is noise
+                    high, learned = predicted, True
+        if self.budget is not None and not learned:
+            return high, high
+        low = min(largest_fit, high)
+        return low, high
+
+    def predict_cost(self, i: int, fit: MemoryFit) -> float | None:
+        """Per-item bytes of bucket i from the shape model over the measured buckets."""
+        known = sorted(fit.per_item_bytes)
+        known = [k for k in known if fit.per_item_bytes[k] > 0]
+        if not known:
+            return None
+        feats = shape_features([self.buckets[k] for k in known], self.scale)
+        costs = np.array([fit.per_item_bytes[k] for k in known])
+        weights = fit_shape_model(feats, costs)
+        pred = float(shape_features([self.buckets[i]], self.scale)[0] @ weights)
+        return pred if pred > 0 else None
+
+    def margin(self) -> float:
+        """How far below the shape model's prediction the first probe of a bucket aims."""
+        if not self.shape_errors:
+            return 0.15
+        return float(min(1.5 * np.median(self.shape_errors[-5:]), 0.3))
+
+    def predictive_bucket(self, i: int) -> tuple[int, str]:
+        fit = self.fit()
+        predicted_cost = self.predict_cost(i, fit) if fit.base_known else None
+        first = True
+        for _ in range(self.max_probes):
+            lower, lower_peak, upper = self.bracket(i)
+            fit = self.fit()
+            low_b, high_b = self.budget_bounds(fit)
+            own = fit.per_item_bytes.get(i)  # an overestimate while the base is not known
+            if lower is not None and own and fit.base_known:
+                if lower >= self.max_bs:
+                    return self.finish(i, lower, "max_batch_size")
+                # First size whose predicted peak (from this bucket's own measurement) exceeds the budget.
+                if math.isfinite(high_b):
+                    # With noisy peaks, this reading may be high: prove from an optimistic reading.
+                    peak_low = max(lower_peak * (1 - 2 * fit.noise), fit.base_bytes + 1e-9 * lower_peak)
+                    own_low = (peak_low - fit.base_bytes) / lower if fit.noise > 0 else own
+                    proven = lower + max(1, math.floor((high_b - peak_low) / own_low) + 1)
+                    # A predicted bound is weaker than an OOM: accept it only within a fraction of the
+                    # gap (a quarter with a known budget, half when the budget is bounded by OOMs only).
+                    proof_gap = self.rel_gap / (4 if self.budget is not None else 2)
+                    if proven == lower + 1 or (proven - lower) / proven <= proof_gap:
+                        return self.finish(i, lower, "budget")
+            if self.gap_closed(lower, upper):
+                return self.finish(i, lower, "gap")
+            if upper == 1:
+                return self.finish(i, None, "exhausted")
+            n, expected = self.next_size(i, fit, lower, lower_peak, upper, own, predicted_cost, low_b,
+                                         high_b, first)
+            first = False
+            self.run(i, n, expected)
+            if predicted_cost is not None and fit.base_known:
+                now = self.fit().per_item_bytes.get(i)
+                if now:  # how wrong the shape model was for this bucket, to size later margins
+                    self.shape_errors.append(abs(predicted_cost - now) / now)
+                    predicted_cost = None
+        return self.finish(i, self.bracket(i)[0], "exhausted")
+
+    def next_size(self, i, fit, lower, lower_peak, upper, own, predicted_cost, low_b, high_b, first):
+        """The next batch size to probe in bucket i, strictly inside the bracket, and its expected peak.
+
+        ``own``: this bucket's bytes per item (an overestimate while the base is not known), or None.
+        """
+        lo = lower if lower is not None else 0
+        hi = upper if upper is not None else self.max_bs + 1
+        if own and fit.noise > 0 and fit.base_known:  # aim from an optimistic reading of noisy peaks
+            lower_peak = max(lower_peak * (1 - fit.noise), fit.base_bytes + 1e-9 * lower_peak)
+            own = (lower_peak - fit.base_bytes) / lower
+        room = (lambda budget: math.floor((budget - lower_peak) / own) + lower) if own else None
+        if lower is not None and upper is not None:
+            # The prediction already overshot once in this bucket: split the bracket, leaning on the model.
+            n = (lo + hi) // 2
+            if own and math.isfinite(high_b):
+                n = min(n, room(high_b))
+        elif own and math.isfinite(high_b):
+            # Aim at the top of what the budget allows; without a known budget, at the middle of its bounds.
+            target = high_b if (high_b - low_b) <= own else (low_b + high_b) / 2
+            n = room(target)
+            if sum(not r.oom for r in self.records if r.bucket_index == i) >= 2:
+                # Creeping up in small steps means the model is off here: step by half the gap at least.
+                n = max(n, lower + math.ceil(lower * self.rel_gap / 2))
+        elif own:  # no upper bound on the budget yet: grow geometrically
+            n = 2 * lo
+        elif lower is None and upper is not None:
+            # Overshot without a fit yet: back off clearly below the OOM.
+            n = math.floor(upper * (1 - max(2 * self.margin(), self.rel_gap / 3))) if predicted_cost else upper // 2
+        elif predicted_cost and (low_b > fit.base_bytes):
+            target = low_b
+            n = math.floor((target - fit.base_bytes) / predicted_cost)
+            if first:
+                m = self.margin()
+                n = n if m * n < 1 else math.floor(n * (1 - m))
+        elif lower is None:
+            n = self.start
+        else:
+            n = 2 * lo
+        n = int(min(max(n, lo + 1, 1), hi - 1, self.max_bs))
+        cost = own or predicted_cost
+        expected = fit.base_bytes + n * cost if cost and fit.base_known else None
+        return n, expected

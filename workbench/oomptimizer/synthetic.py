@@ -1,0 +1,89 @@
+"""Synthetic memory models: probes with a known answer, shared by the tests and the notebook.
+
+Each model gives the peak bytes of one training step at ``(bucket, batch_size)``; its probe raises
+``torch.OutOfMemoryError`` when the peak exceeds the budget, like the GPU. Shapes:
+- ``linear``: base + n * (a * duration + b * tokens + c)
+- ``quadratic``: base + n * (a * duration + q * duration^2 + j * duration * tokens) (attention, joint)
+- ``noisy``: quadratic with a deterministic jitter of +-``jitter`` on every peak (the OOM follows it)
+- ``step``: quadratic rounded up to coarse blocks, plus a workspace jump above a batch size, like
+  allocator rounding and a kernel that switches algorithm.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+GiB = 1 << 30
+MODEL_KINDS = ("linear", "quadratic", "noisy", "step")
+
+
+@dataclass
+class SyntheticMemory:
+    kind: str = "quadratic"  # one of MODEL_KINDS
+    budget_bytes: float = 80 * GiB  # peaks above this raise OOM
+    base_bytes: float = 6 * GiB  # weights, gradients, optimizer state
+    per_second: float = 40e6  # bytes per item per second of audio
+    per_second_sq: float = 1.0e6  # bytes per item per second^2 (attention)
+    per_second_token: float = 0.25e6  # bytes per item per (second * token) (transducer joint)
+    per_token: float = 2e6  # bytes per item per token (linear model)
+    per_item: float = 50e6  # bytes per item, fixed (linear model)
+    jitter: float = 0.02  # relative amplitude of the noise (noisy)
+    block_bytes: float = 256 * (1 << 20)  # rounding block (step)
+    jump_batch_size: int = 64  # above this batch size a workspace of jump_bytes appears (step)
+    jump_bytes: float = 1.5 * GiB
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.kind not in MODEL_KINDS:
+            raise ValueError(f"kind: must be one of {MODEL_KINDS}, got {self.kind!r}")
+
+    def peak(self, bucket: tuple[float, float], batch_size: int) -> float:
+        """Peak bytes of one step at the bucket's worst case (duration s, tokens) and batch size."""
+        d, u = float(bucket[0]), float(bucket[1])
+        n = int(batch_size)
+        if self.kind == "linear":
+            return self.base_bytes + n * (self.per_second * d + self.per_token * u + self.per_item)
+        act = n * (self.per_second * d + self.per_second_sq * d * d + self.per_second_token * d * u)
+        if self.kind == "noisy":
+            return (self.base_bytes + act) * (1.0 + self.jitter * (2.0 * self._hash(d, u, n) - 1.0))
+        if self.kind == "step":
+            act = math.ceil(act / self.block_bytes) * self.block_bytes
+            return self.base_bytes + act + (self.jump_bytes if n > self.jump_batch_size else 0.0)
+        return self.base_bytes + act
+
+    def probe(self, bucket: tuple[float, float], batch_size: int) -> float:
+        """Like a GPU probe: the peak, or torch.OutOfMemoryError above the budget."""
+        p = self.peak(bucket, batch_size)
+        if p > self.budget_bytes:
+            raise torch.OutOfMemoryError(f"synthetic OOM: {p / GiB:.2f} GiB > {self.budget_bytes / GiB:.2f} GiB")
+        return p
+
+    def true_max(self, bucket: tuple[float, float], limit: int = 1 << 16) -> int:
+        """The largest batch size n such that every size 1..n fits (0 if 1 does not)."""
+        n = 0
+        while n < limit and self.peak(bucket, n + 1) <= self.budget_bytes:
+            n += 1
+        return n
+
+    def _hash(self, d: float, u: float, n: int) -> float:
+        """A uniform number in [0, 1) that depends on (bucket, batch size, seed) only (splitmix64)."""
+        x = (int(d * 1000) * 0x9E3779B97F4A7C15 + int(u) * 0xBF58476D1CE4E5B9 + n * 0x94D049BB133111EB
+             + self.seed) & 0xFFFFFFFFFFFFFFFF
+        for shift, mult in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+            x = ((x ^ (x >> shift)) * mult) & 0xFFFFFFFFFFFFFFFF
+        return ((x ^ (x >> 31)) >> 11) / float(1 << 53)
+
+
+def demo_buckets(num_durations: int = 15, num_subbuckets: int = 2, max_duration: float = 40.0,
+                 tokens_per_second: float = 6.0) -> list[tuple[float, float]]:
+    """A 2D grid of (max duration s, max tokens) like estimate_2d_bins gives: durations spread up to
+    ``max_duration``, ``num_subbuckets`` token bounds per duration."""
+    out = []
+    for k in range(1, num_durations + 1):
+        d = round(max_duration * (k / num_durations) ** 1.3, 2)
+        for s in range(1, num_subbuckets + 1):
+            out.append((d, float(math.ceil(d * tokens_per_second * (0.6 + 0.6 * s / num_subbuckets)))))
+    return out
