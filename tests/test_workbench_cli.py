@@ -42,3 +42,9 @@ def test_corpus_tokenizer_adds_counts(tmp_path, capsys):
     arrays = read_cut_arrays(out, with_texts=True, progress=False)
     model = next(tmp_path.glob("*.model"))
     assert (arrays.num_tokens == count_tokens(load_tokenizer(model), arrays.texts)).all()
+
+
+def test_cli_starts_without_importing_torch():
+    code = "import sys, workbench.cli as c; c.build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False", "a sub-command module imports torch at start-up: import it inside the command"

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workbench.atomic import write_text_atomically
 from workbench.bench.results import REPO_ROOT, load_result, provenance_line
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
@@ -87,18 +88,15 @@ def run_notebooks(out_dir: str | os.PathLike = "reports", *, smoke: bool = False
         pm.execute_notebook(str(nb_path), str(executed), parameters={"smoke": smoke, "interactive": False},
                             cwd=str(NOTEBOOK_DIR), kernel_name="python3", progress_bar=False)
         body, _ = HTMLExporter(template_name="lab").from_notebook_node(nbformat.read(executed, as_version=4))
-        html = out / (nb_path.stem + ".html")
-        tmp = html.with_suffix(".html.tmp")
-        tmp.write_text(body)
-        os.replace(tmp, html)
+        html = write_text_atomically(out / (nb_path.stem + ".html"), body)
         rows.append((html.name, nb_path.stem, _first_markdown_line(nb_path), time.perf_counter() - t0))
         print(f"[report] {nb_path.name} done in {rows[-1][3]:.1f} s -> {html}", flush=True)
     items = "\n".join(f'<li><a href="{h}">{stem}</a>: {desc} <small>({secs:.0f} s)</small></li>'
                       for h, stem, desc, secs in rows)
-    index = out / "index.html"
-    index.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>workbench reports</title>"
-                     f"</head><body><h1>workbench reports</h1><p>{'smoke run' if smoke else 'full run'}, "
-                     f"{time.strftime('%Y-%m-%d %H:%M')}</p><ul>\n{items}\n</ul></body></html>\n")
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>workbench reports</title></head><body>"
+            f"<h1>workbench reports</h1><p>{'smoke run' if smoke else 'full run'}, "
+            f"{time.strftime('%Y-%m-%d %H:%M')}</p><ul>\n{items}\n</ul></body></html>\n")
+    index = write_text_atomically(out / "index.html", page)
     print(f"[report] wrote {index}")
     return index
 

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from workbench.bench.results import summarize, write_result
 
 TARGET_BINS_S = 10.0
+TARGET_BINS_TOKENIZED_S = 30.0
 
 
 def _loop_2d(durations: list[float], tokens: list[int], num_buckets: int, num_subbuckets: int,
@@ -125,6 +126,46 @@ def bench_bins(manifest: Path, work: Path, repeat: int) -> tuple[dict, list[str]
     return figures, failures
 
 
+def bench_bins_tokenized(manifest: Path, work: Path, repeat: int) -> tuple[dict, list[str]]:
+    """`workbench bins --tokenizer`: every transcript tokenized by a sentencepiece BPE model (1024)."""
+    from workbench.bucketing import load_profile
+    from workbench.data.manifest import read_cut_arrays
+    from workbench.data.tokenizer import count_tokens, load_tokenizer, train_tokenizer
+
+    failures: list[str] = []
+    model = work / "bpe1024.model"
+    if not model.exists():
+        texts = read_cut_arrays(manifest, with_texts=True, progress=False).texts[:100_000]
+        train_tokenizer(texts, work / "bpe1024", vocab_size=1024, progress=False)
+    out = work / "profile_tokenized.yaml"
+    cmd = [sys.executable, "-m", "workbench", "bins", str(manifest), "--tokenizer", str(model), "--buckets", "30",
+           "--sub-buckets", "2", "--out", str(out), "-q"]
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        samples.append(time.perf_counter() - t0)
+        if proc.returncode != 0:
+            failures.append(f"`workbench bins --tokenizer` failed: {proc.stderr.strip()[-500:]}")
+            return {}, failures
+    # The profile must come from the tokenizer's counts, not the manifest's.
+    arrays = read_cut_arrays(manifest, with_texts=True, progress=False)
+    t0 = time.perf_counter()
+    counts = count_tokens(load_tokenizer(model), arrays.texts)
+    t_count = time.perf_counter() - t0
+    from workbench.bucketing import estimate_2d_bins
+
+    expected = [tuple(b) for b in estimate_2d_bins(arrays.durations, counts, 30, 2).bins]
+    if [tuple(b) for b in load_profile(out).bucket_duration_bins] != expected:
+        failures.append("`workbench bins --tokenizer` bins differ from the estimate over the tokenizer's counts")
+    ours_s = summarize(samples)
+    if ours_s["median"] > TARGET_BINS_TOKENIZED_S:
+        failures.append(f"`workbench bins --tokenizer` took {ours_s['median']:.1f} s (target <= "
+                        f"{TARGET_BINS_TOKENIZED_S} s)")
+    return {"workbench_bins_tokenized_end_to_end_s": ours_s, "stage_tokenize_s": t_count,
+            "target_s": TARGET_BINS_TOKENIZED_S, "utterances": len(arrays)}, failures
+
+
 def bench_first_batch(manifest: Path, work: Path, repeat: int) -> tuple[dict, list[str]]:
     from lhotse import CutSet
 
@@ -158,28 +199,7 @@ def bench_first_batch(manifest: Path, work: Path, repeat: int) -> tuple[dict, li
     return figures, failures
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="folder for the JSON results")
-    parser.add_argument("--num-cuts", type=int, default=1_000_000, help="utterances in the synthetic manifest")
-    parser.add_argument("--work", default=None, help="folder for the manifest (kept and reused)")
-    parser.add_argument("--repeat", type=int, default=3, help="timed runs of the fast paths")
-    args = parser.parse_args(argv)
-
-    import logging
-
-    from workbench.data.synthetic import write_synthetic_corpus
-
-    logging.getLogger("workbench.bucketing.sampler").setLevel(logging.ERROR)  # unfit cuts are expected here
-
-    work = Path(args.work or Path(tempfile.gettempdir()) / f"workbench_bench_bucketing_{args.num_cuts}")
-    manifest = work / "cuts.jsonl.gz"
-    if not manifest.exists():
-        print(f"writing a {args.num_cuts}-utterance synthetic manifest to {manifest} ...", flush=True)
-        write_synthetic_corpus(work, args.num_cuts, seed=0)
-    params = {"num_cuts": args.num_cuts, "manifest": "synthetic seed 0", "buckets": 30, "sub_buckets": 2,
-              "tps_threshold": 4.0, "repeat": args.repeat}
-
+def _bins_and_first_batch(manifest: Path, work: Path, args, params: dict) -> list[str]:
     print("1/2 bins end to end vs lhotse CutSet iteration ...", flush=True)
     bins_fig, failures = bench_bins(manifest, work, args.repeat)
     if bins_fig:
@@ -199,6 +219,46 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'  ours, in process: ' + k:<48}{bins_fig[k]:>10.2f}")
         for k, v in fb_fig.items():
             print(f"{k:<48}{(v['median'] if isinstance(v, dict) else v):>10.2f}{'x' if 'speedup' in k else ''}")
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for the JSON results")
+    parser.add_argument("--num-cuts", type=int, default=1_000_000, help="utterances in the synthetic manifest")
+    parser.add_argument("--work", default=None, help="folder for the manifest (kept and reused)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs of the fast paths")
+    parser.add_argument("--only", choices=["bins", "tokenized"], default=None,
+                        help="run one part: bins (+ first batch) or the tokenizer timing")
+    args = parser.parse_args(argv)
+
+    import logging
+
+    from workbench.data.synthetic import write_synthetic_corpus
+
+    logging.getLogger("workbench.bucketing.sampler").setLevel(logging.ERROR)  # unfit cuts are expected here
+
+    work = Path(args.work or Path(tempfile.gettempdir()) / f"workbench_bench_bucketing_{args.num_cuts}")
+    manifest = work / "cuts.jsonl.gz"
+    if not manifest.exists():
+        print(f"writing a {args.num_cuts}-utterance synthetic manifest to {manifest} ...", flush=True)
+        write_synthetic_corpus(work, args.num_cuts, seed=0)
+    params = {"num_cuts": args.num_cuts, "manifest": "synthetic seed 0", "buckets": 30, "sub_buckets": 2,
+              "tps_threshold": 4.0, "repeat": args.repeat}
+
+    failures: list[str] = []
+    if args.only in (None, "bins"):
+        failures += _bins_and_first_batch(manifest, work, args, params)
+    if args.only in (None, "tokenized"):
+        print("bins with a sentencepiece tokenizer over every transcript ...", flush=True)
+        tok_fig, tok_fail = bench_bins_tokenized(manifest, work, args.repeat)
+        failures += tok_fail
+        if tok_fig:
+            write_result("bucketing_bins_1m_tokenizer", what="`workbench bins --tokenizer` end to end: every "
+                         "transcript tokenized with a sentencepiece BPE-1024 model (CPU)", figures=tok_fig,
+                         params=params, out_dir=args.out)
+            print(f"{'workbench bins --tokenizer, end to end (median)':<48}"
+                  f"{tok_fig['workbench_bins_tokenized_end_to_end_s']['median']:>10.2f}")
     for f in failures:
         print(f"FAILED: {f}", file=sys.stderr)
     return 1 if failures else 0

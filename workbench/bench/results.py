@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from workbench.atomic import write_text_atomically
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 
@@ -122,11 +124,8 @@ def write_result(name: str, *, what: str, figures: dict[str, Any], params: dict[
         "params": params or {},
         "figures": figures,
     }
-    path = out / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=False, default=_jsonable) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomically(out / f"{name}.json",
+                                 json.dumps(record, indent=2, sort_keys=False, default=_jsonable) + "\n")
 
 
 def _jsonable(obj: Any) -> Any:

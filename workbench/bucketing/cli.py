@@ -97,7 +97,7 @@ def register(sub) -> None:
     p = sub.add_parser("bins", help="estimate 1D/2D bucket bins from a manifest and write a profile",
                        description=__doc__.splitlines()[0])
     p.add_argument("manifest", type=Path, help="lhotse cuts manifest (.jsonl or .jsonl.gz)")
-    p.add_argument("--tokenizer", help="sentencepiece .model to count tokens when the manifest has none")
+    p.add_argument("--tokenizer", help="sentencepiece .model: count tokens with it (else custom.num_tokens from the manifest)")
     p.add_argument("--buckets", type=int, default=30, help="duration buckets (default 30)")
     p.add_argument("--sub-buckets", type=int, default=2, help="token sub-buckets per duration bucket (default 2)")
     p.add_argument("--tps-threshold", type=float, default=4.0,

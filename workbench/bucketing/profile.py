@@ -8,12 +8,13 @@ The file is shaped so that a NeMo or lhotse config takes ``bucket_duration_bins`
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from workbench.atomic import write_text_atomically
 
 
 @dataclass
@@ -47,18 +48,8 @@ class BucketProfile:
 def save_profile(path: str | os.PathLike, profile: BucketProfile) -> Path:
     """Write the profile as YAML atomically (temp file in the same folder, then rename)."""
     validate_profile(profile, source=str(path))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(_plain(profile.to_dict()), sort_keys=False, default_flow_style=None)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_text_atomically(path, text)
 
 
 def load_profile(path: str | os.PathLike) -> BucketProfile:

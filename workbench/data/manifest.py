@@ -162,8 +162,9 @@ def read_cut_arrays(path: str | os.PathLike, *, tokenizer=None, with_texts: bool
                     progress: bool = True) -> CutArrays:
     """Read a lhotse CutSet manifest (``.jsonl`` or ``.jsonl.gz``) into :class:`CutArrays`.
 
-    ``num_tokens`` comes from each cut's ``custom["num_tokens"]`` when every cut has it; otherwise from
-    ``tokenizer`` (a sentencepiece processor) over the transcripts; otherwise it is None. Errors name the
+    ``num_tokens`` comes from ``tokenizer`` (a sentencepiece processor) over the transcripts when one is
+    given (the counts the model will see), else from each cut's ``custom["num_tokens"]`` when every cut
+    has it, else it is None. Errors name the
     file, the line and the field: malformed JSON, a missing or non-positive duration, an empty manifest,
     token counts on some cuts but not others. Transcripts are kept when ``with_texts`` is set or a
     tokenizer needs them (reading them costs about a second per million cuts).
@@ -211,17 +212,17 @@ def read_cut_arrays(path: str | os.PathLike, *, tokenizer=None, with_texts: bool
         raise ValueError(f"{path}:{linenos[i]}: cut {ids[i]!r} has field 'duration' = {durations[i]!r}; "
                          f"durations must be positive and finite ({int(bad.sum())} such cuts)")
     num_tokens = None
-    if tokens and len(tokens) == len(ids):
+    if tokenizer is not None:
+        from workbench.data.tokenizer import count_tokens
+
+        num_tokens = count_tokens(tokenizer, texts)
+    elif tokens and len(tokens) == len(ids):
         num_tokens = np.asarray(tokens, dtype=np.int64)
         if (num_tokens < 0).any():
             i = int(np.flatnonzero(num_tokens < 0)[0])
             raise ValueError(f"{path}:{linenos[i]}: field 'custom.num_tokens' is negative ({num_tokens[i]})")
-    elif tokens and tokenizer is None:
+    elif tokens:
         raise ValueError(f"{path}:{missing_tokens_line}: field 'custom.num_tokens' is missing on "
                          f"{len(ids) - len(tokens)} of {len(ids)} cuts; add it to all, or pass a tokenizer")
-    if tokenizer is not None and num_tokens is None:
-        from workbench.data.tokenizer import count_tokens
-
-        num_tokens = count_tokens(tokenizer, texts)
     return CutArrays(ids=ids, durations=dur, num_tokens=num_tokens, texts=texts if keep_texts else None,
                      source=str(path))

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from workbench.atomic import atomic_path
 from workbench.data.arrays import CutArrays
 
 SAMPLING_RATE = 16000
@@ -98,30 +99,22 @@ def write_synthetic_corpus(out_dir: str | os.PathLike, num_cuts: int, seed: int 
     num_words = np.maximum(np.round(tokens / 1.4), 1).astype(np.int64)
     word_idx = rng.integers(0, len(words), int(num_words.sum()))
     ends = np.cumsum(num_words)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "cuts.jsonl.gz"
-    tmp = out / ".cuts.jsonl.gz.tmp"
-    try:
-        with gzip.open(tmp, "wt", compresslevel=1) as f:
-            start = 0
-            for i in tqdm(range(num_cuts), desc="synthetic cuts", unit="cut", disable=not progress,
-                          mininterval=1.0):
-                text = " ".join(words[word_idx[start:ends[i]]])
-                start = ends[i]
-                cid = f"syn-{seed}-{i:08d}"
-                d = float(dur[i])
-                n = int(round(d * SAMPLING_RATE))
-                f.write(
-                    f'{{"id": "{cid}", "start": 0, "duration": {d}, "channel": 0, "supervisions": '
-                    f'[{{"id": "{cid}", "recording_id": "{cid}", "start": 0, "duration": {d}, "channel": 0, '
-                    f'"text": {json.dumps(text)}, "language": "en", "speaker": "spk{int(speaker[i]):04d}"}}], '
-                    f'"recording": {{"id": "{cid}", "sources": [{{"type": "file", "channels": [0], '
-                    f'"source": "synthetic/{cid}.wav"}}], "sampling_rate": {SAMPLING_RATE}, '
-                    f'"num_samples": {n}, "duration": {d}, "channel_ids": [0]}}, '
-                    f'"custom": {{"num_tokens": {int(tokens[i])}}}, "type": "MonoCut"}}\n')
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    path = Path(out_dir) / "cuts.jsonl.gz"
+    with atomic_path(path) as tmp, gzip.open(tmp, "wt", compresslevel=1) as f:
+        start = 0
+        for i in tqdm(range(num_cuts), desc="synthetic cuts", unit="cut", disable=not progress,
+                      mininterval=1.0):
+            text = " ".join(words[word_idx[start:ends[i]]])
+            start = ends[i]
+            cid = f"syn-{seed}-{i:08d}"
+            d = float(dur[i])
+            n = int(round(d * SAMPLING_RATE))
+            f.write(
+                f'{{"id": "{cid}", "start": 0, "duration": {d}, "channel": 0, "supervisions": '
+                f'[{{"id": "{cid}", "recording_id": "{cid}", "start": 0, "duration": {d}, "channel": 0, '
+                f'"text": {json.dumps(text)}, "language": "en", "speaker": "spk{int(speaker[i]):04d}"}}], '
+                f'"recording": {{"id": "{cid}", "sources": [{{"type": "file", "channels": [0], '
+                f'"source": "synthetic/{cid}.wav"}}], "sampling_rate": {SAMPLING_RATE}, '
+                f'"num_samples": {n}, "duration": {d}, "channel_ids": [0]}}, '
+                f'"custom": {{"num_tokens": {int(tokens[i])}}}, "type": "MonoCut"}}\n')
     return path

@@ -17,6 +17,8 @@ from typing import Iterable
 import numpy as np
 from tqdm.auto import tqdm
 
+from workbench.atomic import atomic_path, write_bytes_atomically
+
 MIN_VOCAB_SIZE, MAX_VOCAB_SIZE = 128, 1024
 
 
@@ -82,21 +84,13 @@ def train_tokenizer(source: Iterable[str] | str | os.PathLike, out_prefix: str |
         raise
 
     model_path = out_prefix.with_name(out_prefix.name + ".model")
-    _write_atomically(model_path, model.getvalue())
+    write_bytes_atomically(model_path, model.getvalue())
     processor = spm.SentencePieceProcessor(model_proto=model.getvalue())
     vocab = "".join(f"{processor.id_to_piece(i)}\t{processor.get_score(i)}\n" for i in range(processor.vocab_size()))
-    _write_atomically(out_prefix.with_name(out_prefix.name + ".vocab"), vocab.encode("utf-8"))
+    write_bytes_atomically(out_prefix.with_name(out_prefix.name + ".vocab"), vocab.encode("utf-8"))
     return model_path
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".tmp{os.getpid()}-{path.name}")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def load_tokenizer(path: str | os.PathLike):
@@ -157,10 +151,8 @@ def add_token_counts(manifest_in: str | os.PathLike, tokenizer, manifest_out: st
     src, dst = Path(manifest_in), Path(manifest_out)
     if not src.is_file():
         raise FileNotFoundError(f"manifest {str(src)!r} does not exist")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".tmp{os.getpid()}-{dst.name}")
     written = 0
-    try:
+    with atomic_path(dst) as tmp:
         with (gzip.open(tmp, "wt", encoding="utf-8", compresslevel=5) if dst.suffix == ".gz"
               else open(tmp, "w", encoding="utf-8")) as out:
             cuts: list[dict] = []
@@ -179,8 +171,4 @@ def add_token_counts(manifest_in: str | os.PathLike, tokenizer, manifest_out: st
             _write_with_counts(out, cuts, tokenizer)
         if not written:
             raise ValueError(f"{src}: the manifest is empty (no cuts)")
-        os.replace(tmp, dst)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     return dst

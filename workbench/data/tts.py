@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from workbench.atomic import atomic_path
+
 SAMPLE_RATE = 16_000
 ESPEAK_INSTALL_HINT = ("espeak-ng is not installed (the text-to-speech corpus needs it). Install it with "
                        "`sudo apt-get install -y espeak-ng` (Debian/Ubuntu), `brew install espeak-ng` (macOS), "
@@ -207,13 +209,8 @@ def _speak_to_file(job: tuple[str, SpeakerStyle, str, str]) -> int:
 
     text, style, path, espeak = job
     audio = np.clip(synthesize(text, style, espeak=espeak), -1.0, 1.0)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
+    with atomic_path(path) as tmp:
         soundfile.write(tmp, audio, SAMPLE_RATE, format="FLAC", subtype="PCM_16")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     return len(audio)
 
 
@@ -221,13 +218,8 @@ def _speak_to_file(job: tuple[str, SpeakerStyle, str, str]) -> int:
 
 
 def _write_manifest_atomically(manifest, path: Path) -> None:
-    tmp = path.with_name(f".tmp{os.getpid()}-{path.name}")  # keeps the .jsonl.gz suffix lhotse reads
-    try:
+    with atomic_path(path) as tmp:  # keeps the .jsonl.gz suffix lhotse reads
         manifest.to_file(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike | None = None,

@@ -1,14 +1,23 @@
 """Reference ASR models (FastConformer-like encoder; RNN-T, TDT, CTC, AED heads), their losses in plain
-PyTorch, batch collation from lhotse cuts, and the training recipe."""
+PyTorch, batch collation from lhotse cuts, and the training recipe. Names load on first use, so that the
+command line starts without importing torch."""
 
-from workbench.models.collate import collate_cuts, cut_text
-from workbench.models.config import ModelConfig, config_from_name, large_config, tiny_config, xl_config
-from workbench.models.losses import label_smoothed_cross_entropy, lattice_log_likelihood, rnnt_loss, tdt_loss
-from workbench.models.model import ASRModel, build_model, count_parameters
-from workbench.models.transducer import Joint, Predictor
+import importlib
 
-__all__ = [
-    "ASRModel", "Joint", "ModelConfig", "Predictor", "build_model", "collate_cuts", "config_from_name",
-    "count_parameters", "cut_text", "label_smoothed_cross_entropy", "large_config", "lattice_log_likelihood",
-    "rnnt_loss", "tdt_loss", "tiny_config", "xl_config",
-]
+_EXPORTS = {
+    "collate_cuts": "collate", "cut_text": "collate",
+    "ModelConfig": "config", "config_from_name": "config", "large_config": "config", "tiny_config": "config",
+    "xl_config": "config",
+    "label_smoothed_cross_entropy": "losses", "lattice_log_likelihood": "losses", "rnnt_loss": "losses",
+    "tdt_loss": "losses",
+    "ASRModel": "model", "build_model": "model", "count_parameters": "model",
+    "Joint": "transducer", "Predictor": "transducer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"workbench.models.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'workbench.models' has no attribute {name!r}")

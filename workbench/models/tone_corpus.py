@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from workbench.atomic import atomic_path, write_bytes_atomically
+
 SAMPLE_RATE = 16_000
 LETTERS = "abcdefgh"
 TONE_S, GAP_S = 0.16, 0.08
@@ -51,18 +53,16 @@ def write_tone_corpus(out_dir: str | os.PathLike, num_cuts: int, *, seed: int = 
         split = int(rng.integers(1, len(letters)))
         text = f"{letters[:split]} {letters[split:]}"
         path = out / "audio" / f"tone-{i:05d}.wav"
-        tmp = path.with_name(f".tmp-{path.name}")
-        sf.write(tmp, tone_audio(text, rng=rng), SAMPLE_RATE, subtype="PCM_16", format="WAV")
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            sf.write(tmp, tone_audio(text, rng=rng), SAMPLE_RATE, subtype="PCM_16", format="WAV")
         recording = Recording.from_file(path, recording_id=f"tone-{i:05d}")
         supervision = SupervisionSegment(id=recording.id, recording_id=recording.id, start=0.0,
                                          duration=recording.duration, text=text)
         cuts.append(MonoCut(id=recording.id, start=0.0, duration=recording.duration, channel=0,
                             recording=recording, supervisions=[supervision]))
     cuts_path = out / "cuts.jsonl.gz"
-    tmp = out / ".tmp-cuts.jsonl.gz"
-    CutSet.from_cuts(cuts).to_file(tmp)
-    os.replace(tmp, cuts_path)
+    with atomic_path(cuts_path) as tmp:
+        CutSet.from_cuts(cuts).to_file(tmp)
     return cuts_path
 
 
@@ -78,8 +78,4 @@ def train_letter_tokenizer(out_prefix: str | os.PathLike) -> Path:
                                    vocab_size=len(LETTERS) + 2, character_coverage=1.0, unk_id=0, bos_id=-1,
                                    eos_id=-1, pad_id=-1, minloglevel=2)
     path = Path(out_prefix).with_suffix(".model")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_bytes(model.getvalue())
-    os.replace(tmp, path)
-    return path
+    return write_bytes_atomically(path, model.getvalue())

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from workbench.atomic import atomic_path, write_text_atomically
 from workbench.models.collate import collate_cuts, cut_text
 from workbench.models.config import ModelConfig
 from workbench.models.model import ASRModel, build_model
@@ -142,13 +143,10 @@ def train(config: TrainConfig) -> dict:
 
 def save_checkpoint(path: str | os.PathLike, model: ASRModel, *, extra: dict | None = None) -> Path:
     """Weights + config in one file (plain tensors and dicts, loadable with weights_only=True), atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    tmp = path.with_name(f".tmp-{path.name}")
-    torch.save({"config": model.config.to_dict(), "state_dict": state, **(extra or {})}, tmp)
-    os.replace(tmp, path)
-    return path
+    with atomic_path(path) as tmp:
+        torch.save({"config": model.config.to_dict(), "state_dict": state, **(extra or {})}, tmp)
+    return Path(path)
 
 
 def load_checkpoint(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> ASRModel:
@@ -162,6 +160,4 @@ def load_checkpoint(path: str | os.PathLike, *, device: str | torch.device = "cp
 
 
 def _write_jsonl(path: Path, records: list[dict]) -> None:
-    tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    os.replace(tmp, path)
+    write_text_atomically(path, "".join(json.dumps(r) + "\n" for r in records))
