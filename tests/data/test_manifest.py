@@ -88,3 +88,24 @@ def test_partial_token_counts_are_an_error(tmp_path):
         read_cut_arrays(path, progress=False)
     ok = _write(tmp_path, [{"id": "a", "duration": 1.0}, {"id": "b", "duration": 2.0}], "ok.jsonl")
     assert read_cut_arrays(ok, progress=False).num_tokens is None
+
+
+def test_worker_processes_give_the_same_columns_and_line_numbers(tmp_path):
+    src = write_synthetic_corpus(tmp_path, 16_000, seed=5, progress=False)
+    lines = gzip.open(src, "rt").read().splitlines()
+    plain = tmp_path / "big.jsonl"  # over one 8 MB read: parsed by worker processes
+    plain.write_text("\n".join(lines) + "\n")
+    assert plain.stat().st_size > 8 << 20
+    one = read_cut_arrays(plain, progress=False, workers=1)
+    two = read_cut_arrays(plain, progress=False, workers=2)
+    assert one.ids == two.ids
+    np.testing.assert_array_equal(one.durations, two.durations)
+    np.testing.assert_array_equal(one.num_tokens, two.num_tokens)
+    lines[15_000] = lines[15_000].replace('"duration": ', '"duration": -', 1)
+    plain.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"big\.jsonl:15001: .*'duration'"):
+        read_cut_arrays(plain, progress=False, workers=2)
+    lines[15_500] = lines[15_500][:40]
+    plain.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"big\.jsonl:15501: malformed JSON"):
+        read_cut_arrays(plain, progress=False, workers=2)

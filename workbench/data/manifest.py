@@ -15,6 +15,7 @@ import os
 import queue
 import threading
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -124,18 +125,16 @@ def iter_manifest_lines(path: str | os.PathLike, *, progress: bool = False) -> I
                 yield first + i, line
 
 
-def _parse_block(path: Path, first: int, block: bytes) -> tuple[list, range | list[int]]:
-    """The JSON objects of a block and their line numbers. Fast path: the block as one JSON array."""
-    try:
-        return _json.loads(b"[" + block.replace(b"\n", b",") + b"]"), range(first, first + block.count(b"\n") + 1)
-    except _JSONError:
-        pass  # blank lines, NaN, or a real error: line by line, to name the line
+def _parse_block(path: Path, first: int, block: bytes) -> tuple[list, list[int]]:
+    """The JSON objects of a block of lines and their line numbers (parsing line by line is 3x faster
+    with orjson than parsing the block as one array)."""
+    loads = _json.loads
     objs, linenos = [], []
     for i, line in enumerate(block.split(b"\n")):
         if not line.strip():
             continue
         try:
-            objs.append(_json.loads(line))
+            objs.append(loads(line))
         except _JSONError as e:
             try:  # stdlib json also takes NaN and Infinity, which Python's json.dumps writes
                 objs.append(_stdlib_json.loads(line))
@@ -158,51 +157,91 @@ def _gc_paused():
             gc.enable()
 
 
+@dataclass
+class _BlockColumns:
+    """What one block of lines contributes: the columns, plus where token counts are missing."""
+    ids: list
+    durations: list
+    tokens: list
+    texts: list
+    linenos: list
+    first_missing_tokens_line: int = 0
+
+
+def _extract_block(job: tuple[Path, int, bytes, bool]) -> _BlockColumns:
+    """Parse one block and keep only the columns (runs in a worker process for large files)."""
+    path, first, block, keep_texts = job
+    with _gc_paused():
+        objs, linenos = _parse_block(path, first, block)
+        cols = _BlockColumns([], [], [], [], linenos)
+        ids, durations, tokens, texts = cols.ids, cols.durations, cols.tokens, cols.texts
+        for lineno, cut in zip(linenos, objs):
+            if not isinstance(cut, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object (a lhotse cut), "
+                                 f"got {type(cut).__name__}")
+            try:
+                duration = cut["duration"]
+            except KeyError:
+                raise ValueError(f"{path}:{lineno}: cut {cut.get('id', '?')!r} has no field 'duration' (is this "
+                                 "a cuts manifest? recordings and supervisions manifests are not)") from None
+            if not isinstance(duration, (int, float)) or isinstance(duration, bool):
+                raise ValueError(f"{path}:{lineno}: field 'duration' is {duration!r}, not a number")
+            ids.append(cut.get("id") or f"line{lineno}")
+            durations.append(duration)
+            if keep_texts:
+                texts.append(" ".join(s["text"] for s in cut.get("supervisions") or () if s.get("text")))
+            custom = cut.get("custom")
+            n = custom.get("num_tokens") if custom else None
+            if n is None:
+                if not cols.first_missing_tokens_line:
+                    cols.first_missing_tokens_line = lineno
+            else:
+                tokens.append(n)
+        del objs  # freed while the collector is paused: no rescans
+    return cols
+
+
+def _block_columns(path: Path, keep_texts: bool, progress: bool, workers: int) -> Iterator[_BlockColumns]:
+    """Columns of every block, in order. Files over ~8 MB are parsed by ``workers`` processes while this
+    one inflates the gzip stream (parsing, not inflating, is the slow part)."""
+    jobs = ((path, first, block, keep_texts) for first, block in iter_manifest_blocks(path, progress=progress))
+    if workers <= 1 or path.stat().st_size < _CHUNK:
+        yield from map(_extract_block, jobs)
+        return
+    import multiprocessing
+
+    # fork before iter_manifest_blocks starts its inflating thread (the generator above is still lazy)
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        yield from pool.imap(_extract_block, jobs)
+
+
 def read_cut_arrays(path: str | os.PathLike, *, tokenizer=None, with_texts: bool = False,
-                    progress: bool = True) -> CutArrays:
+                    progress: bool = True, workers: int | None = None) -> CutArrays:
     """Read a lhotse CutSet manifest (``.jsonl`` or ``.jsonl.gz``) into :class:`CutArrays`.
 
     ``num_tokens`` comes from ``tokenizer`` (a sentencepiece processor) over the transcripts when one is
     given (the counts the model will see), else from each cut's ``custom["num_tokens"]`` when every cut
-    has it, else it is None. Errors name the
-    file, the line and the field: malformed JSON, a missing or non-positive duration, an empty manifest,
-    token counts on some cuts but not others. Transcripts are kept when ``with_texts`` is set or a
-    tokenizer needs them (reading them costs about a second per million cuts).
+    has it, else it is None. Errors name the file, the line and the field: malformed JSON, a missing or
+    non-positive duration, an empty manifest, token counts on some cuts but not others. Transcripts are
+    kept when ``with_texts`` is set or a tokenizer needs them. ``workers`` parsing processes for large
+    files (default: the number of CPUs, at most 4; 1 parses in this process).
     """
     path = Path(path)
+    keep_texts = with_texts or tokenizer is not None
+    workers = min(os.cpu_count() or 1, 4) if workers is None else workers
     ids: list[str] = []
     durations: list[float] = []
     texts: list[str] = []
     tokens: list[int] = []
     linenos: list[int] = []
     missing_tokens_line = 0
-    keep_texts = with_texts or tokenizer is not None
-    with _gc_paused():
-        for first, block in iter_manifest_blocks(path, progress=progress):
-            objs, block_linenos = _parse_block(path, first, block)
-            linenos.extend(block_linenos)
-            for lineno, cut in zip(block_linenos, objs):
-                if not isinstance(cut, dict):
-                    raise ValueError(f"{path}:{lineno}: expected a JSON object (a lhotse cut), "
-                                     f"got {type(cut).__name__}")
-                try:
-                    duration = cut["duration"]
-                except KeyError:
-                    raise ValueError(f"{path}:{lineno}: cut {cut.get('id', '?')!r} has no field 'duration' (is this "
-                                     "a cuts manifest? recordings and supervisions manifests are not)") from None
-                if not isinstance(duration, (int, float)) or isinstance(duration, bool):
-                    raise ValueError(f"{path}:{lineno}: field 'duration' is {duration!r}, not a number")
-                ids.append(cut.get("id") or f"line{lineno}")
-                durations.append(duration)
-                if keep_texts:
-                    texts.append(" ".join(s["text"] for s in cut.get("supervisions") or () if s.get("text")))
-                custom = cut.get("custom")
-                n = custom.get("num_tokens") if custom else None
-                if n is None:
-                    if not missing_tokens_line:
-                        missing_tokens_line = lineno
-                else:
-                    tokens.append(n)
+    for cols in _block_columns(path, keep_texts, progress, workers):
+        ids += cols.ids
+        durations += cols.durations
+        texts += cols.texts
+        tokens += cols.tokens
+        linenos += cols.linenos
+        missing_tokens_line = missing_tokens_line or cols.first_missing_tokens_line
     if not ids:
         raise ValueError(f"{path}: the manifest is empty (no cuts)")
     dur = np.asarray(durations, dtype=np.float64)
