@@ -3,6 +3,8 @@
 #
 #   bash scripts/gpu_run.sh STAGE [STAGE ...]     stages: tests decoding models oomptimizer ddp allocator
 #
+# Keep one call under 10 minutes: `tests decoding models`, then `oomptimizer ddp`, then `allocator`.
+#
 # On the device machine (no network): carry `.whl` (make gpu-bundle fills it). Results land in
 # $OUT/results.tar.gz (benchmarks/results/*.json) and logs in $OUT/*.log; elsewhere OUT defaults to ./gpu_out.
 set -uo pipefail
@@ -39,12 +41,12 @@ run_stage() {  # name, time limit in seconds, command...
 
 for stage in "$@"; do
   case $stage in
-    tests)       run_stage tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests ;;
-    decoding)    run_stage decoding 270 python3 -m workbench.bench.decoding --out "$OUT/results" ;;
-    models)      run_stage models 200 python3 -m workbench.bench.models --out "$OUT/results" ;;
-    oomptimizer) run_stage oomptimizer 380 python3 -m workbench.bench.oomptimizer --out "$OUT/results" ;;
-    ddp)         run_stage ddp 200 python3 -m workbench.bench.oomptimizer --nproc 2 --out "$OUT/results" ;;
-    allocator)   run_stage allocator 260 python3 -m workbench.bench.allocator --out "$OUT/results" ;;
+    tests)       run_stage tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests ;;
+    decoding)    run_stage decoding 250 python3 -m workbench.bench.decoding --out "$OUT/results" ;;
+    models)      run_stage models 180 python3 -m workbench.bench.models --out "$OUT/results" ;;
+    oomptimizer) run_stage oomptimizer 400 python3 -m workbench.bench.oomptimizer --out "$OUT/results" ;;
+    ddp)         run_stage ddp 170 python3 -m workbench.bench.oomptimizer --nproc 2 --out "$OUT/results" ;;
+    allocator)   run_stage allocator 400 python3 -m workbench.bench.allocator --out "$OUT/results" ;;
     *) echo "unknown stage $stage"; status=1 ;;
   esac
 done
