@@ -90,13 +90,18 @@ def _threaded(gen: Iterator[bytes], depth: int = 4) -> Iterator[bytes]:
         yield item
 
 
-def iter_manifest_blocks(path: str | os.PathLike, *, progress: bool = False) -> Iterator[tuple[int, bytes]]:
-    """Yield ``(first_line_number, block)``: runs of whole lines of a JSONL(.gz) file; numbers start at 1."""
+def _existing_manifest(path: str | os.PathLike) -> Path:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such manifest")
     if path.is_dir():
         raise ValueError(f"{path}: is a folder; give the cuts manifest file (e.g. cuts.jsonl.gz)")
+    return path
+
+
+def iter_manifest_blocks(path: str | os.PathLike, *, progress: bool = False) -> Iterator[tuple[int, bytes]]:
+    """Yield ``(first_line_number, block)``: runs of whole lines of a JSONL(.gz) file; numbers start at 1."""
+    path = _existing_manifest(path)
     bar = tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc=f"reading {path.name}",
                disable=not progress, mininterval=0.5)
     lineno = 1
@@ -226,7 +231,7 @@ def read_cut_arrays(path: str | os.PathLike, *, tokenizer=None, with_texts: bool
     kept when ``with_texts`` is set or a tokenizer needs them. ``workers`` parsing processes for large
     files (default: the number of CPUs, at most 4; 1 parses in this process).
     """
-    path = Path(path)
+    path = _existing_manifest(path)
     keep_texts = with_texts or tokenizer is not None
     workers = min(os.cpu_count() or 1, 4) if workers is None else workers
     ids: list[str] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-
+from workbench.decoding import label_looping
 from workbench.decoding.label_looping import LoopBuffers, decide
 
 
@@ -34,7 +34,7 @@ def run_frame_looping(buf: LoopBuffers, predictor, joint, max_frames: int) -> di
             buf.scores.add_(torch.where(done, 0, score))
             emit = ~done & (token != buf.blank_id)
             done = done | ~emit
-            if not bool(emit.any()):
+            if not label_looping.read_flag(emit.any()):
                 break
             buf.tokens[buf.batch_index, buf.num_emitted] = token
             buf.timestamps[buf.batch_index, buf.num_emitted] = t

@@ -86,8 +86,8 @@ class GreedyTransducerDecoder:
 
     ``durations=None`` is RNN-T; a list of frame counts (e.g. [0, 1, 2, 3, 4]) is TDT, whose joint
     output ends with one logit per duration. ``max_symbols`` bounds labels per frame (None -> 10).
-    ``blank_window`` (RNN-T label-looping): frames decided at once while skipping blanks (the same
-    decisions, fewer loop iterations); 1 looks at one frame per step.
+    ``blank_window`` (label-looping, RNN-T and TDT): frames decided by one joint call while skipping
+    blanks (the same decisions, fewer loop iterations); 1 looks at one frame per step.
     Computation runs in the joint's dtype. Captured graphs are kept for the largest batch and length
     seen and reused for smaller inputs; ``reset()`` releases them.
     """
@@ -239,9 +239,9 @@ class GreedyTransducerDecoder:
 def _replay_partial(graphs: dict[str, Any], buf: label_looping.LoopBuffers) -> dict[str, int]:
     graphs["start"].replay()
     outer = inner = 0
-    while bool(buf.active_any):
+    while label_looping.read_flag(buf.active_any):
         graphs["find_label_first"].replay()
-        while bool(buf.searching_any):
+        while label_looping.read_flag(buf.searching_any):
             graphs["find_label_again"].replay()
             inner += 1
         graphs["emit_labels"].replay()

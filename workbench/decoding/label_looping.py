@@ -7,6 +7,11 @@ only the tensors of :class:`LoopBuffers` (in place), so the same stages run eage
 graphs (``partial``) or inside one graph with conditional while-nodes (``full``).
 
 RNN-T is TDT with fixed durations: blank -> 1 frame, label -> 0 frames.
+
+Blank skipping looks at ``window`` frames per search step: the predictor does not change while a row
+skips blanks, so one joint call over frames t..t+W-1 decides them all. RNN-T takes the first label in
+the window; TDT follows its blank jumps through the window (a jump table composed log2(W) times).
+Either way the tokens, timestamps and scores are those of one frame per step.
 """
 
 from __future__ import annotations
@@ -30,13 +35,15 @@ class LoopBuffers:
     max_symbols: int
     blank_id: int
     num_token_outputs: int      # V + 1: the joint's outputs before the TDT duration logits
-    window: int                 # RNN-T: frames looked at per search step (1: one frame at a time)
+    window: int                 # frames looked at per search step (1: one frame at a time)
+    jump_doublings: int         # TDT: squarings of the jump table; 2 ** jump_doublings >= window
     durations: Tensor | None    # [K] long, TDT only
     enc: Tensor                 # [Bc, Tc, D] encoder output, joint dtype
     lengths: Tensor             # [Bc] long
     enc_proj: Tensor            # [Bc, Tc, J]
     batch_index: Tensor         # [Bc] arange
     window_offsets: Tensor      # [W] arange
+    beyond_offsets: Tensor      # TDT: [max(durations, 1)] offsets W.. a jump can land on past the window
     time: Tensor                # [Bc] long
     active: Tensor              # [Bc] bool: time < length
     searching: Tensor           # [Bc] bool: active and still on a blank in this outer step
@@ -72,16 +79,20 @@ def make_buffers(predictor, joint, *, batch_capacity: int, frame_capacity: int, 
         raise ValueError(f"joint gives {logits.shape[-1]} outputs: too few for blank_id={blank_id} "
                          f"and {len(durations or [])} durations")
     capacity = tc * max_symbols + 1
+    window = max(1, int(window))
+    longest_jump = max([1, *(durations or [])])
     long = dict(dtype=torch.long, device=device)
     score_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     return LoopBuffers(
         batch_capacity=bc, frame_capacity=tc, max_symbols=max_symbols, blank_id=blank_id,
-        num_token_outputs=num_token_outputs, window=1 if durations is not None else max(1, int(window)),
+        num_token_outputs=num_token_outputs, window=window, jump_doublings=(window - 1).bit_length(),
         durations=None if durations is None else torch.tensor(durations, **long),
         enc=enc, lengths=torch.zeros(bc, **long),
         enc_proj=torch.zeros(bc, tc, enc_proj.shape[-1], dtype=enc_proj.dtype, device=device),
         batch_index=torch.arange(bc, **long),
-        window_offsets=torch.arange(1 if durations is not None else max(1, int(window)), **long), time=torch.zeros(bc, **long),
+        window_offsets=torch.arange(window, **long),
+        beyond_offsets=torch.arange(window, window + longest_jump, **long),
+        time=torch.zeros(bc, **long),
         active=torch.zeros(bc, dtype=torch.bool, device=device),
         searching=torch.zeros(bc, dtype=torch.bool, device=device),
         labels=blank.clone(), step_duration=torch.zeros(bc, **long),
@@ -154,30 +165,29 @@ def _take_decision(buf: LoopBuffers, joint, rows: Tensor, first: bool) -> None:
     torch.any(buf.searching, out=buf.searching_any)
 
 
-def _search_window(buf: LoopBuffers, joint, rows: Tensor) -> None:
-    """RNN-T: decide on ``window`` frames at once (the predictor is fixed while blanks are skipped).
+def _window_decisions(buf: LoopBuffers, joint) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Decisions at frames time..time+W-1 of every row with its current predictor output.
 
-    Each searching row moves past its blanks to its first label in the window (frames at or beyond its
-    length never count), or past the whole window when it holds only blanks.
+    Returns (token, frames to move, score, valid), each [B, W]; ``valid``: the frame is below the
+    row's length (frames at or beyond it never count).
     """
     bc, w = buf.batch_capacity, buf.window
     frames = buf.time.unsqueeze(1) + buf.window_offsets                       # [B, W]
     enc = buf.enc_proj[buf.batch_index.unsqueeze(1), frames.clamp(max=buf.frame_capacity - 1)]
     pred = buf.pred_proj.unsqueeze(1).expand(bc, w, buf.pred_proj.shape[-1])
     logits = joint.joint_after_projection(enc.reshape(bc * w, -1), pred.reshape(bc * w, -1))
-    token, _, score = decide(buf, logits)
-    token, score = token.view(bc, w), score.view(bc, w)
-    valid = frames < buf.lengths.unsqueeze(1)
-    is_label = (token != buf.blank_id) & valid
-    found = is_label.any(dim=1)
-    first = is_label.to(torch.int32).argmax(dim=1, keepdim=True)              # first label (0 if none)
-    skipped = torch.where(found, first.squeeze(1), w)                         # blank frames passed
-    decided = (buf.window_offsets <= skipped.unsqueeze(1)) & valid             # blanks + the label
-    buf.scores.add_((score * decided).sum(dim=1).masked_fill_(~rows, 0))
-    found_here = rows & found
-    torch.where(found_here, token.gather(1, first).squeeze(1), buf.labels, out=buf.labels)
-    buf.step_duration.masked_fill_(found_here, 0)
-    moved = skipped.masked_fill_(~rows, 0)
+    token, duration, score = decide(buf, logits)
+    return token.view(bc, w), duration.view(bc, w), score.view(bc, w), frames < buf.lengths.unsqueeze(1)
+
+
+def _finish_search(buf: LoopBuffers, rows: Tensor, moved: Tensor, found: Tensor, label: Tensor,
+                   label_duration: Tensor, score: Tensor) -> None:
+    """Apply one search step to ``rows``: move ``moved`` frames, take the label where ``found``."""
+    found = rows & found
+    torch.where(found, label, buf.labels, out=buf.labels)
+    torch.where(found, label_duration, buf.step_duration, out=buf.step_duration)
+    buf.scores.add_(score.masked_fill_(~rows, 0))
+    moved = moved.masked_fill_(~rows, 0)
     buf.time.add_(moved)
     buf.symbols_at_frame.masked_fill_(moved > 0, 0)
     torch.lt(buf.time, buf.lengths, out=buf.active)
@@ -185,20 +195,62 @@ def _search_window(buf: LoopBuffers, joint, rows: Tensor) -> None:
     torch.any(buf.searching, out=buf.searching_any)
 
 
+def _search_window_rnnt(buf: LoopBuffers, joint, rows: Tensor) -> None:
+    """RNN-T: every blank moves one frame, so a row moves to its first label in the window (or past
+    the whole window when it holds only blanks)."""
+    token, _, score, valid = _window_decisions(buf, joint)
+    is_label = (token != buf.blank_id) & valid
+    found = is_label.any(dim=1)
+    first = is_label.to(torch.int32).argmax(dim=1, keepdim=True)              # first label (0 if none)
+    skipped = torch.where(found, first.squeeze(1), buf.window)                # blank frames passed
+    decided = (buf.window_offsets <= skipped.unsqueeze(1)) & valid             # blanks + the label
+    score = torch.where(decided, score, 0).sum(dim=1)
+    _finish_search(buf, rows, skipped, found, token.gather(1, first).squeeze(1),
+                   torch.zeros_like(skipped), score)
+
+
+def _search_window_tdt(buf: LoopBuffers, joint, rows: Tensor) -> None:
+    """TDT: follow the blank jumps from offset 0 to the first label, the row's end, or past the window.
+
+    Jump table over offsets 0..W-1+max(durations): a valid blank at k leads to k + its duration (>= 1);
+    labels, frames at or beyond the length and offsets past the window lead to themselves. Squaring the
+    table ``jump_doublings`` times (with the blank scores summed along) makes W or more moves, which
+    reach the end of every chain because each move is at least one frame.
+    """
+    token, duration, score, valid = _window_decisions(buf, joint)
+    bc = buf.batch_capacity
+    moves = (token == buf.blank_id) & valid
+    jump = torch.cat([torch.where(moves, buf.window_offsets + duration, buf.window_offsets),
+                      buf.beyond_offsets.expand(bc, -1)], dim=1)              # [B, W + max jump]
+    gained = torch.nn.functional.pad(torch.where(moves, score, 0), (0, buf.beyond_offsets.shape[0]))
+    for _ in range(buf.jump_doublings):
+        gained = gained + gained.gather(1, jump)
+        jump = jump.gather(1, jump)
+    stop = jump[:, :1]                                                        # where the chain from 0 ends
+    at_stop = stop.clamp(max=buf.window - 1)
+    found = ((stop < buf.window) & valid.gather(1, at_stop)).squeeze(1)       # stopped on a label
+    label_score = score.gather(1, at_stop).squeeze(1).masked_fill_(~found, 0)
+    _finish_search(buf, rows, stop.squeeze(1), found, token.gather(1, at_stop).squeeze(1),
+                   duration.gather(1, at_stop).squeeze(1), gained[:, 0] + label_score)
+
+
+def _search(buf: LoopBuffers, joint, rows: Tensor, first: bool) -> None:
+    if buf.window == 1:
+        _take_decision(buf, joint, rows, first=first)
+    elif buf.durations is None:
+        _search_window_rnnt(buf, joint, rows)
+    else:
+        _search_window_tdt(buf, joint, rows)
+
+
 def find_label_first(buf: LoopBuffers, joint) -> None:
     """First decision of an outer step for every active row; blanks move their row's frame."""
-    if buf.window > 1:
-        _search_window(buf, joint, buf.active.clone())
-    else:
-        _take_decision(buf, joint, buf.active.clone(), first=True)
+    _search(buf, joint, buf.active.clone(), first=True)
 
 
 def find_label_again(buf: LoopBuffers, joint) -> None:
     """Inner-loop step: a new decision for rows still on a blank (``searching``)."""
-    if buf.window > 1:
-        _search_window(buf, joint, buf.searching.clone())
-    else:
-        _take_decision(buf, joint, buf.searching.clone(), first=False)
+    _search(buf, joint, buf.searching.clone(), first=False)
 
 
 def emit_labels(buf: LoopBuffers, predictor, joint) -> None:
@@ -221,13 +273,18 @@ def emit_labels(buf: LoopBuffers, predictor, joint) -> None:
     torch.any(buf.active, out=buf.active_any)
 
 
+def read_flag(flag: Tensor) -> bool:
+    """The one host sync of a Python-driven loop: read a loop condition (a [] bool tensor)."""
+    return bool(flag)
+
+
 def run_eager(buf: LoopBuffers, predictor, joint) -> dict[str, int]:
     """The whole decode with Python loops (one host sync per loop test); returns iteration counts."""
     start(buf, predictor, joint)
     outer = inner = 0
-    while bool(buf.active_any):
+    while read_flag(buf.active_any):
         find_label_first(buf, joint)
-        while bool(buf.searching_any):
+        while read_flag(buf.searching_any):
             find_label_again(buf, joint)
             inner += 1
         emit_labels(buf, predictor, joint)
