@@ -55,15 +55,16 @@ def gpu_section_note(what: str) -> bool:
     return False
 
 
-def _first_markdown_line(path: Path) -> str:
+def notebook_title_and_summary(path: Path) -> tuple[str, str]:
+    """The notebook's title (its first markdown line) and the line after it (what it shows)."""
     nb = json.loads(path.read_text())
     for cell in nb.get("cells", []):
         if cell.get("cell_type") == "markdown":
-            for line in "".join(cell.get("source", "")).splitlines():
-                line = line.strip().lstrip("#").strip()
-                if line:
-                    return line
-    return path.stem
+            lines = [ln.strip().lstrip("#").strip() for ln in "".join(cell.get("source", "")).splitlines()]
+            lines = [ln for ln in lines if ln]
+            if lines:
+                return lines[0], (lines[1] if len(lines) > 1 else "")
+    return path.stem, ""
 
 
 def run_notebooks(out_dir: str | os.PathLike = "reports", *, smoke: bool = False,
@@ -89,10 +90,10 @@ def run_notebooks(out_dir: str | os.PathLike = "reports", *, smoke: bool = False
                             cwd=str(NOTEBOOK_DIR), kernel_name="python3", progress_bar=False)
         body, _ = HTMLExporter(template_name="lab").from_notebook_node(nbformat.read(executed, as_version=4))
         html = write_text_atomically(out / (nb_path.stem + ".html"), body)
-        rows.append((html.name, nb_path.stem, _first_markdown_line(nb_path), time.perf_counter() - t0))
+        rows.append((html.name, *notebook_title_and_summary(nb_path), time.perf_counter() - t0))
         print(f"[report] {nb_path.name} done in {rows[-1][3]:.1f} s -> {html}", flush=True)
-    items = "\n".join(f'<li><a href="{h}">{stem}</a>: {desc} <small>({secs:.0f} s)</small></li>'
-                      for h, stem, desc, secs in rows)
+    items = "\n".join(f'<li><a href="{h}">{title}</a>: {summary} <small>({secs:.0f} s)</small></li>'
+                      for h, title, summary, secs in rows)
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>workbench reports</title></head><body>"
             f"<h1>workbench reports</h1><p>{'smoke run' if smoke else 'full run'}, "
             f"{time.strftime('%Y-%m-%d %H:%M')}</p><ul>\n{items}\n</ul></body></html>\n")

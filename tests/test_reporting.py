@@ -1,0 +1,17 @@
+from pathlib import Path
+
+from workbench.reporting import NOTEBOOK_DIR, notebook_title_and_summary, smoke_mode
+
+
+def test_every_notebook_has_a_title_and_a_line_on_what_it_shows():
+    for nb in sorted(Path(NOTEBOOK_DIR).glob("[0-9][0-9]_*.ipynb")):
+        title, summary = notebook_title_and_summary(nb)
+        assert title and title != nb.stem, nb.name
+        assert len(summary.split()) >= 5, f"{nb.name}: the second markdown line should say what it shows"
+
+
+def test_smoke_switch(monkeypatch):
+    monkeypatch.delenv("WORKBENCH_SMOKE", raising=False)
+    assert smoke_mode(False) is False and smoke_mode(True) is True
+    monkeypatch.setenv("WORKBENCH_SMOKE", "1")
+    assert smoke_mode(False) is True
