@@ -15,3 +15,14 @@ def test_smoke_switch(monkeypatch):
     assert smoke_mode(False) is False and smoke_mode(True) is True
     monkeypatch.setenv("WORKBENCH_SMOKE", "1")
     assert smoke_mode(False) is True
+
+
+def test_report_renders_html_and_index(tmp_path):
+    from workbench.reporting import run_notebooks
+
+    index = run_notebooks(tmp_path, smoke=True, only=["00_corpus"])
+    html = (tmp_path / "00_corpus.html").read_text()
+    assert "data:image/png;base64" in html  # the plots are embedded
+    page = index.read_text()
+    assert 'href="00_corpus.html"' in page and "Duration histogram" in page
+    assert not list(tmp_path.glob("*.tmp*"))
