@@ -8,6 +8,9 @@ import torch
 
 from workbench.decoding import GreedyTransducerDecoder, cuda_graphs, make_toy_transducer
 from workbench.decoding import greedy as greedy_module
+from workbench.decoding import label_looping
+from workbench.decoding.frame_looping import run_frame_looping
+from workbench.decoding.protocol import hypotheses_from_buffers
 
 pytestmark = pytest.mark.gpu
 
@@ -138,3 +141,50 @@ def test_fallback_chain(monkeypatch, caplog):
     assert any("simulated capture failure" in r.message for r in caplog.records)
     with pytest.raises(RuntimeError, match="simulated capture failure"):
         make("full")(enc, lengths)
+
+
+@pytest.mark.parametrize("durations", [None, [0, 1, 2, 3, 4]], ids=["rnnt", "tdt"])
+@pytest.mark.parametrize("window", [1, 8])
+def test_off_mode_loops_sync_only_to_read_their_flags(monkeypatch, durations, window):
+    """Under torch.cuda.set_sync_debug_mode("error") the loop bodies run with no host sync; the only
+    syncs allowed are the flag reads (label_looping.read_flag), which the test counts."""
+    predictor, joint = make_toy_transducer(vocab_size=64, enc_dim=32, pred_dim=64, joint_dim=48, seed=4,
+                                           durations=durations, blank_bias=1.5, logit_scale=4.0, device="cuda")
+    enc = torch.randn(5, 50, 32, device="cuda", generator=torch.Generator(device="cuda").manual_seed(4))
+    lengths = torch.tensor([50, 50, 31, 2, 0], device="cuda")
+    reads = []
+
+    def counted_read(flag):
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            return bool(flag)
+        finally:
+            reads.append(1)
+            torch.cuda.set_sync_debug_mode("error")
+
+    monkeypatch.setattr(label_looping, "read_flag", counted_read)
+    algorithms = ["label_looping"] + (["frame_looping"] if durations is None else [])
+    for algorithm in algorithms:
+        dec = GreedyTransducerDecoder(predictor, joint, blank_id=64, durations=durations, algorithm=algorithm,
+                                      cuda_graphs="off", blank_window=window)
+        expected = dec(enc, lengths)  # warm-up (library handles, workspaces) and the result to match
+        buf = dec._new_buffers(enc.shape[0], enc.shape[1], enc)
+        label_looping.load_inputs(buf, enc, lengths)
+        torch.cuda.synchronize()
+        reads.clear()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            with torch.inference_mode():
+                if algorithm == "label_looping":
+                    stats = label_looping.run_eager(buf, predictor, joint)
+                else:
+                    stats = run_frame_looping(buf, predictor, joint, int(enc.shape[1]))
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        if algorithm == "label_looping":  # outer flag: outer + 1 reads; inner flag: outer + inner reads
+            assert len(reads) == 2 * stats["outer_iterations"] + stats["inner_iterations"] + 1, stats
+        else:
+            assert len(reads) == stats["joint_evaluations"], stats
+        got = hypotheses_from_buffers(buf.tokens, buf.timestamps, buf.num_emitted, buf.scores, enc.shape[0])
+        same(got, expected)
+        assert sum(len(h.tokens) for h in got) > 0

@@ -23,6 +23,7 @@ def speed_table(record: dict[str, Any]) -> pd.DataFrame:
                      "audio_s_per_s": r["audio_s_per_s"],
                      "x_frame_looping_off": r.get("speedup_vs_frame_looping_off"),
                      "outer_iterations": r.get("outer_iterations"),
+                     "inner_iterations": r.get("inner_iterations"),
                      "us_per_outer_iteration": (r["seconds_per_outer_iteration"] * 1e6
                                                 if r.get("seconds_per_outer_iteration") else None),
                      "labels_per_frame": r.get("labels_per_frame")})
