@@ -66,6 +66,19 @@ def _loop_2d(durations: list[float], tokens: list[int], num_buckets: int, num_su
     return bins
 
 
+def _time_bins_cli(args: list[str], repeat: int) -> tuple[list[float], str | None]:
+    """Wall seconds of ``repeat`` fresh `workbench bins ARGS` processes (30 x 2 buckets), or the error."""
+    cmd = [sys.executable, "-m", "workbench", "bins", *args, "--buckets", "30", "--sub-buckets", "2", "-q"]
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        samples.append(time.perf_counter() - t0)
+        if proc.returncode != 0:
+            return samples, f"`{' '.join(cmd[2:])}` failed: {proc.stderr.strip()[-500:]}"
+    return samples, None
+
+
 def _in_process_breakdown(manifest: Path) -> dict:
     """Seconds of each stage of `workbench bins`, in this process: read, 1D + 2D bins, padding summary."""
     from workbench.bucketing import estimate_2d_bins, estimate_duration_bins, padding_comparison
@@ -90,16 +103,9 @@ def bench_bins(manifest: Path, work: Path, repeat: int) -> tuple[dict, list[str]
 
     failures: list[str] = []
     out = work / "profile.yaml"
-    cmd = [sys.executable, "-m", "workbench", "bins", str(manifest), "--buckets", "30", "--sub-buckets", "2",
-           "--out", str(out), "-q"]
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        samples.append(time.perf_counter() - t0)
-        if proc.returncode != 0:
-            failures.append(f"`workbench bins` failed: {proc.stderr.strip()[-500:]}")
-            return {}, failures
+    samples, error = _time_bins_cli([str(manifest), "--out", str(out)], repeat)
+    if error:
+        return {}, [error]
     ours = [tuple(b) for b in load_profile(out).bucket_duration_bins]
     breakdown = _in_process_breakdown(manifest)
 
@@ -138,16 +144,9 @@ def bench_bins_tokenized(manifest: Path, work: Path, repeat: int) -> tuple[dict,
         texts = read_cut_arrays(manifest, with_texts=True, progress=False).texts[:100_000]
         train_tokenizer(texts, work / "bpe1024", vocab_size=1024, progress=False)
     out = work / "profile_tokenized.yaml"
-    cmd = [sys.executable, "-m", "workbench", "bins", str(manifest), "--tokenizer", str(model), "--buckets", "30",
-           "--sub-buckets", "2", "--out", str(out), "-q"]
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        samples.append(time.perf_counter() - t0)
-        if proc.returncode != 0:
-            failures.append(f"`workbench bins --tokenizer` failed: {proc.stderr.strip()[-500:]}")
-            return {}, failures
+    samples, error = _time_bins_cli([str(manifest), "--tokenizer", str(model), "--out", str(out)], repeat)
+    if error:
+        return {}, [error]
     # The profile must come from the tokenizer's counts, not the manifest's.
     arrays = read_cut_arrays(manifest, with_texts=True, progress=False)
     t0 = time.perf_counter()
