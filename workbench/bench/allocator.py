@@ -26,6 +26,14 @@ pass 2, retries, OOMs, peak reserved; then the ratios of the total time of the s
 Targets (checked, non-zero exit when missed): with expandable segments, no device allocation per step
 in the measured pass, and total step time within 5% of static shapes. Must hold or the run is invalid: static
 timed steps allocate nothing, no OOM.
+
+    python3 -m workbench.bench.allocator --smoke --out /tmp/smoke     # seconds; CPU when there is no CUDA
+
+--smoke: the same parent and worker subprocesses with tiny-rnnt, 4 sampler-drawn shapes from a 400-cut
+synthetic corpus (utterances up to 4 s). Without CUDA the workers run on the CPU, two at a time, where
+there is no allocator to measure: the memory counters are zero, the calibration "peaks" are the batch's
+bytes, and no memory limit is set. The JSON is marked "smoke": true and goes only to --out (required); the targets
+are reported but do not set the exit code.
 """
 
 from __future__ import annotations
@@ -49,17 +57,21 @@ TARGET_TIME_RATIO = 1.05
 # ---------------------------------------------------------------- batch shapes (CPU, parent process)
 
 def sampler_shapes(num_steps: int, *, batch_audio_s: float, num_buckets: int, seed: int,
-                   work_dir: Path) -> tuple[list[tuple[int, float, int]], str]:
-    """Batch shapes (batch size, max duration s, max tokens) from a real bucketed lhotse sampler, or from
-    draws over equal-duration bins when workbench.bucketing/lhotse is not available. Returns (shapes, source)."""
+                   work_dir: Path, num_cuts: int | None = None,
+                   max_duration_s: float = 40.0) -> tuple[list[tuple[int, float, int]], str]:
+    """Batch shapes (batch size, max duration s, max tokens) from a real bucketed lhotse sampler over a
+    synthetic corpus of ``num_cuts`` (default max(4000, 200 x num_steps)) utterances up to
+    ``max_duration_s`` seconds, or from draws over equal-duration bins when workbench.bucketing/lhotse is
+    not available. Returns (shapes, source)."""
     try:
         import lhotse
 
-        from workbench.bucketing import estimate_2d_bins, make_sampler
+        from workbench.bucketing import close_sampler, estimate_2d_bins, make_sampler
         from workbench.bucketing.profile import BucketProfile
         from workbench.data.synthetic import write_synthetic_corpus
 
-        path = write_synthetic_corpus(work_dir, num_cuts=max(4000, num_steps * 200), seed=seed)
+        path = write_synthetic_corpus(work_dir, num_cuts=num_cuts or max(4000, num_steps * 200), seed=seed,
+                                      progress=False, max_duration_s=max_duration_s)
         cuts = lhotse.CutSet.from_file(path)
         durations = np.array([c.duration for c in cuts])
         tokens = np.array([int(c.custom["num_tokens"]) for c in cuts])
@@ -69,12 +81,15 @@ def sampler_shapes(num_steps: int, *, batch_audio_s: float, num_buckets: int, se
         profile = BucketProfile(bucket_duration_bins=bins, bucket_batch_size=sizes, max_tps=list(fit.max_tps))
         sampler = make_sampler(cuts, profile, shuffle=True, seed=seed)
         shapes = []
-        for batch in sampler:
-            tokens = [int(c.custom["num_tokens"]) if c.custom and "num_tokens" in c.custom
-                      else len(c.supervisions[0].text.split()) for c in batch]
-            shapes.append((len(batch), max(c.duration for c in batch), max(tokens)))
-            if len(shapes) == num_steps:
-                break
+        try:
+            for batch in sampler:
+                tokens = [int(c.custom["num_tokens"]) if c.custom and "num_tokens" in c.custom
+                          else len(c.supervisions[0].text.split()) for c in batch]
+                shapes.append((len(batch), max(c.duration for c in batch), max(tokens)))
+                if len(shapes) == num_steps:
+                    break
+        finally:
+            close_sampler(sampler)  # stop the concurrent filling thread
         if len(shapes) < num_steps:
             raise ValueError(f"sampler gave {len(shapes)} batches, need {num_steps}")
         return shapes, ("lhotse DynamicBucketingSampler via workbench.bucketing.make_sampler, 2D bins with TPS "
@@ -181,49 +196,65 @@ def stand_in_transducer(d_model: int = 512, layers: int = 16, hidden: int = 640,
 
 
 def worker(args) -> int:
-    """One configuration in this (fresh) process; writes its per-step rows as JSON to --rows."""
+    """One configuration in this (fresh) process; writes its per-step rows as JSON to --rows.
+
+    ``--device cpu`` (smoke runs without CUDA): the same steps on the CPU, where no allocator is measured:
+    memory counters are 0 and a calibration "peak" is the batch's bytes."""
     status = None
+    on_cuda = args.device == "cuda"
     if args.expandable:
         from workbench.memory import configure_allocator
 
         status = configure_allocator()  # before CUDA init: through the environment
-        assert status.action == "set_env", f"expected configure_allocator to set the env, got: {status}"
+        want = "set_env" if on_cuda else "skipped"
+        assert status.action == want, f"expected configure_allocator to say {want}, got: {status}"
     import torch
 
     from workbench.memory import MemoryRecorder, current_allocator_settings
 
+    if not on_cuda:
+        torch.backends.mkldnn.enabled = False  # oneDNN builds kernels per new shape: seconds each on a CPU
+        torch.set_num_threads(1)
     shapes = [tuple(s) for s in json.loads(Path(args.shapes).read_text())]
     torch.manual_seed(0)
-    model, which = build_model(args.model)
-    model = model.cuda()
+    device = torch.device(args.device)
+    with device:  # built on the device: a large model is never initialized on the host
+        model, which = build_model(args.model)
+    model = model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    total = torch.cuda.get_device_properties(0).total_memory
-    if args.fraction:
+    total = torch.cuda.get_device_properties(0).total_memory if on_cuda else \
+        os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if args.fraction and on_cuda:
         torch.cuda.set_per_process_memory_fraction(args.fraction)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
 
     def train_step(shape):
         b, d, u = shape
-        batch = model.make_batch(b, d, u, "cuda")
+        batch = model.make_batch(int(b), float(d), int(u), device)
         model.training_step(batch, dtype=dtype)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return sum(t.numel() * t.element_size() for t in batch.values())
 
     if args.mode == "calibrate":
-        peaks = []  # peak allocated bytes of each step, no limit
+        peaks = []  # peak allocated bytes of each step, no limit (on a CPU: the batch's bytes)
         for shape in shapes:
-            torch.cuda.reset_peak_memory_stats()
-            train_step(shape)
-            torch.cuda.synchronize()
-            peaks.append(torch.cuda.max_memory_allocated())
+            if on_cuda:
+                torch.cuda.reset_peak_memory_stats()
+            batch_bytes = train_step(shape)
+            if on_cuda:
+                torch.cuda.synchronize()
+            peaks.append(torch.cuda.max_memory_allocated() if on_cuda else batch_bytes)
         Path(args.rows).write_text(json.dumps(dict(peak_allocated_bytes=max(peaks), peaks=peaks, total_bytes=total,
                                                    model=which)))
         return 0
 
     settings = current_allocator_settings() or ""
-    if args.expandable:
+    if args.expandable and on_cuda:
         assert "expandable_segments:True" in settings, f"expandable segments not active: {settings!r}"
-    rec = MemoryRecorder()
+    # On a CPU there is no allocator: zero counters (step_record reads missing keys as 0), no-op sync.
+    rec = MemoryRecorder() if on_cuda else MemoryRecorder(stats_fn=dict, reset_peaks_fn=lambda: None,
+                                                          synchronize_fn=lambda: None)
     plan = [(1, i, s, True) for i, s in enumerate(shapes)]  # pass 1: warm-up, every shape once
     plan += [(2, i, s, timed) for i, s in enumerate(shapes)
              for timed in ((False, True) if args.mode == "static" else (True,))]
@@ -245,6 +276,8 @@ def worker(args) -> int:
 # ---------------------------------------------------------------- parent: run, compare, write
 
 CONFIGS = [("dynamic", False), ("dynamic", True), ("static", False), ("static", True)]
+SMOKE_DEFAULTS = dict(model="tiny-rnnt", steps=4, batch_audio_s=8.0, buckets=2, worker_timeout_s=120)
+SMOKE_CORPUS = dict(num_cuts=400, max_duration_s=4.0)
 
 
 def config_name(mode: str, expandable: bool) -> str:
@@ -256,7 +289,7 @@ def run_worker(mode: str, expandable: bool, tmp: Path, shapes_path: Path, args, 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
     cmd = [sys.executable, "-m", "workbench.bench.allocator", "--worker", "--mode", mode, "--shapes",
            str(shapes_path), "--rows", str(out), "--model", args.model, "--dtype", args.dtype,
-           "--fraction", str(fraction)] + (["--expandable"] if expandable else [])
+           "--fraction", str(fraction), "--device", args.device] + (["--expandable"] if expandable else [])
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=args.worker_timeout_s)
     if proc.returncode != 0:
@@ -281,6 +314,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default="allocator", help="result name: <out>/<name>.json")
     p.add_argument("--worker-timeout-s", type=int, default=300)
+    p.add_argument("--smoke", action="store_true", help="tiny-rnnt, 4 short shapes, seconds (CPU without CUDA); "
+                   "needs --out (never benchmarks/results)")
+    p.add_argument("--device", default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mode", default="dynamic", help=argparse.SUPPRESS)
     p.add_argument("--expandable", action="store_true", help=argparse.SUPPRESS)
@@ -290,6 +326,20 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
+    from workbench.bench.results import RESULTS_DIR
+
+    if args.smoke:
+        if args.out is None:
+            p.error("--smoke needs --out (smoke results never go to benchmarks/results)")
+        if Path(args.out).resolve() == RESULTS_DIR.resolve():
+            p.error(f"--smoke: --out must not be {RESULTS_DIR} (smoke results are not measurements)")
+        for name, value in SMOKE_DEFAULTS.items():  # only where the command line kept the default
+            if getattr(args, name) == p.get_default(name):
+                setattr(args, name, value)
+    if args.device is None:  # the workers' device: the GPU, except for a smoke run without one
+        import torch
+
+        args.device = "cpu" if args.smoke and not torch.cuda.is_available() else "cuda"
     if args.steps < 2:
         raise ValueError(f"--steps must be >= 2, got {args.steps}")
     if args.write_shapes:
@@ -313,7 +363,8 @@ def main(argv=None) -> int:
             shape_source = f"{loaded['source']} (from {Path(args.shapes_file).name}, written with --write-shapes)"
         else:
             shapes, shape_source = sampler_shapes(args.steps, batch_audio_s=args.batch_audio_s,
-                                                  num_buckets=args.buckets, seed=args.seed, work_dir=tmp / "corpus")
+                                                  num_buckets=args.buckets, seed=args.seed, work_dir=tmp / "corpus",
+                                                  **(SMOKE_CORPUS if args.smoke else {}))
         shapes_path = tmp / "shapes.json"
         shapes_path.write_text(json.dumps(shapes))
         cal = run_worker("calibrate", False, tmp, shapes_path, args)
@@ -324,7 +375,16 @@ def main(argv=None) -> int:
         fraction = min(0.95, limit / cal["total_bytes"])
         print(f"[allocator] largest batch peaks at {cal['peak_allocated_bytes'] / 2**30:.2f} GiB; limit "
               f"{limit / 2**30:.2f} GiB (fraction {fraction:.4f})", flush=True)
-        results = {config_name(m, e): run_worker(m, e, tmp, shapes_path, args, fraction) for m, e in CONFIGS}
+        if args.smoke and args.device == "cpu":
+            # Nothing is measured on a CPU: run two configurations at a time to keep the smoke run short.
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                futures = {config_name(m, e): pool.submit(run_worker, m, e, tmp, shapes_path, args, fraction)
+                           for m, e in CONFIGS}
+                results = {name: f.result() for name, f in futures.items()}
+        else:  # one at a time: the configurations share the GPU
+            results = {config_name(m, e): run_worker(m, e, tmp, shapes_path, args, fraction) for m, e in CONFIGS}
 
     figures, series, failures, warnings_ = {}, {}, [], []
     frames = {name: pd.DataFrame(r["rows"]) for name, r in results.items()}
@@ -375,18 +435,25 @@ def main(argv=None) -> int:
     if figures["dynamic_plain"]["device_allocs_per_step"] == 0:
         warnings_.append("dynamic_plain made no device allocations after the warm-up pass: the limit did not bite "
                          "(lower --headroom for a harder test)")
+    figures["smoke"] = bool(args.smoke)
     figures["targets_met"] = not failures
+    figures["targets_enforced"] = not args.smoke
     figures["failures"] = failures
     figures["warnings"] = warnings_
 
     model = results["dynamic_plain"]["model"]
-    params = dict(model=model, dtype=args.dtype, steps=len(shapes), warmup_steps=warmup,
+    params = dict(model=model, dtype=args.dtype, device=args.device, smoke=bool(args.smoke), steps=len(shapes),
+                  warmup_steps=warmup,
                   batch_audio_s=args.batch_audio_s, buckets=args.buckets, headroom=args.headroom,
                   memory_fraction=fraction, memory_limit_bytes=int(limit),
                   largest_peak_allocated_bytes=cal["peak_allocated_bytes"], shape_source=shape_source,
                   shapes=shapes, series=series, wall_s=time.perf_counter() - t_start)
-    path = write_result(args.name, what="training steps near the memory limit, dynamic vs static batch shapes, "
-                        "with and without expandable segments", figures=figures, params=params, out_dir=args.out)
+    what = "training steps near the memory limit, dynamic vs static batch shapes, with and without expandable segments"
+    if args.smoke:
+        what = (f"SMOKE RUN on {args.device} ({model}, {len(shapes)} short shapes; not a measurement"
+                + ("; no allocator on a CPU: memory counters are 0, calibration peaks are batch bytes, no limit set"
+                   if args.device == "cpu" else "") + f"): {what}")
+    path = write_result(args.name, what=what, figures=figures, params=params, out_dir=args.out)
 
     print(f"\nmodel: {model}; shapes: {shape_source}; limit {limit / 2**30:.2f} GiB; wrote {path}")
     print(f"{'config':<20} {'median ms':>10} {'p25-p75 ms':>14} {'time ratio':>11} {'cold ratio':>11} "
@@ -403,7 +470,10 @@ def main(argv=None) -> int:
     for w in warnings_:
         print(f"WARNING: {w}")
     for f in failures:
-        print(f"FAIL: {f}")
+        print(f"{'SMOKE (not enforced)' if args.smoke else 'FAIL'}: {f}")
+    if args.smoke:
+        print(f"smoke run: the code path ran end to end; {len(failures)} target(s) not met (not enforced)")
+        return 0
     print("PASS: targets met" if not failures else f"{len(failures)} failure(s)")
     return 0 if not failures else 1
 

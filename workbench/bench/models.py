@@ -8,7 +8,14 @@ backward, after 1 warm-up; gradients zeroed between steps, no optimizer step) an
 memory. Ratios compare bf16 with fp32 on the same model and shape. Then it checks our pure-PyTorch RNN-T
 loss against torchaudio.functional.rnnt_loss (loss and gradients on the same logits) and times both.
 Writes <out>/models.json; takes about 2-3 minutes on an H200. Exits non-zero when a loss is not finite,
-the torchaudio comparison disagrees, or a step fails for any reason other than running out of memory.
+the torchaudio comparison disagrees or fails, or a step fails for any reason other than running out of
+memory (the other steps still run and the JSON is still written, with the error under "failures").
+
+    python3 -m workbench.bench.models --smoke --out /tmp/smoke    # seconds, CPU when there is no CUDA
+
+--smoke: tiny-rnnt and tiny-aed at two small shapes, 2 timed steps, and a small loss comparison (when
+torchaudio is installed). Without CUDA the steps run on the CPU: times are CPU wall clock and peak
+memory is not measured (null). The JSON is marked "smoke": true and goes only to --out (required).
 """
 
 from __future__ import annotations
@@ -17,118 +24,153 @@ import argparse
 import gc
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from workbench.bench.results import time_cuda, write_result
+from workbench.bench.results import RESULTS_DIR, time_cpu, time_cuda, write_result
 from workbench.models import build_model, count_parameters, rnnt_loss
+from workbench.oomptimizer.probe import is_oom_error
 
 MODELS = ["large-rnnt", "large-tdt", "large-aed", "xl-aed"]
 SHAPES = [(32, 5.0, 40), (16, 15.0, 120), (8, 30.0, 240)]  # (batch, seconds, tokens): worst case of a bucket
+SMOKE_MODELS = ["tiny-rnnt", "tiny-aed"]
+SMOKE_SHAPES = [(2, 1.0, 8), (1, 2.0, 16)]
+LOSS_SHAPE = (8, 120, 40, 1024)  # (batch, frames, labels, vocab) of the loss comparison
+SMOKE_LOSS_SHAPE = (2, 12, 5, 16)
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def measure_model(name: str, shapes, failures: list[str]) -> tuple[int, list[dict]]:
-    model = None
-    with torch.device("cuda"):
-        model = build_model(name)
+def pick_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def timer(device: torch.device):
+    """time_cuda on a GPU (events), time_cpu on the host (wall clock); same signature."""
+    return time_cuda if device.type == "cuda" else time_cpu
+
+
+def release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def measure_model(name: str, shapes, failures: list[str], *, device: torch.device, repeat: int = 3,
+                  warmup: int = 1) -> tuple[int | None, list[dict]]:
+    """Rows of step time and peak memory (None off a GPU) per shape and dtype. A step that fails for a
+    reason other than memory is a failure (its row has "error"); the other rows still run."""
+    try:
+        with device:  # built on the device: an xl model is never initialized on the host
+            model = build_model(name)
+    except Exception as e:  # noqa: BLE001 - one broken model must not lose the others' rows
+        failures.append(f"{name}: build failed: {type(e).__name__}: {e}")
+        return None, []
     params = count_parameters(model)
     rows = []
+    on_cuda = device.type == "cuda"
     for batch_size, seconds, tokens in shapes:
-        batch = model.make_batch(batch_size, seconds, tokens, "cuda")
         for dtype_name, dtype in DTYPES.items():
             row = {"model": name, "batch_size": batch_size, "duration_s": seconds, "num_tokens": tokens,
                    "dtype": dtype_name}
             losses = []
+            batch = None
 
             def step():
                 model.zero_grad(set_to_none=True)
                 losses.append(model.training_step(batch, dtype=dtype))
 
             try:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                row["step_s"] = time_cuda(step, repeat=3, warmup=1)
-                row["peak_bytes"] = torch.cuda.max_memory_allocated()
+                if on_cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                batch = model.make_batch(batch_size, seconds, tokens, device)
+                row["step_s"] = timer(device)(step, repeat=repeat, warmup=warmup)
+                row["peak_bytes"] = torch.cuda.max_memory_allocated() if on_cuda else None
                 row["loss"] = float(losses[-1])
                 row["audio_s_per_s"] = batch_size * seconds / row["step_s"]["median"]
                 if not all(torch.isfinite(x).item() for x in losses):
-                    failures.append(f"{name} {dtype_name} B={batch_size} {seconds}s: loss not finite {losses}")
-            except torch.OutOfMemoryError:
-                row["oom"] = True
+                    failures.append(f"{name} {dtype_name} B={batch_size} {seconds}s: loss not finite "
+                                    f"{[float(x) for x in losses]}")
+            except Exception as e:  # noqa: BLE001
+                if is_oom_error(e):
+                    row["oom"] = True
+                else:
+                    row["error"] = f"{type(e).__name__}: {e}"
+                    failures.append(f"{name} {dtype_name} B={batch_size} {seconds}s: {row['error']}")
             model.zero_grad(set_to_none=True)
             losses.clear()
-            gc.collect()
-            torch.cuda.empty_cache()
+            batch = None  # noqa: F841 - drop the batch before the next shape
+            release(device)
             rows.append(row)
-            print(f"  {name} {dtype_name} B={batch_size} {seconds:g}s U={tokens}: "
-                  f"{row.get('step_s', {}).get('median', float('nan')) * 1e3:.1f} ms, "
-                  f"{row.get('peak_bytes', 0) / 2**30:.1f} GiB{' OOM' if row.get('oom') else ''}", flush=True)
-        del batch
-    del model
-    gc.collect()
-    torch.cuda.empty_cache()
+            ms = row.get("step_s", {}).get("median", float("nan")) * 1e3
+            peak = "-" if row.get("peak_bytes") is None else f"{row['peak_bytes'] / 2**30:.1f} GiB"
+            flag = " OOM" if row.get("oom") else (" ERROR" if row.get("error") else "")
+            print(f"  {name} {dtype_name} B={batch_size} {seconds:g}s U={tokens}: {ms:.1f} ms, {peak}{flag}",
+                  flush=True)
+    model = None  # noqa: F841 - free the weights before the next model is built
+    release(device)
     return params, rows
 
 
-def torchaudio_check(failures: list[str]) -> dict:
-    """Our rnnt_loss vs torchaudio's on the same random logits: values, gradients, time."""
+def torchaudio_check(failures: list[str], *, device: torch.device, shape=LOSS_SHAPE, repeat: int = 5) -> dict:
+    """Our rnnt_loss vs torchaudio's on the same random logits: values, gradients, time. Ours always runs
+    (its loss and gradient must be finite); the comparison needs torchaudio."""
+    batch, frames, labels, vocab = shape
+    gen = torch.Generator(device=device).manual_seed(0)
+    logits = (torch.randn(batch, frames, labels + 1, vocab + 1, generator=gen, device=device) * 2).requires_grad_()
+    targets = torch.randint(0, vocab, (batch, labels), generator=gen, device=device, dtype=torch.int32)
+    logit_lengths = torch.randint(frames // 2, frames + 1, (batch,), generator=gen, device=device, dtype=torch.int32)
+    logit_lengths[0] = frames
+    target_lengths = torch.randint(1, labels + 1, (batch,), generator=gen, device=device, dtype=torch.int32)
+    target_lengths[0] = labels
+    out = {"ran": False, "shape": [batch, frames, labels + 1, vocab + 1], "device": str(device)}
+
+    def ours():
+        loss = rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=vocab, reduction="none")
+        return loss, torch.autograd.grad(loss.sum(), logits)[0]
+
+    try:
+        our_loss, our_grad = ours()
+    except Exception as e:  # noqa: BLE001
+        failures.append(f"our rnnt_loss failed: {type(e).__name__}: {e}")
+        return {**out, "reason": f"our rnnt_loss failed: {e}"}
+    out["losses_ours"] = our_loss.tolist()
+    if not (torch.isfinite(our_loss).all() and torch.isfinite(our_grad).all()):
+        failures.append("our rnnt_loss: loss or gradient not finite")
     try:
         import torchaudio.functional as taf
 
         reference = taf.rnnt_loss
     except (ImportError, AttributeError, OSError) as e:
         print(f"!! torchaudio rnnt_loss unavailable ({e}): the comparison did NOT run", flush=True)
-        return {"ran": False, "reason": str(e)}
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    batch, frames, labels, vocab = 8, 120, 40, 1024
-    logits = (torch.randn(batch, frames, labels + 1, vocab + 1, generator=gen, device="cuda") * 2).requires_grad_()
-    targets = torch.randint(0, vocab, (batch, labels), generator=gen, device="cuda", dtype=torch.int32)
-    logit_lengths = torch.randint(frames // 2, frames + 1, (batch,), generator=gen, device="cuda", dtype=torch.int32)
-    logit_lengths[0] = frames
-    target_lengths = torch.randint(1, labels + 1, (batch,), generator=gen, device="cuda", dtype=torch.int32)
-    target_lengths[0] = labels
-
-    def ours():
-        loss = rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=vocab, reduction="none")
-        return loss, torch.autograd.grad(loss.sum(), logits)[0]
+        return {**out, "reason": f"torchaudio rnnt_loss unavailable: {e}"}
 
     def theirs():
         loss = reference(logits, targets, logit_lengths, target_lengths, blank=vocab, reduction="none")
         return loss, torch.autograd.grad(loss.sum(), logits)[0]
 
-    our_loss, our_grad = ours()
-    their_loss, their_grad = theirs()
+    try:
+        their_loss, their_grad = theirs()
+    except Exception as e:  # noqa: BLE001 - a torchaudio build problem must not lose the model rows
+        failures.append(f"torchaudio rnnt_loss failed: {type(e).__name__}: {e}")
+        return {**out, "reason": f"torchaudio rnnt_loss failed: {e}"}
     loss_diff = float((our_loss - their_loss).abs().max())
     rel_loss_diff = float(((our_loss - their_loss).abs() / their_loss.abs()).max())
     grad_diff = float((our_grad - their_grad).abs().max())
     ok = rel_loss_diff < 1e-4 and grad_diff < 1e-4
     if not ok:
         failures.append(f"rnnt_loss vs torchaudio: rel loss diff {rel_loss_diff:.2e}, grad diff {grad_diff:.2e}")
-    ours_time, theirs_time = time_cuda(ours, repeat=5, warmup=1), time_cuda(theirs, repeat=5, warmup=1)
-    return {"ran": True, "agree": ok, "shape": [batch, frames, labels + 1, vocab + 1],
+    ours_time = timer(device)(ours, repeat=repeat, warmup=1)
+    theirs_time = timer(device)(theirs, repeat=repeat, warmup=1)
+    return {**out, "ran": True, "agree": ok,
             "max_abs_loss_diff": loss_diff, "max_rel_loss_diff": rel_loss_diff, "max_abs_grad_diff": grad_diff,
-            "losses_ours": our_loss.tolist(), "losses_torchaudio": their_loss.tolist(),
-            "ours_s": ours_time, "torchaudio_s": theirs_time,
+            "losses_torchaudio": their_loss.tolist(), "ours_s": ours_time, "torchaudio_s": theirs_time,
             "ours_over_torchaudio_time": ours_time["median"] / theirs_time["median"]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="folder for models.json")
-    parser.add_argument("--models", nargs="*", default=MODELS, help="model names (default: %(default)s)")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
-        return 2
-    started = time.perf_counter()
-    failures: list[str] = []
-    loss_check = torchaudio_check(failures)
-    print(f"torchaudio check: {loss_check}", flush=True)
-    params, rows = {}, []
-    for name in args.models:
-        params[name], model_rows = measure_model(name, SHAPES, failures)
-        rows.extend(model_rows)
+def bf16_vs_fp32(rows: list[dict]) -> list[dict]:
+    """fp32 / bf16 ratios of step time and peak memory (None off a GPU) per model and shape."""
     ratios = []
     for bf16 in (r for r in rows if r["dtype"] == "bf16" and "step_s" in r):
         match = [r for r in rows if r["dtype"] == "fp32" and "step_s" in r and r["model"] == bf16["model"]
@@ -137,28 +179,75 @@ def main(argv: list[str] | None = None) -> int:
             fp32 = match[0]
             ratios.append({"model": bf16["model"], "batch_size": bf16["batch_size"], "duration_s": bf16["duration_s"],
                            "fp32_over_bf16_time": fp32["step_s"]["median"] / bf16["step_s"]["median"],
-                           "fp32_over_bf16_peak_memory": fp32["peak_bytes"] / bf16["peak_bytes"]})
-    total_s = time.perf_counter() - started
-    path = write_result("models", what="training-step time and peak memory of the reference models (bf16 vs "
-                        "fp32), and our RNN-T loss against torchaudio's",
-                        figures={"steps": rows, "bf16_vs_fp32": ratios, "parameters": params,
-                                 "rnnt_loss_vs_torchaudio": loss_check, "failures": failures,
-                                 "bench_wall_s": total_s},
-                        params={"models": args.models, "shapes": SHAPES, "timed_steps": 3, "warmup_steps": 1,
-                                "tf32_matmul": torch.backends.cuda.matmul.allow_tf32},
-                        out_dir=args.out)
+                           "fp32_over_bf16_peak_memory": None if fp32["peak_bytes"] is None
+                           else fp32["peak_bytes"] / bf16["peak_bytes"]})
+    return ratios
 
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for models.json")
+    parser.add_argument("--models", nargs="*", default=None, help=f"model names (default: {MODELS}; "
+                        f"with --smoke {SMOKE_MODELS})")
+    parser.add_argument("--smoke", action="store_true", help="tiny models, small shapes, seconds (CPU without "
+                        "CUDA); never into benchmarks/results")
+    args = parser.parse_args(argv)
+    if args.smoke and Path(args.out).resolve() == RESULTS_DIR.resolve():
+        parser.error(f"--smoke: --out must not be {RESULTS_DIR} (smoke results are not measurements)")
+    if not torch.cuda.is_available() and not args.smoke:
+        print("FAIL: this benchmark needs a CUDA GPU (or --smoke)", file=sys.stderr)
+        return 2
+    device = pick_device()
+    if args.smoke and device.type == "cpu":
+        torch.backends.mkldnn.enabled = False  # oneDNN builds kernels per new shape: seconds each on a CPU
+        torch.set_num_threads(1)  # tiny steps stall with 2 threads on a busy 2-core machine
+    models = args.models or (SMOKE_MODELS if args.smoke else MODELS)
+    shapes = SMOKE_SHAPES if args.smoke else SHAPES
+    repeat = 2 if args.smoke else 3
+    started = time.perf_counter()
+    failures: list[str] = []
+    loss_check = torchaudio_check(failures, device=device, shape=SMOKE_LOSS_SHAPE if args.smoke else LOSS_SHAPE,
+                                  repeat=2 if args.smoke else 5)
+    print(f"torchaudio check: {loss_check}", flush=True)
+    params, rows = {}, []
+    what = ("training-step time and peak memory of the reference models (bf16 vs fp32), and our RNN-T loss "
+            "against torchaudio's")
+    if args.smoke:
+        what = (f"SMOKE RUN on {device.type} (tiny models, small shapes"
+                + (", CPU wall-clock times, peak memory not measured" if device.type == "cpu" else "")
+                + f"; not a measurement): {what}")
+
+    def save(complete: bool):
+        """Rewritten after every model, so a stage timeout keeps the models measured so far."""
+        return write_result("models", what=what,
+                            figures={"smoke": bool(args.smoke), "complete": complete, "steps": rows,
+                                     "bf16_vs_fp32": bf16_vs_fp32(rows), "parameters": params,
+                                     "rnnt_loss_vs_torchaudio": loss_check, "failures": failures,
+                                     "bench_wall_s": time.perf_counter() - started},
+                            params={"models": models, "shapes": shapes, "timed_steps": repeat, "warmup_steps": 1,
+                                    "device": str(device), "float32_matmul_precision":
+                                    torch.get_float32_matmul_precision(), "smoke": bool(args.smoke)},
+                            out_dir=args.out)
+
+    for name in models:
+        params[name], model_rows = measure_model(name, shapes, failures, device=device, repeat=repeat)
+        rows.extend(model_rows)
+        save(complete=False)
+    ratios = bf16_vs_fp32(rows)
+    path = save(complete=True)
+    total_s = time.perf_counter() - started
     print(f"\nwrote {path} in {total_s:.0f} s")
     print(f"{'model':<11} {'params':>8} {'B':>3} {'sec':>5} {'U':>4} {'bf16 ms':>9} {'fp32 ms':>9} "
           f"{'fp32/bf16':>9} {'bf16 GiB':>9} {'fp32 GiB':>9}")
     for r in ratios:
         b = next(x for x in rows if x["model"] == r["model"] and x["batch_size"] == r["batch_size"]
-                 and x["dtype"] == "bf16")
+                 and x["duration_s"] == r["duration_s"] and x["dtype"] == "bf16")
         f = next(x for x in rows if x["model"] == r["model"] and x["batch_size"] == r["batch_size"]
-                 and x["dtype"] == "fp32")
-        print(f"{r['model']:<11} {params[r['model']] / 1e6:>7.0f}M {r['batch_size']:>3} {r['duration_s']:>5g} "
+                 and x["duration_s"] == r["duration_s"] and x["dtype"] == "fp32")
+        gib = (lambda x: "-" if x is None else f"{x / 2**30:.1f}")
+        print(f"{r['model']:<11} {params[r['model']] / 1e6:>7.1f}M {r['batch_size']:>3} {r['duration_s']:>5g} "
               f"{b['num_tokens']:>4} {b['step_s']['median'] * 1e3:>9.1f} {f['step_s']['median'] * 1e3:>9.1f} "
-              f"{r['fp32_over_bf16_time']:>9.2f} {b['peak_bytes'] / 2**30:>9.1f} {f['peak_bytes'] / 2**30:>9.1f}")
+              f"{r['fp32_over_bf16_time']:>9.2f} {gib(b['peak_bytes']):>9} {gib(f['peak_bytes']):>9}")
     for r in rows:
         if r.get("oom"):
             print(f"OOM: {r['model']} {r['dtype']} B={r['batch_size']} {r['duration_s']}s")
@@ -169,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     if failures:
         print("FAILURES:\n  " + "\n  ".join(failures))
         return 1
+    print("PASS" + (" (smoke)" if args.smoke else ""))
     return 0
 
 

@@ -35,8 +35,9 @@ def run_oomptimize(args) -> int:
     bins_path = Path(args.bins)
     if not bins_path.exists():
         raise FileNotFoundError(f"{bins_path}: no such profile file")
-    if args.nproc and args.nproc > 1 and "LOCAL_RANK" not in os.environ:
-        return _relaunch_under_torchrun(args.nproc)
+    from workbench.models.config import config_from_name
+
+    config_from_name(args.model)  # a wrong model name is a one-line error here, before any GPU work
     from workbench.oomptimizer.probe import configure_allocator
 
     configure_allocator()  # before CUDA is initialized
@@ -47,13 +48,18 @@ def run_oomptimize(args) -> int:
 
     if not torch.cuda.is_available():
         raise UserError("oomptimize needs a CUDA GPU (the probes run real training steps)")
+    if args.nproc and args.nproc > 1 and "LOCAL_RANK" not in os.environ:
+        if torch.cuda.device_count() < args.nproc:
+            raise UserError(f"--nproc {args.nproc}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+        return _relaunch_under_torchrun(args.nproc)
     rank = _init_distributed(torch)
     try:
         from workbench.models import build_model
     except ImportError as e:
         raise UserError(f"workbench.models is not available: {e}") from None
     bins = load_profile(bins_path)
-    model = build_model(args.model).cuda()
+    with torch.device("cuda", torch.cuda.current_device()):  # built on the GPU: an xl model skips host init
+        model = build_model(args.model)
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"oomptimize {args.model}: {bins.num_buckets} buckets, {args.strategy}, {args.dtype}, "
         f"memory fraction {args.memory_fraction}")
@@ -103,10 +109,33 @@ def _init_distributed(torch) -> int:
     return torch.distributed.get_rank()
 
 
+def without_option(argv: list[str], option: str) -> list[str]:
+    """``argv`` without ``option VALUE`` and ``option=VALUE``."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == option:
+            skip = True
+        elif not a.startswith(option + "="):
+            out.append(a)
+    return out
+
+
 def _relaunch_under_torchrun(nproc: int) -> int:
-    """Run this same command under ``torchrun --nproc_per_node nproc`` (each rank probes)."""
-    argv = [a for a in sys.argv[1:]]
+    """Run this same command under ``torchrun --nproc_per_node nproc`` (each rank probes).
+
+    ``--nproc`` is left out of the ranks' command: torchrun's parser would reject it as an ambiguous
+    prefix of its own --nproc-per-node, and the ranks know they run under torchrun from LOCAL_RANK.
+    """
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "workbench", *argv]
+           "-m", "workbench", *without_option(sys.argv[1:], "--nproc")]
     print("launching:", " ".join(cmd), flush=True)
     return subprocess.call(cmd)
+
+
+if __name__ == "__main__":  # python -m workbench.oomptimizer.cli ARGS == workbench oomptimize ARGS
+    from workbench.cli import main
+
+    sys.argv[1:1] = ["oomptimize"]  # so that a torchrun relaunch (--nproc) repeats the sub-command
+    main()

@@ -78,30 +78,38 @@ def soak(model: torch.nn.Module, profile: BucketProfile, *, dtype: torch.dtype =
          progress: bool = True) -> dict:
     """Train ``steps_per_bucket`` steps per bucket at the profile's batch sizes, in shuffled bucket order
     like training, with lengths varied inside each bucket (the longest at the bucket's bound). One
-    persistent optimizer, as in training. Raises RuntimeError on any OOM; returns counts and peaks."""
+    persistent optimizer, as in training. Raises RuntimeError on any OOM; returns counts and peaks.
+
+    On a CPU (smoke runs) the steps run the same way, but there is no memory limit to set and no peak
+    to read: ``peak_reserved_bytes`` and ``budget_bytes`` are None."""
     from tqdm.auto import tqdm
 
     if profile.bucket_batch_size is None:
         raise ValueError("profile: field 'bucket_batch_size' is missing; run the search first")
-    torch.cuda.set_per_process_memory_fraction(memory_fraction)
+    device = next(model.parameters()).device
+    on_cuda = device.type == "cuda"
+    if on_cuda:
+        torch.cuda.set_per_process_memory_fraction(memory_fraction, device)
     buckets = profile_buckets(profile)
     rng = random.Random(seed)
     order = [i for i in range(len(buckets)) for _ in range(steps_per_bucket)]
     rng.shuffle(order)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
-    torch.cuda.reset_peak_memory_stats()
+    if on_cuda:
+        torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
     try:
         for step, i in enumerate(tqdm(order, desc="soak", disable=not progress)):
             d, u = buckets[i]
             low = buckets[i - 1][0] if i > 0 and buckets[i - 1][0] < d else d * 0.5
             bs = profile.bucket_batch_size[i]
-            batch = model.make_batch(bs, d, int(u), next(model.parameters()).device)
+            batch = model.make_batch(bs, d, int(u), device)
             # Varied lengths: the first utterance keeps the bucket's bound, the others fall inside it.
             frac = torch.empty(bs).uniform_(low / d, 1.0)
             frac[0] = 1.0
             batch["audio_lens"] = (batch["audio_lens"].float() * frac.to(batch["audio_lens"].device)).long().clamp(min=1)
-            batch["token_lens"] = (batch["token_lens"].float() * frac.to(batch["token_lens"].device)).long().clamp(min=1)
+            batch["token_lens"] = (batch["token_lens"].float() * frac.to(batch["token_lens"].device)).long() \
+                .clamp(min=min(1, int(u)))  # a bucket bound of 0 tokens stays 0
             try:
                 model.training_step(batch, dtype=dtype)
                 optimizer.step()
@@ -117,5 +125,6 @@ def soak(model: torch.nn.Module, profile: BucketProfile, *, dtype: torch.dtype =
         model.zero_grad(set_to_none=True)
         release_memory()
     return {"steps": len(order), "ooms": 0, "seconds": time.perf_counter() - t0,
-            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved()),
-            "budget_bytes": int(memory_fraction * torch.cuda.get_device_properties(0).total_memory)}
+            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device)) if on_cuda else None,
+            "budget_bytes": int(memory_fraction * torch.cuda.get_device_properties(device).total_memory)
+            if on_cuda else None}

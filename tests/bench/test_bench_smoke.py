@@ -1,0 +1,142 @@
+"""The GPU benchmark scripts, end to end in --smoke mode on this machine (CPU stand-ins where CUDA is absent).
+
+Each test runs a script's main exactly as the GPU run does, only with --smoke, and checks the JSON it
+wrote: the keys the report and notebooks read, the smoke marking, and values that only a real run of
+the real code path can produce (finite losses, probed batch sizes, sampler-drawn shapes).
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def restore_torch_cpu_settings():
+    """The smoke mains turn oneDNN off and use one thread on a CPU; put both back for the other tests."""
+    mkldnn, threads = torch.backends.mkldnn.enabled, torch.get_num_threads()
+    yield
+    torch.backends.mkldnn.enabled = mkldnn
+    torch.set_num_threads(threads)
+
+
+def read_result(path: Path) -> dict:
+    assert path.exists(), f"{path} was not written"
+    record = json.loads(path.read_text())
+    for key in ("name", "what", "command", "git_commit", "device", "date", "params", "figures"):
+        assert key in record, f"{path.name}: no {key!r}"
+    assert record["figures"]["smoke"] is True and record["params"]["smoke"] is True
+    if not torch.cuda.is_available():
+        assert record["what"].startswith("SMOKE RUN"), record["what"]
+    return record
+
+
+def test_models_bench_smoke(tmp_path, capsys, restore_torch_cpu_settings):
+    from workbench.bench import models
+
+    assert models.main(["--smoke", "--out", str(tmp_path)]) == 0
+    record = read_result(tmp_path / "models.json")
+    fig = record["figures"]
+    assert fig["failures"] == []
+    assert set(fig["parameters"]) == {"tiny-rnnt", "tiny-aed"} and all(v > 0 for v in fig["parameters"].values())
+    steps = fig["steps"]
+    assert len(steps) == 2 * len(models.SMOKE_SHAPES) * 2  # models x shapes x dtypes
+    for row in steps:
+        assert {"model", "batch_size", "duration_s", "num_tokens", "dtype", "step_s", "loss", "peak_bytes",
+                "audio_s_per_s"} <= set(row)
+        assert math.isfinite(row["loss"]) and row["loss"] > 0 and row["step_s"]["median"] > 0
+        assert (row["peak_bytes"] is None) == (not torch.cuda.is_available())
+    assert len(fig["bf16_vs_fp32"]) == 2 * len(models.SMOKE_SHAPES)
+    loss = fig["rnnt_loss_vs_torchaudio"]
+    assert len(loss["losses_ours"]) == models.SMOKE_LOSS_SHAPE[0] and all(map(math.isfinite, loss["losses_ours"]))
+    assert "tiny-rnnt" in capsys.readouterr().out  # the table
+
+
+def test_models_bench_smoke_refuses_the_results_folder(tmp_path):
+    from workbench.bench import models
+    from workbench.bench.results import RESULTS_DIR
+
+    with pytest.raises(SystemExit):
+        models.main(["--smoke", "--out", str(RESULTS_DIR)])
+
+
+def test_oomptimizer_bench_smoke(tmp_path, restore_torch_cpu_settings):
+    from workbench.bench import oomptimizer
+
+    with pytest.raises(SystemExit):  # smoke JSON never goes to the default folder
+        oomptimizer.main(["--smoke"])
+    assert oomptimizer.main(["--smoke", "--out", str(tmp_path)]) == 0
+    record = read_result(tmp_path / "oomptimizer.json")
+    fig = record["figures"]
+    rnnt, aed = fig["rnnt"], fig["aed"]
+    assert rnnt["model"] == "tiny-rnnt" and aed["model"] == "tiny-aed"
+    assert rnnt["bins_source"].startswith("estimate_2d_bins")  # the real bucketing path, not the fixed grid
+    assert len(rnnt["buckets"]) == 4 and len(aed["buckets"]) == 2
+    for run in (rnnt["predictive"], rnnt["bisect"], rnnt["ddp_accounting"], aed["predictive"], aed["bisect"]):
+        assert {"batch_sizes", "probes", "ooms", "probes_per_bucket", "seconds", "all_returned_probed",
+                "leftover_bytes", "probe_seconds", "trace"} <= set(run)
+        assert run["all_returned_probed"] and all(b >= 1 for b in run["batch_sizes"])
+    assert len(rnnt["predictive"]["batch_sizes"]) == 4
+    assert rnnt["true_max"], "true maxima were not measured"
+    for t in rnnt["true_max"].values():
+        assert t["true_max"] >= 1 and t["predictive"] <= t["true_max"]
+    assert rnnt["soak"]["steps"] == 2 * 4 and rnnt["soak"]["ooms"] == 0
+    assert {"probes_bisect_over_predictive", "seconds_bisect_over_predictive"} <= set(rnnt["ratios"])
+    assert "failures" in fig and "wall_seconds" in fig
+
+
+def test_oomptimizer_bench_smoke_ddp_two_processes(tmp_path):
+    """--nproc 2 relaunches under torchrun (gloo on a CPU): the path the two-GPU run takes."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "workbench.bench.oomptimizer", "--smoke", "--nproc", "2",
+                           "--out", str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    record = read_result(tmp_path / "oomptimizer_ddp.json")
+    fig = record["figures"]
+    assert fig["world_size"] == 2 and fig["model"] == "tiny-rnnt"
+    assert fig["predictive"]["all_returned_probed"] and len(fig["predictive"]["batch_sizes"]) == len(fig["buckets"])
+
+
+def test_allocator_bench_smoke(tmp_path, capsys):
+    from workbench.bench import allocator
+
+    assert allocator.main(["--smoke", "--out", str(tmp_path)]) == 0
+    record = read_result(tmp_path / "allocator.json")
+    fig, params = record["figures"], record["params"]
+    assert params["model"] == "workbench.models tiny-rnnt"  # the real model, not the stand-in
+    assert params["shape_source"].startswith("lhotse DynamicBucketingSampler")  # the real sampler, no fallback
+    assert len(params["shapes"]) == 4 and all(d <= 4.0 for _, d, _ in params["shapes"])
+    for name in ("dynamic_plain", "dynamic_expandable", "static_plain", "static_expandable"):
+        summary = fig[name]
+        assert {"steps", "median_step_s", "device_allocs_per_step", "ooms", "step_time_s", "total_time_s",
+                "cold_total_time_s", "settings"} <= set(summary)
+        assert summary["steps"] == 4 and summary["total_time_s"] > 0
+        if not torch.cuda.is_available():  # on a GPU the smoke limit may bite: that is what the bench measures
+            assert summary["ooms"] == 0
+        assert len(params["series"][name]["time_s"]) == 8  # warm-up pass + measured pass
+    assert {"time_ratio_vs_static_plain", "cold_shapes_time_ratio_vs_static_plain", "targets_met",
+            "targets_enforced", "failures", "warnings"} <= set(fig)
+    assert fig["targets_enforced"] is (not fig["smoke"])
+    assert "dynamic_expandable" in capsys.readouterr().out  # the table
+
+
+def test_oomptimizer_bench_keeps_going_and_writes_the_json_when_a_part_raises(tmp_path, monkeypatch):
+    from workbench.bench import oomptimizer
+
+    def broken_build(name):
+        raise RuntimeError(f"cannot build {name}")
+
+    monkeypatch.setattr(oomptimizer, "build", broken_build)
+    assert oomptimizer.main(["--smoke", "--out", str(tmp_path)]) == 0  # smoke: reported, not enforced
+    fig = read_result(tmp_path / "oomptimizer.json")["figures"]
+    assert fig["complete"] is True
+    assert any("cannot build tiny-rnnt" in f for f in fig["failures"])
+    assert any("cannot build tiny-aed" in f for f in fig["failures"])
+    assert oomptimizer.report_failures(fig["failures"]) == 1  # the GPU run would exit non-zero
