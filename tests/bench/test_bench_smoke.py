@@ -112,19 +112,28 @@ def test_allocator_bench_smoke(tmp_path, capsys):
     fig, params = record["figures"], record["params"]
     assert params["model"] == "workbench.models tiny-rnnt"  # the real model, not the stand-in
     assert params["shape_source"].startswith("lhotse DynamicBucketingSampler")  # the real sampler, no fallback
-    assert len(params["shapes"]) == 4 and all(d <= 4.0 for _, d, _ in params["shapes"])
-    for name in ("dynamic_plain", "dynamic_expandable", "static_plain", "static_expandable"):
-        summary = fig[name]
+    assert len(params["shapes"]) == 4 and all(d <= 3.0 for _, d, _ in params["shapes"])
+    assert fig["rounds_run"] == 1 and params["passes"] == 2 and set(fig["headrooms"]) == {"0.08"}
+    block = fig["headrooms"]["0.08"]
+    order = ["static_plain", "dynamic_expandable", "static_expandable", "dynamic_plain"]
+    assert [o["config"] for o in params["run_order"]] == order
+    for name in order:
+        summary = block[name]
         assert {"steps", "median_step_s", "device_allocs_per_step", "ooms", "step_time_s", "total_time_s",
-                "cold_total_time_s", "settings"} <= set(summary)
-        assert summary["steps"] == 4 and summary["total_time_s"] > 0
+                "cold_total_time_s", "settings", "round_median_step_s", "allocation_events"} <= set(summary)
+        assert summary["steps"] == 8 and summary["total_time_s"] > 0  # 4 shapes x 2 measured passes
         if not torch.cuda.is_available():  # on a GPU the smoke limit may bite: that is what the bench measures
-            assert summary["ooms"] == 0
-        assert len(params["series"][name]["time_s"]) == 8  # warm-up pass + measured pass
-    assert {"time_ratio_vs_static_plain", "cold_shapes_time_ratio_vs_static_plain", "targets_met",
-            "targets_enforced", "failures", "warnings"} <= set(fig)
+            assert summary["ooms"] == 0 and summary["allocation_events"] == []
+        assert len(params["series"]["0.08"][name]["time_s"]) == 12  # warm-up pass + 2 measured passes
+    assert set(block["paired_time_ratios"]) == {"dynamic_expandable/static_plain",
+                                                "dynamic_expandable/static_expandable",
+                                                "dynamic_plain/static_plain", "static_expandable/static_plain"}
+    assert block["paired_time_ratios"]["dynamic_plain/static_plain"]["n"] == 1
+    assert block["time_target"]["conclusive"] is False  # one round is never conclusive
+    assert {"targets_met", "targets_enforced", "failures", "warnings"} <= set(fig)
     assert fig["targets_enforced"] is (not fig["smoke"])
-    assert "dynamic_expandable" in capsys.readouterr().out  # the table
+    out = capsys.readouterr().out
+    assert "dynamic_expandable" in out and "paired per round" in out  # the table
 
 
 def test_oomptimizer_bench_keeps_going_and_writes_the_json_when_a_part_raises(tmp_path, monkeypatch):

@@ -106,3 +106,54 @@ def test_summarize_steps_after_warmup():
     assert summary["peak_reserved_bytes"] == 700
     with pytest.raises(ValueError, match="warmup=6"):
         summarize_steps(rec.to_frame(), warmup=6)
+
+
+def test_device_alloc_events_say_which_step_allocated_after_what_and_why():
+    from workbench.memory.telemetry import device_alloc_events
+
+    cuda, gib = FakeCuda(), 2**30
+    rec = cuda.recorder()
+    shapes = [(2, 20.0, 90), (8, 4.0, 20), (4, 8.0, 40), (8, 4.0, 20), (2, 20.0, 90), (4, 8.0, 40), (8, 4.0, 20)]
+    plan = [  # warm-up: two steps; then quiet, cache miss, retry, peak above warm-up, frees without retry
+        dict(alloc=gib, peak=10 * gib, new_segments=3, segment_bytes=4 * gib),
+        dict(alloc=gib, peak=6 * gib),
+        dict(alloc=gib, peak=7 * gib),
+        dict(alloc=gib, peak=6 * gib, new_segments=1, segment_bytes=gib // 2),
+        dict(alloc=gib, peak=10 * gib, new_segments=2, segment_bytes=gib, freed_segments=2, retries=1),
+        dict(alloc=gib, peak=11 * gib, new_segments=1, segment_bytes=gib),
+        dict(alloc=gib, peak=5 * gib, new_segments=1, segment_bytes=gib, freed_segments=1),
+    ]
+    for i, (shape, step) in enumerate(zip(shapes, plan)):
+        with rec.step(index=i, pass_=1 if i < 2 else 2, timed=True, batch_size=shape[0], duration_s=shape[1],
+                      num_tokens=shape[2]):
+            cuda.run_step(**step)
+    frame = rec.to_frame()
+    events = device_alloc_events(frame, start=2)
+    assert [e["row"] for e in events] == [3, 4, 5, 6]  # row 2 touched nothing; warm-up rows are not listed
+    miss, retry, above, frees = events
+    assert miss["reason"].startswith("cache miss") and "512 MiB" in miss["reason"]
+    assert miss["shape"] == [8, 4.0, 20] and miss["previous_shape"] == [4, 8.0, 40]
+    assert miss["reserved_before_bytes"] == 12 * gib and miss["reserved_after_bytes"] == 12 * gib + gib // 2
+    assert retry["reason"].startswith("OOM-retry") and "2 device frees" in retry["reason"]
+    assert retry["alloc_retries"] == 1 and retry["previous_shape"] == [8, 4.0, 20]
+    assert above["reason"].startswith("peak above warm-up") and "11.00 GiB" in above["reason"]
+    assert frees["reason"].startswith("re-allocated after frees")
+    assert device_alloc_events(frame, start=2, limit=2) == events[:2]
+    assert device_alloc_events(frame, start=len(frame)) == []
+
+
+def test_device_alloc_events_report_an_oom():
+    from workbench.memory.telemetry import device_alloc_events
+
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    cuda = FakeCuda()
+    rec = cuda.recorder()
+    with rec.step(batch_size=1):
+        cuda.run_step(alloc=0, peak=1)
+    with pytest.raises(OutOfMemoryError):
+        with rec.step(batch_size=9):
+            raise OutOfMemoryError("CUDA out of memory")
+    (event,) = device_alloc_events(rec.to_frame(), start=1, shape_columns=("batch_size",))
+    assert event["oom"] and event["reason"].startswith("OOM:") and event["previous_shape"] == [1]

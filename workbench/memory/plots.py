@@ -63,8 +63,9 @@ def plot_device_allocs(series: Mapping[str, Any], *, warmup_steps: int | None = 
 
 
 def step_time_table(figures: Mapping[str, Any]):
-    """One row per config from allocator.json's figures: median step ms with spread, time ratio against
-    static shapes, device allocs/frees per step, retries, OOMs, peak reserved GiB."""
+    """One row per config from allocator.json's figures (or one headroom block of them): median step ms
+    with spread (over steps for a one-round record, over per-round medians for a record of rounds), rounds,
+    time ratio against static shapes, device allocs/frees per step, retries, OOMs, peak reserved GiB."""
     import pandas as pd
 
     ratios = figures.get("time_ratio_vs_static_plain", {})
@@ -75,8 +76,51 @@ def step_time_table(figures: Mapping[str, Any]):
             continue
         st = f["step_time_s"]
         rows.append({"config": name, "median ms": st["median"] * 1e3, "p25 ms": st["p25"] * 1e3,
-                     "p75 ms": st["p75"] * 1e3, "time vs static": ratios.get(name),
+                     "p75 ms": st["p75"] * 1e3, "rounds": f.get("rounds", 1), "time vs static": ratios.get(name),
                      "cold shapes vs static": cold.get(name), "device allocs/step": f["device_allocs_per_step"],
                      "device frees/step": f["device_frees_per_step"], "retries": f["alloc_retries"],
                      "OOMs": f["ooms"], "peak reserved GiB": f["peak_reserved_bytes"] / GIB})
     return pd.DataFrame(rows).set_index("config").round(3) if rows else pd.DataFrame()
+
+
+def allocator_blocks(record: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The headroom blocks of an allocator.json record, old or new layout: headroom label -> dict with
+    ``figures`` (config -> summary, ratios), ``series`` (config -> per-step columns of one run),
+    ``warmup_steps``, ``memory_limit_bytes`` and ``rounds``. A record from before the headroom sweep (one
+    subprocess per configuration, ``params["series"]`` flat) becomes one block of one round."""
+    params, figures = record["params"], record["figures"]
+    if "headrooms" not in figures:
+        return {f"{params['headroom']:g}": dict(figures=figures, series=params["series"],
+                                                 warmup_steps=params["warmup_steps"],
+                                                 memory_limit_bytes=params["memory_limit_bytes"], rounds=1)}
+    return {label: dict(figures=block, series=params["series"][label], warmup_steps=params["warmup_steps"],
+                        memory_limit_bytes=block["memory_limit_bytes"], rounds=figures["rounds_run"])
+            for label, block in figures["headrooms"].items()}
+
+
+def paired_ratio_table(figures: Mapping[str, Any]):
+    """One row per ratio of a block's ``paired_time_ratios`` (time of the same steps, numerator over
+    denominator, computed within each round): median, min, max over rounds and the per-round values."""
+    import pandas as pd
+
+    rows = [{"ratio": name, "median": r["median"], "min": r["min"], "max": r["max"], "rounds": r["n"],
+             "per round": ", ".join(f"{v:.3f}" for v in r["rounds"])}
+            for name, r in figures.get("paired_time_ratios", {}).items()]
+    return pd.DataFrame(rows).set_index("ratio").round(3) if rows else pd.DataFrame()
+
+
+def allocation_events_table(figures: Mapping[str, Any]):
+    """The steps after warm-up that touched device memory, every config of a block: round, pass, step,
+    shape, the shape before it, allocations, frees, retries, MiB allocated and the reason."""
+    import pandas as pd
+
+    rows = []
+    for name, f in figures.items():
+        if not isinstance(f, dict):
+            continue
+        for e in f.get("allocation_events", []):
+            rows.append({"config": name, "round": e.get("round"), "pass": e.get("pass_"), "step": e.get("index"),
+                         "shape": tuple(e["shape"]), "previous shape": tuple(e["previous_shape"] or ()),
+                         "allocs": e["device_allocs"], "frees": e["device_frees"], "retries": e["alloc_retries"],
+                         "MiB": round(e["device_alloc_bytes"] / 2**20), "reason": e["reason"]})
+    return pd.DataFrame(rows)

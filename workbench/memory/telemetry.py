@@ -123,3 +123,58 @@ def summarize_steps(frame, warmup: int = 0) -> dict[str, float]:
         "ooms": int(after["ooms"].sum()),
         "peak_reserved_bytes": int(frame["peak_reserved_bytes"].max()),
     }
+
+
+SHAPE_COLUMNS = ("batch_size", "duration_s", "num_tokens")
+
+
+def device_alloc_events(frame, *, start: int = 0, shape_columns=SHAPE_COLUMNS, limit: int | None = None) -> list[dict]:
+    """Why the steps from row ``start`` on (row order = run order, warm-up rows before ``start``) touched
+    device memory: one dict per step with device allocations, allocation retries or OOMs, carrying its
+    tags, the shape of the step before it, reserved bytes before and after, and a one-line ``reason``:
+
+    - "OOM": the step failed even after the allocator freed its cache;
+    - "OOM-retry": the allocator hit the limit, released cached segments and allocated again;
+    - "peak above warm-up": the step needed more than any step before ``start`` (e.g. optimizer state
+      created after the warm-up's largest step);
+    - "re-allocated after frees": segments were released and mapped again without a retry;
+    - "cache miss": no cached block fit after the previous shape, the cache grew.
+
+    At most ``limit`` events (None: all); ``frame`` as from MemoryRecorder.to_frame().
+    """
+    events = []
+    rows = frame.to_dict(orient="records")
+    warmup_peak = max((int(r.get("peak_allocated_bytes", 0)) for r in rows[:start]), default=0)
+    for i in range(start, len(rows)):
+        row = rows[i]
+        allocs, retries = int(row.get("device_allocs", 0)), int(row.get("alloc_retries", 0))
+        oom = bool(row.get("oom_raised", False)) or int(row.get("ooms", 0)) > 0
+        if not (allocs or retries or oom):
+            continue
+        prev = rows[i - 1] if i > 0 else {}
+        frees, peak = int(row.get("device_frees", 0)), int(row.get("peak_allocated_bytes", 0))
+        if oom:
+            reason = "OOM: the step failed even after the allocator freed its cache"
+        elif retries:
+            reason = (f"OOM-retry: the allocator hit the limit, released cached memory ({frees} device frees) "
+                      f"and allocated again")
+        elif warmup_peak and peak > warmup_peak:
+            reason = (f"peak above warm-up: needed {peak / 2**30:.2f} GiB, more than any warm-up step "
+                      f"({warmup_peak / 2**30:.2f} GiB)")
+        elif frees:
+            reason = f"re-allocated after frees: {frees} segment(s) released and {allocs} allocated"
+        else:
+            reason = (f"cache miss: no cached block fit after the previous shape; reserved grew by "
+                      f"{int(row.get('device_alloc_bytes', 0)) / 2**20:.0f} MiB")
+        events.append({
+            "row": i, **{k: row[k] for k in ("pass_", "index", "timed", "repeat") if k in row},
+            "shape": [row[c] for c in shape_columns if c in row],
+            "previous_shape": [prev[c] for c in shape_columns if c in prev] if prev else None,
+            "device_allocs": allocs, "device_frees": frees, "device_alloc_bytes": int(row.get("device_alloc_bytes", 0)),
+            "alloc_retries": retries, "oom": oom, "peak_allocated_bytes": peak,
+            "reserved_before_bytes": int(prev.get("reserved_bytes", 0)) if prev else 0,
+            "reserved_after_bytes": int(row.get("reserved_bytes", 0)), "reason": reason,
+        })
+        if limit is not None and len(events) >= limit:
+            break
+    return events

@@ -1,0 +1,41 @@
+"""The notebook's readers of allocator.json: the committed one-round record and the rounds/headroom layout."""
+
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from workbench.bench.results import RESULTS_DIR  # noqa: E402
+from workbench.memory.plots import (allocation_events_table, allocator_blocks, paired_ratio_table,  # noqa: E402
+                                    plot_device_allocs, plot_memory_curves, step_time_table)
+
+
+def test_old_one_round_record_is_one_block():
+    path = RESULTS_DIR / "allocator.json"
+    record = json.loads(path.read_text())
+    (label, block), = allocator_blocks(record).items()
+    assert label == f"{record['params']['headroom']:g}" and block["rounds"] == 1
+    table = step_time_table(block["figures"])
+    assert set(table.index) == {"dynamic_plain", "dynamic_expandable", "static_plain", "static_expandable"}
+    assert table.loc["static_plain", "time vs static"] == 1.0
+    assert paired_ratio_table(block["figures"]).empty and allocation_events_table(block["figures"]).empty
+    plot_memory_curves(block["series"], warmup_steps=block["warmup_steps"])
+
+
+def test_rounds_record_gives_a_block_per_headroom_with_paired_ratios_and_events(monkeypatch, tmp_path, capsys):
+    from test_bench_allocator import run_bench_with
+
+    rc, record, _, _ = run_bench_with(monkeypatch, tmp_path, capsys,
+                                      args=["--rounds", "2", "--headroom", "0.08", "0.2"], dyn_exp_allocs=2)
+    blocks = allocator_blocks(record)
+    assert list(blocks) == ["0.08", "0.2"] and blocks["0.2"]["rounds"] == 2
+    figures = blocks["0.08"]["figures"]
+    paired = paired_ratio_table(figures)
+    assert paired.loc["dynamic_plain/static_plain", "median"] == 1.3
+    assert paired.loc["dynamic_plain/static_plain", "rounds"] == 2
+    events = allocation_events_table(figures)
+    assert list(events["config"]) == ["dynamic_expandable"] * 2 and list(events["round"]) == [1, 2]
+    assert events["reason"].str.startswith("cache miss").all()
+    assert step_time_table(figures).loc["static_plain", "rounds"] == 2
+    plot_device_allocs(blocks["0.2"]["series"], warmup_steps=blocks["0.2"]["warmup_steps"])
