@@ -80,7 +80,8 @@ def run_notebooks(out_dir: str | os.PathLike = "reports", *, smoke: bool = False
     if only:
         notebooks = [nb for nb in notebooks if any(o in nb.name for o in only)]
     if not notebooks:
-        raise FileNotFoundError(f"no notebooks found in {NOTEBOOK_DIR}")
+        raise FileNotFoundError(f"no notebooks found in {NOTEBOOK_DIR}"
+                                + (f" whose name contains one of {only}" if only else ""))
     rows = []
     for nb_path in notebooks:
         t0 = time.perf_counter()

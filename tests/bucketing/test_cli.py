@@ -55,6 +55,7 @@ def test_bins_without_tokens_is_1d(tmp_path):
 
 def test_bins_user_errors(manifest, tmp_path, capsys):
     assert main(["bins", str(tmp_path / "missing.jsonl.gz"), "--out", str(tmp_path / "p.yaml")]) == 2
+    assert "missing.jsonl.gz" in capsys.readouterr().err  # the error names the file
     assert main(["bins", str(manifest), "--buckets", "5000", "--out", str(tmp_path / "p.yaml"), "-q"]) == 2
     assert "more than the 3000 utterances" in capsys.readouterr().err
     assert not (tmp_path / "p.yaml").exists()

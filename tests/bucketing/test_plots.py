@@ -1,3 +1,5 @@
+import importlib.util
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -32,4 +34,8 @@ def test_interactive_panel_builds():
     d, t = corpus(500, seed=1)
     panel = interactive_panel(d, t, num_buckets=4)
     assert panel is None or len(panel.children) == 2
+    if importlib.util.find_spec("ipywidgets") is None:
+        assert panel is None  # widgets are optional
+    else:
+        assert panel is not None and len(panel.children) == 2  # installed: the panel is built
     plt.close("all")

@@ -91,4 +91,6 @@ def test_train_recipe_reports_user_errors_in_one_line(tmp_path, capsys):
     code = main(["train", "--cuts", str(tmp_path / "missing.jsonl.gz"), "--tokenizer", str(tmp_path / "t.model"),
                  "--out", str(tmp_path), "--device", "cpu"])
     assert code == 2
-    assert "error:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "error:" in err
+    assert err.startswith("workbench train: error:") and "missing.jsonl.gz" in err and "Traceback" not in err

@@ -33,12 +33,16 @@ def test_module_entry_without_cuda_is_one_clear_line(tmp_path):
     assert "launching" not in proc.stdout and "Traceback" not in proc.stderr
 
 
-def test_wrong_model_name_is_one_line_before_any_gpu_work(tmp_path):
+def test_wrong_model_name_is_one_line_before_any_gpu_work(tmp_path, capsys):
     from workbench.bucketing.profile import BucketProfile, save_profile
     from workbench.cli import main
 
     bins = save_profile(tmp_path / "P.yaml", BucketProfile([[5.0, 40]]))
     assert main(["oomptimize", "--model", "large-rnnn", "--bins", str(bins)]) == 2
+    err = capsys.readouterr().err
+    # the model name is checked first: the error names it, not the missing GPU
+    assert err.startswith("workbench oomptimize: error: model name:") and "'large-rnnn'" in err
+    assert "CUDA" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_torchrun_relaunch_leaves_out_nproc(monkeypatch):
@@ -56,3 +60,13 @@ def test_torchrun_relaunch_leaves_out_nproc(monkeypatch):
 def test_without_option():
     assert cli.without_option(["--a", "1", "--nproc", "2", "--nproc=3", "--nprocs", "x"], "--nproc") == \
         ["--a", "1", "--nprocs", "x"]
+
+
+def test_malformed_profile_is_one_line_naming_the_file_before_any_gpu_work(tmp_path, capsys):
+    from workbench.cli import main
+
+    bad = tmp_path / "P.yaml"
+    bad.write_text("foo: 1\n")
+    assert main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "P.yaml: missing field 'bucket_duration_bins'" in err and "CUDA" not in err

@@ -22,7 +22,7 @@ def test_other_errors_are_not_ooms():
 
 
 def test_configure_allocator_turns_on_expandable_segments():
-    code = ("import os; from workbench.oomptimizer.probe import configure_allocator; configure_allocator(); "
+    code = ("import os; from workbench.memory import configure_allocator; configure_allocator(); "
             "print(os.environ.get('PYTORCH_ALLOC_CONF', ''))")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
     env["PYTORCH_ALLOC_CONF"] = "garbage_collection_threshold:0.8"
@@ -30,6 +30,10 @@ def test_configure_allocator_turns_on_expandable_segments():
     conf = out.stdout.strip()
     # Either workbench.memory did it (env may stay as given) or we appended expandable segments.
     assert "garbage_collection_threshold:0.8" in conf or "expandable_segments" in conf
+    if torch.cuda.is_available():  # the user's option is kept and expandable segments are added
+        assert conf == "garbage_collection_threshold:0.8,expandable_segments:True"
+    else:  # nothing to configure without CUDA: the environment is left as the user set it
+        assert conf == "garbage_collection_threshold:0.8"
 
 
 def test_cli_without_gpu_or_file_fails_cleanly(tmp_path):

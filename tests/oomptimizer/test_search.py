@@ -1,7 +1,6 @@
 import random
 
 import pytest
-import torch
 
 from workbench.oomptimizer import SyntheticMemory, demo_buckets, search_batch_sizes
 from workbench.oomptimizer.synthetic import GiB, MODEL_KINDS

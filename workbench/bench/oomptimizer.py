@@ -34,7 +34,7 @@ import time
 import traceback
 from pathlib import Path
 
-from workbench.oomptimizer.probe import configure_allocator
+from workbench.memory import configure_allocator
 
 configure_allocator()  # before CUDA is initialized
 

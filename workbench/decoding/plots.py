@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -63,7 +65,7 @@ def iteration_breakdown(table: pd.DataFrame, empty_iteration_s: float | None, *,
     fig, ax = plt.subplots(figsize=(8, 3.6))
     for (model, method), g in sub.groupby(["model", "method"], observed=True):
         ax.plot(g["B"], g["us_per_outer_iteration"], marker="o", label=f"{model} {method}")
-    if empty_iteration_s and empty_iteration_s == empty_iteration_s:
+    if empty_iteration_s and not math.isnan(empty_iteration_s):
         ax.axhline(empty_iteration_s * 1e6, color="k", linestyle="--", label="empty while iteration")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

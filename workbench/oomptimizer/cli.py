@@ -38,13 +38,15 @@ def run_oomptimize(args) -> int:
     from workbench.models.config import config_from_name
 
     config_from_name(args.model)  # a wrong model name is a one-line error here, before any GPU work
-    from workbench.oomptimizer.probe import configure_allocator
+    from workbench.bucketing.profile import load_profile, save_profile
+
+    bins = load_profile(bins_path)  # so is a malformed profile file
+    from workbench.memory import configure_allocator
 
     configure_allocator()  # before CUDA is initialized
     import torch
 
-    from workbench.bucketing.profile import load_profile, save_profile
-    from workbench.oomptimizer.run import DTYPES, oomptimize, soak
+    from workbench.oomptimizer.run import DTYPES, oomptimize, profile_buckets, soak
 
     if not torch.cuda.is_available():
         raise UserError("oomptimize needs a CUDA GPU (the probes run real training steps)")
@@ -57,7 +59,6 @@ def run_oomptimize(args) -> int:
         from workbench.models import build_model
     except ImportError as e:
         raise UserError(f"workbench.models is not available: {e}") from None
-    bins = load_profile(bins_path)
     with torch.device("cuda", torch.cuda.current_device()):  # built on the GPU: an xl model skips host init
         model = build_model(args.model)
     say = print if rank == 0 else (lambda *a, **k: None)
@@ -78,8 +79,6 @@ def run_oomptimize(args) -> int:
         d, u = buckets[i]
         say(f"\r  bucket {i:3d} ({d:6.2f} s, {u:5.0f} tok): batch size {batch_size:5d}  "
             f"probes {len(records):2d}  peak {peak / 2**30:6.1f} GiB")
-
-    from workbench.oomptimizer.run import profile_buckets
 
     buckets = profile_buckets(bins)
     profile, result = oomptimize(model, args.model, bins, strategy=args.strategy, dtype=DTYPES[args.dtype],

@@ -16,13 +16,9 @@ OOM when any rank ran out.
 from __future__ import annotations
 
 import gc
-import importlib
-import logging
-import os
 
 import torch
 
-log = logging.getLogger(__name__)
 
 # Messages of errors that are OOMs in disguise: libraries that fail to allocate their workspace.
 OOM_MESSAGES = ("out of memory", "CUFFT_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
@@ -36,25 +32,6 @@ def is_oom_error(error: BaseException) -> bool:
     if isinstance(error, torch.OutOfMemoryError):
         return True
     return isinstance(error, RuntimeError) and any(m.lower() in str(error).lower() for m in OOM_MESSAGES)
-
-
-def configure_allocator() -> None:
-    """Expandable segments on, as training uses; must run before CUDA is initialized.
-
-    Uses ``workbench.memory.configure_allocator`` when that exists, else sets PYTORCH_ALLOC_CONF.
-    """
-    try:
-        memory = importlib.import_module("workbench.memory")
-    except ModuleNotFoundError:
-        memory = None
-    if memory is not None and hasattr(memory, "configure_allocator"):
-        memory.configure_allocator()
-        return
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        log.warning("CUDA is already initialized: allocator settings may not take effect")
-    conf = os.environ.get("PYTORCH_ALLOC_CONF", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
-    if "expandable_segments" not in conf:
-        os.environ["PYTORCH_ALLOC_CONF"] = ",".join(x for x in (conf, "expandable_segments:True") if x)
 
 
 def release_memory() -> None:
