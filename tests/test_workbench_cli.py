@@ -48,3 +48,12 @@ def test_cli_starts_without_importing_torch():
     code = "import sys, workbench.cli as c; c.build_parser(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False", "a sub-command module imports torch at start-up: import it inside the command"
+
+
+def test_test_modules_have_unique_names():
+    """pytest's default import mode needs unique basenames across test folders (no __init__.py)."""
+    from collections import Counter
+    from pathlib import Path
+
+    names = Counter(p.name for p in (Path(__file__).parent).rglob("test_*.py"))
+    assert [n for n, k in names.items() if k > 1] == []
