@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -110,6 +109,3 @@ def register(sub) -> None:
     p.add_argument("--only", nargs="*", help="run only notebooks whose name contains one of these")
     p.set_defaults(func=lambda a: (run_notebooks(a.out, smoke=a.smoke, only=a.only), 0)[1])
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(run_notebooks(smoke="--smoke" in sys.argv) and 0)

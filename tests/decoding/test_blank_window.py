@@ -77,7 +77,7 @@ def window_case(seed):
         num_layers=rng.randint(1, 2), durations=durations, blank_id=blank_id,
         blank_bias=rng.uniform(-1.0, 4.0), logit_scale=rng.uniform(2.0, 8.0), seed=seed, dtype=torch.float64)
     batch, frames = rng.randint(1, 6), rng.randint(1, 30)
-    enc = torch.randn(batch, frames, joint.enc.in_features, generator=torch.Generator().manual_seed(seed),
+    enc = torch.randn(batch, frames, joint.enc_proj.in_features, generator=torch.Generator().manual_seed(seed),
                       dtype=torch.float64)
     lengths = torch.tensor([rng.choice([0, frames, rng.randint(0, frames)]) for _ in range(batch)])
     return predictor, joint, enc, lengths, blank_id, durations, rng.choice([1, 2, 3, 10])

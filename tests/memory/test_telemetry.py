@@ -157,3 +157,17 @@ def test_device_alloc_events_report_an_oom():
             raise OutOfMemoryError("CUDA out of memory")
     (event,) = device_alloc_events(rec.to_frame(), start=1, shape_columns=("batch_size",))
     assert event["oom"] and event["reason"].startswith("OOM:") and event["previous_shape"] == [1]
+
+
+def test_step_marks_ooms_in_disguise_and_only_those():
+    import pytest
+
+    from workbench.memory import MemoryRecorder
+
+    rec = MemoryRecorder(stats_fn=dict, reset_peaks_fn=lambda: None, synchronize_fn=lambda: None)
+    for error in (RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), RuntimeError("shape mismatch"),
+                  ValueError("out of memory")):
+        with pytest.raises(type(error)):
+            with rec.step():
+                raise error
+    assert [row["oom_raised"] for row in rec.rows] == [True, False, False]

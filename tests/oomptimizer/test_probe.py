@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from workbench.oomptimizer.probe import is_oom_error
+from workbench.memory.oom import is_oom_error
 
 
 @pytest.mark.parametrize("message", ["cuFFT error: CUFFT_ALLOC_FAILED", "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",

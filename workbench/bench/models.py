@@ -30,7 +30,7 @@ import torch
 
 from workbench.bench.results import RESULTS_DIR, time_cpu, time_cuda, write_result
 from workbench.models import build_model, count_parameters, rnnt_loss
-from workbench.oomptimizer.probe import is_oom_error
+from workbench.memory.oom import is_oom_error
 
 MODELS = ["large-rnnt", "large-tdt", "large-aed", "xl-aed"]
 SHAPES = [(32, 5.0, 40), (16, 15.0, 120), (8, 30.0, 240)]  # (batch, seconds, tokens): worst case of a bucket

@@ -1,8 +1,8 @@
 """Corpora: manifest readers, synthetic corpora, a text-to-speech corpus, tokenizers."""
 
 from workbench.data.arrays import CutArrays
-from workbench.data.manifest import iter_manifest_lines, read_cut_arrays
+from workbench.data.manifest import iter_cut_blocks, read_cut_arrays
 from workbench.data.synthetic import SyntheticSpec, synthetic_cut_arrays, write_synthetic_corpus
 
-__all__ = ["CutArrays", "SyntheticSpec", "iter_manifest_lines", "read_cut_arrays", "synthetic_cut_arrays",
+__all__ = ["CutArrays", "SyntheticSpec", "iter_cut_blocks", "read_cut_arrays", "synthetic_cut_arrays",
            "write_synthetic_corpus"]

@@ -122,14 +122,6 @@ def iter_manifest_blocks(path: str | os.PathLike, *, progress: bool = False) -> 
         bar.close()
 
 
-def iter_manifest_lines(path: str | os.PathLike, *, progress: bool = False) -> Iterator[tuple[int, bytes]]:
-    """Yield ``(line_number, raw_line)`` for every non-blank line of a JSONL(.gz) file; numbers start at 1."""
-    for first, block in iter_manifest_blocks(path, progress=progress):
-        for i, line in enumerate(block.split(b"\n")):
-            if line.strip():
-                yield first + i, line
-
-
 def _parse_block(path: Path, first: int, block: bytes) -> tuple[list, list[int]]:
     """The JSON objects of a block of lines and their line numbers (parsing line by line is 3x faster
     with orjson than parsing the block as one array)."""
@@ -162,6 +154,22 @@ def _gc_paused():
             gc.enable()
 
 
+def _cut_dicts(path: Path, first: int, block: bytes) -> tuple[list[dict], list[int]]:
+    """The cuts of one block as dicts, with their line numbers; a line that is not an object is an error."""
+    objs, linenos = _parse_block(path, first, block)
+    for lineno, cut in zip(linenos, objs):
+        if not isinstance(cut, dict):
+            raise ValueError(f"{path}:{lineno}: expected a JSON object (a lhotse cut), got {type(cut).__name__}")
+    return objs, linenos
+
+
+def iter_cut_blocks(path: str | os.PathLike, *, progress: bool = False) -> Iterator[tuple[list[dict], list[int]]]:
+    """Yield the cuts of a JSONL(.gz) manifest as dicts, a block at a time, with their line numbers."""
+    path = _existing_manifest(path)
+    for first, block in iter_manifest_blocks(path, progress=progress):
+        yield _cut_dicts(path, first, block)
+
+
 @dataclass
 class _BlockColumns:
     """What one block of lines contributes: the columns, plus where token counts are missing."""
@@ -177,13 +185,10 @@ def _extract_block(job: tuple[Path, int, bytes, bool]) -> _BlockColumns:
     """Parse one block and keep only the columns (runs in a worker process for large files)."""
     path, first, block, keep_texts = job
     with _gc_paused():
-        objs, linenos = _parse_block(path, first, block)
+        objs, linenos = _cut_dicts(path, first, block)
         cols = _BlockColumns([], [], [], [], linenos)
         ids, durations, tokens, texts = cols.ids, cols.durations, cols.tokens, cols.texts
         for lineno, cut in zip(linenos, objs):
-            if not isinstance(cut, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object (a lhotse cut), "
-                                 f"got {type(cut).__name__}")
             try:
                 duration = cut["duration"]
             except KeyError:

@@ -137,38 +137,25 @@ def _write_with_counts(out, cuts: list[dict], tokenizer) -> None:
 
 
 def add_token_counts(manifest_in: str | os.PathLike, tokenizer, manifest_out: str | os.PathLike, *,
-                     progress: bool = True, chunk_size: int = 65536) -> Path:
+                     progress: bool = True) -> Path:
     """Copy a CutSet manifest with ``custom["num_tokens"]`` set on every cut; returns ``manifest_out``.
 
     A cut's count is the sum over its supervisions' texts (0 with no text). ``tokenizer`` is a
     sentencepiece processor or the path of its ``.model``. The output (gzip when it ends in ``.gz``) is
     written atomically, so ``manifest_out`` may be ``manifest_in``. Every other field is kept as it was.
     """
-    from workbench.data.manifest import iter_manifest_lines
+    from workbench.data.manifest import iter_cut_blocks
 
     if isinstance(tokenizer, (str, os.PathLike)):
         tokenizer = load_tokenizer(tokenizer)
-    src, dst = Path(manifest_in), Path(manifest_out)
-    if not src.is_file():
-        raise FileNotFoundError(f"manifest {str(src)!r} does not exist")
+    dst = Path(manifest_out)
     written = 0
     with atomic_path(dst) as tmp:
         with (gzip.open(tmp, "wt", encoding="utf-8", compresslevel=5) if dst.suffix == ".gz"
               else open(tmp, "w", encoding="utf-8")) as out:
-            cuts: list[dict] = []
-            for lineno, line in iter_manifest_lines(src, progress=progress):
-                try:
-                    cut = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{src}:{lineno}: malformed JSON ({e})") from None
-                if not isinstance(cut, dict):
-                    raise ValueError(f"{src}:{lineno}: expected a JSON object (a lhotse cut)")
-                cuts.append(cut)
-                written += 1
-                if len(cuts) >= chunk_size:
-                    _write_with_counts(out, cuts, tokenizer)
-                    cuts.clear()
-            _write_with_counts(out, cuts, tokenizer)
+            for cuts, _ in iter_cut_blocks(manifest_in, progress=progress):
+                _write_with_counts(out, cuts, tokenizer)
+                written += len(cuts)
         if not written:
-            raise ValueError(f"{src}: the manifest is empty (no cuts)")
+            raise ValueError(f"{manifest_in}: the manifest is empty (no cuts)")
     return dst

@@ -7,10 +7,10 @@ from workbench.decoding.cuda_graphs import (
 )
 from workbench.decoding.greedy import GreedyTransducerDecoder, resolve_graph_mode
 from workbench.decoding.protocol import Hypothesis, Joint, Predictor
-from workbench.decoding.toy_models import AdditiveJoint, LstmPredictor, make_toy_transducer, set_blank_bias
+from workbench.decoding.toy_models import make_toy_transducer, set_blank_bias
 
 __all__ = [
     "GreedyTransducerDecoder", "Hypothesis", "Predictor", "Joint", "resolve_graph_mode",
     "full_graph_unsupported_reason", "partial_graph_unsupported_reason", "empty_while_iteration_seconds",
-    "LstmPredictor", "AdditiveJoint", "make_toy_transducer", "set_blank_bias",
+    "make_toy_transducer", "set_blank_bias",
 ]

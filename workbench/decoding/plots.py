@@ -48,9 +48,14 @@ def speed_bars(table: pd.DataFrame, *, model: str = "rnnt", dtype: str = "float3
         err = [m["ms"] - m["ms_p25"], m["ms_p75"] - m["ms"]]
         ax.bar(xs, m["ms"], width, yerr=err, label=method)
     ax.set_xticks([j + width * (len(methods) - 1) / 2 for j in range(len(batches))], [f"B={b}" for b in batches])
+    return _finish(fig, ax, ylabel="ms per batch (median)", title=f"{model.upper()} {dtype}, {audio_s:g} s utterances")
+
+
+def _finish(fig, ax, *, ylabel: str, title: str):
+    """Log y axis, labels and a small legend: the common end of the speed figures."""
     ax.set_yscale("log")
-    ax.set_ylabel("ms per batch (median)")
-    ax.set_title(f"{model.upper()} {dtype}, {audio_s:g} s utterances")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
@@ -67,13 +72,8 @@ def iteration_breakdown(table: pd.DataFrame, empty_iteration_s: float | None, *,
     if empty_iteration_s and not math.isnan(empty_iteration_s):
         ax.axhline(empty_iteration_s * 1e6, color="k", linestyle="--", label="empty while iteration")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
     ax.set_xlabel("batch size")
-    ax.set_ylabel("us per outer iteration")
-    ax.set_title(f"time per outer iteration ({dtype}, {audio_s:g} s)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, ylabel="us per outer iteration", title=f"time per outer iteration ({dtype}, {audio_s:g} s)")
 
 
 def live_speed_record(batches=(1, 4), frames: int = 20, repeat: int = 2, blank_bias: float = 4.0) -> dict[str, Any]:

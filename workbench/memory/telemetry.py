@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
+from workbench.memory.oom import is_oom_error
+
 # column -> memory_stats() key; "current"/"peak" columns are levels, the others are counters (deltas).
 LEVELS = {
     "allocated_bytes": "allocated_bytes.all.current",
@@ -82,7 +84,7 @@ class MemoryRecorder:
         try:
             yield
         except Exception as exc:
-            oom = type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()
+            oom = is_oom_error(exc)
             raise
         finally:
             self.synchronize_fn()

@@ -19,19 +19,7 @@ import gc
 
 import torch
 
-
-# Messages of errors that are OOMs in disguise: libraries that fail to allocate their workspace.
-OOM_MESSAGES = ("out of memory", "CUFFT_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
-                "CUBLAS_STATUS_ALLOC_FAILED", "CUSOLVER_STATUS_ALLOC_FAILED", "cuFFT error: CUFFT_INTERNAL_ERROR",
-                "CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input",
-                "CUDNN_STATUS_INTERNAL_ERROR", "CUDA error: out of memory")
-
-
-def is_oom_error(error: BaseException) -> bool:
-    """True for torch.OutOfMemoryError and for library errors whose message says an allocation failed."""
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    return isinstance(error, RuntimeError) and any(m.lower() in str(error).lower() for m in OOM_MESSAGES)
+from workbench.memory.oom import is_oom_error
 
 
 def release_memory() -> None:

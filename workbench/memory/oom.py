@@ -1,0 +1,22 @@
+"""One test for 'this error means the GPU ran out of memory', shared by the probe, telemetry and benches."""
+
+from __future__ import annotations
+
+# Messages of errors that are OOMs in disguise: libraries that fail to allocate their workspace.
+OOM_MESSAGES = ("out of memory", "CUFFT_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
+                "CUBLAS_STATUS_ALLOC_FAILED", "CUSOLVER_STATUS_ALLOC_FAILED", "cuFFT error: CUFFT_INTERNAL_ERROR",
+                "CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input",
+                "CUDNN_STATUS_INTERNAL_ERROR", "CUDA error: out of memory")
+
+
+def is_oom_error(error: BaseException) -> bool:
+    """True for torch.OutOfMemoryError and for library errors whose message says an allocation failed.
+
+    torch.OutOfMemoryError is a RuntimeError; it is recognised by name so this module needs no torch.
+    """
+    if not isinstance(error, RuntimeError):
+        return False
+    if type(error).__name__ == "OutOfMemoryError":
+        return True
+    text = str(error).lower()
+    return any(m.lower() in text for m in OOM_MESSAGES)
