@@ -6,11 +6,13 @@
 # Keep one call under 10 minutes: `tests decoding models`, then `oomptimizer ddp`, then `allocator`.
 #
 # On the device machine (no network): carry `.whl` (make gpu-bundle fills it). Results land in
-# $OUT/results.tar.gz (benchmarks/results/*.json) and logs in $OUT/*.log; elsewhere OUT defaults to ./gpu_out.
+# $OUT/results.tar.gz (benchmarks/results/*.json, re-packed after every stage, so a call stopped at its limit
+# still returns what finished) and logs in $OUT/*.log; elsewhere OUT defaults to ./gpu_out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT/results"
+RESULTS=${RESULTS:-/tmp/workbench_results}
+mkdir -p "$OUT" "$RESULTS"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export WORKBENCH_GIT_COMMIT=${WORKBENCH_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || cat .gpu_commit 2>/dev/null || echo unknown)}
@@ -37,18 +39,18 @@ run_stage() {  # name, time limit in seconds, command...
   tail -n 25 "$OUT/$name.log"
   echo "=== $name: rc=$rc in $(( $(date +%s) - t0 ))s ==="
   [ $rc -eq 0 ] || status=1
+  tar -czf "$OUT/results.tar.gz" -C "$RESULTS" . && ls "$RESULTS"
 }
 
 for stage in "$@"; do
   case $stage in
-    tests)       run_stage tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests ;;
-    decoding)    run_stage decoding 250 python3 -m workbench.bench.decoding --out "$OUT/results" ;;
-    models)      run_stage models 180 python3 -m workbench.bench.models --out "$OUT/results" ;;
-    oomptimizer) run_stage oomptimizer 400 python3 -m workbench.bench.oomptimizer --out "$OUT/results" ;;
-    ddp)         run_stage ddp 170 python3 -m workbench.bench.oomptimizer --nproc 2 --out "$OUT/results" ;;
-    allocator)   run_stage allocator 400 python3 -m workbench.bench.allocator --out "$OUT/results" ;;
+    tests)       run_stage tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests ;;
+    decoding)    run_stage decoding 210 python3 -m workbench.bench.decoding --budget-s 170 --out "$RESULTS" ;;
+    models)      run_stage models 160 python3 -m workbench.bench.models --out "$RESULTS" ;;
+    oomptimizer) run_stage oomptimizer 360 python3 -m workbench.bench.oomptimizer --out "$RESULTS" ;;
+    ddp)         run_stage ddp 160 python3 -m workbench.bench.oomptimizer --nproc 2 --out "$RESULTS" ;;
+    allocator)   run_stage allocator 420 python3 -m workbench.bench.allocator --out "$RESULTS" ;;
     *) echo "unknown stage $stage"; status=1 ;;
   esac
 done
-tar -czf "$OUT/results.tar.gz" -C "$OUT/results" . && ls "$OUT/results"
 exit $status
