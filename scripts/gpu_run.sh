@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
 # One GPU call: install carried wheels, check the GPU, then run the named stages, each under a time limit.
 #
-#   bash scripts/gpu_run.sh STAGE [STAGE ...]     stages: tests decoding models oomptimizer ddp allocator
+#   bash scripts/gpu_run.sh STAGE [STAGE ...]                 one after another on GPU 0
+#   bash scripts/gpu_run.sh --parallel "STAGES" "STAGES" ...  each group on its own GPU (0, 1, ...), at once
 #
-# Keep one call under 10 minutes: `tests decoding models`, then `oomptimizer ddp`, then `allocator`.
+# stages: tests decoding models oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator
+# A call must end within 10 minutes: every stage's limit is cut to what is left of DEADLINE_S (560 s from
+# the start), and the benches with an internal budget get the rest minus a margin.
 #
-# On the device machine (no network): carry `.whl` (make gpu-bundle fills it). Results land in
-# $OUT/results.tar.gz (benchmarks/results/*.json, re-packed after every stage, so a call stopped at its limit
-# still returns what finished) and logs in $OUT/*.log; elsewhere OUT defaults to ./gpu_out.
+# On the device machine (no network): carry `.whl` (make gpu-bundle fills it) and `.gpu_commit`. Results
+# land in $OUT/results.tar.gz (benchmarks/results/*.json, re-packed after every stage, so a call stopped
+# at its limit still returns what finished) and logs in $OUT/*.log; elsewhere OUT defaults to ./gpu_out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+START=$(date +%s)
+DEADLINE=$(( START + ${DEADLINE_S:-560} ))
 OUT=${OUT:-$PWD/gpu_out}
 RESULTS=${RESULTS:-/tmp/workbench_results}
 mkdir -p "$OUT" "$RESULTS"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export WORKBENCH_GIT_COMMIT=${WORKBENCH_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || cat .gpu_commit 2>/dev/null || echo unknown)}
+# The device copy may carry a stale .git: the commit written here before the call wins.
+export WORKBENCH_GIT_COMMIT=${WORKBENCH_GIT_COMMIT:-$(cat .gpu_commit 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)}
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "wheel install failed"; exit 1; }
@@ -29,28 +35,61 @@ print(f"torch {torch.__version__} cuda {torch.version.cuda} lhotse {lhotse.__ver
 PY
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
 
-status=0
-run_stage() {  # name, time limit in seconds, command...
-  local name=$1 limit=$2; shift 2
-  local t0=$(date +%s)
-  echo "=== $name (limit ${limit}s) ==="
-  timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  tail -n 25 "$OUT/$name.log"
-  echo "=== $name: rc=$rc in $(( $(date +%s) - t0 ))s ==="
-  [ $rc -eq 0 ] || status=1
-  tar -czf "$OUT/results.tar.gz" -C "$RESULTS" . && ls "$RESULTS"
+left() { echo $(( DEADLINE - $(date +%s) )); }
+pack() {  # atomic: two tracks may pack at once
+  local tmp; tmp=$(mktemp "$OUT/.results.XXXXXX")
+  tar -czf "$tmp" -C "$RESULTS" . && mv "$tmp" "$OUT/results.tar.gz"
 }
 
-for stage in "$@"; do
-  case $stage in
-    tests)       run_stage tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests ;;
-    decoding)    run_stage decoding 210 python3 -m workbench.bench.decoding --budget-s 170 --out "$RESULTS" ;;
-    models)      run_stage models 160 python3 -m workbench.bench.models --out "$RESULTS" ;;
-    oomptimizer) run_stage oomptimizer 360 python3 -m workbench.bench.oomptimizer --out "$RESULTS" ;;
-    ddp)         run_stage ddp 160 python3 -m workbench.bench.oomptimizer --nproc 2 --out "$RESULTS" ;;
-    allocator)   run_stage allocator 420 python3 -m workbench.bench.allocator --out "$RESULTS" ;;
-    *) echo "unknown stage $stage"; status=1 ;;
+run_stage() {  # name, time limit in seconds, command...
+  local name=$1 limit=$2; shift 2
+  local t0; t0=$(date +%s)
+  [ "$limit" -gt "$(left)" ] && limit=$(left)
+  if [ "$limit" -lt 20 ]; then echo "=== $name: SKIPPED (no time left) ==="; return 1; fi
+  echo "=== $name (limit ${limit}s, GPU ${CUDA_VISIBLE_DEVICES:-all}) ==="
+  timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  tail -n 25 "$OUT/$name.log" | sed "s/^/[$name] /"
+  echo "=== $name: rc=$rc in $(( $(date +%s) - t0 ))s ==="
+  pack
+  return $rc
+}
+
+stage() {  # one stage by name; budgets leave a margin inside the stage's limit
+  case $1 in
+    tests)            run_stage tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests ;;
+    decoding)         run_stage decoding 300 python3 -m workbench.bench.decoding \
+                        --budget-s $(( $(left) < 300 ? $(left) - 50 : 250 )) --out "$RESULTS" ;;
+    models)           run_stage models 160 python3 -m workbench.bench.models --out "$RESULTS" ;;
+    oomptimizer)      run_stage oomptimizer 360 python3 -m workbench.bench.oomptimizer --out "$RESULTS" ;;
+    oomptimizer-rnnt) run_stage oomptimizer_rnnt 540 python3 -m workbench.bench.oomptimizer --part rnnt \
+                        --time-limit-s $(( $(left) - 90 )) --out "$RESULTS" ;;
+    oomptimizer-aed)  run_stage oomptimizer_aed 300 python3 -m workbench.bench.oomptimizer --part aed \
+                        --time-limit-s $(( $(left) - 60 )) --out "$RESULTS" ;;
+    ddp)              run_stage ddp 160 python3 -m workbench.bench.oomptimizer --nproc 2 --out "$RESULTS" ;;
+    allocator)        run_stage allocator 420 python3 -m workbench.bench.allocator --out "$RESULTS" ;;
+    *) echo "unknown stage $1"; return 1 ;;
   esac
-done
+}
+
+track() {  # stages one after another; status 1 if any failed
+  local rc=0
+  for s in "$@"; do stage "$s" || rc=1; done
+  return $rc
+}
+
+status=0
+if [ "${1:-}" = "--parallel" ]; then
+  shift
+  pids=(); gpu=0
+  for group in "$@"; do
+    # shellcheck disable=SC2086
+    ( export CUDA_VISIBLE_DEVICES=$gpu; track $group ) &
+    pids+=($!); gpu=$(( gpu + 1 ))
+  done
+  for p in "${pids[@]}"; do wait "$p" || status=1; done
+else
+  track "$@" || status=1
+fi
+pack; ls "$RESULTS"
 exit $status

@@ -149,3 +149,31 @@ def test_oomptimizer_bench_keeps_going_and_writes_the_json_when_a_part_raises(tm
     assert any("cannot build tiny-rnnt" in f for f in fig["failures"])
     assert any("cannot build tiny-aed" in f for f in fig["failures"])
     assert oomptimizer.report_failures(fig["failures"]) == 1  # the GPU run would exit non-zero
+
+
+def test_decoding_bench_smoke(tmp_path, capsys):
+    from workbench.bench import decoding
+
+    assert decoding.main(["--smoke", "--out", str(tmp_path)]) == 0
+    fig = read_result(tmp_path / "decoding.json")["figures"]
+    rows = [r for r in fig["rows"] if "time_s" in r]
+    # 2 dtypes x 2 batch sizes x (RNN-T: frame-looping + label-looping off; TDT: label-looping off); on a
+    # GPU the partial/full rows (and window 1 in fp32) come on top.
+    assert len(rows) >= 12
+    for r in rows:
+        assert r["time_s"]["median"] > 0 and r["audio_s_per_s"] > 0
+        assert f"{r['model']} {r['dtype']} B={r['batch']} T={r['frames']}" in fig["calibration"]
+        if r["dtype"] == "float32" or r["method"].startswith("label"):
+            assert r["equal_to_label_looping_off"], r  # fp32: every method gives the same tokens
+        else:
+            assert 0.0 <= r["token_disagreement"] <= 1.0
+    assert fig["targets"]["rnnt_full_s"] is None  # no full-graph row without CUDA: the target is not faked
+    assert "frame-looping off" in capsys.readouterr().out
+
+
+def test_token_disagreement_is_an_edit_distance():
+    from workbench.bench.decoding import token_disagreement
+
+    assert token_disagreement([[1, 2, 3]], [[1, 2, 3]]) == 0
+    assert token_disagreement([[1, 3]], [[1, 2, 3]]) == pytest.approx(1 / 3)       # one deletion
+    assert token_disagreement([[1, 2, 4, 3], [5]], [[1, 2, 3], [6]]) == pytest.approx(2 / 4)

@@ -155,12 +155,13 @@ def test_off_mode_loops_sync_only_to_read_their_flags(monkeypatch, durations, wi
     reads = []
 
     def counted_read(flag):
+        mode = torch.cuda.get_sync_debug_mode()  # "error" only inside the measured loop below
         torch.cuda.set_sync_debug_mode(0)
         try:
             return bool(flag)
         finally:
             reads.append(1)
-            torch.cuda.set_sync_debug_mode("error")
+            torch.cuda.set_sync_debug_mode(mode)
 
     monkeypatch.setattr(label_looping, "read_flag", counted_read)
     algorithms = ["label_looping"] + (["frame_looping"] if durations is None else [])

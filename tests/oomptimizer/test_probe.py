@@ -92,5 +92,9 @@ def test_gpu_soak_runs_the_profile():
     from workbench.oomptimizer.run import soak
 
     model = ToyTransducerLike().cuda()
-    report = soak(model, BucketProfile([[4.0, 40], [8.0, 80]], [8, 4]), steps_per_bucket=2, progress=False)
+    report = soak(model, BucketProfile([[4.0, 40], [8.0, 80]], [8, 4]), steps_per_bucket=2, progress=False,
+                  search_memory_fraction=0.9)
     assert report["steps"] == 4 and report["ooms"] == 0
+    total = torch.cuda.get_device_properties(0).total_memory
+    assert report["budget_bytes"] == int(total)  # training's limit: the whole device
+    assert 0 < report["peak_over_search_budget"] == pytest.approx(report["peak_reserved_bytes"] / (0.9 * total))

@@ -6,7 +6,7 @@
 One GPU: large RNN-T, 2D 15 x 2 buckets up to 40 s (bins from workbench.bucketing.estimate_2d_bins over
 workbench.data.synthetic.synthetic_cut_arrays when both exist, else a fixed grid): predictive and bisect
 search in the same run (probes, OOMs, wall time, batch sizes: predictive on all 30 buckets for the
-profile, then both strategies fresh on every third bucket, since bisection on all 30 would not fit the
+profile, then both strategies fresh on every fifth bucket, since bisection on all 30 would not fit the
 time); for five of those buckets the true maximum by bisection to a gap of 1; a soak of the profile (varied lengths, shuffled buckets); the one-GPU DDP
 gradient-bucket accounting; then xl AED on the first 8 of 8 x 1 buckets, predictive and bisect.
 Writes oomptimizer.json. With --nproc 2 it relaunches under torchrun; each rank probes with DDP
@@ -48,7 +48,7 @@ from workbench.oomptimizer.run import soak  # noqa: E402
 from workbench.oomptimizer.search import search_batch_sizes  # noqa: E402
 from workbench.oomptimizer.synthetic import demo_buckets  # noqa: E402
 
-TIME_LIMIT_S = 300  # the one-GPU run starts no new part after this (parts it skips are named in the JSON)
+TIME_LIMIT_S = 300  # default --time-limit-s: no new part starts after this (skipped parts are named in the JSON)
 
 
 SMOKE_BUDGET_BYTES = 64 << 20  # modeled activation budget above the weights in --smoke on a CPU
@@ -151,28 +151,55 @@ def main_single(args) -> int:
     failures: list[str] = []
     figures: dict = {"smoke": bool(args.smoke), "complete": False}
     dtype = torch.bfloat16
-    what = (f"OOMptimizer: predictive vs bisect probes and wall time, true maxima, soak, DDP accounting; "
-            f"{args.rnnt} 2D and {args.aed} on one GPU")
+    what = {"all": f"OOMptimizer: predictive vs bisect probes and wall time, true maxima, soak, DDP accounting; "
+                   f"{args.rnnt} 2D and {args.aed} on one GPU",
+            "rnnt": f"OOMptimizer: predictive vs bisect probes and wall time, true maxima, soak, DDP accounting; "
+                    f"{args.rnnt} 2D on one GPU",
+            "aed": f"OOMptimizer: predictive vs bisect probes and wall time; {args.aed} on one GPU"}[args.part]
+
+    name = "oomptimizer_aed" if args.part == "aed" else "oomptimizer"
 
     def save():
         figures["wall_seconds"] = time.perf_counter() - t0
         figures["failures"] = failures
-        return write_result("oomptimizer", what=smoke_what(args, what), figures=figures, out_dir=args.out,
+        return write_result(name, what=smoke_what(args, what), figures=figures, out_dir=args.out,
                             params={"dtype": "bf16", "memory_fraction": args.memory_fraction, "rel_gap": 0.05,
-                                    "max_batch_size": MAX_BATCH_SIZE[0], "smoke": bool(args.smoke)})
+                                    "max_batch_size": MAX_BATCH_SIZE[0], "smoke": bool(args.smoke),
+                                    "part": args.part, "time_limit_s": args.time_limit_s})
 
     def say(message: str) -> None:
         print(f"[{time.perf_counter() - t0:5.0f} s] {message}", flush=True)
 
     buckets, bins_source = rnnt_buckets(args)
+    figures["part"] = args.part
     figures["rnnt"] = rnnt = {"model": args.rnnt, "buckets": buckets, "bins_source": bins_source}
     figures["aed"] = aed = {"model": args.aed, "buckets": aed_buckets(args),
                             "note": f"{len(aed_buckets(args))} x 1 buckets (fewer than RNN-T to bound the run time)"}
+    if args.part in ("all", "rnnt"):
+        rnnt_part(args, buckets, rnnt, failures, say, save, t0, dtype)
+    else:
+        rnnt["skipped"] = "--part aed (the RNN-T part writes oomptimizer.json)"
+    if args.part in ("all", "aed"):
+        aed_part(args, aed, failures, say, t0, dtype)
+    else:
+        aed["skipped"] = "--part rnnt (the AED part writes oomptimizer_aed.json)"
+    save()
+    if args.part in ("all", "rnnt"):
+        ddp_accounting_part(args, buckets, rnnt, failures, say, t0, dtype)
+    figures["complete"] = True
+    path = save()
+    print_table(figures)
+    print(f"wrote {path}")
+    return report_failures(failures, smoke=args.smoke)
+
+
+def rnnt_part(args, buckets, rnnt, failures, say, save, t0, dtype) -> None:
+    """Predictive search over every bucket (the profile), then the comparison, true maxima and soak."""
     model = probe = None
     try:
         model = build(args.rnnt)
         probe = make_probe(model, dtype, args)
-        figures["probe"] = type(probe).__name__
+        rnnt["probe"] = type(probe).__name__
         say(f"{args.rnnt}: predictive over {len(buckets)} buckets")
         rnnt["predictive"] = pred = run_search(probe, buckets, "predictive")
         rnnt["probe_seconds"] = pred["probe_seconds"]
@@ -191,12 +218,24 @@ def main_single(args) -> int:
         save()
     del model, probe
     release_memory()
-    aed_part(args, aed, failures, say, t0, dtype)
-    figures["complete"] = True
-    path = save()
-    print_table(figures)
-    print(f"wrote {path}")
-    return report_failures(failures, smoke=args.smoke)
+
+
+def ddp_accounting_part(args, buckets, rnnt, failures, say, t0, dtype) -> None:
+    """Predictive search with one DDP gradient bucket's worth of memory held (one-GPU DDP accounting)."""
+    if time.perf_counter() - t0 >= args.time_limit_s - 60:
+        rnnt["ddp_accounting"] = {"skipped": "time limit"}
+        return
+    say("one-GPU DDP gradient-bucket accounting")
+    model = ddp_probe = None
+    try:
+        model = build(args.rnnt)
+        ddp_probe = make_probe(model, dtype, args, ddp_gradient_buckets=True)
+        rnnt["ddp_accounting"] = run_search(ddp_probe, buckets, "predictive")
+    except Exception as e:  # noqa: BLE001
+        rnnt["ddp_accounting"] = {"error": f"{type(e).__name__}: {e}"}
+        part_failed(failures, "one-GPU DDP accounting", e)
+    del model, ddp_probe
+    release_memory()
 
 
 def part_failed(failures: list[str], part: str, error: BaseException) -> None:
@@ -207,12 +246,12 @@ def part_failed(failures: list[str], part: str, error: BaseException) -> None:
 
 
 def rnnt_comparison(args, model, probe, buckets, pred, rnnt, failures, say, t0, dtype) -> None:
-    """Predictive vs bisect on every third bucket, true maxima, soak, one-GPU DDP accounting."""
-    # Side by side in the same run on every third bucket (bisection on all 30 would not fit the time).
-    subset = list(range(0, len(buckets), 3))
+    """Predictive vs bisect on every fifth bucket, true maxima, soak."""
+    # Side by side in the same run on every fifth bucket (bisection on all 30 would not fit the time).
+    subset = list(range(0, len(buckets), 5))
     sub_buckets = [buckets[i] for i in subset]
     rnnt["comparison"] = comp = {"bucket_indices": subset,
-                                 "note": "predictive and bisect each run fresh on every third bucket"}
+                                 "note": "predictive and bisect each run fresh on every fifth bucket"}
     try:
         for strategy in ("predictive", "bisect"):
             say(f"{args.rnnt}: {strategy} over {len(subset)} buckets")
@@ -233,7 +272,7 @@ def rnnt_comparison(args, model, probe, buckets, pred, rnnt, failures, say, t0, 
     # True maxima for five buckets spread over the range.
     idx = sorted({subset[round(k * (len(subset) - 1) / 4)] for k in range(5)})
     truth = {}
-    if time.perf_counter() - t0 < TIME_LIMIT_S:
+    if time.perf_counter() - t0 < args.time_limit_s:
         say(f"true maxima for buckets {idx}")
         try:
             truth = true_maxima(probe, buckets, idx, pred["batch_sizes"])
@@ -252,29 +291,17 @@ def rnnt_comparison(args, model, probe, buckets, pred, rnnt, failures, say, t0, 
     say("soak")
     profile = BucketProfile([list(b) for b in buckets], list(pred["batch_sizes"]))
     try:
-        rnnt["soak"] = soak(model, profile, dtype=dtype, memory_fraction=args.memory_fraction,
+        rnnt["soak"] = soak(model, profile, dtype=dtype, search_memory_fraction=args.memory_fraction,
                             steps_per_bucket=2, progress=False)
     except Exception as e:  # noqa: BLE001 - an OOM in the soak is a RuntimeError naming the step
         rnnt["soak"] = {"error": f"{type(e).__name__}: {e}"}
         part_failed(failures, "soak", e)
     release_memory()
-    if time.perf_counter() - t0 < TIME_LIMIT_S - 90:
-        say("one-GPU DDP gradient-bucket accounting")
-        ddp_probe = None
-        try:
-            ddp_probe = make_probe(model, dtype, args, ddp_gradient_buckets=True)
-            rnnt["ddp_accounting"] = run_search(ddp_probe, buckets, "predictive")
-        except Exception as e:  # noqa: BLE001
-            rnnt["ddp_accounting"] = {"error": f"{type(e).__name__}: {e}"}
-            part_failed(failures, "one-GPU DDP accounting", e)
-        del ddp_probe  # it holds the model: drop it before the AED part
-    else:
-        rnnt["ddp_accounting"] = {"skipped": "time limit"}
 
 
 def aed_part(args, aed, failures, say, t0, dtype) -> None:
     """Predictive and bisect for the AED model on its few buckets."""
-    if time.perf_counter() - t0 >= TIME_LIMIT_S - 60:
+    if time.perf_counter() - t0 >= args.time_limit_s - 60:
         aed["skipped"] = "time limit"
         return
     model = probe = None
@@ -282,7 +309,7 @@ def aed_part(args, aed, failures, say, t0, dtype) -> None:
         model = build(args.aed)
         probe = make_probe(model, dtype, args)
         for strategy in ("predictive", "bisect"):
-            if time.perf_counter() - t0 > TIME_LIMIT_S:
+            if time.perf_counter() - t0 > args.time_limit_s:
                 aed[strategy] = {"skipped": "time limit"}
                 continue
             say(f"{args.aed}: {strategy}")
@@ -382,6 +409,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rnnt", default="large-rnnt", help="RNN-T model name (or module:Factory)")
     parser.add_argument("--aed", default="xl-aed", help="AED model name (or module:Factory)")
     parser.add_argument("--memory-fraction", type=float, default=0.9)
+    parser.add_argument("--time-limit-s", type=float, default=TIME_LIMIT_S,
+                        help="one-GPU run: start no new part after this many seconds")
+    parser.add_argument("--part", choices=["all", "rnnt", "aed"], default="all",
+                        help="one-GPU run: both models (oomptimizer.json), or one; 'aed' writes "
+                             "oomptimizer_aed.json, so the two parts can run side by side on two GPUs")
     parser.add_argument("--nproc", type=int, default=1, help="GPUs for the DDP run (torchrun)")
     parser.add_argument("--max-batch-size", type=int, default=1 << 20, help="cap on any batch size probed")
     args = parser.parse_args(argv)

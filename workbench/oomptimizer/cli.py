@@ -88,8 +88,8 @@ def run_oomptimize(args) -> int:
     say(f"done: {result.num_probes} probes ({result.probes_per_bucket:.2f} per bucket, {result.num_ooms} OOMs) "
         f"in {time.perf_counter() - t0:.1f} s; {profile.num_buckets} buckets after merging")
     if args.validate:
-        report = soak(model, profile, dtype=DTYPES[args.dtype], memory_fraction=args.memory_fraction,
-                      progress=rank == 0)
+        report = soak(model, profile, dtype=DTYPES[args.dtype], search_memory_fraction=args.memory_fraction,
+                      progress=rank == 0)  # under training's limit: the whole device
         profile.metadata["soak"] = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in report.items()}
         say(f"soak: {report['steps']} steps, 0 OOMs, peak {report['peak_reserved_bytes'] / 2**30:.1f} GiB")
     if rank == 0:

@@ -75,11 +75,18 @@ def oomptimize(model: torch.nn.Module, model_name: str, bins: BucketProfile, *, 
 
 
 def soak(model: torch.nn.Module, profile: BucketProfile, *, dtype: torch.dtype = torch.bfloat16,
-         memory_fraction: float = 0.9, steps_per_bucket: int = 3, seed: int = 0,
-         progress: bool = True) -> dict:
+         memory_fraction: float = 1.0, search_memory_fraction: float | None = None, steps_per_bucket: int = 3,
+         seed: int = 0, progress: bool = True) -> dict:
     """Train ``steps_per_bucket`` steps per bucket at the profile's batch sizes, in shuffled bucket order
     like training, with lengths varied inside each bucket (the longest at the bucket's bound). One
     persistent optimizer, as in training. Raises RuntimeError on any OOM; returns counts and peaks.
+
+    ``memory_fraction`` is the limit training runs under: the whole device unless training sets one.
+    The search ran under a lower fraction (``search_memory_fraction``, default 0.9): the difference is
+    the headroom for what training adds to a probe (a long-lived optimizer, shuffled shapes, library
+    workspaces). A search at the full device would leave none: on the H200 a soak at the search's own
+    limit OOMed by 160 MB on a bucket whose batch size was the exact maximum. The report says how much
+    of the headroom the soak used (``peak_over_search_budget``).
 
     On a CPU (smoke runs) the steps run the same way, but there is no memory limit to set and no peak
     to read: ``peak_reserved_bytes`` and ``budget_bytes`` are None."""
@@ -125,7 +132,15 @@ def soak(model: torch.nn.Module, profile: BucketProfile, *, dtype: torch.dtype =
         del optimizer
         model.zero_grad(set_to_none=True)
         release_memory()
-    return {"steps": len(order), "ooms": 0, "seconds": time.perf_counter() - t0,
-            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device)) if on_cuda else None,
-            "budget_bytes": int(memory_fraction * torch.cuda.get_device_properties(device).total_memory)
-            if on_cuda else None}
+    report = {"steps": len(order), "ooms": 0, "seconds": time.perf_counter() - t0,
+              "memory_fraction": memory_fraction, "search_memory_fraction": search_memory_fraction,
+              "peak_reserved_bytes": None, "peak_allocated_bytes": None, "budget_bytes": None,
+              "peak_over_search_budget": None}
+    if on_cuda:
+        total = torch.cuda.get_device_properties(device).total_memory
+        report.update(peak_reserved_bytes=int(torch.cuda.max_memory_reserved(device)),
+                      peak_allocated_bytes=int(torch.cuda.max_memory_allocated(device)),
+                      budget_bytes=int(memory_fraction * total))
+        if search_memory_fraction:
+            report["peak_over_search_budget"] = report["peak_reserved_bytes"] / (search_memory_fraction * total)
+    return report
