@@ -4,7 +4,7 @@
 #   bash scripts/gpu_run.sh STAGE [STAGE ...]                 one after another on GPU 0
 #   bash scripts/gpu_run.sh --parallel "STAGES" "STAGES" ...  each group on its own GPU (0, 1, ...), at once
 #
-# stages: tests decoding models oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator
+# stages: tests decoding decoding-quick models oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator
 # A call must end within 10 minutes: every stage's limit is cut to what is left of DEADLINE_S (560 s from
 # the start), and the benches with an internal budget get the rest minus a margin.
 #
@@ -60,6 +60,8 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
     tests)            run_stage tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests ;;
     decoding)         run_stage decoding 300 python3 -m workbench.bench.decoding \
                         --budget-s $(( $(left) < 300 ? $(left) - 50 : 250 )) --out "$RESULTS" ;;
+    decoding-quick)   run_stage decoding_quick 150 python3 -m workbench.bench.decoding --quick \
+                        --budget-s $(( $(left) < 150 ? $(left) - 30 : 120 )) --out "$RESULTS" ;;
     models)           run_stage models 160 python3 -m workbench.bench.models --out "$RESULTS" ;;
     oomptimizer)      run_stage oomptimizer 360 python3 -m workbench.bench.oomptimizer --out "$RESULTS" ;;
     oomptimizer-rnnt) run_stage oomptimizer_rnnt 540 python3 -m workbench.bench.oomptimizer --part rnnt \

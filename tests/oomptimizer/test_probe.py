@@ -53,9 +53,10 @@ def test_gpu_probe_finds_sizes_and_releases_memory():
     from oomptimizer_toy_model import ToyTransducerLike
 
     from workbench.oomptimizer import search_batch_sizes
-    from workbench.oomptimizer.probe import TrainingStepProbe
+    from workbench.oomptimizer.probe import TrainingStepProbe, release_memory
 
     model = ToyTransducerLike().cuda()
+    release_memory()  # garbage of earlier tests (decoders' graphs) must not count as this test's baseline
     before = torch.cuda.memory_allocated()
     probe = TrainingStepProbe(model, dtype=torch.bfloat16, memory_fraction=0.5)
     small, large = probe((2.0, 20), 4), probe((2.0, 20), 16)

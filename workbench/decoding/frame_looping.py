@@ -24,6 +24,7 @@ def run_frame_looping(buf: LoopBuffers, predictor, joint, max_frames: int) -> di
     out, state = predictor.step(labels, predictor.init_state(buf.batch_capacity))
     state = tuple(s.clone() for s in state)
     pred_proj = joint.project_predictor(out)
+    frame = torch.zeros((), dtype=torch.long, device=buf.timestamps.device)  # t on the device: no host copy
     evaluations = 0
     for t in range(max_frames):
         enc_t = buf.enc_proj[:, t]
@@ -37,7 +38,7 @@ def run_frame_looping(buf: LoopBuffers, predictor, joint, max_frames: int) -> di
             if not label_looping.read_flag(emit.any()):
                 break
             buf.tokens[buf.batch_index, buf.num_emitted] = token
-            buf.timestamps[buf.batch_index, buf.num_emitted] = t
+            buf.timestamps[buf.batch_index, buf.num_emitted] = frame.fill_(t)
             buf.num_emitted.add_(emit.long())
             out, new_state = predictor.step(token, state)
             state = tuple(torch.where(emit.view(-1, *([1] * (n.dim() - 1))), n, s) for n, s in zip(new_state, state))
