@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 SMOKE ?= 0
 
-.PHONY: all setup report test lab clean gpu-bundle
+.PHONY: all setup report test lab clean gpu-bundle summary
 
 all: test
 
@@ -33,6 +33,10 @@ lab: setup
 
 gpu-bundle:
 	sh scripts/gpu_bundle.sh
+
+# After adding or replacing a file in benchmarks/results: regenerate the headline page (a test checks it).
+summary: setup
+	$(PY) -m workbench.bench.summary > benchmarks/SUMMARY.md
 
 clean:
 	rm -rf reports .pytest_cache

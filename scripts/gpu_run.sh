@@ -5,6 +5,7 @@
 #   bash scripts/gpu_run.sh --parallel "STAGES" "STAGES" ...  each group on its own GPU (0, 1, ...), at once
 #
 # stages: tests decoding decoding-quick models oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator
+#         allocator-roomy
 # A call must end within 10 minutes: every stage's limit is cut to what is left of DEADLINE_S (560 s from
 # the start), and the benches with an internal budget get the rest minus a margin.
 #
@@ -69,7 +70,10 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
     oomptimizer-aed)  run_stage oomptimizer_aed 300 python3 -m workbench.bench.oomptimizer --part aed \
                         --time-limit-s $(( $(left) - 60 )) --out "$RESULTS" ;;
     ddp)              run_stage ddp 160 python3 -m workbench.bench.oomptimizer --nproc 2 --out "$RESULTS" ;;
-    allocator)        run_stage allocator 420 python3 -m workbench.bench.allocator --out "$RESULTS" ;;
+    allocator)        run_stage allocator 540 python3 -m workbench.bench.allocator \
+                        --budget-s $(( $(left) - 60 )) --out "$RESULTS" ;;
+    allocator-roomy)  run_stage allocator_roomy 540 python3 -m workbench.bench.allocator --headroom 0.15 \
+                        --name allocator_headroom15 --budget-s $(( $(left) - 60 )) --out "$RESULTS" ;;
     *) echo "unknown stage $1"; return 1 ;;
   esac
 }

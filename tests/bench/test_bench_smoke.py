@@ -177,3 +177,23 @@ def test_token_disagreement_is_an_edit_distance():
     assert token_disagreement([[1, 2, 3]], [[1, 2, 3]]) == 0
     assert token_disagreement([[1, 3]], [[1, 2, 3]]) == pytest.approx(1 / 3)       # one deletion
     assert token_disagreement([[1, 2, 4, 3], [5]], [[1, 2, 3], [6]]) == pytest.approx(2 / 4)
+
+
+def test_committed_summary_matches_the_committed_results():
+    from workbench.bench.summary import render
+
+    committed = (REPO / "benchmarks" / "SUMMARY.md").read_text()
+    assert committed == render(), "benchmarks/SUMMARY.md is stale: run `make summary`"
+
+
+def test_summary_renders_every_kind_of_result():
+    from workbench.bench import summary
+    from workbench.bench.results import RESULTS_DIR
+
+    names = {p.stem for p in RESULTS_DIR.glob("*.json")}
+    assert all(summary.section_for(n) for n in names), [n for n in names if not summary.section_for(n)]
+    assert summary.section_for("allocator_headroom15") is summary.SECTIONS["allocator"]
+    assert summary.section_for("nothing_known") is None
+    page = summary.render()
+    for name in names:
+        assert f"## {name}.json" in page

@@ -1,6 +1,8 @@
-"""The notebook's readers of allocator.json: the committed one-round record and the rounds/headroom layout."""
+"""The notebook's readers of allocator.json: the committed record and the rounds/headroom layout."""
 
 import json
+
+import pytest
 
 import matplotlib
 
@@ -11,16 +13,24 @@ from workbench.memory.plots import (allocation_events_table, allocator_blocks, p
                                     plot_device_allocs, plot_memory_curves, step_time_table)
 
 
-def test_old_one_round_record_is_one_block():
+def test_committed_record_gives_its_blocks_tables_and_curves():
     path = RESULTS_DIR / "allocator.json"
     record = json.loads(path.read_text())
-    (label, block), = allocator_blocks(record).items()
-    assert label == f"{record['params']['headroom']:g}" and block["rounds"] == 1
-    table = step_time_table(block["figures"])
-    assert set(table.index) == {"dynamic_plain", "dynamic_expandable", "static_plain", "static_expandable"}
-    assert table.loc["static_plain", "time vs static"] == 1.0
-    assert paired_ratio_table(block["figures"]).empty and allocation_events_table(block["figures"]).empty
-    plot_memory_curves(block["series"], warmup_steps=block["warmup_steps"])
+    blocks = allocator_blocks(record)
+    assert list(blocks) == [f"{h:g}" for h in record["params"]["headrooms"]]
+    for block in blocks.values():
+        assert block["rounds"] == record["figures"]["rounds_run"] >= 1
+        table = step_time_table(block["figures"])
+        assert set(table.index) == {"dynamic_plain", "dynamic_expandable", "static_plain", "static_expandable"}
+        assert table.loc["static_plain", "time vs static"] == 1.0
+        paired = paired_ratio_table(block["figures"])
+        assert (paired["rounds"] == block["rounds"]).all()
+        plot_memory_curves(block["series"], warmup_steps=block["warmup_steps"])
+
+
+def test_record_without_headrooms_is_refused_with_a_reason():
+    with pytest.raises(ValueError, match="headrooms"):
+        allocator_blocks({"params": {}, "figures": {"static_plain": {}}})
 
 
 def test_rounds_record_gives_a_block_per_headroom_with_paired_ratios_and_events(monkeypatch, tmp_path, capsys):

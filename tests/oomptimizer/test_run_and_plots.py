@@ -37,3 +37,17 @@ def test_soak_needs_batch_sizes():
 
     with pytest.raises(ValueError, match="bucket_batch_size"):
         soak(None, BucketProfile([[5.0, 40]]))
+
+
+def test_describe_soak_reads_needs_from_allocated_bytes():
+    from workbench.oomptimizer.run import describe_soak
+
+    gib = 2**30
+    report = {"steps": 60, "ooms": 0, "seconds": 50.2, "memory_fraction": 1.0, "search_memory_fraction": 0.9,
+              "peak_allocated_bytes": 90 * gib, "peak_reserved_bytes": 99 * gib, "budget_bytes": 100 * gib}
+    line = describe_soak(report)
+    assert "60 steps, 0 OOMs" in line and "of 100.0 GiB" in line
+    assert "allocated / search budget (90%) = 1.000" in line  # 90 GiB of 0.9 x 100 GiB
+    cpu = {**report, "peak_allocated_bytes": None, "peak_reserved_bytes": None, "budget_bytes": None}
+    assert describe_soak(cpu).endswith("(no GPU: peaks not measured)")
+    assert describe_soak({"error": "RuntimeError: soak: OOM at step 5"}).startswith("soak failed: RuntimeError")

@@ -84,15 +84,13 @@ def step_time_table(figures: Mapping[str, Any]):
 
 
 def allocator_blocks(record: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The headroom blocks of an allocator.json record, old or new layout: headroom label -> dict with
-    ``figures`` (config -> summary, ratios), ``series`` (config -> per-step columns of one run),
-    ``warmup_steps``, ``memory_limit_bytes`` and ``rounds``. A record from before the headroom sweep (one
-    subprocess per configuration, ``params["series"]`` flat) becomes one block of one round."""
+    """The headroom blocks of an allocator.json record: headroom label -> dict with ``figures`` (config ->
+    summary, ratios), ``series`` (config -> per-step columns of one run), ``warmup_steps``,
+    ``memory_limit_bytes`` and ``rounds``."""
     params, figures = record["params"], record["figures"]
     if "headrooms" not in figures:
-        return {f"{params['headroom']:g}": dict(figures=figures, series=params["series"],
-                                                 warmup_steps=params["warmup_steps"],
-                                                 memory_limit_bytes=params["memory_limit_bytes"], rounds=1)}
+        raise ValueError("allocator record: no 'headrooms' in figures (a record from before the rounds "
+                         "protocol; rerun python3 -m workbench.bench.allocator)")
     return {label: dict(figures=block, series=params["series"][label], warmup_steps=params["warmup_steps"],
                         memory_limit_bytes=block["memory_limit_bytes"], rounds=figures["rounds_run"])
             for label, block in figures["headrooms"].items()}

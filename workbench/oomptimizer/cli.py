@@ -46,7 +46,7 @@ def run_oomptimize(args) -> int:
     configure_allocator()  # before CUDA is initialized
     import torch
 
-    from workbench.oomptimizer.run import DTYPES, oomptimize, profile_buckets, soak
+    from workbench.oomptimizer.run import DTYPES, describe_soak, oomptimize, profile_buckets, soak
 
     if not torch.cuda.is_available():
         raise UserError("oomptimize needs a CUDA GPU (the probes run real training steps)")
@@ -91,7 +91,7 @@ def run_oomptimize(args) -> int:
         report = soak(model, profile, dtype=DTYPES[args.dtype], search_memory_fraction=args.memory_fraction,
                       progress=rank == 0)  # under training's limit: the whole device
         profile.metadata["soak"] = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in report.items()}
-        say(f"soak: {report['steps']} steps, 0 OOMs, peak {report['peak_reserved_bytes'] / 2**30:.1f} GiB")
+        say(describe_soak(report))
     if rank == 0:
         out = save_profile(args.out or bins_path, profile)
         print(f"wrote {out}")

@@ -143,4 +143,28 @@ def soak(model: torch.nn.Module, profile: BucketProfile, *, dtype: torch.dtype =
                       budget_bytes=int(memory_fraction * total))
         if search_memory_fraction:
             report["peak_over_search_budget"] = report["peak_reserved_bytes"] / (search_memory_fraction * total)
+            report["peak_allocated_over_search_budget"] = \
+                report["peak_allocated_bytes"] / (search_memory_fraction * total)
     return report
+
+
+def describe_soak(report: dict) -> str:
+    """One line for a soak report (from ``soak`` or a benchmark JSON): steps, OOMs, peaks against limits.
+
+    Peak allocated is what the steps needed; peak reserved also counts blocks the caching allocator
+    kept, which grows to whatever limit it is given, so it says little about need under a loose limit.
+    """
+    if "error" in report:
+        return f"soak failed: {report['error']}"
+    line = f"soak: {report['steps']} steps, {report['ooms']} OOMs in {report['seconds']:.0f} s"
+    if report.get("peak_allocated_bytes") is None:
+        return line + " (no GPU: peaks not measured)"
+    total = report["budget_bytes"] / report["memory_fraction"]
+    line += (f"; peak allocated {report['peak_allocated_bytes'] / 2**30:.1f} GiB, reserved "
+             f"{report['peak_reserved_bytes'] / 2**30:.1f} GiB of {total / 2**30:.1f} GiB "
+             f"(limit {report['memory_fraction']:.0%} of the device)")
+    if report.get("search_memory_fraction"):
+        search_budget = report["search_memory_fraction"] * total
+        line += (f"; allocated / search budget ({report['search_memory_fraction']:.0%}) = "
+                 f"{report['peak_allocated_bytes'] / search_budget:.3f}")
+    return line
