@@ -1,10 +1,9 @@
-"""Plain-loop implementations written straight from the DESIGN.md text, and small lhotse CutSets."""
+"""Plain-loop implementations written straight from the DESIGN.md text (independent oracles for the
+estimators), and random corpora with awkward shapes (rounded, skewed, constant durations)."""
 
 from __future__ import annotations
 
 import numpy as np
-from lhotse import CutSet, MonoCut
-from lhotse.testing.dummies import dummy_recording
 
 
 def loop_boundaries(sorted_values, num_parts):
@@ -46,18 +45,6 @@ def loop_2d(durations, tokens, num_buckets, num_subbuckets, threshold=4.0):
         bins.append((float(b), kept[-1]))
         tps_limits.append(limit)
     return bins, tps_limits
-
-
-def make_cuts(durations, tokens=None, prefix="c") -> CutSet:
-    """An in-memory CutSet of MonoCuts with dummy recordings; tokens go to custom['num_tokens']."""
-    cuts = []
-    for i, d in enumerate(durations):
-        rec = dummy_recording(i, duration=float(d))
-        rec.id = f"{prefix}{i}"
-        custom = {"num_tokens": int(tokens[i])} if tokens is not None else None
-        cuts.append(MonoCut(id=f"{prefix}{i}", start=0.0, duration=float(d), channel=0, recording=rec,
-                            custom=custom))
-    return CutSet.from_cuts(cuts)
 
 
 def corpus(n, seed=0, kind="gamma"):

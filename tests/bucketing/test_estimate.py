@@ -2,8 +2,9 @@ import numpy as np
 import pytest
 from lhotse.dataset.sampling.dynamic_bucketing import estimate_duration_buckets
 
-from bucketing_helpers import corpus, loop_2d, loop_boundaries, make_cuts
+from bucketing_helpers import corpus, loop_2d, loop_boundaries
 from workbench.bucketing import estimate_2d_bins, estimate_duration_bins, running_total_boundaries
+from workbench.data import cuts_from_arrays
 
 
 # ---- 1D -------------------------------------------------------------------------------------------
@@ -32,7 +33,7 @@ def test_one_utterance():
 @pytest.mark.parametrize("num_buckets", [2, 7, 30])
 def test_matches_lhotse_estimate_duration_buckets(kind, num_buckets):
     d, _ = corpus(400, seed=num_buckets, kind=kind)
-    lhotse_bins = estimate_duration_buckets(make_cuts(d), num_buckets=num_buckets)
+    lhotse_bins = estimate_duration_buckets(cuts_from_arrays(d), num_buckets=num_buckets)
     assert estimate_duration_bins(d, num_buckets) == [float(b) for b in lhotse_bins] + [float(d.max())]
 
 

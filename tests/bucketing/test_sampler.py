@@ -3,9 +3,9 @@ import logging
 import numpy as np
 import pytest
 
-from bucketing_helpers import make_cuts
 from workbench.bucketing import BucketProfile, close_sampler, make_fitter, make_sampler
 from workbench.bucketing.constraint import BucketBatchSizeConstraint
+from workbench.data import cuts_from_arrays
 
 pytestmark = pytest.mark.filterwarnings("ignore:You are using DynamicBucketingSampler with an eagerly")
 
@@ -41,7 +41,7 @@ def _check_epoch(sampler, profile, d, t):
 @pytest.mark.parametrize("concurrent", [False, True])
 def test_every_batch_respects_its_bucket_and_unfit_are_reported(concurrent, caplog):
     d, t = _corpus()
-    cuts = make_cuts(d, t)
+    cuts = cuts_from_arrays(d, t)
     sampler = make_sampler(cuts, PROFILE_2D, concurrent=concurrent, buffer_size=1000, seed=1)
     with caplog.at_level(logging.WARNING, logger="workbench.bucketing.sampler"):
         seen, idx, reason = _check_epoch(sampler, PROFILE_2D, d, t)
@@ -59,7 +59,7 @@ def test_every_batch_respects_its_bucket_and_unfit_are_reported(concurrent, capl
 
 def test_1d_profile_and_full_batches_use_the_batch_size():
     d = np.repeat([1.0, 2.0, 3.0], 40)
-    cuts = make_cuts(d)
+    cuts = cuts_from_arrays(d)
     profile = BucketProfile(bucket_duration_bins=[1.0, 2.0, 3.0], bucket_batch_size=[10, 8, 4])
     sampler = make_sampler(cuts, profile, concurrent=False, shuffle=False)
     sizes = {}
@@ -73,7 +73,7 @@ def test_1d_profile_and_full_batches_use_the_batch_size():
 
 def test_world_size_splits_batches_between_ranks():
     d, t = _corpus(400, seed=3)
-    cuts = make_cuts(d, t)
+    cuts = cuts_from_arrays(d, t)
     ids = []
     for rank in (0, 1):
         s = make_sampler(cuts, PROFILE_2D, world_size=2, rank=rank, concurrent=False, seed=5, drop_last=True)
@@ -85,7 +85,7 @@ def test_world_size_splits_batches_between_ranks():
 def test_constraint_select_bucket_and_errors():
     fitter = make_fitter([(4.0, 10), (8.0, 30)], [5.0, 5.0])
     c = BucketBatchSizeConstraint(fitter=fitter, batch_sizes=[4, 2])
-    cut = make_cuts([3.0], [12])[0]
+    cut = cuts_from_arrays([3.0], [12])[0]
     assert c.measure_length(cut) == (3.0, 12)
     with pytest.raises(ValueError, match="too_many_tokens"):  # strict 2D: only its own duration group
         c.select_bucket(example=cut)
@@ -99,18 +99,18 @@ def test_constraint_select_bucket_and_errors():
 
 
 def test_make_sampler_rejects_bad_setup():
-    cuts = make_cuts([1.0, 2.0], [1, 2])
+    cuts = cuts_from_arrays([1.0, 2.0], [1, 2])
     with pytest.raises(ValueError, match="bucket_batch_size"):
         make_sampler(cuts, BucketProfile(bucket_duration_bins=[2.0]))
     with pytest.raises(ValueError, match="rank"):
         make_sampler(cuts, BucketProfile(bucket_duration_bins=[2.0], bucket_batch_size=[2]), world_size=2, rank=2)
     with pytest.raises(ValueError, match="num_tokens_fn"):
-        make_sampler(make_cuts([1.0, 2.0]), PROFILE_2D)
+        make_sampler(cuts_from_arrays([1.0, 2.0]), PROFILE_2D)
 
 
 @pytest.mark.parametrize("concurrent", [False, True])
 def test_cuts_missing_token_counts_are_counted_not_fatal(concurrent):
-    cuts = make_cuts([1.0] * 30, [3] * 30)
+    cuts = cuts_from_arrays([1.0] * 30, [3] * 30)
     for cut in list(cuts)[10:15]:
         cut.custom = None
     s = make_sampler(cuts, PROFILE_2D, concurrent=concurrent, buffer_size=100)
@@ -121,7 +121,7 @@ def test_cuts_missing_token_counts_are_counted_not_fatal(concurrent):
 
 def test_custom_num_tokens_fn_and_early_close():
     d = np.full(300, 2.0)
-    cuts = make_cuts(d)
+    cuts = cuts_from_arrays(d)
     profile = BucketProfile(bucket_duration_bins=[[2.0, 5], [2.0, 10]], bucket_batch_size=[6, 3])
     s = make_sampler(cuts, profile, num_tokens_fn=lambda c: 4 + int(c.id[1:]) % 2 * 4, concurrent=True,
                      buffer_size=200)
@@ -137,7 +137,7 @@ def test_sampler_reports_allocator_configuration():
     from workbench.bucketing import make_sampler
     from workbench.bucketing.profile import BucketProfile
 
-    cuts = make_cuts([1.0, 2.0, 3.0], [2, 4, 6])
+    cuts = cuts_from_arrays([1.0, 2.0, 3.0], [2, 4, 6])
     profile = BucketProfile(bucket_duration_bins=[2.0, 3.0], bucket_batch_size=[2, 2])
     status = make_sampler(cuts, profile, concurrent=False).allocator_status
     assert status is not None and status.action in ("skipped", "set_env", "set_runtime", "already_active")

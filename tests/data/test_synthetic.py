@@ -37,3 +37,15 @@ def test_written_corpus_is_a_lhotse_cutset(tmp_path):
     assert cut.supervisions[0].text and cut.custom["num_tokens"] >= 1
     assert not list(tmp_path.glob("*.tmp"))
     assert SyntheticSpec().max_duration_s == 40.0
+
+
+def test_cuts_from_arrays_builds_an_in_memory_cutset():
+    from workbench.data import cuts_from_arrays
+
+    cuts = cuts_from_arrays([1.5, 3.0], [4, 9], prefix="u")
+    assert [c.id for c in cuts] == ["u0", "u1"]
+    assert [c.duration for c in cuts] == [1.5, 3.0]
+    assert [c.custom["num_tokens"] for c in cuts] == [4, 9]
+    assert all(c.custom is None for c in cuts_from_arrays([2.0]))
+    with pytest.raises(ValueError, match="num_tokens has 1 values for 2 durations"):
+        cuts_from_arrays([1.0, 2.0], [3])

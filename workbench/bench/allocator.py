@@ -4,9 +4,7 @@
     python3 -m workbench.bench.allocator --out DIR --headroom 0.08 0.15 --budget-s 560   # a sweep, <10 min
 
 What runs: training steps (forward, loss, backward, optimizer step) of ``workbench.models`` 'large-rnnt'
-(or, when that package is not importable, a stand-in transducer defined below with the same memory
-behaviour: an encoder over 80 ms frames and an RNN-T joint tensor [B, T, U+1, V] that dominates memory;
-the JSON says which ran). 64 batch shapes (batch size, padded duration, padded tokens; 200 s of padded
+in worker subprocesses (``workbench.bench.allocator_worker``). 64 batch shapes (batch size, padded duration, padded tokens; 200 s of padded
 audio per batch) come from lhotse's DynamicBucketingSampler built by ``workbench.bucketing.make_sampler``
 on a synthetic corpus (or, when that is not importable, from the same kind of draws from equal-duration
 bins: the JSON says which). On a GPU host without lhotse, ``--shapes-file`` takes the shapes written
@@ -73,8 +71,9 @@ from pathlib import Path
 
 import numpy as np
 
-SAMPLING_RATE = 16000
-FRAME_S = 0.08  # encoder frame after subsampling (stand-in model)
+from workbench.bench.allocator_worker import worker
+
+FRAME_S = 0.08  # encoder frame after subsampling, seconds (for the joint-size cost of a shape)
 TARGET_TIME_RATIO = 1.05
 
 
@@ -158,163 +157,6 @@ def largest_first(shapes: list[tuple[int, float, int]], costs: list[float] | Non
     cost = costs if costs is not None else [b * (d / FRAME_S) * (u + 1) + b * d / FRAME_S for b, d, u in shapes]
     i = int(np.argmax(cost))
     return [shapes[i]] + shapes[:i] + shapes[i + 1:]
-
-
-# ---------------------------------------------------------------- model (worker process)
-
-def build_model(name: str):
-    """workbench.models' model, or the stand-in when that package is not there. Returns (model, which)."""
-    try:
-        from workbench.models import build_model as build
-
-        return build(name), f"workbench.models {name}"
-    except ImportError as exc:
-        print(f"[allocator] workbench.models unavailable ({exc}); using the stand-in transducer")
-        return stand_in_transducer(), "stand-in transducer (workbench.models not available)"
-
-
-def stand_in_transducer(d_model: int = 512, layers: int = 16, hidden: int = 640, vocab: int = 1024):
-    """~70M-parameter RNN-T-like model: framing + linear subsampling to 80 ms, a Transformer encoder, an
-    LSTM predictor and a joint over [B, T, U+1, vocab+1]; make_batch/training_step as workbench.models."""
-    import torch
-    from torch import nn
-
-    class StandIn(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.vocab_size = vocab
-            self.frontend = nn.Sequential(nn.Linear(400, 160), nn.GELU())
-            self.subsample = nn.Linear(160 * 8, d_model)
-            self.encoder = nn.TransformerEncoder(
-                nn.TransformerEncoderLayer(d_model, 8, 4 * d_model, batch_first=True, norm_first=True), layers,
-                enable_nested_tensor=False)
-            self.embed = nn.Embedding(vocab + 1, hidden)
-            self.lstm = nn.LSTM(hidden, hidden, batch_first=True)
-            self.enc_proj, self.pred_proj = nn.Linear(d_model, hidden), nn.Linear(hidden, hidden)
-            self.out = nn.Linear(hidden, vocab + 1)
-
-        def make_batch(self, batch_size, duration_s, num_tokens, device):
-            samples = int(round(duration_s * SAMPLING_RATE))
-            return dict(audio=torch.randn(batch_size, samples, device=device),
-                        audio_lens=torch.full((batch_size,), samples, device=device, dtype=torch.long),
-                        tokens=torch.randint(0, vocab, (batch_size, num_tokens), device=device),
-                        token_lens=torch.full((batch_size,), num_tokens, device=device, dtype=torch.long))
-
-        def training_step(self, batch, *, dtype=torch.float32):
-            with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
-                frames = batch["audio"].unfold(1, 400, 160)  # 25 ms windows, 10 ms hop
-                x = self.frontend(frames)
-                t = x.shape[1] // 8
-                x = self.subsample(x[:, :t * 8].reshape(x.shape[0], t, -1))
-                enc = self.encoder(x)
-                blank = torch.full_like(batch["tokens"][:, :1], vocab)
-                pred, _ = self.lstm(self.embed(torch.cat([blank, batch["tokens"]], 1)))
-                logits = self.out(torch.tanh(self.enc_proj(enc)[:, :, None] + self.pred_proj(pred)[:, None]))
-            logp = logits.float().log_softmax(-1)  # [B, T, U+1, V+1], the memory hog, as in RNN-T losses
-            loss = -logp[..., vocab].mean() - logp[:, :, :-1].gather(-1, batch["tokens"][:, None, :, None]
-                                                                     .expand(-1, t, -1, -1)).mean()
-            loss.backward()
-            return loss.detach()
-
-    return StandIn()
-
-
-def worker(args) -> int:
-    """One configuration in this (fresh) process; writes its per-step rows as JSON to --rows.
-
-    ``--device cpu`` (smoke runs without CUDA): the same steps on the CPU, where no allocator is measured:
-    memory counters are 0 and a calibration "peak" is the batch's bytes."""
-    t_worker = time.perf_counter()
-    status = None
-    on_cuda = args.device == "cuda"
-    if args.expandable:
-        from workbench.memory import configure_allocator
-
-        status = configure_allocator()  # before CUDA init: through the environment
-        want = "set_env" if on_cuda else "skipped"
-        assert status.action == want, f"expected configure_allocator to say {want}, got: {status}"
-    import torch
-
-    from workbench.memory import MemoryRecorder, current_allocator_settings
-
-    if not on_cuda:
-        torch.backends.mkldnn.enabled = False  # oneDNN builds kernels per new shape: seconds each on a CPU
-        torch.set_num_threads(1)
-    shapes = [tuple(s) for s in json.loads(Path(args.shapes).read_text())]
-    torch.manual_seed(0)
-    device = torch.device(args.device)
-    with device:  # built on the device: a large model is never initialized on the host
-        model, which = build_model(args.model)
-    model = model.to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    total = torch.cuda.get_device_properties(0).total_memory if on_cuda else \
-        os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if args.fraction and on_cuda:
-        torch.cuda.set_per_process_memory_fraction(args.fraction)
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-
-    def train_step(shape):
-        b, d, u = shape
-        batch = model.make_batch(int(b), float(d), int(u), device)
-        model.training_step(batch, dtype=dtype)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return sum(t.numel() * t.element_size() for t in batch.values())
-
-    t_ready = time.perf_counter()
-    # Prime: one step of the cheapest shape, not recorded, so the optimizer state exists before the
-    # warm-up (as in training from step 2 on); otherwise the first measured step carries state the
-    # warm-up's largest step never had, and allocates.
-    train_step(min(shapes, key=lambda s: s[0] * s[1] * (s[2] + 1)))
-    if args.mode == "calibrate":
-        peaks = []  # peak allocated bytes of each step, no limit (on a CPU: the batch's bytes)
-        for shape in shapes:
-            if on_cuda:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-            batch_bytes = train_step(shape)
-            if on_cuda:
-                torch.cuda.synchronize()
-            peaks.append(torch.cuda.max_memory_allocated() if on_cuda else batch_bytes)
-        Path(args.rows).write_text(json.dumps(dict(peak_allocated_bytes=max(peaks), peaks=peaks, total_bytes=total,
-                                                   model=which, startup_s=t_ready - t_worker)))
-        return 0
-
-    settings = current_allocator_settings() or ""
-    if args.expandable and on_cuda:
-        assert "expandable_segments:True" in settings, f"expandable segments not active: {settings!r}"
-    # On a CPU there is no allocator: zero counters (step_record reads missing keys as 0), no-op sync.
-    rec = MemoryRecorder() if on_cuda else MemoryRecorder(stats_fn=dict, reset_peaks_fn=lambda: None,
-                                                          synchronize_fn=lambda: None)
-    for pass_, i, timed, repeat in worker_plan(len(shapes), args.mode, args.passes):
-        shape = shapes[i]
-        try:
-            with rec.step(index=i, pass_=pass_, timed=timed, repeat=repeat, batch_size=shape[0], duration_s=shape[1],
-                          num_tokens=shape[2]):
-                train_step(shape)
-        except torch.OutOfMemoryError:
-            opt.zero_grad(set_to_none=True)
-            print(f"[allocator] OOM at pass {pass_} step {i} shape {shape}", flush=True)
-    frame = rec.to_frame()  # every step in run order: warm-up, then measured (static: untimed first + timed repeat)
-    Path(args.rows).write_text(json.dumps(dict(rows=frame.to_dict(orient="list"), model=which, settings=settings,
-                                               status=str(status) if status else None,
-                                               startup_s=t_ready - t_worker,
-                                               steps_s=time.perf_counter() - t_ready)))
-    return 0
-
-
-def worker_plan(num_shapes: int, mode: str, passes: int) -> list[tuple[int, int, bool, bool]]:
-    """(pass, shape index, timed, repeat) per step: pass 1 is the warm-up (every shape once,
-    timed for the cold-shape figure); passes 2..passes+1 are measured. "static" runs each shape twice in a row
-    and times only the repeat (``repeat`` True), which has exactly the shape of the step before it."""
-    plan = [(1, i, True, False) for i in range(num_shapes)]
-    for pass_ in range(2, passes + 2):
-        for i in range(num_shapes):
-            if mode == "static":
-                plan += [(pass_, i, False, False), (pass_, i, True, True)]
-            else:
-                plan.append((pass_, i, True, False))
-    return plan
 
 
 # ---------------------------------------------------------------- parent: run, compare, write

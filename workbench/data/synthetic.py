@@ -73,6 +73,26 @@ def synthetic_cut_arrays(num_cuts: int, seed: int = 0, **spec_fields) -> CutArra
     return CutArrays(ids=ids, durations=dur, num_tokens=tokens, source=f"synthetic(n={num_cuts}, seed={seed})")
 
 
+def cuts_from_arrays(durations, num_tokens=None, *, prefix: str = "c"):
+    """An in-memory lhotse CutSet: one MonoCut per duration (seconds), ids ``<prefix><i>``, each with a
+    dummy recording (no audio); ``num_tokens[i]`` goes to ``custom["num_tokens"]`` when given.
+
+    For tests and notebooks that need a sampler over a handful of chosen lengths."""
+    from lhotse import CutSet, MonoCut
+    from lhotse.testing.dummies import dummy_recording
+
+    if num_tokens is not None and len(num_tokens) != len(durations):
+        raise ValueError(f"num_tokens has {len(num_tokens)} values for {len(durations)} durations")
+    cuts = []
+    for i, d in enumerate(durations):
+        recording = dummy_recording(i, duration=float(d))
+        recording.id = f"{prefix}{i}"
+        custom = {"num_tokens": int(num_tokens[i])} if num_tokens is not None else None
+        cuts.append(MonoCut(id=f"{prefix}{i}", start=0.0, duration=float(d), channel=0, recording=recording,
+                            custom=custom))
+    return CutSet.from_cuts(cuts)
+
+
 def _word_list(rng: np.random.Generator, size: int = 3000) -> list[str]:
     onsets = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z", "st", "tr", "pl"]
     vowels = ["a", "e", "i", "o", "u", "ai", "ou", "ea"]
