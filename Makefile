@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 SMOKE ?= 0
 
-.PHONY: all setup report test lab clean gpu-bundle summary
+.PHONY: all setup report test lab clean gpu-bundle gpu-commit summary
 
 all: test
 
@@ -33,6 +33,10 @@ lab: setup
 
 gpu-bundle:
 	sh scripts/gpu_bundle.sh
+
+# Before each GPU call (carry .gpu_commit): the device copy's .git may be stale, so results take this.
+gpu-commit:
+	git rev-parse HEAD > .gpu_commit
 
 # After adding or replacing a file in benchmarks/results: regenerate the headline page (a test checks it).
 summary: setup

@@ -21,8 +21,11 @@ RESULTS=${RESULTS:-/tmp/workbench_results}
 mkdir -p "$OUT" "$RESULTS"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# The device copy may carry a stale .git: the commit written here before the call wins.
-export WORKBENCH_GIT_COMMIT=${WORKBENCH_GIT_COMMIT:-$(cat .gpu_commit 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)}
+# The device copy may carry a stale .git: the commit written before the call (`make gpu-commit`) wins.
+HEAD_COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+export WORKBENCH_GIT_COMMIT=${WORKBENCH_GIT_COMMIT:-$(cat .gpu_commit 2>/dev/null || echo "$HEAD_COMMIT")}
+[ "$WORKBENCH_GIT_COMMIT" = "$HEAD_COMMIT" ] || echo "note: results will say commit $WORKBENCH_GIT_COMMIT" \
+  "(.gpu_commit); git here says $HEAD_COMMIT: run 'make gpu-commit' before the call if that is stale"
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "wheel install failed"; exit 1; }
@@ -37,9 +40,11 @@ PY
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
 
 left() { echo $(( DEADLINE - $(date +%s) )); }
-pack() {  # atomic: two tracks may pack at once
-  local tmp; tmp=$(mktemp "$OUT/.results.XXXXXX")
-  tar -czf "$tmp" -C "$RESULTS" . && mv "$tmp" "$OUT/results.tar.gz"
+pack() {  # atomic; two tracks may pack at once, and a bench may be writing a .tmp file meanwhile
+  local tmp rc; tmp=$(mktemp "$OUT/.results.XXXXXX")
+  tar -czf "$tmp" --exclude='./.*' --warning=no-file-changed --warning=no-file-removed -C "$RESULTS" .
+  rc=$?  # 1: a file changed while read; the finished JSON files are whole either way
+  if [ $rc -le 1 ]; then mv "$tmp" "$OUT/results.tar.gz"; else rm -f "$tmp"; fi
 }
 
 run_stage() {  # name, time limit in seconds, command...
@@ -56,24 +61,43 @@ run_stage() {  # name, time limit in seconds, command...
   return $rc
 }
 
+output_of() {  # the result a stage writes (two parallel groups must not write the same one)
+  case $1 in
+    oomptimizer|oomptimizer-rnnt) echo oomptimizer ;;
+    oomptimizer-aed) echo oomptimizer_aed ;;
+    allocator-roomy) echo allocator_headroom15 ;;
+    *) echo "${1//-/_}" ;;
+  esac
+}
+
+budget() {  # seconds left minus a margin, or nothing (and the stage is skipped) when under the minimum
+  local margin=$1 minimum=$2 b; b=$(( $(left) - margin ))
+  [ "$b" -ge "$minimum" ] && echo "$b"
+}
+
 stage() {  # one stage by name; budgets leave a margin inside the stage's limit
+  local b
+  case $1 in
+    decoding|decoding-quick|oomptimizer-rnnt|oomptimizer-aed|allocator|allocator-roomy)
+      b=$(budget 60 60) || { echo "=== $1: SKIPPED (less than a minute of budget left) ==="; return 1; } ;;
+  esac
   case $1 in
     tests)            run_stage tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests ;;
     decoding)         run_stage decoding 300 python3 -m workbench.bench.decoding \
-                        --budget-s $(( $(left) < 300 ? $(left) - 50 : 250 )) --out "$RESULTS" ;;
+                        --budget-s $(( b < 250 ? b : 250 )) --out "$RESULTS" ;;
     decoding-quick)   run_stage decoding_quick 150 python3 -m workbench.bench.decoding --quick \
-                        --budget-s $(( $(left) < 150 ? $(left) - 30 : 120 )) --out "$RESULTS" ;;
+                        --budget-s $(( b < 120 ? b : 120 )) --out "$RESULTS" ;;
     models)           run_stage models 160 python3 -m workbench.bench.models --out "$RESULTS" ;;
     oomptimizer)      run_stage oomptimizer 360 python3 -m workbench.bench.oomptimizer --out "$RESULTS" ;;
     oomptimizer-rnnt) run_stage oomptimizer_rnnt 540 python3 -m workbench.bench.oomptimizer --part rnnt \
-                        --time-limit-s $(( $(left) - 90 )) --out "$RESULTS" ;;
+                        --time-limit-s $(( b - 30 )) --out "$RESULTS" ;;
     oomptimizer-aed)  run_stage oomptimizer_aed 300 python3 -m workbench.bench.oomptimizer --part aed \
-                        --time-limit-s $(( $(left) - 60 )) --out "$RESULTS" ;;
+                        --time-limit-s "$b" --out "$RESULTS" ;;
     ddp)              run_stage ddp 160 python3 -m workbench.bench.oomptimizer --nproc 2 --out "$RESULTS" ;;
     allocator)        run_stage allocator 540 python3 -m workbench.bench.allocator \
-                        --budget-s $(( $(left) - 60 )) --out "$RESULTS" ;;
+                        --budget-s "$b" --out "$RESULTS" ;;
     allocator-roomy)  run_stage allocator_roomy 540 python3 -m workbench.bench.allocator --headroom 0.15 \
-                        --name allocator_headroom15 --budget-s $(( $(left) - 60 )) --out "$RESULTS" ;;
+                        --name allocator_headroom15 --budget-s "$b" --out "$RESULTS" ;;
     *) echo "unknown stage $1"; return 1 ;;
   esac
 }
@@ -87,6 +111,11 @@ track() {  # stages one after another; status 1 if any failed
 status=0
 if [ "${1:-}" = "--parallel" ]; then
   shift
+  gpus=$(nvidia-smi -L | wc -l)
+  [ $# -le "$gpus" ] || { echo "--parallel: $# groups but $gpus GPUs"; exit 1; }
+  case " $* " in *" ddp "*) echo "--parallel: ddp needs every GPU; run it on its own"; exit 1 ;; esac
+  outputs=$(for g in "$@"; do for st in $g; do output_of "$st"; done; done | sort | uniq -d)
+  [ -z "$outputs" ] || { echo "--parallel: two groups would write the same results ($outputs)"; exit 1; }
   pids=(); gpu=0
   for group in "$@"; do
     # shellcheck disable=SC2086

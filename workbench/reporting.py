@@ -92,6 +92,7 @@ def run_notebooks(out_dir: str | os.PathLike = "reports", *, smoke: bool = False
         html = write_text_atomically(out / (nb_path.stem + ".html"), body)
         rows.append((html.name, *notebook_title_and_summary(nb_path), time.perf_counter() - t0))
         print(f"[report] {nb_path.name} done in {rows[-1][3]:.1f} s -> {html}", flush=True)
+    rows.append(write_benchmark_summary(out))
     items = "\n".join(f'<li><a href="{h}">{title}</a>: {summary} <small>({secs:.0f} s)</small></li>'
                       for h, title, summary, secs in rows)
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>workbench reports</title></head><body>"
@@ -100,6 +101,22 @@ def run_notebooks(out_dir: str | os.PathLike = "reports", *, smoke: bool = False
     index = write_text_atomically(out / "index.html", page)
     print(f"[report] wrote {index}")
     return index
+
+
+def write_benchmark_summary(out: Path) -> tuple[str, str, str, float]:
+    """``<out>/benchmarks.html``: the headline figures of every committed result (workbench.bench.summary)
+    as one page; returns its row for the index."""
+    import mistune
+
+    from workbench.bench.summary import render
+
+    t0 = time.perf_counter()
+    body = mistune.html(render())
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>workbench benchmarks</title></head>"
+            f"<body>{body}</body></html>\n")
+    html = write_text_atomically(out / "benchmarks.html", page)
+    return (html.name, "Benchmark summary", "headline figures of every committed result in benchmarks/results, "
+            "with machine, date and commit", time.perf_counter() - t0)
 
 
 def register(sub) -> None:

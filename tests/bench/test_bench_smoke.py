@@ -89,7 +89,24 @@ def test_oomptimizer_bench_smoke(tmp_path, restore_torch_cpu_settings):
         assert t["true_max"] >= 1 and t["predictive"] <= t["true_max"]
     assert rnnt["soak"]["steps"] == 2 * 4 and rnnt["soak"]["ooms"] == 0
     assert {"probes_bisect_over_predictive", "seconds_bisect_over_predictive"} <= set(rnnt["ratios"])
+    assert len(rnnt["comparison"]["bucket_indices"]) >= 2  # a side-by-side needs more than one bucket
     assert "failures" in fig and "wall_seconds" in fig
+
+
+def test_oomptimizer_bench_parts_write_their_own_files(tmp_path, restore_torch_cpu_settings):
+    from workbench.bench import oomptimizer
+
+    assert oomptimizer.main(["--smoke", "--part", "aed", "--out", str(tmp_path)]) == 0
+    fig = read_result(tmp_path / "oomptimizer_aed.json")["figures"]
+    assert fig["part"] == "aed" and "skipped" in fig["rnnt"] and "predictive" not in fig["rnnt"]
+    assert fig["aed"]["predictive"]["all_returned_probed"] and not (tmp_path / "oomptimizer.json").exists()
+    assert oomptimizer.main(["--smoke", "--part", "rnnt", "--time-limit-s", "0", "--out", str(tmp_path)]) == 0
+    fig = read_result(tmp_path / "oomptimizer.json")["figures"]
+    assert "predictive" in fig["rnnt"]  # the profile search always runs
+    assert fig["rnnt"]["ddp_accounting"] == {"skipped": "time limit"}
+    assert "true maxima: not measured (time limit)" in fig["failures"]
+    with pytest.raises(SystemExit):
+        oomptimizer.main(["--smoke", "--part", "aed", "--nproc", "2", "--out", str(tmp_path)])
 
 
 def test_oomptimizer_bench_smoke_ddp_two_processes(tmp_path):
@@ -168,6 +185,7 @@ def test_decoding_bench_smoke(tmp_path, capsys):
         else:
             assert 0.0 <= r["token_disagreement"] <= 1.0
     assert fig["targets"]["rnnt_full_s"] is None  # no full-graph row without CUDA: the target is not faked
+    assert not [f for f in fig["failures"] if "raised" in f or "differ" in f], fig["failures"]
     assert "frame-looping off" in capsys.readouterr().out
 
 
@@ -176,7 +194,10 @@ def test_token_disagreement_is_an_edit_distance():
 
     assert token_disagreement([[1, 2, 3]], [[1, 2, 3]]) == 0
     assert token_disagreement([[1, 3]], [[1, 2, 3]]) == pytest.approx(1 / 3)       # one deletion
-    assert token_disagreement([[1, 2, 4, 3], [5]], [[1, 2, 3], [6]]) == pytest.approx(2 / 4)
+    assert token_disagreement([[1, 2, 4, 3], [5]], [[1, 2, 3], [6]]) == pytest.approx(2 / 5)  # over the longer
+    assert token_disagreement([[1, 2, 3]], [[]]) == 1.0 and token_disagreement([[]], [[]]) == 0.0
+    with pytest.raises(ValueError, match="2 hypotheses for 1 references"):
+        token_disagreement([[1], [2]], [[1]])
 
 
 def test_committed_summary_matches_the_committed_results():
@@ -195,5 +216,7 @@ def test_summary_renders_every_kind_of_result():
     assert summary.section_for("allocator_headroom15") is summary.SECTIONS["allocator"]
     assert summary.section_for("nothing_known") is None
     page = summary.render()
-    for name in names:
-        assert f"## {name}.json" in page
+    assert "(no summary for this file)" not in page
+    for name in names:  # a heading and at least one figure line under it
+        section = page.split(f"## {name}.json\n", 1)[1].split("\n## ", 1)[0]
+        assert "\n- " in section, name

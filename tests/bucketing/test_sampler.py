@@ -149,3 +149,43 @@ def test_sampler_reports_allocator_configuration():
         assert status.skip_reason != "opt_out"  # the default asks for expandable segments
     opted_out = make_sampler(cuts, profile, concurrent=False, expandable_segments=False).allocator_status
     assert opted_out.skip_reason == "opt_out"
+
+
+def _ids(batches):
+    return [[c.id for c in b] for b in batches]
+
+
+def test_sampler_resumes_mid_epoch_from_a_json_checkpoint():
+    import json
+
+    from workbench.bucketing import load_sampler_state_dict, sampler_state_dict
+
+    rng = np.random.default_rng(5)
+    durations = rng.uniform(1, 10, 500)
+    cuts = cuts_from_arrays(durations, (durations * 3).astype(int) + 1)
+    profile = BucketProfile([[3.0, 20], [6.0, 40], [10.0, 60]], [8, 4, 2])
+    make = lambda: make_sampler(cuts, profile, concurrent=False, seed=3, buffer_size=100)  # noqa: E731
+    uninterrupted = _ids(make())
+    sampler = make()
+    it = iter(sampler)
+    seen = [[c.id for c in next(it)] for _ in range(7)]
+    state = json.loads(json.dumps(sampler_state_dict(sampler)))  # plain types: JSON or torch.save
+    resumed = make()
+    load_sampler_state_dict(resumed, state)
+    assert seen + _ids(resumed) == uninterrupted
+    assert len(uninterrupted) > 20  # the checkpoint really was mid-epoch
+
+
+def test_sampler_resume_refuses_another_profile_or_seed():
+    from workbench.bucketing import load_sampler_state_dict, sampler_state_dict
+
+    cuts = cuts_from_arrays([2.0, 4.0, 8.0] * 10, [5, 10, 20] * 10)
+    profile = BucketProfile([[3.0, 20], [6.0, 40], [10.0, 60]], [8, 4, 2])
+    state = sampler_state_dict(make_sampler(cuts, profile, concurrent=False, seed=1))
+    other = BucketProfile([[3.0, 20], [6.0, 40], [10.0, 60]], [8, 4, 3])
+    with pytest.raises(ValueError, match="'bucket_batch_size' differs"):
+        load_sampler_state_dict(make_sampler(cuts, other, concurrent=False, seed=1), state)
+    with pytest.raises(ValueError, match="'seed' is 1, this sampler has 2"):
+        load_sampler_state_dict(make_sampler(cuts, profile, concurrent=False, seed=2), state)
+    with pytest.raises(ValueError, match="not written by sampler_state_dict"):
+        load_sampler_state_dict(make_sampler(cuts, profile, concurrent=False, seed=1), {"epoch": 0})

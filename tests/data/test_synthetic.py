@@ -49,3 +49,9 @@ def test_cuts_from_arrays_builds_an_in_memory_cutset():
     assert all(c.custom is None for c in cuts_from_arrays([2.0]))
     with pytest.raises(ValueError, match="num_tokens has 1 values for 2 durations"):
         cuts_from_arrays([1.0, 2.0], [3])
+    with pytest.raises(ValueError, match=r"durations: 1 not > 0 seconds \(first at index 1: 0.0\)"):
+        cuts_from_arrays([1.0, 0.0])
+    arrays = synthetic_cut_arrays(5, seed=2)
+    from_arrays = cuts_from_arrays(arrays)
+    assert [c.id for c in from_arrays] == arrays.ids
+    assert [c.custom["num_tokens"] for c in from_arrays] == list(arrays.num_tokens)

@@ -98,4 +98,5 @@ def test_gpu_soak_runs_the_profile():
     assert report["steps"] == 4 and report["ooms"] == 0
     total = torch.cuda.get_device_properties(0).total_memory
     assert report["budget_bytes"] == int(total)  # training's limit: the whole device
-    assert 0 < report["peak_over_search_budget"] == pytest.approx(report["peak_reserved_bytes"] / (0.9 * total))
+    assert 0 < report["peak_allocated_bytes"] <= report["peak_reserved_bytes"] <= total
+    assert report["peak_allocated_over_search_budget"] < 1  # a toy model: far below 90 % of an H200

@@ -13,6 +13,7 @@ import os
 import time
 from pathlib import Path
 
+
 def worker(args) -> int:
     """One configuration in this (fresh) process; writes its per-step rows as JSON to --rows.
 

@@ -1,19 +1,22 @@
 """Greedy RNN-T / TDT decoding speed on the GPU: frame-looping vs label-looping off / partial / full graph.
 
-    python3 -m workbench.bench.decoding --out DIR [--quick]
+    python3 -m workbench.bench.decoding --out DIR [--quick]      # GPU; --smoke: CPU dry run, seconds
 
 Decoding loop only (encoder outputs given): vocabulary 1024, LSTM predictor 640, joint 640, encoder
-width 640, random weights with the blank bias bisected so that about one label is emitted per 3 frames.
-Utterances of 12 s and 30 s at 80 ms frames (150 and 375 frames), B in {1, 16, 64, 128}, fp32 and
-bf16, RNN-T and TDT (durations 0-4). Methods: frame-looping off (RNN-T), label-looping off / partial /
-full; torchaudio's RNNTBeamSearch, beam 1, on an equal-sized torchaudio RNN-T model at B=1 (outside
-reference); the measured cost of one empty conditional-while iteration; label-looping full with a
-blank window of 1 (one frame per search step; RNN-T and TDT) to show what the window of 8 buys. Tokens and timestamps of
-label-looping off / partial / full must be identical; frame-looping and window 1 too in fp32 (in bf16,
-where they multiply other matrix shapes, at most 2% of utterances may differ on near-ties). Bounded: about 3 minutes on an H200 (a deadline skips what is
-left, and says so); --quick (B in {1, 16}, 12 s, fp32) about 40 s. Exits non-zero when a check fails:
-results differ, or the targets (full >= 10x frame-looping off at B=16, 12 s, fp32; faster than NeMo's
-full graph: 47 ms RNN-T, 21 ms TDT) are missed.
+width 640, random weights. Utterances of 12 s and 30 s at 80 ms frames (150 and 375 frames), B in
+{1, 16, 64, 128}, fp32 and bf16, RNN-T and TDT (durations 0-4). Each row's blank bias is bisected on
+that row's own input so that about one label is emitted per 3 frames (a failure when it lands more than
+0.1 away). Methods: frame-looping off (RNN-T), label-looping off / partial / full with the default
+blank window (16 frames per search step); in fp32 also label-looping full with a window of 1, to show
+what the window buys; torchaudio's RNNTBeamSearch, beam 1, on an equal-sized torchaudio RNN-T model at
+B=1 (outside reference); the measured cost of one empty conditional-while iteration.
+Checks: label-looping off / partial / full give identical tokens and timestamps in every dtype;
+frame-looping and window 1 match them exactly in fp32; in bf16, where they multiply other matrix shapes
+and a near-tie can round either way (the rest of that utterance then follows another path), their token
+disagreement (edit distance) is reported and fails only above 0.25. Bounded by --budget-s (default
+300 s; what is left is skipped, and the JSON says so); --quick (B in {1, 16}, 12 s, fp32) takes about
+20 s. Exits non-zero when a check fails or a target is missed: full >= 10x frame-looping off at B=16,
+12 s, fp32; faster than NeMo's full graph (47 ms RNN-T, 21 ms TDT).
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ NEMO_REFERENCE = {
     "tdt_no_graphs_s": 0.102, "rnnt_frame_looping_no_graphs_s": 0.665,
 }
 W = DEFAULT_BLANK_WINDOW
+# bf16 frame-looping vs label-looping: one near-tie flips the rest of an utterance; the H200 run of
+# 2026-11-30 saw up to about 0.1. A real divergence (a wrong decision rule) disagrees far more.
+MAX_BF16_DISAGREEMENT = 0.25
 # (algorithm, graph mode, blank window); the window applies to label-looping (RNN-T and TDT). Window 1
 # (one frame per search step) runs in fp32 only, to show what the window buys.
 METHODS = [("frame_looping", "off", W), ("label_looping", "off", W), ("label_looping", "partial", W),
@@ -77,7 +83,10 @@ def calibrate_blank_bias(decoder: GreedyTransducerDecoder, enc: torch.Tensor, le
 
 
 def token_disagreement(hyps: list[list[int]], reference: list[list[int]]) -> float:
-    """Edit distance between token sequences over the reference's tokens (a WER over tokens)."""
+    """Edit distance between two decodings of the same utterances, over the longer sequence of each
+    pair: 0 when equal, 1 when nothing matches (two empty decodings agree: 0)."""
+    if len(hyps) != len(reference):
+        raise ValueError(f"token_disagreement: {len(hyps)} hypotheses for {len(reference)} references")
     errors = total = 0
     for h, r in zip(hyps, reference):
         row = list(range(len(r) + 1))
@@ -86,7 +95,7 @@ def token_disagreement(hyps: list[list[int]], reference: list[list[int]]) -> flo
             for j, b in enumerate(r, 1):
                 prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (a != b))
         errors += row[-1]
-        total += len(r)
+        total += max(len(h), len(r))
     return errors / max(total, 1)
 
 
@@ -182,7 +191,10 @@ def run(out_dir: str, quick: bool, budget_s: float, smoke: bool = False) -> int:
                     with torch.inference_mode():
                         bias, rate = calibrate_blank_bias(calibrator, enc, lengths, steps=11 if not smoke else 8)
                     calibration[tag] = {"blank_bias": bias, "labels_per_frame": rate}
-                    reference = None
+                    if abs(rate - 1 / 3) > 0.1 and not smoke:
+                        failures.append(f"{tag}: blank-bias calibration reached {rate:.3f} labels per frame, "
+                                        f"not about 1/3")
+                    reference = ll_stats = None
                     group = []
                     for algorithm, mode, window in METHODS:
                         if (algorithm == "frame_looping" and durations is not None) or (
@@ -227,11 +239,15 @@ def run(out_dir: str, quick: bool, budget_s: float, smoke: bool = False) -> int:
                         row["blank_bias"] = bias
                         if reference is not None and not same_math and dtype != torch.float32:
                             row["token_disagreement"] = token_disagreement(key[0], reference[0])
+                            if row["token_disagreement"] > MAX_BF16_DISAGREEMENT:
+                                failures.append(f"{tag}: {row['method']}: token disagreement "
+                                                f"{row['token_disagreement']:.3f} with label-looping off "
+                                                f"(allowed {MAX_BF16_DISAGREEMENT} in bf16)")
                         elif differing:
                             failures.append(f"{tag}: {row['method']}: {differing} of {batch} utterances differ "
                                             f"from label-looping off")
-                        if row["method"].startswith("label"):
-                            it = row.pop("_stats") if "_stats" in row else ll_stats
+                        it = row.pop("_stats") if "_stats" in row else ll_stats
+                        if row["method"].startswith("label") and it is not None:
                             row.update(outer_iterations=it["outer_iterations"], inner_iterations=it["inner_iterations"],
                                        seconds_per_outer_iteration=row["time_s"]["median"] / max(1, it["outer_iterations"]),
                                        seconds_per_iteration=row["time_s"]["median"]

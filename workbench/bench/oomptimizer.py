@@ -1,15 +1,18 @@
 """OOMptimizer on the GPU: predictive vs bisect search, true maxima, soak, xl AED, two-GPU DDP.
 
-    python3 -m workbench.bench.oomptimizer --out benchmarks/results            # one H200, < 6 min
+    python3 -m workbench.bench.oomptimizer --out benchmarks/results            # one H200, ~8 min
+    python3 -m workbench.bench.oomptimizer --out DIR --part rnnt               # GPU 0 ...
+    python3 -m workbench.bench.oomptimizer --out DIR --part aed                # ... and GPU 1, at once
     python3 -m workbench.bench.oomptimizer --out benchmarks/results --nproc 2  # two GPUs (torchrun), < 3 min
 
-One GPU: large RNN-T, 2D 15 x 2 buckets up to 40 s (bins from workbench.bucketing.estimate_2d_bins over
-workbench.data.synthetic.synthetic_cut_arrays when both exist, else a fixed grid): predictive and bisect
-search in the same run (probes, OOMs, wall time, batch sizes: predictive on all 30 buckets for the
-profile, then both strategies fresh on every fifth bucket, since bisection on all 30 would not fit the
-time); for five of those buckets the true maximum by bisection to a gap of 1; a soak of the profile (varied lengths, shuffled buckets); the one-GPU DDP
-gradient-bucket accounting; then xl AED on the first 8 of 8 x 1 buckets, predictive and bisect.
-Writes oomptimizer.json. With --nproc 2 it relaunches under torchrun; each rank probes with DDP
+One GPU, RNN-T part: large RNN-T, 2D 15 x 2 buckets up to 40 s (bins from estimate_2d_bins over
+synthetic_cut_arrays): predictive search on all 30 buckets (the profile); both strategies fresh on every
+fifth bucket, side by side (bisection on all 30 would not fit the time); for five of those buckets the
+true maximum by bisection to a gap of 1; a soak of the profile under training's limit (varied lengths,
+shuffled buckets); after the AED part, the one-GPU DDP gradient-bucket accounting. AED part: xl AED on
+8 x 1 buckets, predictive and bisect. ``--part all`` (default) runs both into oomptimizer.json; ``--part
+aed`` writes oomptimizer_aed.json. ``--time-limit-s`` (default 300): no new part starts after it (the
+JSON names what was skipped). With --nproc 2 it relaunches under torchrun; each rank probes with DDP
 gradient all-reduce, the largest peak decides; writes oomptimizer_ddp.json.
 Fails (exit 1) when a returned size was not probed, predictive needs > 3 probes per bucket, a size is
 > 3 % (and > 1) below the true maximum, the soak OOMs, or memory is left allocated.
@@ -248,7 +251,7 @@ def part_failed(failures: list[str], part: str, error: BaseException) -> None:
 def rnnt_comparison(args, model, probe, buckets, pred, rnnt, failures, say, t0, dtype) -> None:
     """Predictive vs bisect on every fifth bucket, true maxima, soak."""
     # Side by side in the same run on every fifth bucket (bisection on all 30 would not fit the time).
-    subset = list(range(0, len(buckets), 5))
+    subset = list(range(0, len(buckets), max(1, min(5, len(buckets) // 2))))  # >= 2 buckets, <= every fifth
     sub_buckets = [buckets[i] for i in subset]
     rnnt["comparison"] = comp = {"bucket_indices": subset,
                                  "note": "predictive and bisect each run fresh on every fifth bucket"}
@@ -436,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
     MAX_BATCH_SIZE[0] = args.max_batch_size
     if "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return main_ddp(args)
+    if args.nproc > 1 and (args.part != "all" or args.time_limit_s != TIME_LIMIT_S):
+        parser.error("--part and --time-limit-s belong to the one-GPU run, not to --nproc")
     if args.nproc > 1:
         # Without --nproc: torchrun's own parser would reject it as an ambiguous prefix of --nproc-per-node.
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",

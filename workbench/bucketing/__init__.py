@@ -16,12 +16,14 @@ _LAZY = {
     "UnfitReport": "workbench.bucketing.sampler",
     "close_sampler": "workbench.bucketing.sampler",
     "make_sampler": "workbench.bucketing.sampler",
+    "sampler_state_dict": "workbench.bucketing.sampler",
+    "load_sampler_state_dict": "workbench.bucketing.sampler",
 }
 
 __all__ = [
     "Bins2D", "BucketBatchSizeConstraint", "BucketFitter", "BucketProfile", "DurationGroup", "UnfitReport",
     "close_sampler", "cut_num_tokens", "estimate_2d_bins", "estimate_duration_bins", "expected_batch_max",
-    "load_profile", "make_fitter", "make_sampler", "padding_comparison", "padding_waste",
+    "load_profile", "load_sampler_state_dict", "make_fitter", "make_sampler", "sampler_state_dict", "padding_comparison", "padding_waste",
     "running_total_boundaries", "save_profile", "unfit_table",
 ]
 

@@ -124,10 +124,66 @@ def make_sampler(cuts: CutSet, profile: BucketProfile, *, world_size: int = 1, r
     report = UnfitReport()
     sampler.filter(FitFilter(constraint, report))
     sampler.unfit_report = report
+    sampler.profile = profile
     from workbench.memory import configure_allocator
 
     sampler.allocator_status = configure_allocator(expandable_segments=expandable_segments)
     return sampler
+
+
+STATE_KEY = "workbench_profile"  # the profile a sampler state was saved with (checked on resume)
+
+
+def _profile_fields(profile: BucketProfile) -> dict[str, Any]:
+    return {"bucket_duration_bins": [list(b) if isinstance(b, (list, tuple)) else b
+                                     for b in profile.bucket_duration_bins],
+            "bucket_batch_size": list(profile.bucket_batch_size), "max_tps": profile.max_tps}
+
+
+def sampler_state_dict(sampler: DynamicBucketingSampler) -> dict[str, Any]:
+    """Where a :func:`make_sampler` sampler is in its epoch (epoch, batches so far, seed, ...), for a
+    training checkpoint; plain types only (``torch.save`` or JSON).
+
+    lhotse's own ``state_dict()`` refuses samplers with a custom constraint, since it cannot rebuild one;
+    ours is rebuilt from the profile by ``make_sampler``, so this saves lhotse's state without it, plus
+    the profile, which :func:`load_sampler_state_dict` checks."""
+    if not hasattr(sampler, "profile"):
+        raise ValueError("sampler_state_dict: the sampler was not made by workbench.bucketing.make_sampler")
+    constraint, sampler.constraint = sampler.constraint, None
+    try:
+        state = sampler.state_dict()
+    finally:
+        sampler.constraint = constraint
+    state[STATE_KEY] = _profile_fields(sampler.profile)
+    return state
+
+
+def load_sampler_state_dict(sampler: DynamicBucketingSampler, state: dict[str, Any]) -> None:
+    """Resume a sampler from :func:`sampler_state_dict`: make it with ``make_sampler`` on the same cuts,
+    profile, seed and world size, then call this; iteration continues the saved epoch after the batches
+    already seen (lhotse re-draws and skips them: no audio is read).
+
+    With ``concurrent=False`` the following batches are exactly those of the uninterrupted run. With
+    concurrent bucketing (the default) the same number of batches is skipped, but which bucket each
+    batch comes from depends on the filling thread's timing, so the rest of the epoch may differ.
+    Raises ValueError naming the field when the state does not match this sampler."""
+    state = dict(state)
+    saved = state.pop(STATE_KEY, None)
+    if saved is None:
+        raise ValueError(f"sampler state: no '{STATE_KEY}' field (not written by sampler_state_dict)")
+    current = _profile_fields(sampler.profile)
+    for name in current:
+        if saved.get(name) != current[name]:
+            raise ValueError(f"sampler state: '{name}' differs from this sampler's profile "
+                             f"(saved {saved.get(name)!r}, now {current[name]!r}): resume with the same profile")
+    for name in ("world_size", "seed"):
+        if state.get(name) != getattr(sampler, name):
+            raise ValueError(f"sampler state: '{name}' is {state.get(name)!r}, this sampler has "
+                             f"{getattr(sampler, name)!r}: resume with the same {name}")
+    diagnostics = dict(state["diagnostics"])  # JSON turns the per-epoch keys into strings: back to ints
+    diagnostics["stats_per_epoch"] = {int(k): v for k, v in diagnostics["stats_per_epoch"].items()}
+    state["diagnostics"] = diagnostics
+    sampler.load_state_dict(state)
 
 
 def close_sampler(sampler: DynamicBucketingSampler) -> None:

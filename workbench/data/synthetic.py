@@ -75,20 +75,30 @@ def synthetic_cut_arrays(num_cuts: int, seed: int = 0, **spec_fields) -> CutArra
 
 def cuts_from_arrays(durations, num_tokens=None, *, prefix: str = "c"):
     """An in-memory lhotse CutSet: one MonoCut per duration (seconds), ids ``<prefix><i>``, each with a
-    dummy recording (no audio); ``num_tokens[i]`` goes to ``custom["num_tokens"]`` when given.
+    dummy recording (no audio); ``num_tokens[i]`` goes to ``custom["num_tokens"]`` when given. A
+    :class:`CutArrays` gives both (and its ids).
 
     For tests and notebooks that need a sampler over a handful of chosen lengths."""
     from lhotse import CutSet, MonoCut
     from lhotse.testing.dummies import dummy_recording
 
+    ids = None
+    if isinstance(durations, CutArrays):
+        if num_tokens is not None:
+            raise ValueError("num_tokens: leave it out when passing CutArrays (it has its own)")
+        ids, num_tokens, durations = durations.ids, durations.num_tokens, durations.durations
+    bad = [i for i, d in enumerate(durations) if not d > 0]
+    if bad:
+        raise ValueError(f"durations: {len(bad)} not > 0 seconds (first at index {bad[0]}: {durations[bad[0]]})")
     if num_tokens is not None and len(num_tokens) != len(durations):
         raise ValueError(f"num_tokens has {len(num_tokens)} values for {len(durations)} durations")
     cuts = []
     for i, d in enumerate(durations):
+        cut_id = ids[i] if ids is not None else f"{prefix}{i}"
         recording = dummy_recording(i, duration=float(d))
-        recording.id = f"{prefix}{i}"
+        recording.id = cut_id
         custom = {"num_tokens": int(num_tokens[i])} if num_tokens is not None else None
-        cuts.append(MonoCut(id=f"{prefix}{i}", start=0.0, duration=float(d), channel=0, recording=recording,
+        cuts.append(MonoCut(id=cut_id, start=0.0, duration=float(d), channel=0, recording=recording,
                             custom=custom))
     return CutSet.from_cuts(cuts)
 

@@ -82,7 +82,8 @@ def soak(model: torch.nn.Module, profile: BucketProfile, *, dtype: torch.dtype =
     persistent optimizer, as in training. Raises RuntimeError on any OOM; returns counts and peaks.
 
     ``memory_fraction`` is the limit training runs under: the whole device unless training sets one.
-    The search ran under a lower fraction (``search_memory_fraction``, default 0.9): the difference is
+    The search ran under a lower fraction (``search_memory_fraction``, the OOMptimizer's default is 0.9;
+    without it the report has no headroom figures): the difference is
     the headroom for what training adds to a probe (a long-lived optimizer, shuffled shapes, library
     workspaces). A search at the full device would leave none: on the H200 a soak at the search's own
     limit OOMed by 160 MB on a bucket whose batch size was the exact maximum. The report says how much
@@ -94,6 +95,11 @@ def soak(model: torch.nn.Module, profile: BucketProfile, *, dtype: torch.dtype =
 
     if profile.bucket_batch_size is None:
         raise ValueError("profile: field 'bucket_batch_size' is missing; run the search first")
+    if not 0 < memory_fraction <= 1:
+        raise ValueError(f"memory_fraction: must be in (0, 1], got {memory_fraction}")
+    if search_memory_fraction is not None and not 0 < search_memory_fraction <= memory_fraction:
+        raise ValueError(f"search_memory_fraction: must be in (0, memory_fraction={memory_fraction}], "
+                         f"got {search_memory_fraction}")
     device = next(model.parameters()).device
     on_cuda = device.type == "cuda"
     if on_cuda:
@@ -135,7 +141,7 @@ def soak(model: torch.nn.Module, profile: BucketProfile, *, dtype: torch.dtype =
     report = {"steps": len(order), "ooms": 0, "seconds": time.perf_counter() - t0,
               "memory_fraction": memory_fraction, "search_memory_fraction": search_memory_fraction,
               "peak_reserved_bytes": None, "peak_allocated_bytes": None, "budget_bytes": None,
-              "peak_over_search_budget": None}
+              "peak_over_search_budget": None, "peak_allocated_over_search_budget": None}
     if on_cuda:
         total = torch.cuda.get_device_properties(device).total_memory
         report.update(peak_reserved_bytes=int(torch.cuda.max_memory_reserved(device)),
