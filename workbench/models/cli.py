@@ -35,4 +35,9 @@ def register(subparsers) -> None:
     p.add_argument("--device", help="cuda or cpu (cuda when available)")
     p.add_argument("--log-every", type=int, help="steps between log lines (10)")
     p.add_argument("--seed", type=int, help="random seed (0)")
+    p.add_argument("--save-every", type=int, help="steps between resumable <out>/train_state.pt saves (0: none)")
+    p.add_argument("--resume", action="store_true", default=None,
+                   help="continue from <out>/train_state.pt (same corpus, model and sampler settings)")
+    p.add_argument("--no-concurrent", dest="concurrent", action="store_false", default=None,
+                   help="with --profile: bucket without the background thread, so a resume is exact")
     p.set_defaults(func=_train)

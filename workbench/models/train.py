@@ -7,6 +7,12 @@ With --profile (from the OOMptimizer) batches come from workbench.bucketing.make
 its per-bucket batch sizes; without one, from lhotse's DynamicBucketingSampler with --max-duration
 seconds of audio per batch. Logs loss and audio seconds per second; writes <out>/model.pt (weights and
 config: load with load_checkpoint, which uses torch.load(weights_only=True)) and <out>/train_log.jsonl.
+
+--save-every N also writes <out>/train_state.pt every N steps (and at the end): weights, optimizer,
+where the sampler is in its epoch, RNG states and the log so far. --resume continues from it: the
+same corpus, model and sampler settings are required (a mismatch names the field); --steps may grow.
+Without a profile, or with --no-concurrent, the resumed run is the run that was never stopped; with
+concurrent bucketing (the default) the batches after the checkpoint may differ.
 """
 
 from __future__ import annotations
@@ -49,6 +55,15 @@ class TrainConfig:
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
     log_every: int = 10              # steps between log lines
     seed: int = 0                    # model init and sampler shuffling
+    save_every: int = 0              # steps between resumable train_state.pt saves (0: only model.pt at the end)
+    resume: bool = False             # continue from <out_dir>/train_state.pt
+    concurrent: bool = True          # concurrent bucketing in make_sampler (off: exact resume)
+
+
+STATE_FILE = "train_state.pt"
+# Settings a resumed run must share with the saved one (steps, logging and saving may change).
+RESUME_MUST_MATCH = ("cuts", "tokenizer", "model", "profile", "max_duration", "num_buckets", "lr",
+                     "warmup_steps", "weight_decay", "grad_clip", "dtype", "seed", "concurrent")
 
 
 def learning_rate(step: int, config: TrainConfig) -> float:
@@ -71,7 +86,7 @@ def make_batches(cuts, config: TrainConfig, tokenizer):
             return int(custom["num_tokens"]) if "num_tokens" in custom else len(tokenizer.encode(cut_text(cut)))
 
         return make_sampler(cuts, load_profile(config.profile), shuffle=True, seed=config.seed,
-                            num_tokens_fn=num_tokens)
+                            num_tokens_fn=num_tokens, concurrent=config.concurrent)
     return DynamicBucketingSampler(cuts, max_duration=config.max_duration, num_buckets=config.num_buckets,
                                    shuffle=True, seed=config.seed)
 
@@ -97,7 +112,14 @@ def train(config: TrainConfig) -> dict:
 
     records, audio_seconds, busy_seconds = [], 0.0, 0.0
     step, epoch = 0, 0
-    progress = tqdm(total=config.steps, desc=f"train {config.model}", unit="step")
+    out = Path(config.out_dir)
+    if config.resume:
+        step, epoch, records = load_training_state(out / STATE_FILE, config, model, optimizer, sampler)
+        audio_seconds = sum(r["audio_s"] for r in records)
+        busy_seconds = sum(r["step_s"] for r in records)
+        log.info("resumed from %s at step %d (epoch %d)", out / STATE_FILE, step, epoch)
+    progress = tqdm(total=config.steps, initial=step, desc=f"train {config.model}", unit="step")
+    resumed_mid_epoch = config.resume  # the restored sampler may have nothing left of its epoch
     while step < config.steps:
         sampler.set_epoch(epoch)
         batches_this_epoch = 0
@@ -122,23 +144,78 @@ def train(config: TrainConfig) -> dict:
             progress.set_postfix(loss=f"{loss_value:.3f}")
             step += 1
             batches_this_epoch += 1
+            if config.save_every and step % config.save_every == 0 and step < config.steps:
+                save_training_state(out / STATE_FILE, config, model, optimizer, sampler, step, epoch, records)
             if step >= config.steps:
                 break
-        if batches_this_epoch == 0:
+        if batches_this_epoch == 0 and not resumed_mid_epoch:
             raise ValueError(f"cuts: the sampler gave 0 batches from {config.cuts} (empty corpus or nothing fits)")
+        resumed_mid_epoch = False
+        if step >= config.steps:
+            break  # the epoch stays current: a checkpoint saved below resumes inside it
         epoch += 1
     progress.close()
+    if config.save_every:  # where the sampler stands now: a later --resume --steps N continues from here
+        save_training_state(out / STATE_FILE, config, model, optimizer, sampler, step, epoch, records)
     close = getattr(sampler, "cuts_iter", None)
     if close is not None and hasattr(close, "close"):
         close.close()
 
-    out = Path(config.out_dir)
     checkpoint = save_checkpoint(out / "model.pt", model, extra={"train_config": asdict(config), "steps": step})
     _write_jsonl(out / "train_log.jsonl", records)
     throughput = audio_seconds / busy_seconds
     log.info("done: %d steps, %.1f audio s/s, saved %s", step, throughput, checkpoint)
     return {"losses": [r["loss"] for r in records], "audio_seconds_per_second": throughput,
             "checkpoint": checkpoint}
+
+
+def _sampler_state(sampler) -> dict:
+    if hasattr(sampler, "profile"):  # made by workbench.bucketing.make_sampler (custom constraint)
+        from workbench.bucketing import sampler_state_dict
+
+        return sampler_state_dict(sampler)
+    return sampler.state_dict()
+
+
+def save_training_state(path: Path, config: TrainConfig, model: ASRModel, optimizer, sampler, step: int,
+                        epoch: int, records: list[dict]) -> Path:
+    """Everything a resumed run needs, atomically, in plain types (torch.load(weights_only=True))."""
+    state = {"train_config": asdict(config), "step": step, "epoch": epoch, "records": records,
+             "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+             "optimizer": optimizer.state_dict(), "sampler": _sampler_state(sampler),
+             "cpu_rng": torch.get_rng_state(),
+             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+    return path
+
+
+def load_training_state(path: Path, config: TrainConfig, model: ASRModel, optimizer,
+                        sampler) -> tuple[int, int, list[dict]]:
+    """Restore what :func:`save_training_state` wrote into a freshly built run; returns (step, epoch,
+    records). Raises FileNotFoundError, or ValueError naming the setting that differs."""
+    if not path.is_file():
+        raise FileNotFoundError(f"--resume: {str(path)!r} does not exist (train with --save-every first)")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    saved = state["train_config"]
+    for name in RESUME_MUST_MATCH:
+        if saved.get(name) != getattr(config, name):
+            raise ValueError(f"--resume: {name} is {getattr(config, name)!r} but {path} was trained with "
+                             f"{saved.get(name)!r}")
+    if state["step"] > config.steps:
+        raise ValueError(f"--resume: {path} is at step {state['step']}, beyond --steps {config.steps}")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if hasattr(sampler, "profile"):
+        from workbench.bucketing import load_sampler_state_dict
+
+        load_sampler_state_dict(sampler, state["sampler"])
+    else:
+        sampler.load_state_dict(dict(state["sampler"]))
+    torch.set_rng_state(state["cpu_rng"])
+    if state["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    return state["step"], state["epoch"], list(state["records"])
 
 
 def save_checkpoint(path: str | os.PathLike, model: ASRModel, *, extra: dict | None = None) -> Path:
