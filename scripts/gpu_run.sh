@@ -13,6 +13,17 @@
 # land in $OUT/results.tar.gz (benchmarks/results/*.json, re-packed after every stage, so a call stopped
 # at its limit still returns what finished) and logs in $OUT/*.log; elsewhere OUT defaults to ./gpu_out.
 set -uo pipefail
+if [ $# -eq 0 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2
+fi
+for group in "$@"; do  # unknown stage names fail now, not after the wheels are installed
+  for st in $group; do
+    case $st in
+      --parallel|tests|decoding|decoding-quick|models|oomptimizer|oomptimizer-rnnt|oomptimizer-aed|ddp|allocator|allocator-roomy) ;;
+      *) echo "unknown stage '$st' (run without arguments for the list)"; exit 2 ;;
+    esac
+  done
+done
 cd "$(dirname "$0")/.."
 START=$(date +%s)
 DEADLINE=$(( START + ${DEADLINE_S:-560} ))
