@@ -173,7 +173,7 @@ def main_single(args) -> int:
     def say(message: str) -> None:
         print(f"[{time.perf_counter() - t0:5.0f} s] {message}", flush=True)
 
-    buckets, bins_source = rnnt_buckets(args)
+    buckets, bins_source = rnnt_buckets(args) if args.part != "aed" else ([], "not used by --part aed")
     figures["part"] = args.part
     figures["rnnt"] = rnnt = {"model": args.rnnt, "buckets": buckets, "bins_source": bins_source}
     figures["aed"] = aed = {"model": args.aed, "buckets": aed_buckets(args),
