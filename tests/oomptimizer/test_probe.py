@@ -53,7 +53,8 @@ def test_gpu_probe_finds_sizes_and_releases_memory():
     from oomptimizer_toy_model import ToyTransducerLike
 
     from workbench.oomptimizer import search_batch_sizes
-    from workbench.oomptimizer.probe import TrainingStepProbe, release_memory
+    from workbench.memory.oom import release_memory
+    from workbench.oomptimizer.probe import TrainingStepProbe
 
     model = ToyTransducerLike().cuda()
     release_memory()  # garbage of earlier tests (decoders' graphs) must not count as this test's baseline

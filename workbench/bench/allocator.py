@@ -72,6 +72,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.bench.allocator_worker import worker
+from workbench.bench.results import check_smoke_out, report_failures, summarize, write_result
 
 FRAME_S = 0.08  # encoder frame after subsampling, seconds (for the joint-size cost of a shape)
 TARGET_TIME_RATIO = 1.05
@@ -228,7 +229,6 @@ def block_figures(rounds: list[dict], warmup: int, passes: int) -> tuple[dict, d
     Returns (figures, series of the first round for plots, per-round timed step times)."""
     import pandas as pd
 
-    from workbench.bench.results import summarize
     from workbench.memory.telemetry import device_alloc_events
 
     per_round = [{name: round_figures(r["rows"], warmup, passes) for name, r in rnd.items()} for rnd in rounds]
@@ -372,13 +372,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
-    from workbench.bench.results import RESULTS_DIR
 
     if args.smoke:
-        if args.out is None:
-            p.error("--smoke needs --out (smoke results never go to benchmarks/results)")
-        if Path(args.out).resolve() == RESULTS_DIR.resolve():
-            p.error(f"--smoke: --out must not be {RESULTS_DIR} (smoke results are not measurements)")
+        check_smoke_out(p, args.out)
         for name, value in SMOKE_DEFAULTS.items():  # only where the command line kept the default
             if getattr(args, name) == p.get_default(name):
                 setattr(args, name, value)
@@ -400,7 +396,6 @@ def main(argv=None) -> int:
         print(f"wrote {len(shapes)} shapes ({source}) to {args.write_shapes}")
         return 0
 
-    from workbench.bench.results import write_result
 
     t_start = time.perf_counter()
     labels = [headroom_label(h) for h in args.headroom]
@@ -531,13 +526,7 @@ def main(argv=None) -> int:
               + ("" if block["time_target"]["conclusive"] else " (not conclusive)"))
     for w in warnings_:
         print(f"WARNING: {w}")
-    for f in failures:
-        print(f"{'SMOKE (not enforced)' if args.smoke else 'FAIL'}: {f}")
-    if args.smoke:
-        print(f"smoke run: the code path ran end to end; {len(failures)} target(s) not met (not enforced)")
-        return 0
-    print("PASS: targets met" if not failures else f"{len(failures)} failure(s)")
-    return 0 if not failures else 1
+    return report_failures(failures, smoke=args.smoke)
 
 
 if __name__ == "__main__":

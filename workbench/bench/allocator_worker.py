@@ -30,7 +30,9 @@ def worker(args) -> int:
         assert status.action == want, f"expected configure_allocator to say {want}, got: {status}"
     import torch
 
-    from workbench.memory import MemoryRecorder, current_allocator_settings
+    from workbench.memory import MemoryRecorder, current_allocator_settings, parse_settings
+    from workbench.memory.oom import is_oom_error
+    from workbench.memory.settings import expandable_segments_setting
     from workbench.models import build_model
 
     if not on_cuda:
@@ -42,7 +44,6 @@ def worker(args) -> int:
     with device:  # built on the device: a large model is never initialized on the host
         model = build_model(args.model)
     which = f"workbench.models {args.model}"
-    model = model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     total = torch.cuda.get_device_properties(0).total_memory if on_cuda else \
         os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -79,7 +80,7 @@ def worker(args) -> int:
 
     settings = current_allocator_settings() or ""
     if args.expandable and on_cuda:
-        assert "expandable_segments:True" in settings, f"expandable segments not active: {settings!r}"
+        assert expandable_segments_setting(parse_settings(settings)), f"expandable segments not active: {settings!r}"
     # On a CPU there is no allocator: zero counters (step_record reads missing keys as 0), no-op sync.
     rec = MemoryRecorder() if on_cuda else MemoryRecorder(stats_fn=dict, reset_peaks_fn=lambda: None,
                                                           synchronize_fn=lambda: None)
@@ -89,7 +90,9 @@ def worker(args) -> int:
             with rec.step(index=i, pass_=pass_, timed=timed, repeat=repeat, batch_size=shape[0], duration_s=shape[1],
                           num_tokens=shape[2]):
                 train_step(shape)
-        except torch.OutOfMemoryError:
+        except RuntimeError as e:
+            if not is_oom_error(e):
+                raise
             opt.zero_grad(set_to_none=True)
             print(f"[allocator] OOM at pass {pass_} step {i} shape {shape}", flush=True)
     frame = rec.to_frame()  # every step in run order: warm-up, then measured (static: untimed first + timed repeat)

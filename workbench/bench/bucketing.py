@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from workbench.bench.results import summarize, write_result
+from workbench.bench.results import report_failures, summarize, write_result
 
 TARGET_BINS_S = 10.0
 TARGET_BINS_TOKENIZED_S = 30.0
@@ -258,9 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                          params=params, out_dir=args.out)
             print(f"{'workbench bins --tokenizer, end to end (median)':<48}"
                   f"{tok_fig['workbench_bins_tokenized_end_to_end_s']['median']:>10.2f}")
-    for f in failures:
-        print(f"FAILED: {f}", file=sys.stderr)
-    return 1 if failures else 0
+    return report_failures(failures)
 
 
 if __name__ == "__main__":

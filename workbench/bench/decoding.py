@@ -25,12 +25,11 @@ import argparse
 import copy
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from workbench.bench.results import RESULTS_DIR, time_cpu, time_cuda, write_result
+from workbench.bench.results import check_smoke_out, report_failures, timer_for, write_result
 from workbench.decoding import GreedyTransducerDecoder, empty_while_iteration_seconds, make_toy_transducer
 from workbench.decoding.greedy import DEFAULT_BLANK_WINDOW
 from workbench.decoding.toy_models import set_blank_bias
@@ -57,7 +56,7 @@ METHODS = [("frame_looping", "off", W), ("label_looping", "off", W), ("label_loo
 
 
 def timed(fn, repeat: int, warmup: int) -> dict[str, float]:
-    return time_cuda(fn, repeat=repeat, warmup=warmup) if DEVICE == "cuda" else time_cpu(fn, repeat=repeat, warmup=warmup)
+    return timer_for(DEVICE)(fn, repeat=repeat, warmup=warmup)
 
 
 def method_name(algorithm: str, mode: str, window: int = W) -> str:
@@ -311,9 +310,7 @@ def run(out_dir: str, quick: bool, budget_s: float, smoke: bool = False) -> int:
     print(f"wrote {path} in {time.perf_counter() - t_start:.0f} s")
     if skipped:
         print(f"SKIPPED for time: {skipped}")
-    for f in failures:
-        print(f"FAIL: {f}")
-    return 1 if failures and not smoke else 0
+    return report_failures(failures, smoke=smoke)
 
 
 def print_table(rows, empty, targets) -> None:
@@ -340,8 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="B in {1, 3}, 20 frames, off modes, on the CPU "
                         "when there is no CUDA: every code path in seconds, nothing measured")
     args = parser.parse_args(argv)
-    if args.smoke and Path(args.out).resolve() == RESULTS_DIR.resolve():
-        parser.error(f"--smoke: --out must not be {RESULTS_DIR} (smoke results are not measurements)")
+    if args.smoke:
+        check_smoke_out(parser, args.out)
     global DEVICE
     if not torch.cuda.is_available():
         if not args.smoke:

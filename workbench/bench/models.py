@@ -21,16 +21,14 @@ memory is not measured (null). The JSON is marked "smoke": true and goes only to
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-from workbench.bench.results import RESULTS_DIR, time_cpu, time_cuda, write_result
+from workbench.bench.results import bench_device, check_smoke_out, report_failures, timer_for, write_result
 from workbench.models import build_model, count_parameters, rnnt_loss
-from workbench.memory.oom import is_oom_error
+from workbench.memory.oom import is_oom_error, release_memory
 
 MODELS = ["large-rnnt", "large-tdt", "large-aed", "xl-aed"]
 SHAPES = [(32, 5.0, 40), (16, 15.0, 120), (8, 30.0, 240)]  # (batch, seconds, tokens): worst case of a bucket
@@ -39,21 +37,6 @@ SMOKE_SHAPES = [(2, 1.0, 8), (1, 2.0, 16)]
 LOSS_SHAPE = (8, 120, 40, 1024)  # (batch, frames, labels, vocab) of the loss comparison
 SMOKE_LOSS_SHAPE = (2, 12, 5, 16)
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-def pick_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
-def timer(device: torch.device):
-    """time_cuda on a GPU (events), time_cpu on the host (wall clock); same signature."""
-    return time_cuda if device.type == "cuda" else time_cpu
-
-
-def release(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def measure_model(name: str, shapes, failures: list[str], *, device: torch.device, repeat: int = 3,
@@ -85,7 +68,7 @@ def measure_model(name: str, shapes, failures: list[str], *, device: torch.devic
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
                 batch = model.make_batch(batch_size, seconds, tokens, device)
-                row["step_s"] = timer(device)(step, repeat=repeat, warmup=warmup)
+                row["step_s"] = timer_for(device)(step, repeat=repeat, warmup=warmup)
                 row["peak_bytes"] = torch.cuda.max_memory_allocated() if on_cuda else None
                 row["loss"] = float(losses[-1])
                 row["audio_s_per_s"] = batch_size * seconds / row["step_s"]["median"]
@@ -101,7 +84,7 @@ def measure_model(name: str, shapes, failures: list[str], *, device: torch.devic
             model.zero_grad(set_to_none=True)
             losses.clear()
             batch = None  # noqa: F841 - drop the batch before the next shape
-            release(device)
+            release_memory()
             rows.append(row)
             ms = row.get("step_s", {}).get("median", float("nan")) * 1e3
             peak = "-" if row.get("peak_bytes") is None else f"{row['peak_bytes'] / 2**30:.1f} GiB"
@@ -109,7 +92,7 @@ def measure_model(name: str, shapes, failures: list[str], *, device: torch.devic
             print(f"  {name} {dtype_name} B={batch_size} {seconds:g}s U={tokens}: {ms:.1f} ms, {peak}{flag}",
                   flush=True)
     model = None  # noqa: F841 - free the weights before the next model is built
-    release(device)
+    release_memory()
     return params, rows
 
 
@@ -164,8 +147,8 @@ def torchaudio_check(failures: list[str], *, device: torch.device, shape=LOSS_SH
     ok = rel_loss_diff < 1e-4 and grad_diff < 1e-3
     if not ok:
         failures.append(f"rnnt_loss vs torchaudio: rel loss diff {rel_loss_diff:.2e}, grad diff {grad_diff:.2e}")
-    ours_time = timer(device)(ours, repeat=repeat, warmup=1)
-    theirs_time = timer(device)(theirs, repeat=repeat, warmup=1)
+    ours_time = timer_for(device)(ours, repeat=repeat, warmup=1)
+    theirs_time = timer_for(device)(theirs, repeat=repeat, warmup=1)
     return {**out, "ran": True, "agree": ok,
             "max_abs_loss_diff": loss_diff, "max_rel_loss_diff": rel_loss_diff, "max_abs_grad_diff": grad_diff,
             "losses_torchaudio": their_loss.tolist(), "ours_s": ours_time, "torchaudio_s": theirs_time,
@@ -195,12 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny models, small shapes, seconds (CPU without "
                         "CUDA); never into benchmarks/results")
     args = parser.parse_args(argv)
-    if args.smoke and Path(args.out).resolve() == RESULTS_DIR.resolve():
-        parser.error(f"--smoke: --out must not be {RESULTS_DIR} (smoke results are not measurements)")
+    if args.smoke:
+        check_smoke_out(parser, args.out)
     if not torch.cuda.is_available() and not args.smoke:
         print("FAIL: this benchmark needs a CUDA GPU (or --smoke)", file=sys.stderr)
         return 2
-    device = pick_device()
+    device = bench_device()
     if args.smoke and device.type == "cpu":
         torch.backends.mkldnn.enabled = False  # oneDNN builds kernels per new shape: seconds each on a CPU
         torch.set_num_threads(1)  # tiny steps stall with 2 threads on a busy 2-core machine
@@ -258,11 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rnnt_loss vs torchaudio: max rel loss diff {loss_check['max_rel_loss_diff']:.2e}, max grad diff "
               f"{loss_check['max_abs_grad_diff']:.2e}, ours/torchaudio time "
               f"{loss_check['ours_over_torchaudio_time']:.2f}x")
-    if failures:
-        print("FAILURES:\n  " + "\n  ".join(failures))
-        return 1
-    print("PASS" + (" (smoke)" if args.smoke else ""))
-    return 0
+    return report_failures(failures)  # a smoke run's checks (finite losses, loss vs torchaudio) hold too
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ import subprocess
 import sys
 import time
 import traceback
-from pathlib import Path
 
 from workbench.memory import configure_allocator
 
@@ -43,10 +42,12 @@ configure_allocator()  # before CUDA is initialized
 
 import torch  # noqa: E402
 
-from workbench.bench.results import RESULTS_DIR, summarize, write_result  # noqa: E402
+from workbench.bench.results import (bench_device, check_smoke_out, report_failures, summarize,  # noqa: E402
+                                     write_result)
 from workbench.bucketing.profile import BucketProfile  # noqa: E402
 from workbench.oomptimizer.cli import without_option  # noqa: E402
-from workbench.oomptimizer.probe import ModeledMemoryProbe, TrainingStepProbe, release_memory  # noqa: E402
+from workbench.memory.oom import release_memory  # noqa: E402
+from workbench.oomptimizer.probe import ModeledMemoryProbe, TrainingStepProbe  # noqa: E402
 from workbench.oomptimizer.run import soak  # noqa: E402
 from workbench.oomptimizer.search import search_batch_sizes  # noqa: E402
 from workbench.oomptimizer.synthetic import demo_buckets  # noqa: E402
@@ -58,19 +59,15 @@ SMOKE_BUDGET_BYTES = 64 << 20  # modeled activation budget above the weights in 
 SMOKE_MAX_BATCH_SIZE = 16  # --smoke with CUDA: tiny models would fit huge batches
 
 
-def device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
 def build(name: str) -> torch.nn.Module:
     """A workbench model by name (built on the device, so an xl model is never initialized on the host),
     or ``module:Factory`` for any model with the same contract."""
     if ":" in name:
         module, attr = name.split(":")
-        return getattr(importlib.import_module(module), attr)().to(device())
+        return getattr(importlib.import_module(module), attr)().to(bench_device())
     from workbench.models import build_model
 
-    with device():
+    with bench_device():
         return build_model(name)
 
 
@@ -176,8 +173,9 @@ def main_single(args) -> int:
     buckets, bins_source = rnnt_buckets(args) if args.part != "aed" else ([], "not used by --part aed")
     figures["part"] = args.part
     figures["rnnt"] = rnnt = {"model": args.rnnt, "buckets": buckets, "bins_source": bins_source}
-    figures["aed"] = aed = {"model": args.aed, "buckets": aed_buckets(args),
-                            "note": f"{len(aed_buckets(args))} x 1 buckets (fewer than RNN-T to bound the run time)"}
+    aed_bins = aed_buckets(args)
+    figures["aed"] = aed = {"model": args.aed, "buckets": aed_bins,
+                            "note": f"{len(aed_bins)} x 1 buckets (fewer than RNN-T to bound the run time)"}
     if args.part in ("all", "rnnt"):
         rnnt_part(args, buckets, rnnt, failures, say, save, t0, dtype)
     else:
@@ -396,13 +394,6 @@ def print_table(figures: dict) -> None:
               f"({100 * t['predictive_below_true']:.1f}% below), bisect {t['bisect']}")
 
 
-def report_failures(failures: list[str], *, smoke: bool = False) -> int:
-    """Print each failure; exit code 1 when there is one, except in a smoke run (checks not enforced)."""
-    for f in failures:
-        print(f"{'SMOKE (not enforced)' if smoke else 'FAIL'}: {f}", file=sys.stderr)
-    return 1 if failures and not smoke else 0
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -421,10 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch-size", type=int, default=1 << 20, help="cap on any batch size probed")
     args = parser.parse_args(argv)
     if args.smoke:
-        if args.out is None:
-            parser.error("--smoke needs --out (smoke results never go to benchmarks/results)")
-        if Path(args.out).resolve() == RESULTS_DIR.resolve():
-            parser.error(f"--smoke: --out must not be {RESULTS_DIR} (smoke results are not measurements)")
+        check_smoke_out(parser, args.out)
         if args.rnnt == parser.get_default("rnnt"):
             args.rnnt = "tiny-rnnt"
         if args.aed == parser.get_default("aed"):

@@ -23,6 +23,37 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 
 
+def check_smoke_out(parser, out: str | None) -> None:
+    """A --smoke run's JSON goes to an explicit --out that is not benchmarks/results (a smoke run measures
+    nothing); ``parser.error`` otherwise."""
+    if out is None:
+        parser.error("--smoke needs --out (smoke results never go to benchmarks/results)")
+    if Path(out).resolve() == RESULTS_DIR.resolve():
+        parser.error(f"--smoke: --out must not be {RESULTS_DIR} (smoke results are not measurements)")
+
+
+def bench_device():
+    """The current CUDA device, else the CPU (smoke runs)."""
+    import torch
+
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def timer_for(device) -> Callable[..., dict[str, float]]:
+    """:func:`time_cuda` (events) for a CUDA device, :func:`time_cpu` (wall clock) otherwise."""
+    return time_cuda if str(device).startswith("cuda") else time_cpu
+
+
+def report_failures(failures: list[str], *, smoke: bool = False) -> int:
+    """Print each failed check (a smoke run reports them without enforcing); the bench's exit code: 1 when
+    a check failed outside a smoke run, else 0."""
+    for f in failures:
+        print(f"{'SMOKE (not enforced)' if smoke else 'FAIL'}: {f}", flush=True)
+    if not failures:
+        print("PASS" + (" (smoke)" if smoke else ""), flush=True)
+    return 1 if failures and not smoke else 0
+
+
 def git_commit() -> str:
     """The current commit (with ``+dirty`` when the tree has changes), or 'unknown' outside git."""
     env_commit = os.environ.get("WORKBENCH_GIT_COMMIT")

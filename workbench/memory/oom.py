@@ -1,6 +1,9 @@
-"""One test for 'this error means the GPU ran out of memory', shared by the probe, telemetry and benches."""
+"""One test for 'this error means the GPU ran out of memory', and one way to hand memory back after a step;
+shared by the probe, telemetry and benches."""
 
 from __future__ import annotations
+
+import gc
 
 # Messages of errors that are OOMs in disguise: libraries that fail to allocate their workspace.
 OOM_MESSAGES = ("out of memory", "CUFFT_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
@@ -20,3 +23,17 @@ def is_oom_error(error: BaseException) -> bool:
         return True
     text = str(error).lower()
     return any(m.lower() in text for m in OOM_MESSAGES)
+
+
+def release_memory() -> None:
+    """Drop unreachable tensors and hand cached blocks back, so the next step starts clean (on a CPU only
+    the garbage collection runs)."""
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear_workspaces is not None:  # cuBLAS keeps its workspace in the caching allocator
+            clear_workspaces()
+        torch.cuda.empty_cache()

@@ -15,22 +15,10 @@ OOM when any rank ran out.
 
 from __future__ import annotations
 
-import gc
 
 import torch
 
-from workbench.memory.oom import is_oom_error
-
-
-def release_memory() -> None:
-    """Drop unreachable tensors and hand cached blocks back, so the next step starts clean."""
-    gc.collect()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-        if clear_workspaces is not None:  # cuBLAS keeps its workspace in the caching allocator
-            clear_workspaces()
-        torch.cuda.empty_cache()
+from workbench.memory.oom import is_oom_error, release_memory
 
 
 class TrainingStepProbe:

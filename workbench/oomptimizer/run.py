@@ -13,7 +13,8 @@ import torch
 from workbench.bucketing.profile import BucketProfile
 from workbench.memory.oom import is_oom_error
 from workbench.oomptimizer.merge import merge_equal_buckets
-from workbench.oomptimizer.probe import TrainingStepProbe, release_memory
+from workbench.memory.oom import release_memory
+from workbench.oomptimizer.probe import TrainingStepProbe
 from workbench.oomptimizer.search import SearchResult, search_batch_sizes
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
