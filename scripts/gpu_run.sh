@@ -4,8 +4,7 @@
 #   bash scripts/gpu_run.sh STAGE [STAGE ...]                 one after another on GPU 0
 #   bash scripts/gpu_run.sh --parallel "STAGES" "STAGES" ...  each group on its own GPU (0, 1, ...), at once
 #
-# stages: tests decoding decoding-quick models oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator
-#         allocator-roomy
+# stages: see STAGES below (each is one case of stage())
 # A call must end within 10 minutes: every stage's limit is cut to what is left of DEADLINE_S (560 s from
 # the start), and the benches with an internal budget get the rest minus a margin.
 #
@@ -13,14 +12,15 @@
 # land in $OUT/results.tar.gz (benchmarks/results/*.json, re-packed after every stage, so a call stopped
 # at its limit still returns what finished) and logs in $OUT/*.log; elsewhere OUT defaults to ./gpu_out.
 set -uo pipefail
+STAGES="tests decoding decoding-quick models oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator allocator-roomy"
 if [ $# -eq 0 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2
+  sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; echo "stages: $STAGES"; exit 2
 fi
 for group in "$@"; do  # unknown stage names fail now, not after the wheels are installed
   for st in $group; do
-    case $st in
-      --parallel|tests|decoding|decoding-quick|models|oomptimizer|oomptimizer-rnnt|oomptimizer-aed|ddp|allocator|allocator-roomy) ;;
-      *) echo "unknown stage '$st' (run without arguments for the list)"; exit 2 ;;
+    case " --parallel $STAGES " in
+      *" $st "*) ;;
+      *) echo "unknown stage '$st' (stages: $STAGES)"; exit 2 ;;
     esac
   done
 done

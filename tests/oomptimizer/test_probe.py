@@ -36,15 +36,16 @@ def test_configure_allocator_turns_on_expandable_segments():
         assert conf == "garbage_collection_threshold:0.8"
 
 
-def test_cli_without_gpu_or_file_fails_cleanly(tmp_path):
+def test_cli_without_gpu_or_file_fails_cleanly(tmp_path, capsys):
     from workbench.bucketing.profile import BucketProfile, save_profile
     from workbench.cli import main
 
     assert main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(tmp_path / "missing.yaml")]) == 2
-    assert main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(tmp_path / "x.yaml"),
+    path = save_profile(tmp_path / "bins.yaml", BucketProfile([[5.0, 40], [10.0, 80]]))
+    assert main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(path),  # a real file: the fraction fails
                  "--memory-fraction", "1.5"]) == 2
+    assert "--memory-fraction: must be in (0, 1], got 1.5" in capsys.readouterr().err
     if not torch.cuda.is_available():
-        path = save_profile(tmp_path / "bins.yaml", BucketProfile([[5.0, 40], [10.0, 80]]))
         assert main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(path)]) == 2
 
 
@@ -101,3 +102,18 @@ def test_gpu_soak_runs_the_profile():
     assert report["budget_bytes"] == int(total)  # training's limit: the whole device
     assert 0 < report["peak_allocated_bytes"] <= report["peak_reserved_bytes"] <= total
     assert report["peak_allocated_over_search_budget"] < 1  # a toy model: far below 90 % of an H200
+
+
+def test_probing_leaves_the_model_weights_as_they_were():
+    from workbench.models import build_model
+    from workbench.oomptimizer.probe import ModeledMemoryProbe
+
+    torch.manual_seed(0)
+    model = build_model("tiny-rnnt")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    probe = ModeledMemoryProbe(model, budget_bytes=1 << 40)
+    assert probe((1.0, 5), 2) > 0  # a real step with the real optimizer (lr 0) ran
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    moved = ModeledMemoryProbe(model, budget_bytes=1 << 40, lr=1e-2)
+    moved((1.0, 5), 2)
+    assert not all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the check can fail

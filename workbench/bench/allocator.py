@@ -4,10 +4,9 @@
     python3 -m workbench.bench.allocator --out DIR --headroom 0.08 0.15 --budget-s 560   # a sweep, <10 min
 
 What runs: training steps (forward, loss, backward, optimizer step) of ``workbench.models`` 'large-rnnt'
-in worker subprocesses (``workbench.bench.allocator_worker``). 64 batch shapes (batch size, padded duration, padded tokens; 200 s of padded
-audio per batch) come from lhotse's DynamicBucketingSampler built by ``workbench.bucketing.make_sampler``
-on a synthetic corpus (or, when that is not importable, from the same kind of draws from equal-duration
-bins: the JSON says which). On a GPU host without lhotse, ``--shapes-file`` takes the shapes written
+in worker subprocesses (``workbench.bench.allocator_worker``). 64 batch shapes (batch size, padded
+duration, padded tokens; 200 s of padded audio per batch) come from lhotse's DynamicBucketingSampler built
+by ``workbench.bucketing.make_sampler`` on a synthetic corpus. On a GPU host without lhotse, ``--shapes-file`` takes the shapes written
 beforehand on a CPU machine with ``--write-shapes PATH``. A calibration subprocess measures each shape's
 peak; the largest goes first, and a per-process memory fraction puts the limit ``--headroom`` above the
 largest peak, so the caching allocator cannot keep blocks for every shape.
@@ -85,57 +84,45 @@ def sampler_shapes(num_steps: int, *, batch_audio_s: float, num_buckets: int, se
                    max_duration_s: float = 40.0) -> tuple[list[tuple[int, float, int]], str]:
     """Batch shapes (batch size, max duration s, max tokens) from a real bucketed lhotse sampler over a
     synthetic corpus of ``num_cuts`` (default max(4000, 200 x num_steps)) utterances up to
-    ``max_duration_s`` seconds, or from draws over equal-duration bins when workbench.bucketing/lhotse is
-    not available. Returns (shapes, source)."""
+    ``max_duration_s`` seconds. Returns (shapes, source)."""
+    import lhotse
+
+    from workbench.bucketing import close_sampler, cut_num_tokens, estimate_2d_bins, make_sampler
+    from workbench.bucketing.profile import BucketProfile
+    from workbench.data.synthetic import write_synthetic_corpus
+
+    path = write_synthetic_corpus(work_dir, num_cuts=num_cuts or max(4000, num_steps * 200), seed=seed,
+                                  progress=False, max_duration_s=max_duration_s)
+    cuts = lhotse.CutSet.from_file(path)
+    durations = np.array([c.duration for c in cuts])
+    tokens = np.array([cut_num_tokens(c) for c in cuts])
+    fit = estimate_2d_bins(durations, tokens, num_buckets, 2)  # with the TPS filter, as in training
+    bins = [[float(d), int(t)] for d, t in fit.bins]
+    sizes = [max(1, int(batch_audio_s // d)) for d, _ in bins]
+    profile = BucketProfile(bucket_duration_bins=bins, bucket_batch_size=sizes, max_tps=list(fit.max_tps))
+    sampler = make_sampler(cuts, profile, shuffle=True, seed=seed)
+    shapes = []
     try:
-        import lhotse
-
-        from workbench.bucketing import close_sampler, estimate_2d_bins, make_sampler
-        from workbench.bucketing.profile import BucketProfile
-        from workbench.data.synthetic import write_synthetic_corpus
-
-        path = write_synthetic_corpus(work_dir, num_cuts=num_cuts or max(4000, num_steps * 200), seed=seed,
-                                      progress=False, max_duration_s=max_duration_s)
-        cuts = lhotse.CutSet.from_file(path)
-        durations = np.array([c.duration for c in cuts])
-        tokens = np.array([int(c.custom["num_tokens"]) for c in cuts])
-        fit = estimate_2d_bins(durations, tokens, num_buckets, 2)  # with the TPS filter, as in training
-        bins = [[float(d), int(t)] for d, t in fit.bins]
-        sizes = [max(1, int(batch_audio_s // d)) for d, _ in bins]
-        profile = BucketProfile(bucket_duration_bins=bins, bucket_batch_size=sizes, max_tps=list(fit.max_tps))
-        sampler = make_sampler(cuts, profile, shuffle=True, seed=seed)
-        shapes = []
-        try:
-            for batch in sampler:
-                tokens = [int(c.custom["num_tokens"]) if c.custom and "num_tokens" in c.custom
-                          else len(c.supervisions[0].text.split()) for c in batch]
-                shapes.append((len(batch), max(c.duration for c in batch), max(tokens)))
-                if len(shapes) == num_steps:
-                    break
-        finally:
-            close_sampler(sampler)  # stop the concurrent filling thread
-        if len(shapes) < num_steps:
-            raise ValueError(f"sampler gave {len(shapes)} batches, need {num_steps}")
-        return shapes, ("lhotse DynamicBucketingSampler via workbench.bucketing.make_sampler, 2D bins with TPS "
-                        "filter, synthetic corpus")
-    except (ImportError, AttributeError, TypeError, ValueError, KeyError) as exc:
-        print(f"[allocator] real sampler unavailable ({type(exc).__name__}: {exc}); drawing from bins")
-        return drawn_shapes(num_steps, batch_audio_s=batch_audio_s, num_buckets=num_buckets, seed=seed), \
-            f"fallback: draws from {num_buckets} equal-duration bins of a synthetic corpus ({exc})"
+        for batch in sampler:
+            shapes.append((len(batch), max(c.duration for c in batch), max(cut_num_tokens(c) for c in batch)))
+            if len(shapes) == num_steps:
+                break
+    finally:
+        close_sampler(sampler)  # stop the concurrent filling thread
+    if len(shapes) < num_steps:
+        raise ValueError(f"sampler gave {len(shapes)} batches, need {num_steps}: raise --steps' corpus size")
+    return shapes, ("lhotse DynamicBucketingSampler via workbench.bucketing.make_sampler, 2D bins with TPS "
+                    "filter, synthetic corpus")
 
 
 def drawn_shapes(num_steps: int, *, batch_audio_s: float, num_buckets: int, seed: int) -> list[tuple[int, float, int]]:
     """What a bucketing sampler yields, drawn directly: pick a bucket (weighted by its share of cuts),
-    fill it up to ``batch_audio_s`` of padded audio, pad to the batch's longest cut and transcript."""
-    try:
-        from workbench.data.synthetic import synthetic_cut_arrays
+    fill it up to ``batch_audio_s`` of padded audio, pad to the batch's longest cut and transcript. Fast:
+    the tests use it in place of :func:`sampler_shapes`."""
+    from workbench.data.synthetic import synthetic_cut_arrays
 
-        arrays = synthetic_cut_arrays(20_000, seed=seed)
-        dur, tok = arrays.durations, arrays.num_tokens
-    except ImportError:
-        rng0 = np.random.default_rng(seed)
-        dur = np.clip(rng0.lognormal(np.log(6.0), 0.8, 20_000), 0.5, 40.0)
-        tok = np.maximum(1, np.round(dur * 4.0 * rng0.lognormal(0, 0.25, dur.size))).astype(np.int64)
+    arrays = synthetic_cut_arrays(20_000, seed=seed)
+    dur, tok = arrays.durations, arrays.num_tokens
     order = np.argsort(dur, kind="stable")
     dur, tok = dur[order], tok[order]
     cum = np.cumsum(dur)

@@ -46,6 +46,7 @@ NEMO_REFERENCE = {
     "tdt_no_graphs_s": 0.102, "rnnt_frame_looping_no_graphs_s": 0.665,
 }
 W = DEFAULT_BLANK_WINDOW
+MIN_SPEEDUP_OVER_FRAME_LOOPING = 10.0  # the issue's target: full graph vs frame-looping off, B=16, 12 s, fp32
 # bf16 frame-looping vs label-looping: one near-tie flips the rest of an utterance; the H200 run of
 # 2026-11-30 saw up to about 0.1. A real divergence (a wrong decision rule) disagrees far more.
 MAX_BF16_DISAGREEMENT = 0.25
@@ -68,7 +69,7 @@ def calibrate_blank_bias(decoder: GreedyTransducerDecoder, enc: torch.Tensor, le
                          target: float = 1 / 3, steps: int = 11) -> tuple[float, float]:
     """Bisect the blank bias of ``decoder``'s joint so labels per frame on this very input is about
     ``target``; returns (bias, labels per frame). Each row of the table is calibrated on its own input:
-    the rate of a random model varies a lot between random inputs (0.22 to 0.38 at one fixed bias)."""
+    the rate of a random model at one fixed bias varies a lot between random inputs."""
     frames = float(lengths.sum())
     low, high = -10.0, 10.0
     for _ in range(steps):
@@ -282,15 +283,17 @@ def run(out_dir: str, quick: bool, budget_s: float, smoke: bool = False) -> int:
         "speedup_vs_nemo_full_rnnt": None if not rnnt_full else NEMO_REFERENCE["rnnt_full_graph_s"] / rnnt_full,
         "speedup_vs_nemo_full_tdt": None if not tdt_full else NEMO_REFERENCE["tdt_full_graph_s"] / tdt_full,
         "speedup_vs_nemo_no_graphs_rnnt": None if not rnnt_full else NEMO_REFERENCE["rnnt_no_graphs_s"] / rnnt_full,
-        "goal": "full >= 10x frame-looping off; faster than NeMo full graph (goal 1.5x)",
+        "goal": f"full >= {MIN_SPEEDUP_OVER_FRAME_LOOPING:g}x frame-looping off; faster than NeMo full graph "
+                "(goal 1.5x)",
     }
-    if targets["full_speedup_vs_frame_looping_off_rnnt"] is None or targets["full_speedup_vs_frame_looping_off_rnnt"] < 10:
-        failures.append(f"full graph is not >= 10x frame-looping off at B=16, 12 s, fp32: "
+    speedup = targets["full_speedup_vs_frame_looping_off_rnnt"]
+    if speedup is None or speedup < MIN_SPEEDUP_OVER_FRAME_LOOPING:
+        failures.append(f"full graph is not >= {MIN_SPEEDUP_OVER_FRAME_LOOPING:g}x frame-looping off at B=16, 12 s, fp32: "
                         f"{targets['full_speedup_vs_frame_looping_off_rnnt']}")
     if rnnt_full is None or rnnt_full >= NEMO_REFERENCE["rnnt_full_graph_s"]:
-        failures.append(f"RNN-T full graph {rnnt_full} s is not below NeMo's 0.047 s")
+        failures.append(f"RNN-T full graph {rnnt_full} s is not below NeMo's {NEMO_REFERENCE['rnnt_full_graph_s']} s")
     if tdt_full is None or tdt_full >= NEMO_REFERENCE["tdt_full_graph_s"]:
-        failures.append(f"TDT full graph {tdt_full} s is not below NeMo's 0.021 s")
+        failures.append(f"TDT full graph {tdt_full} s is not below NeMo's {NEMO_REFERENCE['tdt_full_graph_s']} s")
 
     path = write_result(
         "decoding" if not quick else "decoding_quick", out_dir=out_dir,

@@ -28,6 +28,7 @@ import torch
 
 from workbench.bench.results import bench_device, check_smoke_out, report_failures, timer_for, write_result
 from workbench.models import build_model, count_parameters, rnnt_loss
+from workbench.models.model import DTYPES
 from workbench.memory.oom import is_oom_error, release_memory
 
 MODELS = ["large-rnnt", "large-tdt", "large-aed", "xl-aed"]
@@ -36,7 +37,6 @@ SMOKE_MODELS = ["tiny-rnnt", "tiny-aed"]
 SMOKE_SHAPES = [(2, 1.0, 8), (1, 2.0, 16)]
 LOSS_SHAPE = (8, 120, 40, 1024)  # (batch, frames, labels, vocab) of the loss comparison
 SMOKE_LOSS_SHAPE = (2, 12, 5, 16)
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def measure_model(name: str, shapes, failures: list[str], *, device: torch.device, repeat: int = 3,

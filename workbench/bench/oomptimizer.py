@@ -90,18 +90,15 @@ def allocated_bytes() -> int | None:
 
 def rnnt_bins(num_buckets: int = 15, num_subbuckets: int = 2, max_duration: float = 40.0,
               num_cuts: int = 200_000):
-    """(bins, source): 2D bins from the synthetic corpus when the data and bucketing parts exist."""
-    try:
-        from workbench.bucketing import estimate_2d_bins
-        from workbench.data.synthetic import synthetic_cut_arrays
+    """(bins, source): 2D bins estimated on the synthetic corpus."""
+    from workbench.bucketing import estimate_2d_bins
+    from workbench.data.synthetic import synthetic_cut_arrays
 
-        arrays = synthetic_cut_arrays(num_cuts, seed=0)
-        keep = arrays.durations <= max_duration
-        est = estimate_2d_bins(arrays.durations[keep], arrays.num_tokens[keep], num_buckets, num_subbuckets)
-        return ([(float(d), float(u)) for d, u in est.bins],
-                f"estimate_2d_bins(synthetic_cut_arrays({num_cuts}), durations <= {max_duration:g} s)")
-    except ImportError as e:
-        return demo_buckets(num_buckets, num_subbuckets, max_duration), f"fixed grid (no bins: {e})"
+    arrays = synthetic_cut_arrays(num_cuts, seed=0)
+    keep = arrays.durations <= max_duration
+    est = estimate_2d_bins(arrays.durations[keep], arrays.num_tokens[keep], num_buckets, num_subbuckets)
+    return ([(float(d), float(u)) for d, u in est.bins],
+            f"estimate_2d_bins(synthetic_cut_arrays({num_cuts}), durations <= {max_duration:g} s)")
 
 
 MAX_BATCH_SIZE = [1 << 20]  # --max-batch-size (a cap for toy models whose tiny buckets fit huge batches)

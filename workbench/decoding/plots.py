@@ -116,6 +116,15 @@ def live_speed_record(batches=(1, 4), frames: int = 20, repeat: int = 2, blank_b
     return {"figures": {"rows": rows, "empty_while_iteration": {"seconds_per_iteration": None}}}
 
 
+def frame_looping_speedup_line(record: dict[str, Any]) -> str:
+    """Ours and NeMo's full graph over frame-looping without graphs (B=16, 12 s, fp32), from the record."""
+    t, nemo = record["figures"]["targets"], record["figures"]["nemo_reference"]
+    ours = t.get("full_speedup_vs_frame_looping_off_rnnt")
+    theirs = nemo["rnnt_frame_looping_no_graphs_s"] / nemo["rnnt_full_graph_s"]
+    return (f"RNN-T full graph over frame-looping off: {'not measured' if ours is None else f'{ours:.1f}x'} "
+            f"(NeMo 3.0.0: {theirs:.1f}x; goal: {t['goal']})")
+
+
 def targets_table(record: dict[str, Any]) -> pd.DataFrame:
     """Our full graph at B=16, 12 s, fp32 against NeMo 3.0.0's published numbers (ratios > 1: we are faster)."""
     f = record["figures"]

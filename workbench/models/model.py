@@ -18,7 +18,8 @@ from workbench.models.encoder import Encoder
 from workbench.models.losses import label_smoothed_cross_entropy, rnnt_loss, tdt_loss
 from workbench.models.transducer import Joint, Predictor
 
-TRAINING_DTYPES = (torch.float32, torch.bfloat16)
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # the names CLIs and configs use
+TRAINING_DTYPES = tuple(DTYPES.values())
 
 
 class ASRModel(nn.Module):

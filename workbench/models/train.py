@@ -31,10 +31,9 @@ from tqdm.auto import tqdm
 from workbench.atomic import atomic_path, write_text_atomically
 from workbench.models.collate import collate_cuts, cut_text
 from workbench.models.config import ModelConfig
-from workbench.models.model import ASRModel, build_model
+from workbench.models.model import DTYPES, ASRModel, build_model
 
 log = logging.getLogger(__name__)
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 @dataclass
@@ -110,13 +109,11 @@ def train(config: TrainConfig) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     sampler = make_batches(CutSet.from_file(config.cuts), config, tokenizer)
 
-    records, audio_seconds, busy_seconds = [], 0.0, 0.0
+    records: list[dict] = []
     step, epoch = 0, 0
     out = Path(config.out_dir)
     if config.resume:
         step, epoch, records = load_training_state(out / STATE_FILE, config, model, optimizer, sampler)
-        audio_seconds = sum(r["audio_s"] for r in records)
-        busy_seconds = sum(r["step_s"] for r in records)
         log.info("resumed from %s at step %d (epoch %d)", out / STATE_FILE, step, epoch)
     progress = tqdm(total=config.steps, initial=step, desc=f"train {config.model}", unit="step")
     resumed_mid_epoch = config.resume  # the restored sampler may have nothing left of its epoch
@@ -125,19 +122,20 @@ def train(config: TrainConfig) -> dict:
         batches_this_epoch = 0
         for cuts in sampler:
             start = time.perf_counter()
-            batch = {k: v.to(device, non_blocking=True) for k, v in collate_cuts(cuts, tokenizer).items()}
+            host_batch = collate_cuts(cuts, tokenizer)
+            seconds = float(host_batch["audio_lens"].sum()) / model.config.sample_rate  # on the host: no sync
+            batch = {k: v.to(device, non_blocking=True) for k, v in host_batch.items()}
+            lr = learning_rate(step, config)
             for group in optimizer.param_groups:
-                group["lr"] = learning_rate(step, config)
+                group["lr"] = lr
             loss = model.training_step(batch, dtype=DTYPES[config.dtype])
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             loss_value = float(loss)  # synchronizes, so the timing below is honest
             elapsed = time.perf_counter() - start
-            seconds = float(batch["audio_lens"].sum()) / model.config.sample_rate
-            audio_seconds, busy_seconds = audio_seconds + seconds, busy_seconds + elapsed
-            records.append({"step": step, "loss": loss_value, "batch_size": len(batch["audio_lens"]),
-                            "audio_s": seconds, "step_s": elapsed, "lr": learning_rate(step, config)})
+            records.append({"step": step, "loss": loss_value, "batch_size": len(host_batch["audio_lens"]),
+                            "audio_s": seconds, "step_s": elapsed, "lr": lr})
             if step % config.log_every == 0 or step == config.steps - 1:
                 log.info("step %d  loss %.4f  %.1f audio s/s", step, loss_value, seconds / elapsed)
             progress.update(1)
@@ -163,7 +161,7 @@ def train(config: TrainConfig) -> dict:
 
     checkpoint = save_checkpoint(out / "model.pt", model, extra={"train_config": asdict(config), "steps": step})
     _write_jsonl(out / "train_log.jsonl", records)
-    throughput = audio_seconds / busy_seconds
+    throughput = sum(r["audio_s"] for r in records) / sum(r["step_s"] for r in records)
     log.info("done: %d steps, %.1f audio s/s, saved %s", step, throughput, checkpoint)
     return {"losses": [r["loss"] for r in records], "audio_seconds_per_second": throughput,
             "checkpoint": checkpoint}
@@ -181,13 +179,11 @@ def save_training_state(path: Path, config: TrainConfig, model: ASRModel, optimi
                         epoch: int, records: list[dict]) -> Path:
     """Everything a resumed run needs, atomically, in plain types (torch.load(weights_only=True))."""
     state = {"train_config": asdict(config), "step": step, "epoch": epoch, "records": records,
-             "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+             "model": _cpu_state_dict(model),
              "optimizer": optimizer.state_dict(), "sampler": _sampler_state(sampler),
              "cpu_rng": torch.get_rng_state(),
              "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
-    return path
+    return _save_atomically(path, state)
 
 
 def load_training_state(path: Path, config: TrainConfig, model: ASRModel, optimizer,
@@ -220,9 +216,17 @@ def load_training_state(path: Path, config: TrainConfig, model: ASRModel, optimi
 
 def save_checkpoint(path: str | os.PathLike, model: ASRModel, *, extra: dict | None = None) -> Path:
     """Weights + config in one file (plain tensors and dicts, loadable with weights_only=True), atomically."""
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    return _save_atomically(path, {"config": model.config.to_dict(), "state_dict": _cpu_state_dict(model),
+                                   **(extra or {})})
+
+
+def _cpu_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+def _save_atomically(path: str | os.PathLike, obj: dict) -> Path:
     with atomic_path(path) as tmp:
-        torch.save({"config": model.config.to_dict(), "state_dict": state, **(extra or {})}, tmp)
+        torch.save(obj, tmp)
     return Path(path)
 
 

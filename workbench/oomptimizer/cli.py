@@ -46,7 +46,8 @@ def run_oomptimize(args) -> int:
     configure_allocator()  # before CUDA is initialized
     import torch
 
-    from workbench.oomptimizer.run import DTYPES, describe_soak, oomptimize, profile_buckets, soak
+    from workbench.models.model import DTYPES
+    from workbench.oomptimizer.run import describe_soak, oomptimize, profile_buckets, soak
 
     if not torch.cuda.is_available():
         raise UserError("oomptimize needs a CUDA GPU (the probes run real training steps)")

@@ -15,19 +15,37 @@ OOM when any rank ran out.
 
 from __future__ import annotations
 
+import contextlib
+
 
 import torch
 
 from workbench.memory.oom import is_oom_error, release_memory
 
 
+@contextlib.contextmanager
+def buffers_kept(model: torch.nn.Module):
+    """Put the model's buffers (batch-norm running statistics and the like) back after a probe step, so
+    probing with random batches leaves a trained model as it was."""
+    saved = [(b, b.clone()) for b in model.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
+
+
 class TrainingStepProbe:
     """``probe(bucket, batch_size) -> peak bytes`` for ``search_batch_sizes``; ``.budget_bytes`` is
     the memory fraction of the device in bytes, ``.baseline_bytes`` the allocated bytes before any probe.
+
+    The optimizer step runs for real (its memory is part of the step) with ``lr=0`` by default, and the
+    buffers are put back, so probing leaves the model as it was (AdamW's weight decay is scaled by lr too).
     """
 
     def __init__(self, model: torch.nn.Module, *, dtype: torch.dtype = torch.bfloat16,
-                 memory_fraction: float = 0.9, ddp_gradient_buckets: bool = False, lr: float = 1e-4,
+                 memory_fraction: float = 0.9, ddp_gradient_buckets: bool = False, lr: float = 0.0,
                  device: int | None = None):
         if not torch.cuda.is_available():
             raise RuntimeError("the training-step probe needs a CUDA GPU")
@@ -53,7 +71,8 @@ class TrainingStepProbe:
         duration, tokens = float(bucket[0]), int(round(bucket[1]))
         release_memory()
         torch.cuda.reset_peak_memory_stats(self.device)
-        ok, peak = self._step(duration, tokens, int(batch_size))
+        with buffers_kept(self.model):
+            ok, peak = self._step(duration, tokens, int(batch_size))
         release_memory()
         if self.distributed:  # any rank OOM -> all OOM; the largest peak decides
             self._flags[0], self._flags[1] = (0.0 if ok else 1.0), float(peak)
@@ -137,7 +156,7 @@ class ModeledMemoryProbe:
     """
 
     def __init__(self, model: torch.nn.Module, *, dtype: torch.dtype = torch.float32, budget_bytes: float,
-                 bytes_per_element: float = 256.0, ddp_gradient_buckets: bool = False, lr: float = 1e-4):
+                 bytes_per_element: float = 256.0, ddp_gradient_buckets: bool = False, lr: float = 0.0):
         if not budget_bytes > 0:
             raise ValueError(f"budget_bytes: must be positive, got {budget_bytes}")
         self.model, self.dtype, self.lr = model, dtype, lr
@@ -164,11 +183,12 @@ class ModeledMemoryProbe:
         if ok:
             optimizer = torch.optim.AdamW(self.params, lr=self.lr)
             try:
-                loss = self.model.training_step(batch, dtype=self.dtype)
-                if not torch.isfinite(loss):
-                    raise RuntimeError(f"loss is not finite ({float(loss)}) at batch size {batch_size}, "
-                                       f"{duration:g} s / {tokens} tokens")
-                optimizer.step()
+                with buffers_kept(self.model):
+                    loss = self.model.training_step(batch, dtype=self.dtype)
+                    if not torch.isfinite(loss):
+                        raise RuntimeError(f"loss is not finite ({float(loss)}) at batch size {batch_size}, "
+                                           f"{duration:g} s / {tokens} tokens")
+                    optimizer.step()
             finally:
                 del optimizer
                 self.model.zero_grad(set_to_none=True)

@@ -17,7 +17,6 @@ from workbench.memory.oom import release_memory
 from workbench.oomptimizer.probe import TrainingStepProbe
 from workbench.oomptimizer.search import SearchResult, search_batch_sizes
 
-DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
 DEFAULT_TOKENS_PER_SECOND = 10.0  # token bound of a 1D bucket when the profile has no max_tps
 
 
@@ -87,8 +86,8 @@ def soak(model: torch.nn.Module, profile: BucketProfile, *, dtype: torch.dtype =
     without it the report has no headroom figures): the difference is
     the headroom for what training adds to a probe (a long-lived optimizer, shuffled shapes, library
     workspaces). A search at the full device would leave none: on the H200 a soak at the search's own
-    limit OOMed by 160 MB on a bucket whose batch size was the exact maximum. The report says how much
-    of the headroom the soak used (``peak_over_search_budget``).
+    limit ran out of memory, narrowly, on a bucket whose batch size was the exact maximum. The report says
+    how much of the headroom the soak used (``peak_allocated_over_search_budget``).
 
     On a CPU (smoke runs) the steps run the same way, but there is no memory limit to set and no peak
     to read: ``peak_reserved_bytes`` and ``budget_bytes`` are None."""
