@@ -17,13 +17,11 @@ from workbench.bucketing.fit import REASONS, BucketFitter
 
 
 def cut_num_tokens(cut) -> int:
-    """Token count of a cut: ``cut.custom["num_tokens"]``, else the length of its supervisions' tokens."""
+    """Token count of a cut: ``cut.custom["num_tokens"]`` (``workbench corpus tokenizer --add-counts`` or
+    ``workbench.data.tokenizer.add_token_counts`` writes it)."""
     custom = getattr(cut, "custom", None) or {}
     if "num_tokens" in custom:
         return int(custom["num_tokens"])
-    sups = getattr(cut, "supervisions", None) or []
-    if sups and all(getattr(s, "custom", None) and "tokens" in s.custom for s in sups):
-        return sum(len(s.custom["tokens"]) for s in sups)
     raise ValueError(f"cut {cut.id!r} has no custom['num_tokens']: pass num_tokens_fn to count its tokens")
 
 

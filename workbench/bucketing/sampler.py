@@ -135,9 +135,9 @@ STATE_KEY = "workbench_profile"  # the profile a sampler state was saved with (c
 
 
 def _profile_fields(profile: BucketProfile) -> dict[str, Any]:
-    return {"bucket_duration_bins": [list(b) if isinstance(b, (list, tuple)) else b
-                                     for b in profile.bucket_duration_bins],
-            "bucket_batch_size": list(profile.bucket_batch_size), "max_tps": profile.max_tps}
+    """What sampling depends on (not the metadata), in the profile file's own form."""
+    fields = profile.to_dict()
+    return {name: fields.get(name) for name in ("bucket_duration_bins", "bucket_batch_size", "max_tps")}
 
 
 def sampler_state_dict(sampler: DynamicBucketingSampler) -> dict[str, Any]:

@@ -181,6 +181,16 @@ class _BlockColumns:
     first_missing_tokens_line: int = 0
 
 
+def cut_dict_text(cut: dict) -> str:
+    """The transcript of a cut as it stands in a manifest line: its supervisions' texts joined by spaces,
+    those inside the tracks of a MixedCut included (empty when there are none). Token counts, tokenizer
+    training and training batches all tokenize this text (``workbench.models.collate.cut_text`` is the
+    same for lhotse Cut objects)."""
+    texts = [s["text"] for s in cut.get("supervisions") or () if s.get("text")]
+    texts += [cut_dict_text(track.get("cut") or {}) for track in cut.get("tracks") or ()]
+    return " ".join(t for t in texts if t)
+
+
 def _extract_block(job: tuple[Path, int, bytes, bool]) -> _BlockColumns:
     """Parse one block and keep only the columns (runs in a worker process for large files)."""
     path, first, block, keep_texts = job
@@ -199,7 +209,7 @@ def _extract_block(job: tuple[Path, int, bytes, bool]) -> _BlockColumns:
             ids.append(cut.get("id") or f"line{lineno}")
             durations.append(duration)
             if keep_texts:
-                texts.append(" ".join(s["text"] for s in cut.get("supervisions") or () if s.get("text")))
+                texts.append(cut_dict_text(cut))
             custom = cut.get("custom")
             n = custom.get("num_tokens") if custom else None
             if n is None:

@@ -30,10 +30,7 @@ def manifest_texts(path: str | os.PathLike, *, progress: bool = True) -> list[st
     """The transcript of every cut of a lhotse CutSet manifest (supervision texts joined by a space)."""
     from workbench.data.manifest import read_cut_arrays
 
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"manifest {str(path)!r} does not exist")
-    return read_cut_arrays(path, with_texts=True, progress=progress).texts
+    return read_cut_arrays(path, with_texts=True, progress=progress).texts  # FileNotFoundError names the path
 
 
 def train_tokenizer(source: Iterable[str] | str | os.PathLike, out_prefix: str | os.PathLike | None = None,
@@ -116,21 +113,12 @@ def count_tokens(tokenizer, texts: Iterable[str | None], *, batch_size: int = 81
     return counts
 
 
-def _cut_texts(cut: dict) -> list[str]:
-    """Supervision texts of a cut dict, including those inside the tracks of a MixedCut."""
-    texts = [s["text"] for s in cut.get("supervisions") or () if s.get("text")]
-    for track in cut.get("tracks") or ():
-        texts.extend(_cut_texts(track.get("cut") or {}))
-    return texts
-
-
 def _write_with_counts(out, cuts: list[dict], tokenizer) -> None:
-    """Write cut dicts as JSON lines, each with custom["num_tokens"] = tokens summed over its texts."""
-    pieces = [_cut_texts(c) for c in cuts]
-    flat = count_tokens(tokenizer, [t for texts in pieces for t in texts])
-    owner = np.repeat(np.arange(len(cuts)), [len(texts) for texts in pieces])
-    sums = np.bincount(owner, weights=flat, minlength=len(cuts)).astype(np.int64)
-    for cut, n in zip(cuts, sums.tolist()):
+    """Write cut dicts as JSON lines, each with custom["num_tokens"] = the tokens of its transcript."""
+    from workbench.data.manifest import cut_dict_text
+
+    counts = count_tokens(tokenizer, [cut_dict_text(c) for c in cuts])
+    for cut, n in zip(cuts, counts.tolist()):
         cut["custom"] = {**(cut.get("custom") or {}), "num_tokens": n}
         out.write(json.dumps(cut, ensure_ascii=False))
         out.write("\n")
@@ -140,7 +128,8 @@ def add_token_counts(manifest_in: str | os.PathLike, tokenizer, manifest_out: st
                      progress: bool = True) -> Path:
     """Copy a CutSet manifest with ``custom["num_tokens"]`` set on every cut; returns ``manifest_out``.
 
-    A cut's count is the sum over its supervisions' texts (0 with no text). ``tokenizer`` is a
+    A cut's count is that of its transcript (``workbench.data.manifest.cut_dict_text``; 0 with no text),
+    the text training tokenizes. ``tokenizer`` is a
     sentencepiece processor or the path of its ``.model``. The output (gzip when it ends in ``.gz``) is
     written atomically, so ``manifest_out`` may be ``manifest_in``. Every other field is kept as it was.
     """

@@ -17,20 +17,14 @@ def run_frame_looping(buf: LoopBuffers, predictor, joint, max_frames: int) -> di
     """Decode the batch in ``buf`` (inputs loaded) frame by frame; returns the number of joint calls."""
     if buf.durations is not None:
         raise ValueError("frame_looping decodes RNN-T only (durations must be None)")
-    buf.enc_proj.copy_(joint.project_encoder(buf.enc))
-    for t in (buf.num_emitted, buf.scores):
-        t.zero_()
-    labels = torch.full_like(buf.labels, buf.blank_id)
-    out, state = predictor.step(labels, predictor.init_state(buf.batch_capacity))
-    state = tuple(s.clone() for s in state)
-    pred_proj = joint.project_predictor(out)
+    label_looping.start(buf, predictor, joint)  # projections, zeroed outputs, predictor on the start symbol
     frame = torch.zeros((), dtype=torch.long, device=buf.timestamps.device)  # t on the device: no host copy
     evaluations = 0
     for t in range(max_frames):
         enc_t = buf.enc_proj[:, t]
         done = buf.lengths <= t
         for _ in range(buf.max_symbols):
-            token, _, score = decide(buf, joint.joint_after_projection(enc_t, pred_proj))
+            token, _, score = decide(buf, joint.joint_after_projection(enc_t, buf.pred_proj))
             evaluations += 1
             buf.scores.add_(torch.where(done, 0, score))
             emit = ~done & (token != buf.blank_id)
@@ -40,9 +34,7 @@ def run_frame_looping(buf: LoopBuffers, predictor, joint, max_frames: int) -> di
             buf.tokens[buf.batch_index, buf.num_emitted] = token
             buf.timestamps[buf.batch_index, buf.num_emitted] = frame.fill_(t)
             buf.num_emitted.add_(emit.long())
-            out, new_state = predictor.step(token, state)
-            state = tuple(torch.where(emit.view(-1, *([1] * (n.dim() - 1))), n, s) for n, s in zip(new_state, state))
-            pred_proj = torch.where(emit.unsqueeze(1), joint.project_predictor(out), pred_proj)
+            label_looping.advance_predictor(buf, predictor, joint, token, emit)
     return {"joint_evaluations": evaluations, "frames": max_frames}
 
 

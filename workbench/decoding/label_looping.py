@@ -259,10 +259,7 @@ def emit_labels(buf: LoopBuffers, predictor, joint) -> None:
     buf.tokens[buf.batch_index, buf.num_emitted] = buf.labels       # rows not emitting write past their end
     buf.timestamps[buf.batch_index, buf.num_emitted] = buf.time
     buf.num_emitted.add_(emit)
-    out, state = predictor.step(buf.labels, buf.pred_state)
-    for dst, src in zip(buf.pred_state, state):
-        torch.where(emit.view(-1, *([1] * (src.dim() - 1))), src, dst, out=dst)
-    torch.where(emit.unsqueeze(1), joint.project_predictor(out), buf.pred_proj, out=buf.pred_proj)
+    advance_predictor(buf, predictor, joint, buf.labels, emit)
     moved = buf.step_duration.masked_fill_(~emit, 0)
     buf.time.add_(moved)
     symbols = (buf.symbols_at_frame + emit).masked_fill_(moved > 0, 0)
@@ -271,6 +268,15 @@ def emit_labels(buf: LoopBuffers, predictor, joint) -> None:
     buf.symbols_at_frame.copy_(symbols.masked_fill_(forced, 0))
     torch.lt(buf.time, buf.lengths, out=buf.active)
     torch.any(buf.active, out=buf.active_any)
+
+
+def advance_predictor(buf: LoopBuffers, predictor, joint, labels: Tensor, emit: Tensor) -> None:
+    """Run the predictor on ``labels`` for the whole batch; keep the new state and projection only in the
+    rows that ``emit`` (in place, so graphs can capture it)."""
+    out, state = predictor.step(labels, buf.pred_state)
+    for dst, src in zip(buf.pred_state, state):
+        torch.where(emit.view(-1, *([1] * (src.dim() - 1))), src, dst, out=dst)
+    torch.where(emit.unsqueeze(1), joint.project_predictor(out), buf.pred_proj, out=buf.pred_proj)
 
 
 def read_flag(flag: Tensor) -> bool:

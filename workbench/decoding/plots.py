@@ -80,7 +80,7 @@ def live_speed_record(batches=(1, 4), frames: int = 20, repeat: int = 2, blank_b
     """A small measurement of the same table on this machine (CPU: eager modes only), in the record's shape."""
     import torch
 
-    from workbench.bench.results import time_cpu, time_cuda
+    from workbench.bench.results import timer_for
     from workbench.decoding import GreedyTransducerDecoder, make_toy_transducer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -99,16 +99,15 @@ def live_speed_record(batches=(1, 4), frames: int = 20, repeat: int = 2, blank_b
             for algorithm, mode in methods:
                 dec = GreedyTransducerDecoder(predictor, joint, blank_id=64, durations=durations,
                                               algorithm=algorithm, cuda_graphs=mode)
-                dec(enc, lengths)
+                hyps = dec(enc, lengths)  # also the warm-up (and the graph capture)
                 stats = dict(dec.last_stats)
-                timer = time_cuda if device == "cuda" else time_cpu
-                t = timer(lambda: dec(enc, lengths), repeat=repeat, warmup=1)
+                t = timer_for(device)(lambda: dec(enc, lengths), repeat=repeat, warmup=0)
                 name = f"{'frame' if algorithm == 'frame_looping' else 'label'}-looping {mode}"
                 base = t["median"] if algorithm == "frame_looping" else base
                 row = {"model": model, "dtype": "float32", "batch": b, "audio_seconds": frames * 0.08,
                        "method": name, "time_s": t, "audio_s_per_s": b * frames * 0.08 / t["median"],
                        "speedup_vs_frame_looping_off": None if base is None else base / t["median"],
-                       "labels_per_frame": sum(len(h.tokens) for h in dec(enc, lengths)) / (b * frames)}
+                       "labels_per_frame": sum(len(h.tokens) for h in hyps) / (b * frames)}
                 if "outer_iterations" in stats:
                     row["seconds_per_outer_iteration"] = t["median"] / max(1, stats["outer_iterations"])
                     row["outer_iterations"] = stats["outer_iterations"]

@@ -48,7 +48,8 @@ class Hypothesis:
 
 def hypotheses_from_buffers(tokens: Tensor, timestamps: Tensor, num_emitted: Tensor, scores: Tensor,
                             batch_size: int) -> list[Hypothesis]:
-    """Cut the first ``batch_size`` rows of padded output buffers into hypotheses (one host copy)."""
+    """Cut the first ``batch_size`` rows of padded output buffers into hypotheses: after the decode, the
+    counts come to the host first, so only the used columns of tokens and timestamps are copied."""
     counts = num_emitted[:batch_size].cpu().tolist()
     width = max(counts, default=0)
     toks = tokens[:batch_size, :width].cpu().tolist()

@@ -171,19 +171,22 @@ def _check_inputs(logits, targets, logit_lengths, target_lengths, blank: int, nu
     for name, lengths in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
         if lengths.shape != (batch,):
             raise ValueError(f"{name}: expected shape ({batch},), got {tuple(lengths.shape)}")
-    bad = int(((logit_lengths < 1) | (logit_lengths > num_frames)).sum())
-    if bad:
-        raise ValueError(f"logit_lengths: {bad} of {batch} outside [1, {num_frames}]")
-    bad = int(((target_lengths < 0) | (target_lengths > num_cols - 1)).sum())
-    if bad:
-        raise ValueError(f"target_lengths: {bad} of {batch} outside [0, {num_cols - 1}]")
     if not -num_token_classes <= blank < num_token_classes:
         raise ValueError(f"blank: {blank} is not one of the {num_token_classes} token classes")
     blank = blank % num_token_classes
-    in_use = torch.arange(num_cols - 1, device=targets.device)[None, :] < target_lengths[:, None].to(targets.device)
-    bad = int((in_use & ((targets < 0) | (targets >= num_token_classes) | (targets == blank))).sum())
-    if bad:
-        raise ValueError(f"targets: {bad} labels are blank ({blank}) or outside [0, {num_token_classes})")
+    device = targets.device
+    in_use = torch.arange(num_cols - 1, device=device)[None, :] < target_lengths[:, None].to(device)
+    bad_counts = torch.stack([  # one host sync for the three checks (this runs every training step)
+        ((logit_lengths < 1) | (logit_lengths > num_frames)).sum().to(device),
+        ((target_lengths < 0) | (target_lengths > num_cols - 1)).sum().to(device),
+        (in_use & ((targets < 0) | (targets >= num_token_classes) | (targets == blank))).sum()]).tolist()
+    bad_logit_lengths, bad_target_lengths, bad_targets = bad_counts
+    if bad_logit_lengths:
+        raise ValueError(f"logit_lengths: {bad_logit_lengths} of {batch} outside [1, {num_frames}]")
+    if bad_target_lengths:
+        raise ValueError(f"target_lengths: {bad_target_lengths} of {batch} outside [0, {num_cols - 1}]")
+    if bad_targets:
+        raise ValueError(f"targets: {bad_targets} labels are blank ({blank}) or outside [0, {num_token_classes})")
     return blank
 
 

@@ -66,10 +66,7 @@ def run_oomptimize(args) -> int:
     say(f"oomptimize {args.model}: {bins.num_buckets} buckets, {args.strategy}, {args.dtype}, "
         f"memory fraction {args.memory_fraction}")
     t0 = time.perf_counter()
-    counter = {"probes": 0}
-
     def on_probe(rec):
-        counter["probes"] += 1
         peak = "OOM" if rec.oom else f"{rec.peak_bytes / 2**30:6.1f} GiB"
         if rank == 0:
             print(f"\r  bucket {rec.bucket_index:3d}: probe batch size {rec.batch_size:5d} -> {peak:>10}   ",
