@@ -220,3 +220,13 @@ def test_summary_renders_every_kind_of_result():
     for name in names:  # a heading and at least one figure line under it
         section = page.split(f"## {name}.json\n", 1)[1].split("\n## ", 1)[0]
         assert "\n- " in section, name
+
+
+def test_bucketing_bench_bins_equal_the_plain_loop_on_a_small_corpus(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "workbench.bench.bucketing", "--out", str(tmp_path / "out"),
+                           "--work", str(tmp_path / "work"), "--num-cuts", "3000", "--repeat", "1", "--only",
+                           "bins"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    fig = json.loads((tmp_path / "out" / "bucketing_bins_1m.json").read_text())["figures"]
+    assert fig["bins_equal"] is True and fig["num_bins"] > 0 and fig["utterances"] == 3000
+    assert fig["lhotse_total_s"] > 0 and fig["workbench_bins_end_to_end_s"]["median"] > 0

@@ -2,8 +2,9 @@ import numpy as np
 import pytest
 from lhotse.dataset.sampling.dynamic_bucketing import estimate_duration_buckets
 
-from bucketing_helpers import corpus, loop_2d, loop_boundaries
+from bucketing_helpers import corpus
 from workbench.bucketing import estimate_2d_bins, estimate_duration_bins, running_total_boundaries
+from workbench.bucketing.reference import loop_2d, loop_boundaries
 from workbench.data import cuts_from_arrays
 
 

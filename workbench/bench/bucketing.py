@@ -22,48 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 from tqdm.auto import tqdm
 
 from workbench.bench.results import report_failures, summarize, write_result
+from workbench.bucketing.reference import loop_2d
 
 TARGET_BINS_S = 10.0
 TARGET_BINS_TOKENIZED_S = 30.0
-
-
-def _loop_2d(durations: list[float], tokens: list[int], num_buckets: int, num_subbuckets: int,
-             threshold: float) -> list[tuple[float, int]]:
-    """The plain Python loop estimate a lhotse-iteration script would run (spec in DESIGN.md)."""
-    pairs = sorted(zip(durations, tokens))
-    d = np.array([p[0] for p in pairs])
-    t = np.array([p[1] for p in pairs], dtype=np.int64)
-    per, tot, cuts = d.sum() / num_buckets, 0.0, []
-    for i, v in enumerate(d.tolist()):
-        if tot > per:
-            cuts.append(i)
-            tot = 0.0
-        tot += v
-    starts, stops, bounds = [0] + cuts, cuts + [len(d)], [d[i] for i in cuts] + [d[-1]]
-    groups: list[list] = []
-    for b, s, e in zip(bounds, starts, stops):
-        if groups and groups[-1][0] == b:
-            groups[-1][2], groups[-1][3] = e, groups[-1][3] + 1
-        else:
-            groups.append([b, s, e, 1])
-    bins = []
-    for b, s, e, k in groups:
-        tps = t[s:e] / d[s:e]
-        std = np.std(tps)
-        keep = np.ones(len(tps), bool) if std == 0 else (tps - np.mean(tps)) / std <= threshold
-        kept = sorted(t[s:e][keep].tolist())
-        per_t, tot_t = sum(kept) / (k * num_subbuckets), 0
-        for x in kept:
-            if tot_t > per_t:
-                bins.append((float(b), x))
-                tot_t = 0
-            tot_t += x
-        bins.append((float(b), kept[-1]))
-    return bins
 
 
 def _time_bins_cli(args: list[str], repeat: int) -> tuple[list[float], str | None]:
@@ -116,7 +81,7 @@ def bench_bins(manifest: Path, work: Path, repeat: int) -> tuple[dict, list[str]
         tokens.append(cut.custom["num_tokens"])
     t_read = time.perf_counter() - t0
     t0 = time.perf_counter()
-    theirs = _loop_2d(durations, tokens, 30, 2, 4.0)
+    theirs = loop_2d(durations, tokens, 30, 2, 4.0)[0]
     t_est = time.perf_counter() - t0
     if ours != theirs:
         failures.append(f"bins differ: ours {len(ours)} bins, lhotse-iteration {len(theirs)} bins; first "
@@ -140,15 +105,14 @@ def bench_bins_tokenized(manifest: Path, work: Path, repeat: int) -> tuple[dict,
 
     failures: list[str] = []
     model = work / "bpe1024.model"
+    arrays = read_cut_arrays(manifest, with_texts=True, progress=False)  # read once: training and the check
     if not model.exists():
-        texts = read_cut_arrays(manifest, with_texts=True, progress=False).texts[:100_000]
-        train_tokenizer(texts, work / "bpe1024", vocab_size=1024, progress=False)
+        train_tokenizer(arrays.texts[:100_000], work / "bpe1024", vocab_size=1024, progress=False)
     out = work / "profile_tokenized.yaml"
     samples, error = _time_bins_cli([str(manifest), "--tokenizer", str(model), "--out", str(out)], repeat)
     if error:
         return {}, [error]
     # The profile must come from the tokenizer's counts, not the manifest's.
-    arrays = read_cut_arrays(manifest, with_texts=True, progress=False)
     t0 = time.perf_counter()
     counts = count_tokens(load_tokenizer(model), arrays.texts)
     t_count = time.perf_counter() - t0
