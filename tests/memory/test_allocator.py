@@ -177,3 +177,28 @@ def test_real_torch_without_cuda_skips_and_leaves_env(monkeypatch):
     assert status.skip_reason == "no_cuda"
     import os
     assert "PYTORCH_ALLOC_CONF" not in os.environ
+
+
+def test_preview_shows_the_decision_for_the_users_settings_and_touches_nothing(monkeypatch):
+    import os
+    import warnings
+
+    from workbench.memory import AllocatorRuntime, configure_allocator, preview_configure_allocator
+    from workbench.memory import allocator as allocator_module
+    from workbench.memory.settings import ENV_VARS
+
+    monkeypatch.setattr(allocator_module, "_warned_user_disabled", set())
+    before = {name: os.environ.get(name) for name in ENV_VARS}
+    status = preview_configure_allocator("max_split_size_mb:256")
+    assert status.action == "set_env" and status.settings_after == "max_split_size_mb:256,expandable_segments:True"
+    assert preview_configure_allocator("expandable_segments:False").skip_reason == "user_disabled"
+    assert preview_configure_allocator("backend:cudaMallocAsync").skip_reason == "cudaMallocAsync"
+    assert {name: os.environ.get(name) for name in ENV_VARS} == before
+    # a real run with those settings still gets its one warning
+    rt = AllocatorRuntime(platform="linux", cuda_available=lambda: True, cuda_initialized=lambda: False,
+                          backend=lambda: "native", get_settings=lambda: None, set_settings=lambda s: None,
+                          release_cached=lambda: None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        configure_allocator(environ={ENV_VARS[0]: "expandable_segments:False"}, runtime=rt)
+    assert any("expandable_segments:False" in str(w.message) for w in caught)

@@ -171,6 +171,23 @@ def configure_allocator(expandable_segments: bool = True, *, environ: MutableMap
                            source=source, released_cache=release_cached)
 
 
+def preview_configure_allocator(user_settings: str | None) -> AllocatorStatus:
+    """What :func:`configure_allocator` would do with these user settings (a ``PYTORCH_ALLOC_CONF``
+    string) on a Linux GPU machine before CUDA starts; nothing on this machine is touched."""
+    runtime = AllocatorRuntime(platform="linux", cuda_available=lambda: True, cuda_initialized=lambda: False,
+                               backend=lambda: "native", get_settings=lambda: None,
+                               set_settings=lambda settings: None, release_cached=lambda: None,
+                               setter_name="(preview)")
+    environ = {} if user_settings is None else {ENV_VARS[0]: user_settings}
+    warned = set(_warned_user_disabled)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the status says it; the warning (once) is for real runs
+            return configure_allocator(environ=environ, runtime=runtime)
+    finally:
+        _warned_user_disabled.intersection_update(warned)
+
+
 def current_allocator_settings() -> str | None:
     """The settings string in effect: torch's (after CUDA init) or the one torch will read from the env."""
     rt = torch_runtime()
