@@ -101,14 +101,11 @@ def rnnt_bins(num_buckets: int = 15, num_subbuckets: int = 2, max_duration: floa
             f"estimate_2d_bins(synthetic_cut_arrays({num_cuts}), durations <= {max_duration:g} s)")
 
 
-MAX_BATCH_SIZE = [1 << 20]  # --max-batch-size (a cap for toy models whose tiny buckets fit huge batches)
-
-
-def run_search(probe, buckets, strategy: str) -> dict:
+def run_search(probe, buckets, strategy: str, max_batch_size: int) -> dict:
     release_memory()
     before = allocated_bytes()
     result = search_batch_sizes(buckets, probe, budget_bytes=probe.budget_bytes, strategy=strategy,
-                                max_batch_size=MAX_BATCH_SIZE[0])
+                                max_batch_size=max_batch_size)
     release_memory()
     fitted = {(p.bucket_index, p.batch_size) for p in result.probes if not p.oom}
     after = allocated_bytes()
@@ -120,12 +117,12 @@ def run_search(probe, buckets, strategy: str) -> dict:
             "trace": [[p.bucket_index, p.batch_size, p.peak_bytes, p.predicted_bytes] for p in result.probes]}
 
 
-def true_maxima(probe, buckets, indices, start_sizes) -> dict[int, int]:
+def true_maxima(probe, buckets, indices, start_sizes, max_batch_size: int) -> dict[int, int]:
     """Bisection to a gap of 1 from each bucket's predictive size: the true maximum."""
     out = {}
     for i in indices:
         r = search_batch_sizes([buckets[i]], probe, strategy="bisect", rel_gap=1e-9,
-                               start_batch_size=start_sizes[i], max_batch_size=MAX_BATCH_SIZE[0])
+                               start_batch_size=start_sizes[i], max_batch_size=max_batch_size)
         out[i] = r.batch_sizes[0]
     return out
 
@@ -161,7 +158,7 @@ def main_single(args) -> int:
         figures["failures"] = failures
         return write_result(name, what=smoke_what(args, what), figures=figures, out_dir=args.out,
                             params={"dtype": "bf16", "memory_fraction": args.memory_fraction, "rel_gap": 0.05,
-                                    "max_batch_size": MAX_BATCH_SIZE[0], "smoke": bool(args.smoke),
+                                    "max_batch_size": args.max_batch_size, "smoke": bool(args.smoke),
                                     "part": args.part, "time_limit_s": args.time_limit_s})
 
     def say(message: str) -> None:
@@ -199,7 +196,7 @@ def rnnt_part(args, buckets, rnnt, failures, say, save, t0, dtype) -> None:
         probe = make_probe(model, dtype, args)
         rnnt["probe"] = type(probe).__name__
         say(f"{args.rnnt}: predictive over {len(buckets)} buckets")
-        rnnt["predictive"] = pred = run_search(probe, buckets, "predictive")
+        rnnt["predictive"] = pred = run_search(probe, buckets, "predictive", args.max_batch_size)
         rnnt["probe_seconds"] = pred["probe_seconds"]
         if not pred["all_returned_probed"]:
             failures.append("rnnt predictive: a returned batch size was not probed successfully")
@@ -228,7 +225,7 @@ def ddp_accounting_part(args, buckets, rnnt, failures, say, t0, dtype) -> None:
     try:
         model = build(args.rnnt)
         ddp_probe = make_probe(model, dtype, args, ddp_gradient_buckets=True)
-        rnnt["ddp_accounting"] = run_search(ddp_probe, buckets, "predictive")
+        rnnt["ddp_accounting"] = run_search(ddp_probe, buckets, "predictive", args.max_batch_size)
     except Exception as e:  # noqa: BLE001
         rnnt["ddp_accounting"] = {"error": f"{type(e).__name__}: {e}"}
         part_failed(failures, "one-GPU DDP accounting", e)
@@ -253,7 +250,7 @@ def rnnt_comparison(args, model, probe, buckets, pred, rnnt, failures, say, t0, 
     try:
         for strategy in ("predictive", "bisect"):
             say(f"{args.rnnt}: {strategy} over {len(subset)} buckets")
-            comp[strategy] = run_search(probe, sub_buckets, strategy)
+            comp[strategy] = run_search(probe, sub_buckets, strategy, args.max_batch_size)
             if not comp[strategy]["all_returned_probed"]:
                 failures.append(f"rnnt {strategy} (subset): a returned batch size was not probed successfully")
             if comp[strategy]["leftover_bytes"] not in (0, None):
@@ -273,7 +270,7 @@ def rnnt_comparison(args, model, probe, buckets, pred, rnnt, failures, say, t0, 
     if time.perf_counter() - t0 < args.time_limit_s:
         say(f"true maxima for buckets {idx}")
         try:
-            truth = true_maxima(probe, buckets, idx, pred["batch_sizes"])
+            truth = true_maxima(probe, buckets, idx, pred["batch_sizes"], args.max_batch_size)
         except Exception as e:  # noqa: BLE001
             part_failed(failures, "true maxima", e)
     else:
@@ -311,7 +308,7 @@ def aed_part(args, aed, failures, say, t0, dtype) -> None:
                 aed[strategy] = {"skipped": "time limit"}
                 continue
             say(f"{args.aed}: {strategy}")
-            aed[strategy] = run_search(probe, aed["buckets"], strategy)
+            aed[strategy] = run_search(probe, aed["buckets"], strategy, args.max_batch_size)
             if not aed[strategy]["all_returned_probed"]:
                 failures.append(f"aed {strategy}: a returned batch size was not probed successfully")
     except Exception as e:  # noqa: BLE001
@@ -325,7 +322,7 @@ def smoke_what(args, what: str) -> str:
     if not args.smoke:
         return what
     if torch.cuda.is_available():
-        return f"SMOKE RUN (tiny models, few short buckets, batch sizes <= {MAX_BATCH_SIZE[0]}): {what}"
+        return f"SMOKE RUN (tiny models, few short buckets, batch sizes <= {args.max_batch_size}): {what}"
     return ("SMOKE RUN on a CPU, nothing measured: the real make_batch + training_step + AdamW step ran, but "
             "peaks come from a memory model (4 x parameter bytes + 256 bytes per batch element, budget "
             f"{SMOKE_BUDGET_BYTES >> 20} MiB above that; ModeledMemoryProbe), leftover bytes are not "
@@ -346,7 +343,7 @@ def main_ddp(args) -> int:
     buckets, bins_source = rnnt_buckets(args)
     model = build(args.rnnt)
     probe = make_probe(model, torch.bfloat16, args, ddp_gradient_buckets=True)
-    res = run_search(probe, buckets, "predictive")
+    res = run_search(probe, buckets, "predictive", args.max_batch_size)
     failures = [] if res["all_returned_probed"] else ["ddp: a returned batch size was not probed"]
     if res["probes_per_bucket"] > 3:
         failures.append(f"ddp predictive: {res['probes_per_bucket']:.2f} probes per bucket > 3")
@@ -421,7 +418,6 @@ def main(argv: list[str] | None = None) -> int:
             # one thread keeps tiny steps from stalling on a busy 2-core machine.
             torch.backends.mkldnn.enabled = False
             torch.set_num_threads(1)
-    MAX_BATCH_SIZE[0] = args.max_batch_size
     if "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return main_ddp(args)
     if args.nproc > 1 and (args.part != "all" or args.time_limit_s != TIME_LIMIT_S):
