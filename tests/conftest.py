@@ -1,13 +1,6 @@
 import pytest
 
-
-def _has_cuda() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
+from workbench.reporting import has_cuda as _has_cuda
 
 
 def pytest_collection_modifyitems(config, items):

@@ -230,3 +230,26 @@ def test_bucketing_bench_bins_equal_the_plain_loop_on_a_small_corpus(tmp_path):
     fig = json.loads((tmp_path / "out" / "bucketing_bins_1m.json").read_text())["figures"]
     assert fig["bins_equal"] is True and fig["num_bins"] > 0 and fig["utterances"] == 3000
     assert fig["lhotse_total_s"] > 0 and fig["workbench_bins_end_to_end_s"]["median"] > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+@pytest.mark.parametrize("bench", ["models", "decoding", "oomptimizer"])
+def test_gpu_benches_refuse_to_run_without_cuda_or_smoke(bench, tmp_path, capsys):
+    import importlib
+
+    module = importlib.import_module(f"workbench.bench.{bench}")
+    assert module.main(["--out", str(tmp_path)]) == 2
+    assert "needs a CUDA GPU (or --smoke)" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_smoke_results_never_go_to_the_results_folder():
+    import argparse
+
+    from workbench.bench.results import RESULTS_DIR, check_smoke_out
+
+    parser = argparse.ArgumentParser()
+    for out in (None, str(RESULTS_DIR)):
+        with pytest.raises(SystemExit):
+            check_smoke_out(parser, out)
+    check_smoke_out(parser, str(RESULTS_DIR / "elsewhere"))  # any other folder is fine

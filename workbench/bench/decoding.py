@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from workbench.bench.results import check_smoke_out, report_failures, timer_for, write_result
+from workbench.bench.results import check_smoke_out, cuda_missing, report_failures, timer_for, write_result
 from workbench.decoding import GreedyTransducerDecoder, empty_while_iteration_seconds, make_toy_transducer
 from workbench.decoding.greedy import DEFAULT_BLANK_WINDOW
 from workbench.decoding.toy_models import set_blank_bias
@@ -342,12 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         check_smoke_out(parser, args.out)
+    if cuda_missing(args.smoke):
+        return 2
     global DEVICE
-    if not torch.cuda.is_available():
-        if not args.smoke:
-            print("FAIL: this benchmark needs a CUDA GPU (or --smoke)", file=sys.stderr)
-            return 2
-        DEVICE = "cpu"
+    DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
     return run(args.out, args.quick, args.budget_s, smoke=args.smoke)
 
 

@@ -26,7 +26,8 @@ import time
 
 import torch
 
-from workbench.bench.results import bench_device, check_smoke_out, report_failures, timer_for, write_result
+from workbench.bench.results import (bench_device, check_smoke_out, cuda_missing, report_failures, timer_for,
+                                     write_result)
 from workbench.models import build_model, count_parameters, rnnt_loss
 from workbench.models.model import DTYPES
 from workbench.memory.oom import is_oom_error, release_memory
@@ -180,8 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         check_smoke_out(parser, args.out)
-    if not torch.cuda.is_available() and not args.smoke:
-        print("FAIL: this benchmark needs a CUDA GPU (or --smoke)", file=sys.stderr)
+    if cuda_missing(args.smoke):
         return 2
     device = bench_device()
     if args.smoke and device.type == "cpu":

@@ -42,8 +42,8 @@ configure_allocator()  # before CUDA is initialized
 
 import torch  # noqa: E402
 
-from workbench.bench.results import (bench_device, check_smoke_out, report_failures, summarize,  # noqa: E402
-                                     write_result)
+from workbench.bench.results import (bench_device, check_smoke_out, cuda_missing, report_failures,  # noqa: E402
+                                     summarize, write_result)
 from workbench.bucketing.profile import BucketProfile  # noqa: E402
 from workbench.oomptimizer.cli import without_option  # noqa: E402
 from workbench.memory.oom import release_memory  # noqa: E402
@@ -427,9 +427,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
                "-m", "workbench.bench.oomptimizer", *without_option(argv, "--nproc")]
         return subprocess.call(cmd)
-    if not torch.cuda.is_available() and not args.smoke:
-        print("FAIL: this benchmark needs a CUDA GPU (or --smoke)", file=sys.stderr)
-        return 1
+    if cuda_missing(args.smoke):
+        return 2
     return main_single(args)
 
 

@@ -32,6 +32,17 @@ def check_smoke_out(parser, out: str | None) -> None:
         parser.error(f"--smoke: --out must not be {RESULTS_DIR} (smoke results are not measurements)")
 
 
+def cuda_missing(smoke: bool) -> bool:
+    """True (after saying so on stderr) when a GPU benchmark runs without CUDA and without --smoke: the
+    caller exits with code 2."""
+    import torch
+
+    if torch.cuda.is_available() or smoke:
+        return False
+    print("FAIL: this benchmark needs a CUDA GPU (or --smoke)", file=sys.stderr)
+    return True
+
+
 def bench_device():
     """The current CUDA device, else the CPU (smoke runs)."""
     import torch
@@ -176,7 +187,10 @@ def load_result(name: str, results_dir: str | os.PathLike | None = None) -> dict
 
 
 def provenance_line(record: dict[str, Any]) -> str:
-    """One line saying where a result came from: device, date, commit."""
+    """One line saying where a result came from: machine (GPUs, else CPU cores), date, commit."""
     dev = record.get("device", {})
-    where = dev.get("gpu") or dev.get("cpu") or "unknown device"
-    return f"measured on {where}, {record.get('date', '?')}, commit {str(record.get('git_commit', '?'))[:12]}"
+    where = dev.get("gpu") or f"{dev.get('cpu_count', '?')} CPU cores"
+    if dev.get("gpu") and dev.get("gpu_count", 1) > 1:
+        where = f"{dev['gpu_count']} x {where}"
+    return (f"measured on {where}, {str(record.get('date', '?'))[:16]}, "
+            f"commit {str(record.get('git_commit', '?'))[:12]}")
