@@ -12,7 +12,7 @@
 # land in $OUT/results.tar.gz (benchmarks/results/*.json, re-packed after every stage, so a call stopped
 # at its limit still returns what finished) and logs in $OUT/*.log; elsewhere OUT defaults to ./gpu_out.
 set -uo pipefail
-STAGES="tests decoding decoding-quick models oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator allocator-roomy"
+STAGES="tests tests-allocator decoding decoding-quick models oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator allocator-roomy"
 if [ $# -eq 0 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
   sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; echo "stages: $STAGES"; exit 2
 fi
@@ -94,6 +94,8 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
   esac
   case $1 in
     tests)            run_stage tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests ;;
+    tests-allocator)  run_stage tests_allocator 120 python3 -m pytest -q -p no:cacheprovider \
+                        tests/memory/test_allocator_gpu.py tests/bench/test_bench_smoke.py::test_allocator_bench_smoke ;;
     decoding)         run_stage decoding 300 python3 -m workbench.bench.decoding \
                         --budget-s $(( b < 250 ? b : 250 )) --out "$RESULTS" ;;
     decoding-quick)   run_stage decoding_quick 150 python3 -m workbench.bench.decoding --quick \

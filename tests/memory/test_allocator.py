@@ -202,3 +202,41 @@ def test_preview_shows_the_decision_for_the_users_settings_and_touches_nothing(m
         warnings.simplefilter("always")
         configure_allocator(environ={ENV_VARS[0]: "expandable_segments:False"}, runtime=rt)
     assert any("expandable_segments:False" in str(w.message) for w in caught)
+
+
+def test_switch_forces_either_way_keeping_other_options_and_releases():
+    from workbench.memory.allocator import switch_expandable_segments
+
+    user = "max_split_size_mb:256,expandable_segments:False,garbage_collection_threshold:0.6"
+    cfg = TorchLikeConfig(user)
+    assert switch_expandable_segments(True, runtime=cfg.runtime()) == \
+        "max_split_size_mb:256,expandable_segments:True,garbage_collection_threshold:0.6"
+    assert switch_expandable_segments(False, runtime=cfg.runtime()).count("expandable_segments:False") == 1
+    assert cfg.effective == {"max_split_size_mb": "256", "expandable_segments": "False",
+                             "garbage_collection_threshold": "0.6"}
+    assert cfg.release_calls == 2  # after each switch: new segments are of the new kind
+
+
+@pytest.mark.parametrize("cfg_kwargs, words", [
+    (dict(initialized=False), "CUDA initialized"),
+    (dict(available=False), "CUDA initialized"),
+    (dict(backend="cudaMallocAsync"), "cudaMallocAsync"),
+    (dict(settings="backend:cudaMallocAsync"), "cudaMallocAsync"),
+])
+def test_switch_refuses_without_cuda_or_native_allocator_and_touches_nothing(cfg_kwargs, words):
+    from workbench.memory.allocator import switch_expandable_segments
+
+    cfg = TorchLikeConfig(**cfg_kwargs)
+    with pytest.raises(RuntimeError, match=words):
+        switch_expandable_segments(True, runtime=cfg.runtime())
+    assert cfg.set_calls == [] and cfg.release_calls == 0
+
+
+def test_switch_says_so_when_the_setter_did_not_take():
+    from workbench.memory.allocator import switch_expandable_segments
+
+    cfg = TorchLikeConfig(None)
+    runtime = cfg.runtime()
+    ignoring = AllocatorRuntime(**{**runtime.__dict__, "set_settings": lambda text: None})
+    with pytest.raises(RuntimeError, match="left the settings"):
+        switch_expandable_segments(True, runtime=ignoring)

@@ -70,3 +70,29 @@ def test_recorder_counts_device_allocations_on_gpu():
     assert frame["device_allocs"][1] == 0  # the cached block is reused
     assert frame["allocated_bytes"][1] >= 512 << 20
     del again
+
+
+SWITCH_PROBE = r"""
+import json, torch
+from workbench.memory import current_allocator_settings, switch_expandable_segments
+keep = torch.ones(1 << 20, device="cuda")
+kinds = {}
+for enabled in (True, False, True):
+    switch_expandable_segments(enabled)
+    x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")  # a new block after the switch
+    seg = [s for s in torch.cuda.memory._snapshot()["segments"]
+           if s["address"] <= x.data_ptr() < s["address"] + s["total_size"]]
+    kinds.setdefault(str(enabled), []).append(seg[0].get("is_expandable"))
+    del x
+print(json.dumps(dict(kinds=kinds, current=current_allocator_settings())))
+"""
+
+
+def test_switch_makes_new_blocks_of_the_chosen_kind_and_keeps_user_options():
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
+    env["PYTORCH_ALLOC_CONF"] = "max_split_size_mb:256"
+    out = subprocess.run([sys.executable, "-c", SWITCH_PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["kinds"] == {"True": [True, True], "False": [False]}, got
+    assert "max_split_size_mb:256" in got["current"] and "expandable_segments:True" in got["current"], got

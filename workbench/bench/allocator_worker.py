@@ -1,9 +1,11 @@
-"""The worker of the allocator benchmark: one configuration in a fresh process (``workbench.bench.allocator``
-starts it with ``--worker``; the allocator settings must be in place before CUDA initializes).
+"""The worker of the allocator benchmark: one round in a fresh process (``workbench.bench.allocator`` starts
+it with ``--worker``).
 
-It builds the model (``workbench.models``), primes the optimizer state with the cheapest shape, then either
-measures each shape's peak (``--mode calibrate``) or runs the warm-up pass and the measured passes of
-``worker_plan`` under ``workbench.memory.MemoryRecorder``, and writes its per-step rows as JSON.
+It builds the model (``workbench.models``) and primes the optimizer state with the cheapest shape, then either
+measures each shape's peak (``--mode calibrate``) or runs the blocks of ``--blocks`` (e.g. PEEP): each
+block switches the allocator (``workbench.memory.switch_expandable_segments``: P plain, E expandable
+segments; cached blocks released), then runs :func:`block_plan` under ``workbench.memory.MemoryRecorder``.
+It writes the per-step rows, and per block the settings and segment bytes by kind, as JSON.
 """
 
 from __future__ import annotations
@@ -15,24 +17,16 @@ from pathlib import Path
 
 
 def worker(args) -> int:
-    """One configuration in this (fresh) process; writes its per-step rows as JSON to --rows.
+    """One round (or the calibration) in this fresh process; writes its rows as JSON to --rows.
 
     ``--device cpu`` (smoke runs without CUDA): the same steps on the CPU, where no allocator is measured:
     memory counters are 0 and a calibration "peak" is the batch's bytes."""
     t_worker = time.perf_counter()
-    status = None
     on_cuda = args.device == "cuda"
-    if args.expandable:
-        from workbench.memory import configure_allocator
-
-        status = configure_allocator()  # before CUDA init: through the environment
-        want = "set_env" if on_cuda else "skipped"
-        assert status.action == want, f"expected configure_allocator to say {want}, got: {status}"
     import torch
 
-    from workbench.memory import MemoryRecorder, current_allocator_settings, parse_settings
+    from workbench.memory import MemoryRecorder, switch_expandable_segments
     from workbench.memory.oom import is_oom_error
-    from workbench.memory.settings import expandable_segments_setting
     from workbench.models import build_model
 
     if not on_cuda:
@@ -60,9 +54,8 @@ def worker(args) -> int:
         return sum(t.numel() * t.element_size() for t in batch.values())
 
     t_ready = time.perf_counter()
-    # Prime: one step of the cheapest shape, not recorded, so the optimizer state exists before the
-    # warm-up (as in training from step 2 on); otherwise the first measured step carries state the
-    # warm-up's largest step never had, and allocates.
+    # Prime: one step of the cheapest shape, not recorded, so the optimizer state exists before the first
+    # block (as in training from step 2 on) and lives outside the blocks' segments.
     train_step(min(shapes, key=lambda s: s[0] * s[1] * (s[2] + 1)))
     if args.mode == "calibrate":
         peaks = []  # peak allocated bytes of each step, no limit (on a CPU: the batch's bytes)
@@ -78,40 +71,61 @@ def worker(args) -> int:
                                                    model=which, startup_s=t_ready - t_worker)))
         return 0
 
-    settings = current_allocator_settings() or ""
-    if args.expandable and on_cuda:
-        assert expandable_segments_setting(parse_settings(settings)), f"expandable segments not active: {settings!r}"
-    # On a CPU there is no allocator: zero counters (step_record reads missing keys as 0), no-op sync.
     rec = MemoryRecorder() if on_cuda else MemoryRecorder(stats_fn=dict, reset_peaks_fn=lambda: None,
                                                           synchronize_fn=lambda: None)
-    for pass_, i, timed, repeat in worker_plan(len(shapes), args.mode, args.passes):
-        shape = shapes[i]
-        try:
-            with rec.step(index=i, pass_=pass_, timed=timed, repeat=repeat, batch_size=shape[0], duration_s=shape[1],
-                          num_tokens=shape[2]):
-                train_step(shape)
-        except RuntimeError as e:
-            if not is_oom_error(e):
-                raise
-            opt.zero_grad(set_to_none=True)
-            print(f"[allocator] OOM at pass {pass_} step {i} shape {shape}", flush=True)
-    frame = rec.to_frame()  # every step in run order: warm-up, then measured (static: untimed first + timed repeat)
-    Path(args.rows).write_text(json.dumps(dict(rows=frame.to_dict(orient="list"), model=which, settings=settings,
-                                               status=str(status) if status else None,
+    blocks = []  # per block: the allocator, its settings, and segment bytes by kind after the switch and at the end
+    for block, expandable in enumerate(parse_blocks(args.blocks)):
+        allocator = "expandable" if expandable else "plain"
+        if on_cuda:
+            settings = switch_expandable_segments(expandable)  # releases cached blocks: new segments of this kind
+        else:  # on a CPU there is no allocator: counters are 0 (step_record reads missing keys as 0)
+            settings = f"(cpu) expandable_segments:{expandable}"
+        info = dict(block=block, allocator=allocator, settings=settings, segments_after_switch=segment_bytes(on_cuda))
+        for pass_, i, timed, repeat in block_plan(len(shapes), args.passes):
+            shape = shapes[i]
+            try:
+                with rec.step(block=block, allocator=allocator, index=i, pass_=pass_, timed=timed, repeat=repeat,
+                              batch_size=shape[0], duration_s=shape[1], num_tokens=shape[2]):
+                    train_step(shape)
+            except RuntimeError as e:
+                if not is_oom_error(e):
+                    raise
+                opt.zero_grad(set_to_none=True)
+                print(f"[allocator] OOM in block {block} ({allocator}) pass {pass_} step {i} shape {shape}", flush=True)
+        info["segments_end"] = segment_bytes(on_cuda)
+        blocks.append(info)
+    frame = rec.to_frame()  # every step in run order
+    Path(args.rows).write_text(json.dumps(dict(rows=frame.to_dict(orient="list"), model=which, blocks=blocks,
                                                startup_s=t_ready - t_worker,
                                                steps_s=time.perf_counter() - t_ready)))
     return 0
 
 
-def worker_plan(num_shapes: int, mode: str, passes: int) -> list[tuple[int, int, bool, bool]]:
-    """(pass, shape index, timed, repeat) per step: pass 1 is the warm-up (every shape once,
-    timed for the cold-shape figure); passes 2..passes+1 are measured. "static" runs each shape twice in a row
-    and times only the repeat (``repeat`` True), which has exactly the shape of the step before it."""
+def parse_blocks(text: str) -> list[bool]:
+    """"PEEP" -> [False, True, True, False]: one block per letter, P the plain allocator, E expandable segments."""
+    if not text or set(text) - {"P", "E"}:
+        raise ValueError(f"--blocks: want letters P (plain) and E (expandable segments), e.g. PEEP; got {text!r}")
+    return [c == "E" for c in text]
+
+
+def segment_bytes(on_cuda: bool) -> dict[str, int]:
+    """Bytes of the allocator's segments by kind, from torch's memory snapshot (zeros on a CPU)."""
+    if not on_cuda:
+        return dict(expandable=0, plain=0)
+    import torch
+
+    segments = torch.cuda.memory._snapshot()["segments"]
+    return dict(expandable=sum(int(s["total_size"]) for s in segments if s.get("is_expandable")),
+                plain=sum(int(s["total_size"]) for s in segments if not s.get("is_expandable")))
+
+
+def block_plan(num_shapes: int, passes: int) -> list[tuple[int, int, bool, bool]]:
+    """(pass, shape index, timed, repeat) per step of one block: pass 1 is the warm-up (every shape once, in
+    order); passes 2..passes+1 are measured and run every shape twice in a row. The first occurrence follows
+    a different shape, as with dynamic shapes (``timed`` False); the repeat has exactly the shape of the step
+    before it, as with static shapes (``timed`` and ``repeat`` True)."""
     plan = [(1, i, True, False) for i in range(num_shapes)]
     for pass_ in range(2, passes + 2):
         for i in range(num_shapes):
-            if mode == "static":
-                plan += [(pass_, i, False, False), (pass_, i, True, True)]
-            else:
-                plan.append((pass_, i, True, False))
+            plan += [(pass_, i, False, False), (pass_, i, True, True)]
     return plan

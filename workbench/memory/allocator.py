@@ -14,6 +14,8 @@ segment per stream in place instead. :func:`configure_allocator` sets it up:
   (respected, with one warning), or when the caller opts out.
 
 It is idempotent: once the settings hold ``expandable_segments:True`` a call changes nothing.
+:func:`switch_expandable_segments` is the A/B tool (benchmarks, notebooks): it forces the setting either
+way in a running process, overriding the user's choice, so it is not for training code.
 The torch side is an :class:`AllocatorRuntime` of plain callables, so tests can pass their own.
 """
 
@@ -186,6 +188,29 @@ def preview_configure_allocator(user_settings: str | None) -> AllocatorStatus:
             return configure_allocator(environ=environ, runtime=runtime)
     finally:
         _warned_user_disabled.intersection_update(warned)
+
+
+def switch_expandable_segments(enabled: bool, *, runtime: AllocatorRuntime | None = None) -> str:
+    """Force expandable segments on or off in a running process and release cached blocks, so segments
+    made from now on are of the new kind (blocks in use stay where they are). Every other option in effect
+    is passed back to the setter. For A/B measurements: it overrides a user's choice. Needs CUDA initialized
+    and the native caching allocator (RuntimeError otherwise). Returns the settings string in effect."""
+    rt = runtime if runtime is not None else torch_runtime()
+    if not (rt.cuda_available() and rt.cuda_initialized()):
+        raise RuntimeError("switch_expandable_segments needs CUDA initialized (before that, set the environment "
+                           "or call configure_allocator)")
+    current = rt.get_settings()
+    backend = backend_setting(parse_settings(current))
+    if backend == "native":
+        backend = rt.backend()
+    if backend != "native":
+        raise RuntimeError(f"switch_expandable_segments: the {backend!r} allocator backend has no expandable segments")
+    rt.set_settings(merge_settings(current, expandable_segments=str(bool(enabled))))
+    rt.release_cached()
+    now = rt.get_settings()
+    if expandable_segments_setting(parse_settings(now)) is not bool(enabled):
+        raise RuntimeError(f"switch_expandable_segments({enabled}): {rt.setter_name} left the settings at {now!r}")
+    return now
 
 
 def current_allocator_settings() -> str | None:

@@ -108,7 +108,7 @@ def paired_ratio_table(figures: Mapping[str, Any]):
 
 
 def allocation_events_table(figures: Mapping[str, Any]):
-    """The steps after warm-up that touched device memory, every config of a block: round, pass, step,
+    """The steps after warm-up that touched device memory, every config of a block: round, block, pass, step,
     shape, the shape before it, allocations, frees, retries, MiB allocated and the reason."""
     import pandas as pd
 
@@ -117,7 +117,8 @@ def allocation_events_table(figures: Mapping[str, Any]):
         if not isinstance(f, dict):
             continue
         for e in f.get("allocation_events", []):
-            rows.append({"config": name, "round": e.get("round"), "pass": e.get("pass_"), "step": e.get("index"),
+            rows.append({"config": name, "round": e.get("round"), "block": e.get("block"), "pass": e.get("pass_"),
+                         "step": e.get("index"),
                          "shape": tuple(e["shape"]), "previous shape": tuple(e["previous_shape"] or ()),
                          "allocs": e["device_allocs"], "frees": e["device_frees"], "retries": e["alloc_retries"],
                          "MiB": round(e["device_alloc_bytes"] / 2**20), "reason": e["reason"]})

@@ -169,7 +169,7 @@ def device_alloc_events(frame, *, start: int = 0, shape_columns=SHAPE_COLUMNS, l
             reason = (f"cache miss: no cached block fit after the previous shape; reserved grew by "
                       f"{int(row.get('device_alloc_bytes', 0)) / 2**20:.0f} MiB")
         events.append({
-            "row": i, **{k: row[k] for k in ("pass_", "index", "timed", "repeat") if k in row},
+            "row": i, **{k: row[k] for k in ("block", "pass_", "index", "timed", "repeat") if k in row},
             "shape": [row[c] for c in shape_columns if c in row],
             "previous_shape": [prev[c] for c in shape_columns if c in prev] if prev else None,
             "device_allocs": allocs, "device_frees": frees, "device_alloc_bytes": int(row.get("device_alloc_bytes", 0)),
