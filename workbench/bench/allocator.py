@@ -53,9 +53,10 @@ least one static reference allocates nothing and never OOMs, and every allocator
     python3 -m workbench.bench.allocator --smoke --out /tmp/smoke     # ~15 s on a 2-core CPU
 
 --smoke: the same parent and worker subprocesses with tiny-rnnt, 4 sampler-drawn shapes from a 400-cut
-synthetic corpus (utterances up to 3 s), one round (--rounds/--headroom still work). Without CUDA the
-worker runs on the CPU, where there is no allocator to measure or switch: the memory counters are zero,
-the calibration "peaks" are the batch's bytes, and no memory limit is set. The
+synthetic corpus (utterances up to 3 s), one round (--rounds/--headroom still work), and no memory limit
+(a tiny model's peak is below the allocator's segment granularity). Without CUDA the worker runs on the
+CPU, where there is no allocator to measure or switch: the memory counters are zero and the calibration
+"peaks" are the batch's bytes. The
 JSON is marked "smoke": true and goes only to --out (required); the targets are reported but do not set
 the exit code.
 """
@@ -528,7 +529,10 @@ def main(argv=None) -> int:
         shapes_path.write_text(json.dumps(shapes))
         print(f"[allocator] {len(shapes)} shapes ({shape_source}); largest {shapes[0]}", flush=True)
         limits = {label: cal["peak_allocated_bytes"] * (1 + h) for label, h in zip(labels, args.headroom)}
-        fractions = {label: min(0.95, limit / cal["total_bytes"]) for label, limit in limits.items()}
+        # A smoke run sets no limit: a tiny model's peak (tens of MiB) is below the allocator's segment
+        # granularity, so a limit a few per cent above it fails at the first step.
+        fractions = {label: 0.0 if args.smoke else min(0.95, limit / cal["total_bytes"])
+                     for label, limit in limits.items()}
         for label in labels:
             print(f"[allocator] headroom {label}: largest batch peaks at "
                   f"{cal['peak_allocated_bytes'] / 2**30:.2f} GiB; "
