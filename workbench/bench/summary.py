@@ -127,10 +127,15 @@ def _allocator(f: dict) -> list[str]:
             c = block[config]
             out.append(f"  - {config} ({c['settings'] or 'defaults'}): median step {c['median_step_s'] * 1e3:.1f} ms, "
                        f"device allocations/step {c['device_allocs_per_step']:.2f}, retries {c['alloc_retries']}, "
-                       f"OOMs {c['ooms']}")
+                       f"OOMs {c['ooms']}, peak reserved {c['peak_reserved_bytes'] / 2**30:.2f} GiB")
         for pair, r in block["paired_time_ratios"].items():
             out.append(f"  - {pair}: {r['median']:.3f} ({r['min']:.3f}-{r['max']:.3f} over {r['n']} round(s))")
+        target = block.get("time_target")
+        if target:
+            out.append(f"  - time target: {target['pair']} <= {target['limit']}: {target['verdict']}"
+                       + ("" if target.get("conclusive") else " (not conclusive)"))
     out += [f"- failure: {x}" for x in f["failures"]]
+    out += [f"- warning: {x}" for x in f.get("warnings", []) if "not a reference" in x]
     return out
 
 
