@@ -249,13 +249,11 @@ def round_figures(frame, warmup: int, passes: int) -> dict:
     warm, measured_all = frame.iloc[:warmup], frame.iloc[warmup:]
     timed = measured_all[measured_all["timed"]] if "timed" in measured_all else measured_all
     summary = summarize_steps(pd.concat([frame.iloc[:warmup], timed]), warmup=warmup)
-    first = measured_all[~measured_all["timed"]] if "timed" in measured_all else measured_all.iloc[:0]
     return dict(summary, median_step_s=float(timed["time_s"].median()),
                 total_time_s=float(timed["time_s"].sum()) / passes,  # one pass over the shapes
                 # one warm-up pass without its first step (the largest shape, right after the allocator switch)
                 cold_total_time_s=float(warm.loc[warm["index"] != 0, "time_s"].sum()) / max(1, int((warm["index"] == 0).sum())),
                 warmup_device_allocs=int(frame["device_allocs"].iloc[:warmup].sum()),
-                first_occurrence_total_time_s=float(first["time_s"].sum()) / passes if len(first) else None,
                 timed_step_times_s=[float(t) for t in timed["time_s"]])
 
 
@@ -301,9 +299,6 @@ def block_figures(rounds: list[dict], warmup: int, passes: int) -> tuple[dict, d
             "worker_wall_s": [rnd[name].get("wall_s") for rnd in rounds],
             "worker_startup_s": [rnd[name].get("startup_s") for rnd in rounds],
         }
-        if name.startswith("static"):  # the untimed first occurrences are dynamic steps of the same process
-            ratios = [f["first_occurrence_total_time_s"] / f["total_time_s"] for f in figs]
-            figures[name]["in_process_first_vs_repeat"] = dict(summarize(ratios), rounds=ratios)
     paired = {}
     for pair, (num, den) in PAIRS.items():
         if num in names and den in names:
@@ -580,9 +575,6 @@ def main(argv=None) -> int:
         for pair, ratio in block["paired_time_ratios"].items():
             print(f"  paired per round {pair:<38} median {ratio['median']:.3f} (range {ratio['min']:.3f}-"
                   f"{ratio['max']:.3f}; rounds {', '.join(f'{v:.3f}' for v in ratio['rounds'])})")
-        for name in ("static_plain", "static_expandable"):
-            ip = block[name]["in_process_first_vs_repeat"]
-            print(f"  in-process {name}: first occurrence vs repeat of the same shape {ip['median']:.3f}x")
         print(f"  time target ({block['time_target']['pair']} <= {TARGET_TIME_RATIO}): "
               f"{block['time_target']['verdict']}"
               + ("" if block["time_target"]["conclusive"] else " (not conclusive)"))
