@@ -19,12 +19,25 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def restore_torch_cpu_settings():
-    """The smoke mains turn oneDNN off and use one thread on a CPU; put both back for the other tests."""
-    mkldnn, threads = torch.backends.mkldnn.enabled, torch.get_num_threads()
+def torch_cpu_settings_kept():
+    """The smoke mains turn oneDNN off and use one thread on a CPU (results.cpu_smoke_torch); they must put
+    both back, or every test after them runs under their settings."""
+    before = torch.backends.mkldnn.enabled, torch.get_num_threads()
     yield
-    torch.backends.mkldnn.enabled = mkldnn
-    torch.set_num_threads(threads)
+    assert (torch.backends.mkldnn.enabled, torch.get_num_threads()) == before
+
+
+def test_cpu_smoke_torch_sets_and_restores():
+    from workbench.bench.results import cpu_smoke_torch
+
+    before = torch.backends.mkldnn.enabled, torch.get_num_threads()
+    with pytest.raises(KeyError):
+        with cpu_smoke_torch():
+            assert not torch.backends.mkldnn.enabled and torch.get_num_threads() == 1
+            raise KeyError("restored even when the run fails")
+    assert (torch.backends.mkldnn.enabled, torch.get_num_threads()) == before
+    with cpu_smoke_torch(active=False):
+        assert (torch.backends.mkldnn.enabled, torch.get_num_threads()) == before
 
 
 def read_result(path: Path) -> dict:
@@ -38,7 +51,7 @@ def read_result(path: Path) -> dict:
     return record
 
 
-def test_models_bench_smoke(tmp_path, capsys, restore_torch_cpu_settings):
+def test_models_bench_smoke(tmp_path, capsys, torch_cpu_settings_kept):
     from workbench.bench import models
 
     assert models.main(["--smoke", "--out", str(tmp_path)]) == 0
@@ -67,7 +80,7 @@ def test_models_bench_smoke_refuses_the_results_folder(tmp_path):
         models.main(["--smoke", "--out", str(RESULTS_DIR)])
 
 
-def test_oomptimizer_bench_smoke(tmp_path, restore_torch_cpu_settings):
+def test_oomptimizer_bench_smoke(tmp_path, torch_cpu_settings_kept):
     from workbench.bench import oomptimizer
 
     with pytest.raises(SystemExit):  # smoke JSON never goes to the default folder
@@ -93,7 +106,7 @@ def test_oomptimizer_bench_smoke(tmp_path, restore_torch_cpu_settings):
     assert "failures" in fig and "wall_seconds" in fig
 
 
-def test_oomptimizer_bench_parts_write_their_own_files(tmp_path, restore_torch_cpu_settings):
+def test_oomptimizer_bench_parts_write_their_own_files(tmp_path, torch_cpu_settings_kept):
     from workbench.bench import oomptimizer
 
     assert oomptimizer.main(["--smoke", "--part", "aed", "--out", str(tmp_path)]) == 0

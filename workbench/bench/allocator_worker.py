@@ -17,7 +17,15 @@ from pathlib import Path
 
 
 def worker(args) -> int:
-    """One round (or the calibration) in this fresh process; writes its rows as JSON to --rows.
+    """One round (or the calibration) in this fresh process; writes its rows as JSON to --rows."""
+    from workbench.bench.results import cpu_smoke_torch
+
+    with cpu_smoke_torch(args.device != "cuda"):
+        return run_round(args)
+
+
+def run_round(args) -> int:
+    """:func:`worker`'s work.
 
     ``--device cpu`` (smoke runs without CUDA): the same steps on the CPU, where no allocator is measured:
     memory counters are 0 and a calibration "peak" is the batch's bytes."""
@@ -29,9 +37,6 @@ def worker(args) -> int:
     from workbench.memory.oom import is_oom_error
     from workbench.models import build_model
 
-    if not on_cuda:
-        torch.backends.mkldnn.enabled = False  # oneDNN builds kernels per new shape: seconds each on a CPU
-        torch.set_num_threads(1)
     shapes = [tuple(s) for s in json.loads(Path(args.shapes).read_text())]
     torch.manual_seed(0)
     device = torch.device(args.device)

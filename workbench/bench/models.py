@@ -26,8 +26,8 @@ import time
 
 import torch
 
-from workbench.bench.results import (bench_device, check_smoke_out, cuda_missing, report_failures, timer_for,
-                                     write_result)
+from workbench.bench.results import (bench_device, check_smoke_out, cpu_smoke_torch, cuda_missing, report_failures,
+                                     timer_for, write_result)
 from workbench.models import build_model, count_parameters, rnnt_loss
 from workbench.models.model import DTYPES
 from workbench.memory.oom import is_oom_error, release_memory
@@ -184,9 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     if cuda_missing(args.smoke):
         return 2
     device = bench_device()
-    if args.smoke and device.type == "cpu":
-        torch.backends.mkldnn.enabled = False  # oneDNN builds kernels per new shape: seconds each on a CPU
-        torch.set_num_threads(1)  # tiny steps stall with 2 threads on a busy 2-core machine
+    with cpu_smoke_torch(args.smoke and device.type == "cpu"):
+        return run(args, device)
+
+
+def run(args, device: torch.device) -> int:
+    """The measurements of :func:`main`'s parsed ``args`` on ``device``; writes models.json, returns the exit code."""
     models = args.models or (SMOKE_MODELS if args.smoke else MODELS)
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
     repeat = 2 if args.smoke else 3

@@ -42,8 +42,8 @@ configure_allocator()  # before CUDA is initialized
 
 import torch  # noqa: E402
 
-from workbench.bench.results import (bench_device, check_smoke_out, cuda_missing, report_failures,  # noqa: E402
-                                     summarize, write_result)
+from workbench.bench.results import (bench_device, check_smoke_out, cpu_smoke_torch, cuda_missing,  # noqa: E402
+                                     report_failures, summarize, write_result)
 from workbench.bucketing.profile import BucketProfile  # noqa: E402
 from workbench.oomptimizer.cli import without_option  # noqa: E402
 from workbench.memory.oom import release_memory  # noqa: E402
@@ -413,13 +413,10 @@ def main(argv: list[str] | None = None) -> int:
             args.aed = "tiny-aed"
         if args.max_batch_size == parser.get_default("max_batch_size") and torch.cuda.is_available():
             args.max_batch_size = SMOKE_MAX_BATCH_SIZE
-        if not torch.cuda.is_available():
-            # oneDNN builds kernels for every new shape (1-3 s each on a CPU) and every probe has a new shape;
-            # one thread keeps tiny steps from stalling on a busy 2-core machine.
-            torch.backends.mkldnn.enabled = False
-            torch.set_num_threads(1)
+    cpu_smoke = cpu_smoke_torch(args.smoke and not torch.cuda.is_available())
     if "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return main_ddp(args)
+        with cpu_smoke:
+            return main_ddp(args)
     if args.nproc > 1 and (args.part != "all" or args.time_limit_s != TIME_LIMIT_S):
         parser.error("--part and --time-limit-s belong to the one-GPU run, not to --nproc")
     if args.nproc > 1:
@@ -429,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.call(cmd)
     if cuda_missing(args.smoke):
         return 2
-    return main_single(args)
+    with cpu_smoke:
+        return main_single(args)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,6 +49,26 @@ def bench_device():
     import torch
 
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+@contextmanager
+def cpu_smoke_torch(active: bool = True):
+    """Torch settings for a smoke run on a CPU, restored on exit: oneDNN off (it builds kernels for every new
+    shape, 1-3 s each, and benches change shapes every step) and one thread (tiny steps stall with two on a
+    busy 2-core machine). ``active`` False: nothing changes."""
+    if not active:
+        yield
+        return
+    import torch
+
+    saved = torch.backends.mkldnn.enabled, torch.get_num_threads()
+    torch.backends.mkldnn.enabled = False
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = saved[0]
+        torch.set_num_threads(saved[1])
 
 
 def timer_for(device) -> Callable[..., dict[str, float]]:
