@@ -1,6 +1,7 @@
 """On a real GPU: expandable segments are active after configure_allocator, and the user's options
-(max_split_size_mb) are intact. Each case runs in a fresh interpreter, since the environment is only read
-when CUDA initializes."""
+(max_split_size_mb) are intact; switch_expandable_segments makes new blocks of the chosen kind either way; the
+recorder counts device allocations. Each allocator case runs in a fresh interpreter, since the environment
+is only read when CUDA initializes."""
 
 import json
 import os

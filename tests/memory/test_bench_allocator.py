@@ -23,10 +23,9 @@ def test_largest_first_moves_only_the_costliest():
 
 def test_block_plan_warms_up_then_pairs_each_shape_with_its_repeat():
     plan = block_plan(3, 1)
-    assert plan[:3] == [(1, 0, True, False), (1, 1, True, False), (1, 2, True, False)]  # warm-up pass
-    # every measured shape twice in a row: the first follows another shape (dynamic), the repeat is timed (static)
-    assert plan[3:] == [(2, 0, False, False), (2, 0, True, True), (2, 1, False, False), (2, 1, True, True),
-                        (2, 2, False, False), (2, 2, True, True)]
+    assert plan[:3] == [(1, 0, False), (1, 1, False), (1, 2, False)]  # warm-up pass
+    # every measured shape twice in a row: the first follows another shape (dynamic), the repeat has its own (static)
+    assert plan[3:] == [(2, 0, False), (2, 0, True), (2, 1, False), (2, 1, True), (2, 2, False), (2, 2, True)]
     assert [p for p, *_ in block_plan(2, 2)] == [1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
 
 
@@ -41,12 +40,13 @@ GIB = 1 << 30
 
 
 def fake_worker(calls, *, dyn_exp_allocs=0, slow_expandable=1.0, drift=(1.0,), retry_at=None, static_plain_oom=False,
-                switch_leak=0):
+                static_expandable_allocs=0, switch_leak=0, block_drift=0.0):
     """Stands in for the GPU subprocess of a round: rows shaped like the worker's (every step in run order,
     blocks of args.blocks), with chosen allocations and times. A repeated (static) step takes the base time;
     a first occurrence (dynamic) 1.3x with the plain allocator, ``slow_expandable`` x with expandable
-    segments. Round r multiplies every time by drift[r] (subprocess drift); ``calls`` collects (mode,
-    fraction) in run order."""
+    segments. Call c (a round of one headroom) multiplies every time by drift[c] (subprocess drift), block b
+    by 1 + block_drift * b (drift within the process); reserved bytes differ per block. ``calls`` collects
+    (mode, fraction) in run order."""
     def run(mode, tmp, shapes_path, args, fraction=0.0):
         import json
 
@@ -64,7 +64,7 @@ def fake_worker(calls, *, dyn_exp_allocs=0, slow_expandable=1.0, drift=(1.0,), r
             blocks.append(dict(block=block, allocator=allocator, settings=f"expandable_segments:{expandable}",
                                segments_after_switch=dict(plain=GIB, expandable=0),
                                segments_end=dict(plain=GIB + (switch_leak if expandable else 0), expandable=0)))
-            for pass_, i, timed, repeat in block_plan(len(shapes), args.passes):
+            for pass_, i, repeat in block_plan(len(shapes), args.passes):
                 b, d, u = shapes[i]
                 measured_first = pass_ > 1 and not repeat
                 allocs = retries = ooms = 0
@@ -77,12 +77,15 @@ def fake_worker(calls, *, dyn_exp_allocs=0, slow_expandable=1.0, drift=(1.0,), r
                     retries = 1 if retry_at == i else 0
                 if static_plain_oom and not expandable and repeat and i == 2:
                     ooms = 1
+                if expandable and repeat and i == 3:
+                    allocs = static_expandable_allocs
                 factor = 1.0 if pass_ == 1 or repeat else (slow_expandable if expandable else 1.3)
-                row = dict(time_s=(0.1 + 0.01 * b) * factor * drift[r % len(drift)], allocated_bytes=GIB,
-                           reserved_bytes=4 * GIB, peak_allocated_bytes=3 * GIB, peak_reserved_bytes=4 * GIB,
+                factor *= drift[r % len(drift)] * (1 + block_drift * block)
+                row = dict(time_s=(0.1 + 0.01 * b) * factor, allocated_bytes=GIB,
+                           reserved_bytes=(4 + block) * GIB, peak_allocated_bytes=3 * GIB, peak_reserved_bytes=4 * GIB,
                            device_allocs=allocs, device_frees=retries, device_alloc_bytes=allocs * GIB,
                            alloc_retries=retries, ooms=ooms, oom_raised=bool(ooms), block=block, allocator=allocator,
-                           pass_=pass_, index=i, timed=timed, repeat=repeat, batch_size=b, duration_s=d, num_tokens=u)
+                           pass_=pass_, index=i, repeat=repeat, batch_size=b, duration_s=d, num_tokens=u)
                 for k, v in row.items():
                     cols.setdefault(k, []).append(v)
         return dict(rows=cols, model="fake", blocks=blocks, wall_s=0.5, startup_s=0.1, steps_s=0.4)
@@ -116,7 +119,8 @@ def test_bench_passes_when_targets_hold(monkeypatch, tmp_path, capsys):
     assert block["time_target"]["verdict"] == "met" and block["time_target"]["conclusive"]
     # the plain allocator's first occurrences allocate: dynamic_plain counts them, static_plain (repeats) does not
     assert block["dynamic_plain"]["device_allocs_per_step"] == 2 and block["dynamic_plain"]["steps"] == 12
-    assert block["static_plain"]["device_allocs_per_step"] == 0
+    assert block["static_plain"]["device_allocs_per_step"] == 0 and block["static_plain"]["allocation_events"] == []
+    assert block["dynamic_plain"]["allocation_events_total"] == 3 * 2 * 6  # rounds x plain blocks x shapes
     assert block["paired_time_ratios"]["dynamic_plain/static_plain"]["rounds"] == pytest.approx([1.3] * 3)
     assert block["dynamic_expandable"]["device_allocs_per_step"] == 0
     assert block["dynamic_expandable"]["allocation_events"] == []
@@ -177,6 +181,8 @@ def test_bench_fails_loudly_and_says_why_when_targets_are_missed(monkeypatch, tm
     assert events[0]["shape"] == list(shapes[1]) and events[0]["previous_shape"] == list(shapes[0])
     assert events[0]["reason"].startswith("OOM-retry")
     assert "OOM-retry" in out and f"after {list(shapes[0])}" in out  # the failure line says why
+    # the step before each event is the one before it in its own block: reserved bytes of that block (4 + block GiB)
+    assert [e["reserved_before_bytes"] for e in events] == [(4 + e["block"]) * GIB for e in events]
     assert figures["headrooms"]["0.08"]["time_target"]["verdict"] == "missed"
 
 
@@ -188,6 +194,35 @@ def test_static_plain_that_ooms_leaves_the_target_to_static_expandable(monkeypat
     assert block["time_target"]["verdict"] == "met"
     assert rc == 0, record["figures"]["failures"]
     assert any("static_plain: 4 OOM(s)" in w and "not a reference" in w for w in record["figures"]["warnings"])
+
+
+def test_expandable_segments_allocating_in_repeated_steps_fail_the_run(monkeypatch, tmp_path, capsys):
+    rc, record, out, _ = run_bench_with(monkeypatch, tmp_path, capsys, static_expandable_allocs=1)
+    failures = record["figures"]["failures"]
+    assert rc == 1
+    assert any(f.startswith("[headroom 0.08] static_expandable: its repeated-shape steps allocated") for f in failures)
+    events = record["figures"]["headrooms"]["0.08"]["static_expandable"]["allocation_events"]
+    assert {(e["block"], e["index"], e["repeat"]) for e in events} == {(1, 3, True), (2, 3, True)}
+
+
+def test_no_valid_static_reference_fails_and_says_so(monkeypatch, tmp_path, capsys):
+    rc, record, out, _ = run_bench_with(monkeypatch, tmp_path, capsys, static_plain_oom=True,
+                                        static_expandable_allocs=1)
+    assert rc == 1
+    assert any("no valid reference" in f for f in record["figures"]["failures"])
+    assert record["figures"]["headrooms"]["0.08"]["time_target"]["verdict"] == "no valid reference"
+    assert "time target (no valid reference" in out
+
+
+def test_abba_blocks_cancel_a_drift_within_the_process(monkeypatch, tmp_path, capsys):
+    # every block runs 10 % slower than the one before: PEEP puts both allocators at the same mean position
+    rc, record, _, _ = run_bench_with(monkeypatch, tmp_path, capsys, block_drift=0.1)
+    ratios = record["figures"]["headrooms"]["0.08"]["paired_time_ratios"]
+    assert ratios["static_expandable/static_plain"]["median"] == pytest.approx(1.0)
+    assert ratios["dynamic_expandable/static_plain"]["median"] == pytest.approx(1.0)
+    rc, record, _, _ = run_bench_with(monkeypatch, tmp_path, capsys, block_drift=0.1, args=["--blocks", "PPEE"])
+    ratios = record["figures"]["headrooms"]["0.08"]["paired_time_ratios"]
+    assert ratios["static_expandable/static_plain"]["median"] == pytest.approx((1.2 + 1.3) / (1.0 + 1.1))  # PPEE: no
 
 
 def test_a_switch_that_did_not_take_fails_the_run(monkeypatch, tmp_path, capsys):

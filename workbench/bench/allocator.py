@@ -1,7 +1,7 @@
 """Expandable segments vs the plain caching allocator, with dynamic batch shapes near the memory limit.
 
-    python3 -m workbench.bench.allocator --out benchmarks/results                    # ~5-6 min on an H200
-    python3 -m workbench.bench.allocator --out DIR --headroom 0.08 0.15 --budget-s 560   # one round of each
+    python3 -m workbench.bench.allocator --out benchmarks/results                # two rounds, ~8 min on an H200
+    python3 -m workbench.bench.allocator --out DIR --headroom 0.08 0.15           # one round of each, ~8 min
 
 What runs: training steps (forward, loss, backward, optimizer step) of ``workbench.models`` 'large-rnnt'
 in worker subprocesses (``workbench.bench.allocator_worker``). 64 batch shapes (batch size, padded
@@ -19,36 +19,38 @@ the first block, as in training), then the blocks of ``--blocks`` (default PEEP:
 segments, in ABBA order so a linear drift cancels). Each block switches the allocator
 (``workbench.memory.switch_expandable_segments``: settings set at runtime, cached blocks released, so the
 block's activations live in segments of its kind; weights and optimizer state stay where the prime put
-them), runs a warm-up pass over every shape (largest first: per-shape first-time costs are paid and the
-allocator sees every shape), then ``--passes`` measured passes that run every shape twice in a row. The
+them), runs a warm-up pass over every shape (largest first, so the allocator sees every shape; the first
+block's warm-up also pays the per-shape first-time costs such as kernel plans), then ``--passes`` measured passes that run every shape twice in a row. The
 first occurrence follows a different shape: a dynamic step. The repeat has exactly the shape of the step
 before it, so the allocator has nothing to do: the same step with static shapes. Dynamic and static steps
 are thus paired one by one under the same allocator. Rounds repeat (up to ``--rounds``, default 4) while
-``--budget-s`` (default 330 s) allows, the first always, every headroom once per round. Figures: per
+``--budget-s`` (default 500 s) allows, the first always, every headroom once per round. Figures: per
 configuration, the median of per-round median step times with their spread across rounds; ratios of the
 total time of the same steps computed within each round (paired), with their median and range over rounds.
-Each headroom is its own block under ``figures["headrooms"]``. Every step after the warm-up that allocates
+Each headroom has its own section under ``figures["headrooms"]``. Every step after the warm-up that allocates
 device memory (or retries, or OOMs) is listed with its shape, the shape before it, reserved bytes before
 and after, and a reason (``workbench.memory.device_alloc_events``: OOM-retry, peak above warm-up,
 re-allocated after frees, cache miss), so a missed allocation target says why. Each block's settings and
 segment bytes by kind (torch's memory snapshot, after the switch and at the end) are kept in
 ``params["block_settings"]``; a block in which segments of the other kind grew fails the run.
 
-Time: ~8 s to start a worker, ~0.2 s per step of large-rnnt at 200 s of audio per batch; a round of 64
-shapes runs 4 blocks x 3 x 64 steps, ~170 s, plus ~40 s for shapes and calibration. Two rounds fit in
-``--budget-s 540`` (one GPU per headroom, ``scripts/gpu_run.sh --parallel allocator allocator-roomy``);
-the budget is checked against the longest round so far, so slower steps give fewer rounds, not a longer
-run. The JSON records each round's wall, start-up and step time (``params["run_order"]``) and is rewritten
-after every round (``figures["complete"]`` false until the end), so a run killed by an outer time limit
-keeps the rounds it finished.
+Time (estimates; each record's ``params["run_order"]`` and ``calibration_wall_s`` give the real ones): a
+worker starts in ~8-10 s; a round of 64 shapes runs 4 blocks x 3 x 64 steps of large-rnnt at 200 s of audio
+per batch, ~0.26 s each, ~210 s in all; the shapes and the calibration take ~40-60 s before the first
+round. So two rounds need a budget of ~490 s: the default 500 s just fits them. ``scripts/gpu_run.sh``
+gives a stage its deadline minus 60 s (500 s with the default ``DEADLINE_S=560``); ``DEADLINE_S=590``
+leaves a margin. The budget is checked against the longest round so far, so slower steps give fewer
+rounds, not a longer run. The JSON is rewritten after every round (``figures["complete"]`` false until
+the end), so a run killed by an outer time limit keeps the rounds it finished.
 
 Targets (checked for every headroom, non-zero exit when missed): with expandable segments, no device
 allocation per step in the measured passes, and total step time within 5 % of static shapes: with the
 plain allocator, or with expandable segments where the plain allocator cannot run the static steps at
 this limit (an OOM or allocations in repeated steps; a warning says so). Median of the per-round paired
 ratios; ``time_target`` says "met"/"missed" when every round falls on one side of 1.05, "inconclusive"
-when they straddle it; "conclusive" needs >= 2 rounds on one side. Must hold or the run is invalid: at
-least one static reference allocates nothing and never OOMs, and every allocator switch took.
+when they straddle it; "conclusive" needs >= 2 rounds on one side. Must hold or the run fails: with
+expandable segments no OOM and no allocation in repeated-shape steps either, and every allocator switch
+took.
 
     python3 -m workbench.bench.allocator --smoke --out /tmp/smoke     # ~15 s on a 2-core CPU
 
@@ -166,7 +168,7 @@ PAIRS = {  # figure name -> (numerator, denominator), ratios of per-round total 
 }
 TARGET_PAIRS = ("dynamic_expandable/static_plain", "dynamic_expandable/static_expandable")  # in order of preference
 SMOKE_DEFAULTS = dict(model="tiny-rnnt", steps=4, batch_audio_s=6.0, buckets=2, worker_timeout_s=120, rounds=1,
-                      passes=1, budget_s=120.0)
+                      budget_s=120.0)
 SMOKE_CORPUS = dict(num_cuts=400, max_duration_s=3.0)
 MAX_EVENTS = 40  # allocation events kept per configuration and headroom
 SWITCH_TOLERANCE_BYTES = 64 << 20  # segments of the other kind a block may add before its switch counts as failed
@@ -195,33 +197,33 @@ def run_worker(mode: str, tmp: Path, shapes_path: Path, args, fraction: float = 
 
 
 def split_round(result: dict, num_shapes: int) -> dict[str, dict]:
-    """A round's rows as the four configurations {dynamic, static} x {plain, expandable}. Each holds the
-    warm-up passes of its allocator's blocks first, then the measured steps in run order: "dynamic" the
-    first occurrences (each after a different shape), "static" first occurrence (untimed) and repeat
-    (timed). Consecutive passes all end with the same shape, so each step's predecessor stays right."""
+    """A round's rows as the four configurations {dynamic, static} x {plain, expandable}: ``rows`` holds the
+    warm-up passes of the allocator's blocks, then its measured steps in run order, "dynamic" the first
+    occurrences (each after a different shape), "static" the repeats. ``events`` are the measured steps that
+    touched device memory (``workbench.memory.device_alloc_events``, found per allocator block in run order,
+    so each names the step really before it); ``plot_rows`` the first block of the allocator alone."""
     import pandas as pd
+
+    from workbench.memory.telemetry import device_alloc_events
 
     frame = pd.DataFrame(result["rows"])
     done = {}
     for allocator in ("plain", "expandable"):
         mine = frame[frame["allocator"] == allocator]
+        blocks = [b for b in result["blocks"] if b["allocator"] == allocator]
         warm, measured = mine[mine["pass_"] == 1], mine[mine["pass_"] > 1]
-        if len(warm) != num_shapes * result_blocks(result).count(allocator):
+        if len(warm) != num_shapes * len(blocks):
             raise ValueError(f"round rows: {len(warm)} warm-up steps for {allocator}, want {num_shapes} per block")
-        settings = [b["settings"] for b in result["blocks"] if b["allocator"] == allocator]
-        common = dict(settings=settings[0], model=result["model"], wall_s=result.get("wall_s"),
-                      startup_s=result.get("startup_s"))
-        first_block = mine[mine["block"] == mine["block"].iloc[0]]  # for the curves: one block in run order
-        for kind, keep in (("dynamic", lambda f: f[(f["pass_"] == 1) | ~f["repeat"]].assign(timed=True)),
-                           ("static", lambda f: f)):
-            rows = pd.concat([warm, keep(measured[measured["pass_"] > 1])])
-            done[f"{kind}_{allocator}"] = dict(common, rows=rows.to_dict(orient="list"),
-                                               plot_rows=keep(first_block).to_dict(orient="list"))
+        events = [e for b in blocks
+                  for e in device_alloc_events(mine[mine["block"] == b["block"]], start=num_shapes)]
+        first_block = mine[mine["block"] == blocks[0]["block"]]
+        for kind, repeat in (("dynamic", False), ("static", True)):
+            def keep(f):  # warm-up steps and this kind's measured steps
+                return f[(f["pass_"] == 1) | (f["repeat"] == repeat)]
+            done[f"{kind}_{allocator}"] = dict(
+                settings=blocks[0]["settings"], rows=pd.concat([warm, keep(measured)]).to_dict(orient="list"),
+                events=[e for e in events if e["repeat"] == repeat], plot_rows=keep(first_block).to_dict(orient="list"))
     return {name: done[name] for name in CONFIG_NAMES}
-
-
-def result_blocks(result: dict) -> list[str]:
-    return [b["allocator"] for b in result["blocks"]]
 
 
 def switch_failures(result: dict) -> list[str]:
@@ -238,32 +240,25 @@ def switch_failures(result: dict) -> list[str]:
 
 
 def round_figures(frame, warmup: int, passes: int) -> dict:
-    """One configuration's figures in one round: ``frame`` holds its ``warmup`` warm-up steps (whole passes
-    over the shapes, each starting at shape index 0), then its measured steps, ``passes`` passes over the
-    shapes (static: untimed first occurrence + timed repeat)."""
+    """One configuration's figures in one round: ``frame`` holds its ``warmup`` warm-up steps, then its
+    measured steps, ``passes`` passes over the shapes (:func:`split_round`)."""
     import pandas as pd
 
     from workbench.memory.telemetry import summarize_steps
 
     frame = pd.DataFrame(frame)
-    warm, measured_all = frame.iloc[:warmup], frame.iloc[warmup:]
-    timed = measured_all[measured_all["timed"]] if "timed" in measured_all else measured_all
-    summary = summarize_steps(pd.concat([frame.iloc[:warmup], timed]), warmup=warmup)
-    return dict(summary, median_step_s=float(timed["time_s"].median()),
-                total_time_s=float(timed["time_s"].sum()) / passes,  # one pass over the shapes
-                # one warm-up pass without its first step (the largest shape, right after the allocator switch)
-                cold_total_time_s=float(warm.loc[warm["index"] != 0, "time_s"].sum()) / max(1, int((warm["index"] == 0).sum())),
+    measured = frame.iloc[warmup:]
+    return dict(summarize_steps(frame, warmup=warmup), median_step_s=float(measured["time_s"].median()),
+                total_time_s=float(measured["time_s"].sum()) / passes,  # one pass over the shapes
                 warmup_device_allocs=int(frame["device_allocs"].iloc[:warmup].sum()),
-                timed_step_times_s=[float(t) for t in timed["time_s"]])
+                timed_step_times_s=[float(t) for t in measured["time_s"]])
 
 
-def block_figures(rounds: list[dict], warmup: int, passes: int) -> tuple[dict, dict, dict]:
-    """Figures of one headroom over its rounds: ``rounds`` is a list of {config name: rows and settings}
+def headroom_figures(rounds: list[dict], warmup: int, passes: int) -> tuple[dict, dict, dict]:
+    """Figures of one headroom over its rounds: ``rounds`` is a list of {config name: rows, events, settings}
     (:func:`split_round`). Returns (figures, series of the first round's first block of each configuration
-    for plots, per-round timed step times)."""
+    for plots, per-round measured step times)."""
     import pandas as pd
-
-    from workbench.memory.telemetry import device_alloc_events
 
     per_round = [{name: round_figures(r["rows"], warmup, passes) for name, r in rnd.items()} for rnd in rounds]
     names = list(per_round[0])
@@ -271,21 +266,15 @@ def block_figures(rounds: list[dict], warmup: int, passes: int) -> tuple[dict, d
     for name in names:
         figs = [rf[name] for rf in per_round]
         medians = [f["median_step_s"] for f in figs]
-        frames = [pd.DataFrame(rnd[name]["rows"]) for rnd in rounds]
-        events = []
-        for r, frame in enumerate(frames):
-            for event in device_alloc_events(frame, start=warmup, limit=MAX_EVENTS):
-                if event.get("timed", True) or event["oom"]:  # static: its untimed first occurrences may allocate
-                    events.append(dict(event, round=r + 1))
+        events = [dict(e, round=r + 1) for r, rnd in enumerate(rounds) for e in rnd[name]["events"]]
         figures[name] = {
             "rounds": len(figs),
-            "steps": figs[0]["steps"],  # timed steps per round
+            "steps": figs[0]["steps"],  # measured steps per round
             "step_time_s": summarize(medians),  # over rounds: the median of per-round medians, with spread
             "median_step_s": float(np.median(medians)),
             "round_median_step_s": medians,
             "round_total_time_s": [f["total_time_s"] for f in figs],
             "total_time_s": float(np.median([f["total_time_s"] for f in figs])),
-            "cold_total_time_s": float(np.median([f["cold_total_time_s"] for f in figs])),
             "device_allocs_per_step": float(np.mean([f["device_allocs_per_step"] for f in figs])),
             "device_frees_per_step": float(np.mean([f["device_frees_per_step"] for f in figs])),
             "device_alloc_bytes_per_step": float(np.mean([f["device_alloc_bytes_per_step"] for f in figs])),
@@ -293,32 +282,22 @@ def block_figures(rounds: list[dict], warmup: int, passes: int) -> tuple[dict, d
             "alloc_retries": int(sum(f["alloc_retries"] for f in figs)),
             "ooms": int(sum(f["ooms"] for f in figs)),
             "peak_reserved_bytes": int(max(f["peak_reserved_bytes"] for f in figs)),
-            "warmup_device_allocs": int(np.median([f["warmup_device_allocs"] for f in figs])),
+            "warmup_device_allocs": int(np.median([f["warmup_device_allocs"] for f in figs])),  # the allocator's
             "allocation_events": events[:MAX_EVENTS],
+            "allocation_events_total": len(events),
             "settings": rounds[0][name]["settings"],
-            "worker_wall_s": [rnd[name].get("wall_s") for rnd in rounds],
-            "worker_startup_s": [rnd[name].get("startup_s") for rnd in rounds],
         }
     paired = {}
     for pair, (num, den) in PAIRS.items():
-        if num in names and den in names:
-            values = [rf[num]["total_time_s"] / rf[den]["total_time_s"] for rf in per_round]
-            paired[pair] = dict(summarize(values), rounds=values)
+        values = [rf[num]["total_time_s"] / rf[den]["total_time_s"] for rf in per_round]
+        paired[pair] = dict(summarize(values), rounds=values)
     figures["paired_time_ratios"] = paired
     figures["time_ratio_vs_static_plain"] = {
         name: float(np.median([rf[name]["total_time_s"] / rf["static_plain"]["total_time_s"] for rf in per_round]))
         for name in names}
-    figures["cold_shapes_time_ratio_vs_static_plain"] = {
-        name: float(np.median([rf[name]["cold_total_time_s"] / (rf["static_plain"]["total_time_s"]
-                                                                - rf["static_plain"]["timed_step_times_s"][0])
-                               for rf in per_round])) for name in names}
-    figures["time_ratio_dynamic_expandable_vs_static_expandable"] = \
-        paired["dynamic_expandable/static_expandable"]["median"]
     series = {}
     for name in names:
-        frame = pd.DataFrame(rounds[0][name].get("plot_rows", rounds[0][name]["rows"]))
-        if "timed" in frame:
-            frame = frame[frame["timed"]]
+        frame = pd.DataFrame(rounds[0][name]["plot_rows"])
         series[name] = {k: [float(v) for v in frame[k]] for k in
                         ("time_s", "allocated_bytes", "peak_allocated_bytes", "reserved_bytes", "peak_reserved_bytes",
                          "device_allocs", "device_frees", "alloc_retries", "pass_")}
@@ -326,8 +305,8 @@ def block_figures(rounds: list[dict], warmup: int, passes: int) -> tuple[dict, d
     return figures, series, step_times
 
 
-def check_block(label: str, figures: dict, rounds_run: int) -> tuple[list[str], list[str]]:
-    """(failures, warnings) of one headroom block; the target verdict goes into figures["time_target"]."""
+def check_headroom(label: str, figures: dict, rounds_run: int) -> tuple[list[str], list[str]]:
+    """(failures, warnings) of one headroom; the target verdict goes into figures["time_target"]."""
     failures, warnings_ = [], []
     tag = f"[headroom {label}]"
     invalid = {}  # static configuration -> why it is no reference for static shapes
@@ -335,12 +314,14 @@ def check_block(label: str, figures: dict, rounds_run: int) -> tuple[list[str], 
         why = []
         if figures[name]["device_allocs_per_step"] != 0:
             reasons = "; ".join(sorted({e["reason"].split(":")[0] for e in figures[name]["allocation_events"]}))
-            why.append(f"its timed (repeated-shape) steps allocated device memory "
+            why.append(f"its repeated-shape steps allocated device memory "
                        f"({figures[name]['device_allocs_per_step']:.2f}/step; {reasons})")
         if figures[name]["ooms"]:
             why.append(f"{figures[name]['ooms']} OOM(s) after warm-up")
         if why:
             invalid[name] = " and ".join(why)
+    if "static_expandable" in invalid:  # expandable segments must not allocate once warm, static shapes least of all
+        failures.append(f"{tag} static_expandable: {invalid['static_expandable']}")
     if figures["dynamic_expandable"]["ooms"]:
         failures.append(f"{tag} dynamic_expandable: {figures['dynamic_expandable']['ooms']} OOM(s) after warm-up")
     if figures["dynamic_plain"]["ooms"]:
@@ -349,10 +330,12 @@ def check_block(label: str, figures: dict, rounds_run: int) -> tuple[list[str], 
     # The target's reference: static shapes with the plain allocator, or with expandable segments where the plain
     # allocator cannot run them at this limit (a finding about the plain allocator, not a broken measurement).
     target_pair = next((pair for pair in TARGET_PAIRS if PAIRS[pair][1] not in invalid), None)
-    for name, why in invalid.items():
-        line = f"{tag} {name}: {why}: not a reference for static shapes"
-        (warnings_ if target_pair else failures).append(line + (f"; the time target uses {target_pair}"
-                                                                  if target_pair else ""))
+    if "static_plain" in invalid:
+        line = f"{tag} static_plain: {invalid['static_plain']}: not a reference for static shapes"
+        if target_pair:
+            warnings_.append(f"{line}; the time target uses {target_pair}")
+        else:
+            failures.append(f"{line}, and static_expandable is not either: no valid reference")
     dyn = figures["dynamic_expandable"]
     if dyn["device_allocs_per_step"] != 0:
         lines = [f"round {e['round']} pass {e.get('pass_')} step {e.get('index')} shape {e['shape']} after "
@@ -380,7 +363,7 @@ def check_block(label: str, figures: dict, rounds_run: int) -> tuple[list[str], 
                          f"{', '.join(f'{r:.3f}' for r in ratios['rounds'])} "
                          + ("straddle" if verdict == "inconclusive" else "on one side of")
                          + f" {TARGET_TIME_RATIO} over {rounds_run} round(s) (want >= 2, all on one side)")
-    if figures["dynamic_plain"]["device_allocs_per_step"] == 0:
+    if figures["dynamic_plain"]["device_allocs_per_step"] == 0 and figures.get("memory_fraction"):
         warnings_.append(f"{tag} dynamic_plain made no device allocations after the warm-up pass: the limit did not "
                          "bite (lower --headroom for a harder test)")
     return failures, warnings_
@@ -397,7 +380,7 @@ def main(argv=None) -> int:
                    "needs as many P as E")
     p.add_argument("--rounds", type=int, default=4, help="most rounds (each: every headroom, one fresh subprocess "
                    "running --blocks); rounds after the first run only while --budget-s allows")
-    p.add_argument("--budget-s", type=float, default=330.0, help="wall-clock budget of the whole run: a round "
+    p.add_argument("--budget-s", type=float, default=500.0, help="wall-clock budget of the whole run: a round "
                    "starts only when it is expected to end within it (the first round always runs)")
     p.add_argument("--shapes-file", help="JSON list of [batch_size, duration_s, num_tokens] written by --write-shapes")
     p.add_argument("--write-shapes", help="only write the sampler's shapes to this JSON file and exit (CPU)")
@@ -409,7 +392,8 @@ def main(argv=None) -> int:
                    help="memory limit = (1 + this) x largest peak; several values: a sweep, one block each")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default="allocator", help="result name: <out>/<name>.json")
-    p.add_argument("--worker-timeout-s", type=int, default=300)
+    p.add_argument("--worker-timeout-s", type=int, default=480, help="limit of one worker subprocess (a whole "
+                   "round), seconds")
     p.add_argument("--smoke", action="store_true", help="tiny-rnnt, 4 short shapes, one round, seconds (CPU without "
                    "CUDA); needs --out (never benchmarks/results)")
     p.add_argument("--device", default=None, help=argparse.SUPPRESS)
@@ -469,11 +453,11 @@ def main(argv=None) -> int:
             if not rounds_run:
                 continue
             # a headroom's extra round from a round cut short has no partner: dropped
-            block, series[label], step_times[label] = block_figures(results[label][:rounds_run], warmup,
+            block, series[label], step_times[label] = headroom_figures(results[label][:rounds_run], warmup,
                                                                     args.passes * blocks_per_allocator)
             block.update(headroom=float(label), memory_limit_bytes=int(limits[label]),
                          memory_fraction=fractions[label])
-            block_failures, block_warnings = check_block(label, block, rounds_run)
+            block_failures, block_warnings = check_headroom(label, block, rounds_run)
             block_failures += [f"[headroom {label}] round {r + 1}: {f}" for r, rnd in enumerate(switches[label])
                                for f in rnd]
             run_failures += block_failures
@@ -501,9 +485,9 @@ def main(argv=None) -> int:
                 f"segments; rounds of one fresh subprocess each, allocator switched per block ({args.blocks}), "
                 "ratios paired per round")
         if args.smoke:
-            what = (f"SMOKE RUN on {args.device} ({model}, {len(shapes)} short shapes; not a measurement"
-                    + ("; no allocator on a CPU: memory counters are 0, calibration peaks are batch bytes, no limit "
-                       "set" if args.device == "cpu" else "") + f"): {what}")
+            what = (f"SMOKE RUN on {args.device} ({model}, {len(shapes)} short shapes, no memory limit; not a "
+                    "measurement" + ("; no allocator on a CPU: memory counters are 0, calibration peaks are batch "
+                                     "bytes" if args.device == "cpu" else "") + f"): {what}")
         path = write_result(args.name, what=what, figures=figures, params=params, out_dir=args.out)
         return path, figures, params
 
@@ -531,7 +515,8 @@ def main(argv=None) -> int:
         for label in labels:
             print(f"[allocator] headroom {label}: largest batch peaks at "
                   f"{cal['peak_allocated_bytes'] / 2**30:.2f} GiB; "
-                  f"limit {limits[label] / 2**30:.2f} GiB (fraction {fractions[label]:.4f})", flush=True)
+                  + (f"limit {limits[label] / 2**30:.2f} GiB (fraction {fractions[label]:.4f})" if fractions[label]
+                     else "no memory limit (smoke run)"), flush=True)
         round_walls = []
         for r in range(args.rounds):
             elapsed = time.perf_counter() - t_start
@@ -562,7 +547,7 @@ def main(argv=None) -> int:
     print(f"\nmodel: {model}; shapes: {len(shapes)} from {shape_source}; {rounds_run} round(s) x {args.passes} "
           f"measured pass(es); {params['wall_s']:.0f} s; wrote {path}")
     for label, block in figures["headrooms"].items():
-        print(f"\nheadroom {label}: limit {limits[label] / 2**30:.2f} GiB")
+        print(f"\nheadroom {label}: " + (f"limit {limits[label] / 2**30:.2f} GiB" if fractions[label] else "no limit"))
         print(f"{'config':<20} {'median ms':>10} {'round range ms':>15} {'vs static':>10} {'allocs/step':>12} "
               f"{'frees/step':>11} {'retries':>8} {'OOMs':>5} {'peak res GiB':>13}")
         for name in CONFIG_NAMES:
@@ -575,7 +560,7 @@ def main(argv=None) -> int:
         for pair, ratio in block["paired_time_ratios"].items():
             print(f"  paired per round {pair:<38} median {ratio['median']:.3f} (range {ratio['min']:.3f}-"
                   f"{ratio['max']:.3f}; rounds {', '.join(f'{v:.3f}' for v in ratio['rounds'])})")
-        print(f"  time target ({block['time_target']['pair']} <= {TARGET_TIME_RATIO}): "
+        print(f"  time target ({block['time_target']['pair'] or 'no valid reference'} <= {TARGET_TIME_RATIO}): "
               f"{block['time_target']['verdict']}"
               + ("" if block["time_target"]["conclusive"] else " (not conclusive)"))
     for w in warnings_:

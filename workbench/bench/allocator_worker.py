@@ -86,10 +86,10 @@ def run_round(args) -> int:
         else:  # on a CPU there is no allocator: counters are 0 (step_record reads missing keys as 0)
             settings = f"(cpu) expandable_segments:{expandable}"
         info = dict(block=block, allocator=allocator, settings=settings, segments_after_switch=segment_bytes(on_cuda))
-        for pass_, i, timed, repeat in block_plan(len(shapes), args.passes):
+        for pass_, i, repeat in block_plan(len(shapes), args.passes):
             shape = shapes[i]
             try:
-                with rec.step(block=block, allocator=allocator, index=i, pass_=pass_, timed=timed, repeat=repeat,
+                with rec.step(block=block, allocator=allocator, index=i, pass_=pass_, repeat=repeat,
                               batch_size=shape[0], duration_s=shape[1], num_tokens=shape[2]):
                     train_step(shape)
             except RuntimeError as e:
@@ -124,13 +124,13 @@ def segment_bytes(on_cuda: bool) -> dict[str, int]:
                 plain=sum(int(s["total_size"]) for s in segments if not s.get("is_expandable")))
 
 
-def block_plan(num_shapes: int, passes: int) -> list[tuple[int, int, bool, bool]]:
-    """(pass, shape index, timed, repeat) per step of one block: pass 1 is the warm-up (every shape once, in
-    order); passes 2..passes+1 are measured and run every shape twice in a row. The first occurrence follows
-    a different shape, as with dynamic shapes (``timed`` False); the repeat has exactly the shape of the step
-    before it, as with static shapes (``timed`` and ``repeat`` True)."""
-    plan = [(1, i, True, False) for i in range(num_shapes)]
+def block_plan(num_shapes: int, passes: int) -> list[tuple[int, int, bool]]:
+    """(pass, shape index, repeat) per step of one block: pass 1 is the warm-up (every shape once, in order);
+    passes 2..passes+1 are measured and run every shape twice in a row. The first occurrence follows a
+    different shape, as with dynamic shapes; the repeat (``repeat`` True) has exactly the shape of the step
+    before it, as with static shapes."""
+    plan = [(1, i, False) for i in range(num_shapes)]
     for pass_ in range(2, passes + 2):
         for i in range(num_shapes):
-            plan += [(pass_, i, False, False), (pass_, i, True, True)]
+            plan += [(pass_, i, False), (pass_, i, True)]
     return plan

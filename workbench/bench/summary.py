@@ -132,7 +132,8 @@ def _allocator(f: dict) -> list[str]:
             out.append(f"  - {pair}: {r['median']:.3f} ({r['min']:.3f}-{r['max']:.3f} over {r['n']} round(s))")
         target = block.get("time_target")
         if target:
-            out.append(f"  - time target: {target['pair']} <= {target['limit']}: {target['verdict']}"
+            out.append(f"  - time target: {target['pair'] or 'no valid reference'} <= {target['limit']}: "
+                       f"{target['verdict']}"
                        + ("" if target.get("conclusive") else " (not conclusive)"))
     out += [f"- failure: {x}" for x in f["failures"]]
     out += [f"- warning: {x}" for x in f.get("warnings", []) if "not a reference" in x]

@@ -69,7 +69,6 @@ def step_time_table(figures: Mapping[str, Any]):
     import pandas as pd
 
     ratios = figures.get("time_ratio_vs_static_plain", {})
-    cold = figures.get("cold_shapes_time_ratio_vs_static_plain", {})
     rows = []
     for name, f in figures.items():
         if not isinstance(f, dict) or "step_time_s" not in f:
@@ -77,7 +76,7 @@ def step_time_table(figures: Mapping[str, Any]):
         st = f["step_time_s"]
         rows.append({"config": name, "median ms": st["median"] * 1e3, "p25 ms": st["p25"] * 1e3,
                      "p75 ms": st["p75"] * 1e3, "rounds": f.get("rounds", 1), "time vs static": ratios.get(name),
-                     "cold shapes vs static": cold.get(name), "device allocs/step": f["device_allocs_per_step"],
+                     "device allocs/step": f["device_allocs_per_step"],
                      "device frees/step": f["device_frees_per_step"], "retries": f["alloc_retries"],
                      "OOMs": f["ooms"], "peak reserved GiB": f["peak_reserved_bytes"] / GIB})
     return pd.DataFrame(rows).set_index("config").round(3) if rows else pd.DataFrame()
@@ -108,8 +107,9 @@ def paired_ratio_table(figures: Mapping[str, Any]):
 
 
 def allocation_events_table(figures: Mapping[str, Any]):
-    """The steps after warm-up that touched device memory, every config of a block: round, block, pass, step,
-    shape, the shape before it, allocations, frees, retries, MiB allocated and the reason."""
+    """The steps after warm-up that touched device memory, every config of a headroom: round, allocator block,
+    pass, step, repeat (a repeated-shape step), shape, the shape before it, allocations, frees, retries, MiB
+    allocated and the reason."""
     import pandas as pd
 
     rows = []
@@ -118,7 +118,7 @@ def allocation_events_table(figures: Mapping[str, Any]):
             continue
         for e in f.get("allocation_events", []):
             rows.append({"config": name, "round": e.get("round"), "block": e.get("block"), "pass": e.get("pass_"),
-                         "step": e.get("index"),
+                         "step": e.get("index"), "repeat": e.get("repeat"),
                          "shape": tuple(e["shape"]), "previous shape": tuple(e["previous_shape"] or ()),
                          "allocs": e["device_allocs"], "frees": e["device_frees"], "retries": e["alloc_retries"],
                          "MiB": round(e["device_alloc_bytes"] / 2**20), "reason": e["reason"]})
