@@ -51,3 +51,28 @@ def test_describe_soak_reads_needs_from_allocated_bytes():
     cpu = {**report, "peak_allocated_bytes": None, "peak_reserved_bytes": None, "budget_bytes": None}
     assert describe_soak(cpu).endswith("(no GPU: peaks not measured)")
     assert describe_soak({"error": "RuntimeError: soak: OOM at step 5"}).startswith("soak failed: RuntimeError")
+
+
+def test_compare_strategies_and_their_table():
+    from workbench.oomptimizer.plots import strategy_table
+    from workbench.oomptimizer.search import search_batch_sizes
+    from workbench.oomptimizer.synthetic import SyntheticMemory, compare_strategies, demo_buckets
+
+    memory = SyntheticMemory(kind="quadratic")
+    buckets = demo_buckets(4, 2)
+    results = compare_strategies(memory, buckets, rel_gap=0.05, budget_known=False)
+    assert list(results) == ["predictive", "bisect"]
+    alone = search_batch_sizes(buckets, memory.probe, rel_gap=0.05, strategy="bisect")  # no budget given
+    assert results["bisect"].batch_sizes == alone.batch_sizes and results["bisect"].num_probes == alone.num_probes
+    true_max = [memory.true_max(b) for b in buckets]
+    table = strategy_table(results, true_max=true_max)
+    for name, r in results.items():
+        assert table.loc[name, "probes"] == r.num_probes and table.loc[name, "OOMs"] == r.num_ooms
+        assert table.loc[name, "probes/bucket"] == round(r.probes_per_bucket, 3)
+        worst = max((t - b) / t for t, b in zip(true_max, r.batch_sizes))
+        assert table.loc[name, "worst % below true max"] == round(100 * worst, 3)
+    # committed figures (JSON) read the same way, with their seconds
+    committed = {"batch_sizes": [10, 20], "seconds": 3.5,
+                 "trace": [[0, 8, 1e9, None], [0, 16, None, 2e9], [0, 10, 1.5e9, 1.4e9], [1, 20, 1e9, None]]}
+    row = strategy_table({"gpu": committed}).loc["gpu"]
+    assert (row["buckets"], row["probes"], row["OOMs"], row["seconds"]) == (2, 4, 1, 3.5)

@@ -1,4 +1,4 @@
-"""Figures for the OOMptimizer notebook: batch size per bucket, probe traces, strategies side by side.
+"""Figures and tables for the OOMptimizer notebook: batch size per bucket, probe traces, strategies side by side.
 
 Each function takes a SearchResult or the same figures read back from a committed JSON
 (``batch_sizes``, ``trace`` = [[bucket, batch_size, peak_bytes | None, predicted_bytes | None], ...]).
@@ -118,3 +118,22 @@ def plot_strategy_comparison(results: dict, title: str = "predictive vs bisect")
     ax2.legend()
     fig.tight_layout()
     return fig
+
+
+def strategy_table(results: dict, true_max=None):
+    """One row per entry of ``results`` (name -> SearchResult or committed figures): buckets, probes,
+    probes per bucket, OOMs, seconds where recorded, and with ``true_max`` (one per bucket) how far the
+    worst bucket's batch size is below its true maximum, in per cent."""
+    import pandas as pd
+
+    rows = []
+    for name, result in results.items():
+        sizes, trace = _sizes(result), _trace(result)
+        row = {"search": name, "buckets": len(sizes), "probes": len(trace), "probes/bucket": len(trace) / len(sizes),
+               "OOMs": sum(t[2] is None for t in trace)}
+        if isinstance(result, dict) and "seconds" in result:
+            row["seconds"] = result["seconds"]
+        if true_max is not None:
+            row["worst % below true max"] = 100 * max((t - b) / t for t, b in zip(true_max, sizes))
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("search").round(3)

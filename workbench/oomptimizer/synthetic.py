@@ -87,3 +87,14 @@ def demo_buckets(num_durations: int = 15, num_subbuckets: int = 2, max_duration:
         for s in range(1, num_subbuckets + 1):
             out.append((d, float(math.ceil(d * tokens_per_second * (0.6 + 0.6 * s / num_subbuckets)))))
     return out
+
+
+def compare_strategies(memory: SyntheticMemory, buckets, *, rel_gap: float = 0.05, budget_known: bool = True,
+                       strategies=("predictive", "bisect")) -> dict:
+    """Each search strategy from scratch on the same ``buckets`` of ``memory``: {strategy: SearchResult}.
+    The search is given the budget only when ``budget_known`` (else it learns it from OOMs)."""
+    from workbench.oomptimizer.search import search_batch_sizes
+
+    return {strategy: search_batch_sizes(buckets, memory.probe, rel_gap=rel_gap, strategy=strategy,
+                                         budget_bytes=memory.budget_bytes if budget_known else None)
+            for strategy in strategies}
