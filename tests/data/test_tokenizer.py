@@ -137,3 +137,24 @@ def test_add_token_counts_sums_supervisions_in_place_and_reports_bad_lines(tmp_p
         add_token_counts(bad, tok, tmp_path / "out.jsonl", progress=False)
     assert not (tmp_path / "out.jsonl").exists()
     assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+
+
+def test_corpus_arrays_reads_a_manifest_with_a_tokenizer_path_or_makes_a_synthetic_corpus(tmp_path):
+    from workbench.data import corpus_arrays, read_cut_arrays, synthetic_cut_arrays
+
+    cuts_path = write_synthetic_corpus(tmp_path / "corpus", 300, seed=4, progress=False)
+    model = train_tokenizer(cuts_path, vocab_size=150, progress=False)
+    by_path = read_cut_arrays(cuts_path, tokenizer=model, progress=False)  # the .model path is loaded
+    by_processor = read_cut_arrays(cuts_path, tokenizer=load_tokenizer(model), progress=False)
+    assert by_path.num_tokens is not None and by_path.num_tokens.tolist() == by_processor.num_tokens.tolist()
+    # "" means no tokenizer, as a notebook parameter or an unset CLI option gives it: the stored counts
+    stored = [c["custom"]["num_tokens"] for c in _read_jsonl_gz(cuts_path)]
+    assert read_cut_arrays(cuts_path, tokenizer="", progress=False).num_tokens.tolist() == stored
+    assert stored != by_path.num_tokens.tolist()  # so the tokenizer's counts above are not the stored ones
+    arrays = corpus_arrays(str(cuts_path), tokenizer=str(model))
+    assert len(arrays) == 300 and arrays.num_tokens.tolist() == by_path.num_tokens.tolist()
+    synthetic = corpus_arrays("", num_cuts=500, seed=2)
+    assert len(synthetic) == 500
+    assert synthetic.durations.tolist() == synthetic_cut_arrays(500, seed=2).durations.tolist()
+    with pytest.raises(FileNotFoundError, match="nope"):
+        corpus_arrays(tmp_path / "nope.jsonl.gz")

@@ -8,7 +8,7 @@ from workbench.bucketing.estimate import (Bins2D, DurationGroup, estimate_2d_bin
                                           running_total_boundaries)
 from workbench.bucketing.fit import BucketFitter, make_fitter, unfit_table
 from workbench.bucketing.padding import expected_batch_max, padding_comparison, padding_waste
-from workbench.bucketing.profile import BucketProfile, load_profile, save_profile
+from workbench.bucketing.profile import BucketProfile, load_profile, profile_from_arrays, save_profile
 
 _LAZY = {
     "BucketBatchSizeConstraint": "workbench.bucketing.constraint",
@@ -23,7 +23,7 @@ _LAZY = {
 __all__ = [
     "Bins2D", "BucketBatchSizeConstraint", "BucketFitter", "BucketProfile", "DurationGroup", "UnfitReport",
     "close_sampler", "cut_num_tokens", "estimate_2d_bins", "estimate_duration_bins", "expected_batch_max",
-    "load_profile", "load_sampler_state_dict", "make_fitter", "make_sampler", "sampler_state_dict", "padding_comparison", "padding_waste",
+    "load_profile", "load_sampler_state_dict", "make_fitter", "make_sampler", "profile_from_arrays", "sampler_state_dict", "padding_comparison", "padding_waste",
     "running_total_boundaries", "save_profile", "unfit_table",
 ]
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from workbench.bucketing.estimate import check_durations, estimate_2d_bins, estimate_duration_bins
+from workbench.bucketing.estimate import check_durations, estimate_duration_bins
 from workbench.bucketing.padding import padding_comparison
-from workbench.bucketing.profile import BucketProfile, save_profile
+from workbench.bucketing.profile import profile_from_arrays, save_profile
 
 
 def duration_window(durations: np.ndarray, min_duration: float | None, max_duration: float | None) -> np.ndarray:
@@ -32,36 +32,11 @@ def duration_window(durations: np.ndarray, min_duration: float | None, max_durat
     return keep
 
 
-def profile_from_arrays(durations, num_tokens=None, *, num_buckets: int = 30, num_subbuckets: int = 2,
-                        tps_threshold: float = 4.0, equal_count: bool = False,
-                        one_d: bool = False, metadata: dict | None = None) -> BucketProfile:
-    """A profile without batch sizes: 2D bins + per-bin max_tps when token counts are given (and not
-    ``one_d``), else 1D duration bins."""
-    meta = dict(metadata or {})
-    if num_tokens is not None and not one_d:
-        if equal_count:
-            raise ValueError("--equal-count applies to 1D bins only (use --1d)")
-        est = estimate_2d_bins(durations, num_tokens, num_buckets, num_subbuckets, tps_threshold=tps_threshold)
-        meta.update(kind="2d", num_duration_buckets=num_buckets, num_subbuckets=num_subbuckets,
-                    tps_threshold=tps_threshold,
-                    tps_outliers=int(sum(g.num_outliers for g in est.groups)))
-        return BucketProfile(bucket_duration_bins=[[d, t] for d, t in est.bins],
-                             max_tps=[float(v) for v in est.max_tps], metadata=meta)
-    bins = estimate_duration_bins(durations, num_buckets, equal_count=equal_count)
-    meta.update(kind="1d", rule="equal_count" if equal_count else "equal_duration")
-    return BucketProfile(bucket_duration_bins=bins, metadata=meta)
-
-
 def run_bins(args: argparse.Namespace) -> int:
     from workbench.data.manifest import read_cut_arrays
 
     t0 = time.perf_counter()
-    tokenizer = None
-    if args.tokenizer:
-        from workbench.data.tokenizer import load_tokenizer
-
-        tokenizer = load_tokenizer(args.tokenizer)
-    arrays = read_cut_arrays(args.manifest, tokenizer=tokenizer, progress=not args.quiet)
+    arrays = read_cut_arrays(args.manifest, tokenizer=args.tokenizer, progress=not args.quiet)
     t_read = time.perf_counter() - t0
     dur = check_durations(arrays.durations, name=f"{args.manifest}: durations")
     tok = arrays.num_tokens

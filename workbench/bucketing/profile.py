@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from workbench.atomic import write_text_atomically
+from workbench.bucketing.estimate import estimate_2d_bins, estimate_duration_bins
 
 
 @dataclass
@@ -111,3 +112,23 @@ def _plain(obj: Any) -> Any:
     if hasattr(obj, "item"):
         return obj.item()
     return obj
+
+
+def profile_from_arrays(durations, num_tokens=None, *, num_buckets: int = 30, num_subbuckets: int = 2,
+                        tps_threshold: float = 4.0, equal_count: bool = False,
+                        one_d: bool = False, metadata: dict | None = None) -> BucketProfile:
+    """A profile without batch sizes from per-utterance ``durations`` (seconds) and ``num_tokens``: 2D bins
+    with a per-bin max_tps when token counts are given (and not ``one_d``), else 1D duration bins."""
+    meta = dict(metadata or {})
+    if num_tokens is not None and not one_d:
+        if equal_count:
+            raise ValueError("equal_count (--equal-count) applies to 1D bins only (one_d, --1d)")
+        est = estimate_2d_bins(durations, num_tokens, num_buckets, num_subbuckets, tps_threshold=tps_threshold)
+        meta.update(kind="2d", num_duration_buckets=num_buckets, num_subbuckets=num_subbuckets,
+                    tps_threshold=tps_threshold,
+                    tps_outliers=int(sum(g.num_outliers for g in est.groups)))
+        return BucketProfile(bucket_duration_bins=[[d, t] for d, t in est.bins],
+                             max_tps=[float(v) for v in est.max_tps], metadata=meta)
+    bins = estimate_duration_bins(durations, num_buckets, equal_count=equal_count)
+    meta.update(kind="1d", rule="equal_count" if equal_count else "equal_duration")
+    return BucketProfile(bucket_duration_bins=bins, metadata=meta)

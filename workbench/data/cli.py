@@ -43,12 +43,7 @@ def _tokenizer(args: argparse.Namespace) -> int:
 def _stats(args: argparse.Namespace) -> int:
     from workbench.data.manifest import read_cut_arrays
 
-    tokenizer = None
-    if args.tokenizer:
-        from workbench.data.tokenizer import load_tokenizer
-
-        tokenizer = load_tokenizer(args.tokenizer)
-    arrays = read_cut_arrays(args.manifest, tokenizer=tokenizer)
+    arrays = read_cut_arrays(args.manifest, tokenizer=args.tokenizer)
     print(json.dumps(arrays.summary(), indent=2))
     return 0
 

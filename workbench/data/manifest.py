@@ -239,14 +239,19 @@ def read_cut_arrays(path: str | os.PathLike, *, tokenizer=None, with_texts: bool
                     progress: bool = True, workers: int | None = None) -> CutArrays:
     """Read a lhotse CutSet manifest (``.jsonl`` or ``.jsonl.gz``) into :class:`CutArrays`.
 
-    ``num_tokens`` comes from ``tokenizer`` (a sentencepiece processor) over the transcripts when one is
-    given (the counts the model will see), else from each cut's ``custom["num_tokens"]`` when every cut
+    ``num_tokens`` comes from ``tokenizer`` (a sentencepiece processor, or the path of its ``.model``;
+    None or "" for none) over the transcripts when one is given (the counts the model will see), else
+    from each cut's ``custom["num_tokens"]`` when every cut
     has it, else it is None. Errors name the file, the line and the field: malformed JSON, a missing or
     non-positive duration, an empty manifest, token counts on some cuts but not others. Transcripts are
     kept when ``with_texts`` is set or a tokenizer needs them. ``workers`` parsing processes for large
     files (default: the number of CPUs, at most 4; 1 parses in this process).
     """
     path = _existing_manifest(path)
+    if isinstance(tokenizer, (str, os.PathLike)):
+        from workbench.data.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer) if str(tokenizer) else None
     keep_texts = with_texts or tokenizer is not None
     workers = min(os.cpu_count() or 1, 4) if workers is None else workers
     ids: list[str] = []
