@@ -158,3 +158,12 @@ def test_corpus_arrays_reads_a_manifest_with_a_tokenizer_path_or_makes_a_synthet
     assert synthetic.durations.tolist() == synthetic_cut_arrays(500, seed=2).durations.tolist()
     with pytest.raises(FileNotFoundError, match="nope"):
         corpus_arrays(tmp_path / "nope.jsonl.gz")
+
+
+def test_char_model_takes_the_vocab_its_text_has(tmp_path):
+    path = train_tokenizer(["abc cab bca"] * 4, tmp_path / "chars", 5, model_type="char", progress=False)
+    tok = load_tokenizer(path)
+    assert path == tmp_path / "chars.model" and (tmp_path / "chars.vocab").exists()
+    assert tok.vocab_size() == 5 and tok.decode(tok.encode("cab abc")) == "cab abc"
+    with pytest.raises(ValueError, match="vocab_size must be >= 2"):
+        train_tokenizer(["abc"], tmp_path / "one", 1, model_type="char", progress=False)

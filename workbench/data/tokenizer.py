@@ -40,16 +40,19 @@ def train_tokenizer(source: Iterable[str] | str | os.PathLike, out_prefix: str |
 
     ``source``: an iterable of transcripts, or the path of a cuts manifest (``.jsonl``/``.jsonl.gz``).
     ``out_prefix``: where ``<out_prefix>.model`` (and a readable ``.vocab``) go; by default beside the
-    manifest as ``tokenizer_<model_type>_<vocab_size>``. ``vocab_size`` in 128..1024 (inclusive).
+    manifest as ``tokenizer_<model_type>_<vocab_size>``. ``vocab_size`` in 128..1024 (inclusive) for
+    ``bpe`` and ``unigram``; a ``char`` or ``word`` model takes what its text has (at least 2).
     At most ``max_sentences`` transcripts (sampled by sentencepiece) are used. Files are written
     atomically. ValueError when the text is too small for ``vocab_size``, saying the largest that fits.
     """
     import sentencepiece as spm
 
-    if not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
-        raise ValueError(f"vocab_size must be in {MIN_VOCAB_SIZE}..{MAX_VOCAB_SIZE}, got {vocab_size}")
     if model_type not in ("bpe", "unigram", "char", "word"):
         raise ValueError(f"model_type must be 'bpe', 'unigram', 'char' or 'word', got {model_type!r}")
+    if model_type in ("bpe", "unigram") and not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
+        raise ValueError(f"vocab_size must be in {MIN_VOCAB_SIZE}..{MAX_VOCAB_SIZE} for {model_type}, got {vocab_size}")
+    if vocab_size < 2:
+        raise ValueError(f"vocab_size must be >= 2 (the unknown piece and one more), got {vocab_size}")
     if _is_path(source):
         origin = str(source)
         texts = manifest_texts(source, progress=progress)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.atomic import atomic_path, write_bytes_atomically
+from workbench.atomic import atomic_path
 
 SAMPLE_RATE = 16_000
 LETTERS = "abcdefgh"
@@ -68,14 +68,7 @@ def write_tone_corpus(out_dir: str | os.PathLike, num_cuts: int, *, seed: int = 
 
 def train_letter_tokenizer(out_prefix: str | os.PathLike) -> Path:
     """A sentencepiece character model over a..h (plus its word-boundary and unk pieces); returns .model."""
-    import io
-
-    import sentencepiece as spm
+    from workbench.data.tokenizer import train_tokenizer
 
     texts = [" ".join(LETTERS[i:] + LETTERS[:i] for _ in range(3)) for i in range(len(LETTERS))]
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model, model_type="char",
-                                   vocab_size=len(LETTERS) + 2, character_coverage=1.0, unk_id=0, bos_id=-1,
-                                   eos_id=-1, pad_id=-1, minloglevel=2)
-    path = Path(out_prefix).with_suffix(".model")
-    return write_bytes_atomically(path, model.getvalue())
+    return train_tokenizer(texts, out_prefix, len(LETTERS) + 2, model_type="char", progress=False)
