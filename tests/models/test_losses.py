@@ -198,3 +198,49 @@ def test_rnnt_matches_torchaudio_on_gpu():
     # Gradients are probability differences in [-1, 1]; fp32 posteriors exp(alpha + beta - L) at a
     # log-likelihood L of a few hundred carry about L * 2**-23 relative error, so 1e-3 absolute.
     torch.testing.assert_close(our_grad, their_grad, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("blank_durations, label_durations", [([1], [0]), ([1, 2, 4], [0, 1, 2, 4]), ([2, 3], [1])])
+def test_analytic_gradient_equals_autograd_through_the_recursion(blank_durations, label_durations):
+    from workbench.models.losses import LOG_ZERO, _Lattice, lattice_log_likelihood
+
+    torch.manual_seed(1)
+    batch, frames, cols = 3, 9, 5
+    blank_weight = torch.randn(len(blank_durations), batch, frames, cols).log_softmax(-1).requires_grad_()
+    label = torch.randn(len(label_durations), batch, frames, cols).log_softmax(-1)
+    label[..., -1] = LOG_ZERO  # nothing to emit once u == U
+    label_weight = label.requires_grad_()
+    logit_lengths, target_lengths = torch.tensor([9, 6, 7]), torch.tensor([4, 2, 0])
+    upstream = torch.tensor([1.0, -0.5, 2.0])  # a weighted sum, so each item's scale is checked
+
+    ours = lattice_log_likelihood(blank_weight, label_weight, blank_durations=blank_durations,
+                                  label_durations=label_durations, logit_lengths=logit_lengths,
+                                  target_lengths=target_lengths)
+    grads = torch.autograd.grad((ours * upstream).sum(), (blank_weight, label_weight))
+    lattice = _Lattice(blank_weight, label_weight, tuple(blank_durations), tuple(label_durations), logit_lengths,
+                       target_lengths)
+    reference = lattice.finals(lattice.alphas())  # the same recursion, differentiated by autograd
+    expected = torch.autograd.grad((reference * upstream).sum(), (blank_weight, label_weight))
+    assert torch.allclose(ours, reference)
+    assert torch.isfinite(ours).all() and (ours > LOG_ZERO / 2).all()
+    for got, want in zip(grads, expected):
+        assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+    assert grads[0].abs().sum() > 0 and grads[1].abs().sum() > 0
+
+
+def test_no_gradient_work_without_a_gradient():
+    from workbench.models.losses import _Lattice
+
+    logits, targets, logit_lengths, target_lengths = _padded_batch([(6, [1, 2, 0]), (5, [2])], 4, seed=4)
+    calls = []
+    original = _Lattice.betas
+    _Lattice.betas = lambda self: calls.append(1) or original(self)
+    try:
+        with torch.no_grad():
+            rnnt_loss(logits, targets, logit_lengths, target_lengths)
+        rnnt_loss(logits, targets, logit_lengths, target_lengths)  # logits need no gradient either
+        assert calls == []
+        rnnt_loss(logits.requires_grad_(), targets, logit_lengths, target_lengths).backward()
+        assert calls == [1]
+    finally:
+        _Lattice.betas = original

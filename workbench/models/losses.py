@@ -3,7 +3,9 @@
 The lattice has a node (t, u) for every frame t in [0, T) and every number of emitted labels u in
 [0, U]. alpha(t, u) is the log of the summed probability of all partial alignments that reach it. All
 nodes on one anti-diagonal n = t + u depend only on earlier diagonals, so the forward pass walks the
-T + U diagonals and computes each in one batched step; autograd gives the backward pass. Only the
+T + U diagonals and computes each in one batched step. The gradient is analytic: beta(t, u), the
+log-sum over the rest of an alignment, walks the diagonals backwards, and the gradient of an edge's
+log-weight w is its posterior exp(alpha + w + beta(destination) - log P). Only the
 blank and target-label log-probabilities are gathered from the joint output, so the recursion works on
 [B, T, U + 1] tensors while the joint itself stays B x T x (U + 1) x classes like in real trainers.
 
@@ -93,37 +95,115 @@ def lattice_log_likelihood(blank_weight: torch.Tensor, label_weight: torch.Tenso
     blank_weight [len(blank_durations), B, T, U + 1]: log-weight of a blank with that duration at
     (t, u). label_weight [len(label_durations), B, T, U + 1]: log-weight of emitting label u + 1 with
     that duration at (t, u) (column U must be LOG_ZERO). Alignments end with a blank landing exactly on
-    frame logit_lengths[b] at u = target_lengths[b]; everything is fp32.
+    frame logit_lengths[b] at u = target_lengths[b]; everything is fp32. The gradient is analytic (a
+    backward recursion over the diagonals, computed with the forward one), not autograd through the loop.
     """
-    _, batch, num_frames, num_cols = blank_weight.shape
-    device = blank_weight.device
-    blank_skewed, on_lattice = _skew(blank_weight.float())
-    label_skewed, _ = _skew(label_weight.float())
-    num_diagonals = num_frames + num_cols - 1
-    start = torch.full((batch, num_cols), LOG_ZERO, device=device)
-    start[:, 0] = 0.0
-    alphas = [start]  # alphas[n][b, u] = alpha(n - u, u)
-    log_zero_column = torch.full((batch, 1), LOG_ZERO, device=device)
-    for n in range(1, num_diagonals):
-        terms = [alphas[n - d] + blank_skewed[i, :, n - d]
-                 for i, d in enumerate(blank_durations) if n - d >= 0]
-        label_terms = [alphas[n - 1 - d] + label_skewed[i, :, n - 1 - d]
-                       for i, d in enumerate(label_durations) if n - 1 - d >= 0]
-        if label_terms:
-            from_below = _logsumexp_list(label_terms)  # indexed by the source column u - 1
-            terms.append(torch.cat([log_zero_column, from_below[:, :-1]], dim=1))
-        alphas.append(torch.where(on_lattice[n], _logsumexp_list(terms), LOG_ZERO))
-    alpha = torch.stack(alphas, dim=1)  # [B, diagonals, U + 1]
+    return _LatticeLogLikelihood.apply(blank_weight.float(), label_weight.float(), tuple(blank_durations),
+                                       tuple(label_durations), logit_lengths, target_lengths)
 
-    rows = torch.arange(batch, device=device)
-    u_end = target_lengths.long()
-    finals = []
-    for i, d in enumerate(blank_durations):
-        t_from = logit_lengths.long() - d
-        t_safe = t_from.clamp(min=0)
-        value = alpha[rows, t_safe + u_end, u_end] + blank_weight[i, rows, t_safe, u_end].float()
-        finals.append(torch.where(t_from >= 0, value, LOG_ZERO))
-    return _logsumexp_list(finals)
+
+class _LatticeLogLikelihood(torch.autograd.Function):
+    """Forward: alpha over the diagonals. When a gradient is wanted, beta too, and the gradient of each edge
+    weight w from (t, u): exp(alpha(t, u) + w + beta(destination) - log P), kept for backward."""
+
+    @staticmethod
+    def forward(ctx, blank_weight, label_weight, blank_durations, label_durations, logit_lengths, target_lengths):
+        lattice = _Lattice(blank_weight, label_weight, blank_durations, label_durations, logit_lengths,
+                           target_lengths)
+        alpha = lattice.alphas()
+        log_likelihood = lattice.finals(alpha)
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            ctx.save_for_backward(*lattice.gradients(alpha, lattice.betas(), log_likelihood))
+        return log_likelihood
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_blank, grad_label = ctx.saved_tensors
+        scale = grad_output[None, :, None, None]
+        return grad_blank * scale, grad_label * scale, None, None, None, None
+
+
+class _Lattice:
+    """The lattice on anti-diagonals n = t + u: x[..., n, u] = x(t = n - u, u), LOG_ZERO off the lattice."""
+
+    def __init__(self, blank_weight, label_weight, blank_durations, label_durations, logit_lengths, target_lengths):
+        _, self.batch, self.num_frames, self.num_cols = blank_weight.shape
+        self.device = blank_weight.device
+        self.blank_skewed, self.on_lattice = _skew(blank_weight)
+        self.label_skewed, _ = _skew(label_weight)
+        self.blank_durations, self.label_durations = blank_durations, label_durations
+        self.num_diagonals = self.num_frames + self.num_cols - 1
+        self.rows = torch.arange(self.batch, device=self.device)
+        self.u_end, self.t_end = target_lengths.long().to(self.device), logit_lengths.long().to(self.device)
+
+    def alphas(self) -> torch.Tensor:
+        """alpha [B, diagonals, U + 1]: log-sum over partial alignments reaching each node."""
+        start = torch.full((self.batch, self.num_cols), LOG_ZERO, device=self.device)
+        start[:, 0] = 0.0
+        alphas = [start]
+        log_zero_column = torch.full((self.batch, 1), LOG_ZERO, device=self.device)
+        for n in range(1, self.num_diagonals):
+            terms = [alphas[n - d] + self.blank_skewed[i, :, n - d]
+                     for i, d in enumerate(self.blank_durations) if n - d >= 0]
+            label_terms = [alphas[n - 1 - d] + self.label_skewed[i, :, n - 1 - d]
+                           for i, d in enumerate(self.label_durations) if n - 1 - d >= 0]
+            if label_terms:
+                from_below = _logsumexp_list(label_terms)  # indexed by the source column u - 1
+                terms.append(torch.cat([log_zero_column, from_below[:, :-1]], dim=1))
+            alphas.append(torch.where(self.on_lattice[n], _logsumexp_list(terms), LOG_ZERO) if terms
+                          else torch.full_like(start, LOG_ZERO))  # no edge reaches this diagonal
+        return torch.stack(alphas, dim=1)
+
+    def final_mask(self, d: int) -> torch.Tensor:
+        """[B, diagonals, U + 1]: the node from which a blank of duration d ends the alignment."""
+        n = torch.arange(self.num_diagonals, device=self.device)[None, :, None]
+        u = torch.arange(self.num_cols, device=self.device)[None, None, :]
+        t_from = (self.t_end - d)[:, None, None]
+        return (u == self.u_end[:, None, None]) & (n == t_from + u) & (t_from >= 0)
+
+    def finals(self, alpha: torch.Tensor) -> torch.Tensor:
+        """log P [B]: alpha of each final node plus its ending blank."""
+        finals = []
+        for i, d in enumerate(self.blank_durations):
+            t_from = self.t_end - d
+            n_from = t_from.clamp(min=0) + self.u_end
+            value = alpha[self.rows, n_from, self.u_end] + self.blank_skewed[i, self.rows, n_from, self.u_end]
+            finals.append(torch.where(t_from >= 0, value, LOG_ZERO))
+        return _logsumexp_list(finals)
+
+    def betas(self) -> torch.Tensor:
+        """beta [B, diagonals, U + 1]: log-sum over the rest of the alignment from each node."""
+        betas = [None] * self.num_diagonals
+        log_zero = torch.full((self.batch, self.num_cols), LOG_ZERO, device=self.device)
+        log_zero_column = torch.full((self.batch, 1), LOG_ZERO, device=self.device)
+        masks = [self.final_mask(d) for d in self.blank_durations]
+        for n in range(self.num_diagonals - 1, -1, -1):
+            terms = [torch.where(masks[i][:, n], self.blank_skewed[i, :, n], LOG_ZERO)
+                     for i in range(len(self.blank_durations))]  # the ending blank (beta of the end is 0)
+            terms += [betas[n + d] + self.blank_skewed[i, :, n] for i, d in enumerate(self.blank_durations)
+                      if n + d < self.num_diagonals]
+            terms += [torch.cat([betas[n + 1 + d][:, 1:], log_zero_column], dim=1) + self.label_skewed[i, :, n]
+                      for i, d in enumerate(self.label_durations) if n + 1 + d < self.num_diagonals]
+            betas[n] = torch.where(self.on_lattice[n], _logsumexp_list(terms), log_zero)
+        return torch.stack(betas, dim=1)
+
+    def gradients(self, alpha, beta, log_likelihood) -> tuple[torch.Tensor, torch.Tensor]:
+        """d log P / d blank_weight and d label_weight, in their [K, B, T, U + 1] layout."""
+        base = alpha - torch.where(log_likelihood > LOG_ZERO / 2, log_likelihood, 0.0)[:, None, None]
+        log_zero = torch.full_like(beta, LOG_ZERO)
+
+        def shifted(diagonals: int, columns: int) -> torch.Tensor:  # beta[:, n + diagonals, u + columns]
+            out = log_zero.clone()
+            if diagonals < self.num_diagonals:
+                out[:, :self.num_diagonals - diagonals, :self.num_cols - columns] = beta[:, diagonals:, columns:]
+            return out
+
+        grad_blank = torch.stack([
+            torch.exp(base + self.blank_skewed[i] + torch.where(self.final_mask(d), 0.0, shifted(d, 0)))
+            for i, d in enumerate(self.blank_durations)])
+        grad_label = torch.stack([torch.exp(base + self.label_skewed[i] + shifted(d + 1, 1))
+                                  for i, d in enumerate(self.label_durations)])
+        return _unskew(grad_blank, self.num_frames), _unskew(grad_label, self.num_frames)
 
 
 def label_smoothed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, smoothing: float = 0.1,
@@ -147,6 +227,14 @@ def _skew(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     on_lattice = (t >= 0) & (t < num_frames)
     skewed = x[..., t.clamp(0, num_frames - 1), u]
     return torch.where(on_lattice, skewed, LOG_ZERO), on_lattice
+
+
+def _unskew(x: torch.Tensor, num_frames: int) -> torch.Tensor:
+    """The inverse of :func:`_skew`: [..., T + U, U + 1] -> [..., T, U + 1]."""
+    num_cols = x.shape[-1]
+    t = torch.arange(num_frames, device=x.device)[:, None]
+    u = torch.arange(num_cols, device=x.device)[None, :]
+    return x[..., t + u, u]
 
 
 def _logsumexp_list(xs: list[torch.Tensor]) -> torch.Tensor:
