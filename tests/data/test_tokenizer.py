@@ -154,6 +154,7 @@ def test_corpus_arrays_reads_a_manifest_with_a_tokenizer_path_or_makes_a_synthet
     arrays = corpus_arrays(str(cuts_path), tokenizer=str(model))
     assert len(arrays) == 300 and arrays.num_tokens.tolist() == by_path.num_tokens.tolist()
     synthetic = corpus_arrays("", num_cuts=500, seed=2)
+    assert corpus_arrays(None, num_cuts=500, seed=2).durations.tolist() == synthetic.durations.tolist()
     assert len(synthetic) == 500
     assert synthetic.durations.tolist() == synthetic_cut_arrays(500, seed=2).durations.tolist()
     with pytest.raises(FileNotFoundError, match="nope"):
@@ -167,3 +168,7 @@ def test_char_model_takes_the_vocab_its_text_has(tmp_path):
     assert tok.vocab_size() == 5 and tok.decode(tok.encode("cab abc")) == "cab abc"
     with pytest.raises(ValueError, match="vocab_size must be >= 2"):
         train_tokenizer(["abc"], tmp_path / "one", 1, model_type="char", progress=False)
+    for wrong in (50, 3):  # too many pieces, or too few (most characters would encode as unknown)
+        with pytest.raises(ValueError, match=f"has 5 pieces .*, not vocab_size {wrong}; ask for 5"):
+            train_tokenizer(["abc cab bca"] * 4, tmp_path / "wrong", wrong, model_type="char", progress=False)
+    assert not list(tmp_path.glob("wrong*"))  # nothing half-written

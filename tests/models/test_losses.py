@@ -244,3 +244,26 @@ def test_no_gradient_work_without_a_gradient():
         assert calls == [1]
     finally:
         _Lattice.betas = original
+
+
+def test_second_derivatives_are_refused_with_a_reason():
+    logits, targets, logit_lengths, target_lengths = _padded_batch([(5, [1, 2]), (4, [0])], 4, seed=5)
+    x = logits.clone().requires_grad_()
+    with pytest.raises(RuntimeError, match="second derivatives"):  # no Hessian silently missing the lattice term
+        torch.autograd.grad(rnnt_loss(x, targets, logit_lengths, target_lengths), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="second derivatives"):  # torch.func differentiates with a graph too
+        torch.func.grad(lambda y: rnnt_loss(y, targets, logit_lengths, target_lengths))(logits)
+    (grad,) = torch.autograd.grad(rnnt_loss(x, targets, logit_lengths, target_lengths), x)  # first order: fine
+    assert torch.isfinite(grad).all() and grad.abs().max() > 0
+
+
+def test_an_utterance_with_no_alignment_gets_zero_gradient():
+    from workbench.models.losses import LOG_ZERO
+
+    # TDT durations (0, 2): a blank moves 2 frames, so 3 frames cannot be covered; the other item can
+    logits, targets, logit_lengths, target_lengths = _padded_batch([(3, [1]), (4, [1])], 4 + 2, seed=6)
+    x = logits.clone().requires_grad_()
+    losses = tdt_loss(x, targets, logit_lengths, target_lengths, blank=3, durations=(0, 2), reduction="none")
+    assert losses[0].item() > -LOG_ZERO / 2 and losses[1].item() < 1e3
+    losses.sum().backward()
+    assert x.grad[0].abs().max() == 0 and x.grad[1].abs().max() > 0

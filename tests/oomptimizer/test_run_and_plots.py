@@ -64,8 +64,16 @@ def test_compare_strategies_and_their_table():
     assert list(results) == ["predictive", "bisect"]
     alone = search_batch_sizes(buckets, memory.probe, rel_gap=0.05, strategy="bisect")  # no budget given
     assert results["bisect"].batch_sizes == alone.batch_sizes and results["bisect"].num_probes == alone.num_probes
+    known = compare_strategies(memory, buckets, rel_gap=0.05, budget_known=True)["predictive"]
+    given = search_batch_sizes(buckets, memory.probe, rel_gap=0.05, budget_bytes=memory.budget_bytes)
+    assert known.batch_sizes == given.batch_sizes and known.num_probes == given.num_probes
+    assert known.num_probes != results["predictive"].num_probes  # the budget changes the search
     true_max = [memory.true_max(b) for b in buckets]
     table = strategy_table(results, true_max=true_max)
+    with pytest.raises(ValueError, match="3 true maxima for 8 buckets"):
+        strategy_table(results, true_max=true_max[:3])
+    with pytest.raises(ValueError, match="no 'trace'"):
+        strategy_table({"old": {"batch_sizes": [1]}})
     for name, r in results.items():
         assert table.loc[name, "probes"] == r.num_probes and table.loc[name, "OOMs"] == r.num_ooms
         assert table.loc[name, "probes/bucket"] == round(r.probes_per_bucket, 3)

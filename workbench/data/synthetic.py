@@ -150,12 +150,12 @@ def write_synthetic_corpus(out_dir: str | os.PathLike, num_cuts: int, seed: int 
     return path
 
 
-def corpus_arrays(manifest: str | os.PathLike = "", *, tokenizer: str | os.PathLike = "", num_cuts: int = 200_000,
+def corpus_arrays(manifest: str | os.PathLike | None = "", *, tokenizer: str | os.PathLike = "", num_cuts: int = 200_000,
                   seed: int = 0) -> CutArrays:
     """The notebooks' corpus: ``manifest`` read with :func:`workbench.data.read_cut_arrays` (token counts from
     ``tokenizer``, a sentencepiece ``.model``, when given), or with no manifest a synthetic corpus of
     ``num_cuts`` utterances."""
-    if str(manifest):
+    if manifest not in (None, ""):
         from workbench.data.manifest import read_cut_arrays
 
         return read_cut_arrays(manifest, tokenizer=tokenizer)

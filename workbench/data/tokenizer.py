@@ -66,6 +66,11 @@ def train_tokenizer(source: Iterable[str] | str | os.PathLike, out_prefix: str |
     texts = [t for t in texts if t and t.strip()]
     if not texts:
         raise ValueError(f"{origin}: no non-empty transcripts to train a tokenizer on (0 found)")
+    if model_type == "char":  # one piece per character, plus unknown and word boundary: nothing else fits
+        pieces = len({ch for t in texts for ch in t if not ch.isspace()}) + 2
+        if vocab_size != pieces:
+            raise ValueError(f"{origin}: a char model of this text has {pieces} pieces (its characters, unknown "
+                             f"and word boundary), not vocab_size {vocab_size}; ask for {pieces}")
     out_prefix = Path(out_prefix)
     out_prefix.parent.mkdir(parents=True, exist_ok=True)
 
@@ -83,9 +88,12 @@ def train_tokenizer(source: Iterable[str] | str | os.PathLike, out_prefix: str |
                              f"at most {fits.group(1)} fits this text (use more text or a smaller vocab)") from None
         raise
 
+    processor = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    if processor.vocab_size() != vocab_size:  # sentencepiece does not hold a char model to its size
+        raise ValueError(f"{origin}: a {model_type} model of this text has {processor.vocab_size()} pieces, not "
+                         f"vocab_size {vocab_size}; ask for {processor.vocab_size()}")
     model_path = out_prefix.with_name(out_prefix.name + ".model")
     write_bytes_atomically(model_path, model.getvalue())
-    processor = spm.SentencePieceProcessor(model_proto=model.getvalue())
     vocab = "".join(f"{processor.id_to_piece(i)}\t{processor.get_score(i)}\n" for i in range(processor.vocab_size()))
     write_bytes_atomically(out_prefix.with_name(out_prefix.name + ".vocab"), vocab.encode("utf-8"))
     return model_path

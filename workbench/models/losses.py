@@ -96,29 +96,43 @@ def lattice_log_likelihood(blank_weight: torch.Tensor, label_weight: torch.Tenso
     (t, u). label_weight [len(label_durations), B, T, U + 1]: log-weight of emitting label u + 1 with
     that duration at (t, u) (column U must be LOG_ZERO). Alignments end with a blank landing exactly on
     frame logit_lengths[b] at u = target_lengths[b]; everything is fp32. The gradient is analytic (a
-    backward recursion over the diagonals, computed with the forward one), not autograd through the loop.
+    backward recursion over the diagonals when backward runs), not autograd through the loop; first
+    derivatives only (``create_graph=True`` and ``torch.func`` transforms raise). Its absolute fp32 error grows with |log P| (about 1e-3 at log P near -3e3). An
+    utterance with no alignment (e.g. TDT durations that cannot sum to its length) gets log P near
+    LOG_ZERO and a zero gradient.
     """
-    return _LatticeLogLikelihood.apply(blank_weight.float(), label_weight.float(), tuple(blank_durations),
-                                       tuple(label_durations), logit_lengths, target_lengths)
+    log_likelihood, _ = _LatticeLogLikelihood.apply(blank_weight.float(), label_weight.float(), tuple(blank_durations),
+                                                    tuple(label_durations), logit_lengths, target_lengths)
+    return log_likelihood
 
 
 class _LatticeLogLikelihood(torch.autograd.Function):
-    """Forward: alpha over the diagonals. When a gradient is wanted, beta too, and the gradient of each edge
-    weight w from (t, u): exp(alpha(t, u) + w + beta(destination) - log P), kept for backward."""
+    """Forward: alpha over the diagonals. Backward: beta too, and the gradient of each edge weight w from
+    (t, u), its posterior exp(alpha(t, u) + w + beta(destination) - log P). First derivatives only."""
 
     @staticmethod
-    def forward(ctx, blank_weight, label_weight, blank_durations, label_durations, logit_lengths, target_lengths):
+    def forward(blank_weight, label_weight, blank_durations, label_durations, logit_lengths, target_lengths):
         lattice = _Lattice(blank_weight, label_weight, blank_durations, label_durations, logit_lengths,
                            target_lengths)
         alpha = lattice.alphas()
-        log_likelihood = lattice.finals(alpha)
-        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            ctx.save_for_backward(*lattice.gradients(alpha, lattice.betas(), log_likelihood))
-        return log_likelihood
+        return lattice.finals(alpha), alpha
 
     @staticmethod
-    def backward(ctx, grad_output):
-        grad_blank, grad_label = ctx.saved_tensors
+    def setup_context(ctx, inputs, output):
+        blank_weight, label_weight, blank_durations, label_durations, logit_lengths, target_lengths = inputs
+        log_likelihood, alpha = output
+        ctx.durations = (blank_durations, label_durations)
+        ctx.mark_non_differentiable(alpha)
+        ctx.save_for_backward(blank_weight, label_weight, logit_lengths, target_lengths, alpha, log_likelihood)
+
+    @staticmethod
+    def backward(ctx, grad_output, _grad_alpha):
+        if torch.is_grad_enabled():  # create_graph=True: a Hessian would silently miss the lattice's own term
+            raise RuntimeError("transducer losses: second derivatives are not supported (the gradient is computed "
+                               "analytically); use create_graph=False")
+        blank_weight, label_weight, logit_lengths, target_lengths, alpha, log_likelihood = ctx.saved_tensors
+        lattice = _Lattice(blank_weight, label_weight, *ctx.durations, logit_lengths, target_lengths)
+        grad_blank, grad_label = lattice.gradients(alpha, lattice.betas(), log_likelihood)
         scale = grad_output[None, :, None, None]
         return grad_blank * scale, grad_label * scale, None, None, None, None
 
