@@ -35,12 +35,12 @@ gpu-bundle:
 	sh scripts/gpu_bundle.sh
 
 # Before each GPU call (carry .gpu_commit): the device copy's .git may be stale, so results take this.
-gpu-commit:
-	git rev-parse HEAD > .gpu_commit
+gpu-commit: setup
+	WORKBENCH_GIT_COMMIT= $(PY) -c "from workbench.bench.results import git_commit; print(git_commit())" > .gpu_commit
 
 # After adding or replacing a file in benchmarks/results: regenerate the headline page (a test checks it).
 summary: setup
-	$(PY) -m workbench.bench.summary > benchmarks/SUMMARY.md
+	$(PY) -m workbench.bench.summary --out benchmarks/SUMMARY.md
 
 clean:
 	rm -rf reports .pytest_cache

@@ -28,7 +28,8 @@ cd "$(dirname "$0")/.."
 START=$(date +%s)
 DEADLINE=$(( START + ${DEADLINE_S:-560} ))
 OUT=${OUT:-$PWD/gpu_out}
-RESULTS=${RESULTS:-/tmp/workbench_results}
+# A fresh folder per call: a warm machine keeps /tmp, and an earlier call's results must not be re-packed.
+RESULTS=${RESULTS:-$(mktemp -d /tmp/workbench_results.XXXXXX)}
 mkdir -p "$OUT" "$RESULTS"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

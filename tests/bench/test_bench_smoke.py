@@ -24,7 +24,10 @@ def torch_cpu_settings_kept():
     both back, or every test after them runs under their settings."""
     before = torch.backends.mkldnn.enabled, torch.get_num_threads()
     yield
-    assert (torch.backends.mkldnn.enabled, torch.get_num_threads()) == before
+    after = torch.backends.mkldnn.enabled, torch.get_num_threads()
+    torch.backends.mkldnn.enabled, _ = before  # put back even when the check below fails
+    torch.set_num_threads(before[1])
+    assert after == before
 
 
 def test_cpu_smoke_torch_sets_and_restores():
@@ -118,6 +121,7 @@ def test_oomptimizer_bench_parts_write_their_own_files(tmp_path, torch_cpu_setti
     assert "predictive" in fig["rnnt"]  # the profile search always runs
     assert fig["rnnt"]["ddp_accounting"] == {"skipped": "time limit"}
     assert "true maxima: not measured (time limit)" in fig["failures"]
+    assert any(f.startswith("ddp accounting: not measured (time limit") for f in fig["failures"])  # not silent
     with pytest.raises(SystemExit):
         oomptimizer.main(["--smoke", "--part", "aed", "--nproc", "2", "--out", str(tmp_path)])
 
@@ -159,6 +163,9 @@ def test_allocator_bench_smoke(tmp_path, capsys):
         assert summary["ooms"] == 0  # a smoke run sets no memory limit
         if not torch.cuda.is_available():
             assert summary["allocation_events"] == []
+        for event in summary["allocation_events"]:  # on a GPU: each says what it was and why
+            assert {"shape", "previous_shape", "reason", "block", "repeat"} <= set(event), event
+            assert event["repeat"] is name.startswith("static"), event
         assert len(params["series"]["0.08"][name]["time_s"]) == 8  # first block: warm-up pass + measured pass
     assert set(block["paired_time_ratios"]) == {"dynamic_expandable/static_plain",
                                                 "dynamic_expandable/static_expandable",
@@ -240,6 +247,17 @@ def test_summary_renders_every_kind_of_result():
         assert "\n- " in section, name
 
 
+def test_summary_out_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    from workbench.bench import summary
+
+    out = tmp_path / "SUMMARY.md"
+    assert summary.main(["--out", str(out)]) == 0 and out.read_text() == summary.render()
+    monkeypatch.setattr(summary, "render", lambda: (_ for _ in ()).throw(KeyError("broken record")))
+    with pytest.raises(KeyError):
+        summary.main(["--out", str(out)])
+    assert out.read_text().startswith("# Benchmark summary")  # the old page stays
+
+
 def test_bucketing_bench_bins_equal_the_plain_loop_on_a_small_corpus(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "workbench.bench.bucketing", "--out", str(tmp_path / "out"),
                            "--work", str(tmp_path / "work"), "--num-cuts", "3000", "--repeat", "1", "--only",
@@ -251,7 +269,7 @@ def test_bucketing_bench_bins_equal_the_plain_loop_on_a_small_corpus(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
-@pytest.mark.parametrize("bench", ["models", "decoding", "oomptimizer"])
+@pytest.mark.parametrize("bench", ["models", "decoding", "oomptimizer", "allocator"])
 def test_gpu_benches_refuse_to_run_without_cuda_or_smoke(bench, tmp_path, capsys):
     import importlib
 

@@ -187,7 +187,6 @@ def test_preview_shows_the_decision_for_the_users_settings_and_touches_nothing(m
     from workbench.memory import allocator as allocator_module
     from workbench.memory.settings import ENV_VARS
 
-    monkeypatch.setattr(allocator_module, "_warned_user_disabled", set())
     before = {name: os.environ.get(name) for name in ENV_VARS}
     status = preview_configure_allocator("max_split_size_mb:256")
     assert status.action == "set_env" and status.settings_after == "max_split_size_mb:256,expandable_segments:True"

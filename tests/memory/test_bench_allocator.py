@@ -99,6 +99,7 @@ def run_bench_with(monkeypatch, tmp_path, capsys, args=(), **kwargs):
 
     calls = []
     monkeypatch.setattr(bench, "run_worker", fake_worker(calls, **kwargs))
+    monkeypatch.setattr(bench, "cuda_missing", lambda smoke: False)  # the fake worker stands in for the GPU
     monkeypatch.setattr(bench, "sampler_shapes", lambda n, **kw: (drawn_shapes(n, batch_audio_s=200.0,
                                                                                num_buckets=4, seed=1), "drawn"))
     rc = bench.main(["--out", str(tmp_path), "--steps", "6", *args])
@@ -257,6 +258,7 @@ def test_straddling_rounds_are_inconclusive(monkeypatch, tmp_path, capsys):
         return result
 
     monkeypatch.setattr(bench, "run_worker", drifting)
+    monkeypatch.setattr(bench, "cuda_missing", lambda smoke: False)  # the fake worker stands in for the GPU
     monkeypatch.setattr(bench, "sampler_shapes", lambda n, **kw: (drawn_shapes(n, batch_audio_s=200.0,
                                                                                num_buckets=4, seed=1), "drawn"))
     bench.main(["--out", str(tmp_path), "--steps", "6", "--rounds", "2"])
@@ -283,6 +285,7 @@ def test_a_failed_round_keeps_the_rounds_before_it_on_disk(monkeypatch, tmp_path
         return base(mode, tmp, shapes_path, args, fraction)
 
     monkeypatch.setattr(bench, "run_worker", failing_in_round_two)
+    monkeypatch.setattr(bench, "cuda_missing", lambda smoke: False)  # the fake worker stands in for the GPU
     monkeypatch.setattr(bench, "sampler_shapes", lambda n, **kw: (drawn_shapes(n, batch_audio_s=200.0,
                                                                                num_buckets=4, seed=1), "drawn"))
     assert bench.main(["--out", str(tmp_path), "--steps", "6", "--rounds", "3"]) == 1

@@ -24,6 +24,7 @@ def test_committed_record_gives_its_blocks_tables_and_curves():
         assert set(table.index) == {"dynamic_plain", "dynamic_expandable", "static_plain", "static_expandable"}
         assert table.loc["static_plain", "time vs static"] == 1.0
         paired = paired_ratio_table(block["figures"])
+        assert not paired.empty
         assert (paired["rounds"] == block["rounds"]).all()
         plot_memory_curves(block["series"], warmup_steps=block["warmup_steps"])
 

@@ -83,4 +83,6 @@ def test_compare_strategies_and_their_table():
     committed = {"batch_sizes": [10, 20], "seconds": 3.5,
                  "trace": [[0, 8, 1e9, None], [0, 16, None, 2e9], [0, 10, 1.5e9, 1.4e9], [1, 20, 1e9, None]]}
     row = strategy_table({"gpu": committed}).loc["gpu"]
+    # worked by hand: bucket 0 keeps 10 of a true 12, bucket 1 all 20 -> the worst is 2/12 below
+    assert strategy_table({"gpu": committed}, true_max=[12, 20]).loc["gpu", "worst % below true max"] == 16.667
     assert (row["buckets"], row["probes"], row["OOMs"], row["seconds"]) == (2, 4, 1, 3.5)

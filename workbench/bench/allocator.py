@@ -77,7 +77,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.bench.allocator_worker import parse_blocks, worker
-from workbench.bench.results import check_smoke_out, report_failures, summarize, write_result
+from workbench.bench.results import check_smoke_out, cuda_missing, report_failures, summarize, write_result
 
 FRAME_S = 0.08  # encoder frame after subsampling, seconds (for the joint-size cost of a shape)
 TARGET_TIME_RATIO = 1.05
@@ -433,7 +433,8 @@ def main(argv=None) -> int:
         Path(args.write_shapes).write_text(json.dumps(dict(shapes=shapes, source=source)))
         print(f"wrote {len(shapes)} shapes ({source}) to {args.write_shapes}")
         return 0
-
+    if cuda_missing(args.smoke):
+        return 2
 
     t_start = time.perf_counter()
     labels = [headroom_label(h) for h in args.headroom]

@@ -22,8 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from workbench.bench.results import report_failures, summarize, write_result
 from workbench.bucketing.reference import loop_2d
 
@@ -62,8 +60,7 @@ def _in_process_breakdown(manifest: Path) -> dict:
 
 
 def bench_bins(manifest: Path, work: Path, repeat: int) -> tuple[dict, list[str]]:
-    from lhotse import CutSet
-
+    from workbench.bench.manifest_reading import lhotse_durations
     from workbench.bucketing import load_profile
 
     failures: list[str] = []
@@ -75,10 +72,7 @@ def bench_bins(manifest: Path, work: Path, repeat: int) -> tuple[dict, list[str]
     breakdown = _in_process_breakdown(manifest)
 
     t0 = time.perf_counter()
-    durations, tokens = [], []
-    for cut in tqdm(CutSet.from_jsonl_lazy(manifest), desc="lhotse CutSet iteration", unit="cut", mininterval=2.0):
-        durations.append(cut.duration)
-        tokens.append(cut.custom["num_tokens"])
+    durations, tokens = lhotse_durations(manifest, progress=True)
     t_read = time.perf_counter() - t0
     t0 = time.perf_counter()
     theirs = loop_2d(durations, tokens, 30, 2, 4.0)[0]

@@ -17,11 +17,14 @@ from workbench.bench.results import summarize, write_result
 from workbench.data import read_cut_arrays, write_synthetic_corpus
 
 
-def lhotse_durations(path: Path) -> tuple[list[float], list[int]]:
+def lhotse_durations(path: Path, *, progress: bool = False) -> tuple[list[float], list[int]]:
+    """Durations and custom num_tokens of every cut, by iterating lhotse's lazy CutSet (the peer path)."""
     from lhotse import CutSet
+    from tqdm.auto import tqdm
 
     durations, tokens = [], []
-    for cut in CutSet.from_jsonl_lazy(path):
+    for cut in tqdm(CutSet.from_jsonl_lazy(path), desc="lhotse CutSet iteration", unit="cut", mininterval=2.0,
+                    disable=not progress):
         durations.append(cut.duration)
         tokens.append(cut.custom["num_tokens"])
     return durations, tokens

@@ -169,8 +169,19 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    sys.stdout.write(render())
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from workbench.atomic import write_text_atomically
+
+    parser = argparse.ArgumentParser(description="benchmarks/SUMMARY.md from benchmarks/results/*.json")
+    parser.add_argument("--out", help="write here (atomically: a failure leaves the old file) instead of stdout")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.out:
+        write_text_atomically(args.out, text)
+    else:
+        sys.stdout.write(text)
     return 0
 
 

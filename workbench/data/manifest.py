@@ -248,10 +248,10 @@ def read_cut_arrays(path: str | os.PathLike, *, tokenizer=None, with_texts: bool
     files (default: the number of CPUs, at most 4; 1 parses in this process).
     """
     path = _existing_manifest(path)
-    if isinstance(tokenizer, (str, os.PathLike)):
+    if tokenizer is not None:
         from workbench.data.tokenizer import load_tokenizer
 
-        tokenizer = load_tokenizer(tokenizer) if str(tokenizer) else None
+        tokenizer = load_tokenizer(tokenizer)  # a path is loaded; "" is none
     keep_texts = with_texts or tokenizer is not None
     workers = min(os.cpu_count() or 1, 4) if workers is None else workers
     ids: list[str] = []

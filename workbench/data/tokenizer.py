@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+import unicodedata
 from pathlib import Path
 from typing import Iterable
 
@@ -67,7 +68,8 @@ def train_tokenizer(source: Iterable[str] | str | os.PathLike, out_prefix: str |
     if not texts:
         raise ValueError(f"{origin}: no non-empty transcripts to train a tokenizer on (0 found)")
     if model_type == "char":  # one piece per character, plus unknown and word boundary: nothing else fits
-        pieces = len({ch for t in texts for ch in t if not ch.isspace()}) + 2
+        # counted after the NFKC normalization sentencepiece applies by default
+        pieces = len({ch for t in texts for ch in unicodedata.normalize("NFKC", t) if not ch.isspace()}) + 2
         if vocab_size != pieces:
             raise ValueError(f"{origin}: a char model of this text has {pieces} pieces (its characters, unknown "
                              f"and word boundary), not vocab_size {vocab_size}; ask for {pieces}")
@@ -101,10 +103,15 @@ def train_tokenizer(source: Iterable[str] | str | os.PathLike, out_prefix: str |
 
 
 
-def load_tokenizer(path: str | os.PathLike):
-    """A ``sentencepiece.SentencePieceProcessor`` from a ``.model`` file."""
+def load_tokenizer(path):
+    """A ``sentencepiece.SentencePieceProcessor`` from a ``.model`` file. A processor is returned as it is,
+    and None or "" as None (no tokenizer), so callers may take either a path or a processor."""
     import sentencepiece as spm
 
+    if path is None or isinstance(path, str) and not path:
+        return None
+    if not isinstance(path, (str, os.PathLike)):
+        return path  # already a processor
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"tokenizer model {str(path)!r} does not exist")
@@ -146,8 +153,7 @@ def add_token_counts(manifest_in: str | os.PathLike, tokenizer, manifest_out: st
     """
     from workbench.data.manifest import iter_cut_blocks
 
-    if isinstance(tokenizer, (str, os.PathLike)):
-        tokenizer = load_tokenizer(tokenizer)
+    tokenizer = load_tokenizer(tokenizer)
     dst = Path(manifest_out)
     written = 0
     with atomic_path(dst) as tmp:

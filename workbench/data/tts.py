@@ -264,9 +264,7 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
     if tokenizer is not None:
         from workbench.data.tokenizer import count_tokens, load_tokenizer
 
-        if isinstance(tokenizer, (str, os.PathLike)):
-            tokenizer = load_tokenizer(tokenizer)
-        num_tokens = count_tokens(tokenizer, chosen)
+        num_tokens = count_tokens(load_tokenizer(tokenizer), chosen)
 
     out = Path(out_dir).resolve()
     audio_dir = out / "audio"

@@ -25,9 +25,9 @@ logger = logging.getLogger("workbench.decoding")
 ALGORITHMS = ("label_looping", "frame_looping")
 GRAPH_MODES = ("auto", "full", "partial", "off")
 DEFAULT_MAX_SYMBOLS = 10
-# Frames per blank-skipping joint call. 16 on the H200 bench (B=16, 12 s, ~1 label per 3 frames) leaves
-# ~0.9 inner iterations per outer one, against 2 with 8 and 18 with 1; the joint over B x 16 rows is still
-# a small matrix product, so each iteration costs about the same.
+# Frames per blank-skipping joint call: a wider window skips more blanks per inner iteration (decoding.json's
+# window-16 and window-1 rows record the inner iteration counts), and the joint over B x 16 rows is still a
+# small matrix product, so each iteration costs about the same.
 DEFAULT_BLANK_WINDOW = 16
 _already_logged: set[str] = set()
 

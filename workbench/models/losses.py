@@ -97,8 +97,8 @@ def lattice_log_likelihood(blank_weight: torch.Tensor, label_weight: torch.Tenso
     that duration at (t, u) (column U must be LOG_ZERO). Alignments end with a blank landing exactly on
     frame logit_lengths[b] at u = target_lengths[b]; everything is fp32. The gradient is analytic (a
     backward recursion over the diagonals when backward runs), not autograd through the loop; first
-    derivatives only (``create_graph=True`` and ``torch.func`` transforms raise). Its absolute fp32 error grows with |log P| (about 1e-3 at log P near -3e3). An
-    utterance with no alignment (e.g. TDT durations that cannot sum to its length) gets log P near
+    derivatives only (``create_graph=True`` and ``torch.func`` transforms raise). Its absolute fp32 error
+    grows in proportion to |log P| (alpha + beta - log P cancels large terms). An utterance with no alignment (e.g. TDT durations that cannot sum to its length) gets log P near
     LOG_ZERO and a zero gradient.
     """
     log_likelihood, _ = _LatticeLogLikelihood.apply(blank_weight.float(), label_weight.float(), tuple(blank_durations),
@@ -132,7 +132,8 @@ class _LatticeLogLikelihood(torch.autograd.Function):
                                "analytically); use create_graph=False")
         blank_weight, label_weight, logit_lengths, target_lengths, alpha, log_likelihood = ctx.saved_tensors
         lattice = _Lattice(blank_weight, label_weight, *ctx.durations, logit_lengths, target_lengths)
-        grad_blank, grad_label = lattice.gradients(alpha, lattice.betas(), log_likelihood)
+        final_masks = lattice.final_masks()
+        grad_blank, grad_label = lattice.gradients(alpha, lattice.betas(final_masks), log_likelihood, final_masks)
         scale = grad_output[None, :, None, None]
         return grad_blank * scale, grad_label * scale, None, None, None, None
 
@@ -147,7 +148,6 @@ class _Lattice:
         self.label_skewed, _ = _skew(label_weight)
         self.blank_durations, self.label_durations = blank_durations, label_durations
         self.num_diagonals = self.num_frames + self.num_cols - 1
-        self.rows = torch.arange(self.batch, device=self.device)
         self.u_end, self.t_end = target_lengths.long().to(self.device), logit_lengths.long().to(self.device)
 
     def alphas(self) -> torch.Tensor:
@@ -168,32 +168,35 @@ class _Lattice:
                           else torch.full_like(start, LOG_ZERO))  # no edge reaches this diagonal
         return torch.stack(alphas, dim=1)
 
-    def final_mask(self, d: int) -> torch.Tensor:
-        """[B, diagonals, U + 1]: the node from which a blank of duration d ends the alignment."""
-        n = torch.arange(self.num_diagonals, device=self.device)[None, :, None]
-        u = torch.arange(self.num_cols, device=self.device)[None, None, :]
-        t_from = (self.t_end - d)[:, None, None]
-        return (u == self.u_end[:, None, None]) & (n == t_from + u) & (t_from >= 0)
-
     def finals(self, alpha: torch.Tensor) -> torch.Tensor:
-        """log P [B]: alpha of each final node plus its ending blank."""
+        """log P [B]: alpha of each final node plus its ending blank (a blank of duration d from frame
+        logit_lengths[b] - d at u = target_lengths[b])."""
+        rows = torch.arange(self.batch, device=self.device)
         finals = []
         for i, d in enumerate(self.blank_durations):
             t_from = self.t_end - d
             n_from = t_from.clamp(min=0) + self.u_end
-            value = alpha[self.rows, n_from, self.u_end] + self.blank_skewed[i, self.rows, n_from, self.u_end]
+            value = alpha[rows, n_from, self.u_end] + self.blank_skewed[i, rows, n_from, self.u_end]
             finals.append(torch.where(t_from >= 0, value, LOG_ZERO))
         return _logsumexp_list(finals)
 
-    def betas(self) -> torch.Tensor:
+    def final_masks(self) -> list[torch.Tensor]:
+        """Per blank duration d, [B, diagonals, U + 1]: the node whose blank of duration d ends the
+        alignment (the nodes :meth:`finals` reads), for the backward pass."""
+        n = torch.arange(self.num_diagonals, device=self.device)[None, :, None]
+        u = torch.arange(self.num_cols, device=self.device)[None, None, :]
+        u_end, t_end = self.u_end[:, None, None], self.t_end[:, None, None]
+        return [(u == u_end) & (n == t_end - d + u) & (t_end - d >= 0) for d in self.blank_durations]
+
+    def betas(self, final_masks: list[torch.Tensor]) -> torch.Tensor:
         """beta [B, diagonals, U + 1]: log-sum over the rest of the alignment from each node."""
         betas = [None] * self.num_diagonals
         log_zero = torch.full((self.batch, self.num_cols), LOG_ZERO, device=self.device)
         log_zero_column = torch.full((self.batch, 1), LOG_ZERO, device=self.device)
-        masks = [self.final_mask(d) for d in self.blank_durations]
+        ending = _logsumexp_list([torch.where(mask, self.blank_skewed[i], LOG_ZERO)  # the ending blanks (beta
+                                  for i, mask in enumerate(final_masks)])          # of the end is 0)
         for n in range(self.num_diagonals - 1, -1, -1):
-            terms = [torch.where(masks[i][:, n], self.blank_skewed[i, :, n], LOG_ZERO)
-                     for i in range(len(self.blank_durations))]  # the ending blank (beta of the end is 0)
+            terms = [ending[:, n]]
             terms += [betas[n + d] + self.blank_skewed[i, :, n] for i, d in enumerate(self.blank_durations)
                       if n + d < self.num_diagonals]
             terms += [torch.cat([betas[n + 1 + d][:, 1:], log_zero_column], dim=1) + self.label_skewed[i, :, n]
@@ -201,7 +204,7 @@ class _Lattice:
             betas[n] = torch.where(self.on_lattice[n], _logsumexp_list(terms), log_zero)
         return torch.stack(betas, dim=1)
 
-    def gradients(self, alpha, beta, log_likelihood) -> tuple[torch.Tensor, torch.Tensor]:
+    def gradients(self, alpha, beta, log_likelihood, final_masks) -> tuple[torch.Tensor, torch.Tensor]:
         """d log P / d blank_weight and d label_weight, in their [K, B, T, U + 1] layout."""
         base = alpha - torch.where(log_likelihood > LOG_ZERO / 2, log_likelihood, 0.0)[:, None, None]
         log_zero = torch.full_like(beta, LOG_ZERO)
@@ -213,7 +216,7 @@ class _Lattice:
             return out
 
         grad_blank = torch.stack([
-            torch.exp(base + self.blank_skewed[i] + torch.where(self.final_mask(d), 0.0, shifted(d, 0)))
+            torch.exp(base + self.blank_skewed[i] + torch.where(final_masks[i], 0.0, shifted(d, 0)))
             for i, d in enumerate(self.blank_durations)])
         grad_label = torch.stack([torch.exp(base + self.label_skewed[i] + shifted(d + 1, 1))
                                   for i, d in enumerate(self.label_durations)])

@@ -155,9 +155,9 @@ def train(config: TrainConfig) -> dict:
     progress.close()
     if config.save_every:  # where the sampler stands now: a later --resume --steps N continues from here
         save_training_state(out / STATE_FILE, config, model, optimizer, sampler, step, epoch, records)
-    close = getattr(sampler, "cuts_iter", None)
-    if close is not None and hasattr(close, "close"):
-        close.close()
+    from workbench.bucketing import close_sampler
+
+    close_sampler(sampler)
 
     checkpoint = save_checkpoint(out / "model.pt", model, extra={"train_config": asdict(config), "steps": step})
     _write_jsonl(out / "train_log.jsonl", records)
