@@ -189,3 +189,11 @@ def test_sampler_resume_refuses_another_profile_or_seed():
         load_sampler_state_dict(make_sampler(cuts, profile, concurrent=False, seed=2), state)
     with pytest.raises(ValueError, match="not written by sampler_state_dict"):
         load_sampler_state_dict(make_sampler(cuts, profile, concurrent=False, seed=1), {"epoch": 0})
+    from lhotse.dataset import DynamicBucketingSampler
+
+    plain = DynamicBucketingSampler(cuts, max_duration=20.0, num_buckets=2, seed=1)
+    with pytest.raises(ValueError, match="saved with a bucket profile, but this sampler has none"):
+        load_sampler_state_dict(plain, state)
+    plain_state = sampler_state_dict(plain)  # a plain lhotse sampler: lhotse's own state, round-tripped
+    assert "workbench_profile" not in plain_state
+    load_sampler_state_dict(DynamicBucketingSampler(cuts, max_duration=20.0, num_buckets=2, seed=1), plain_state)

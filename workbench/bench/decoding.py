@@ -29,14 +29,14 @@ from typing import Any
 
 import torch
 
-from workbench.bench.results import check_smoke_out, cuda_missing, report_failures, timer_for, write_result
+from workbench.bench.results import (bench_device, check_smoke_out, cuda_missing, report_failures, timer_for,
+                                     write_result)
 from workbench.decoding import GreedyTransducerDecoder, empty_while_iteration_seconds, make_toy_transducer
 from workbench.decoding.greedy import DEFAULT_BLANK_WINDOW
 from workbench.decoding.toy_models import set_blank_bias
 
 VOCAB, PRED, JOINT, ENC = 1024, 640, 640, 640
 BLANK = VOCAB
-DEVICE = "cuda"  # the CPU dry run in the tests sets "cpu"
 FRAME_S = 0.08
 TDT_DURATIONS = [0, 1, 2, 3, 4]
 NEMO_REFERENCE = {
@@ -56,8 +56,8 @@ METHODS = [("frame_looping", "off", W), ("label_looping", "off", W), ("label_loo
            ("label_looping", "full", W), ("label_looping", "full", 1)]
 
 
-def timed(fn, repeat: int, warmup: int) -> dict[str, float]:
-    return timer_for(DEVICE)(fn, repeat=repeat, warmup=warmup)
+def timed(fn, repeat: int, warmup: int, device: torch.device) -> dict[str, float]:
+    return timer_for(device)(fn, repeat=repeat, warmup=warmup)
 
 
 def method_name(algorithm: str, mode: str, window: int = W) -> str:
@@ -99,7 +99,7 @@ def token_disagreement(hyps: list[list[int]], reference: list[list[int]]) -> flo
     return errors / max(total, 1)
 
 
-def torchaudio_reference(frames_list: list[int]) -> list[dict[str, Any]]:
+def torchaudio_reference(frames_list: list[int], device: torch.device) -> list[dict[str, Any]]:
     """torchaudio RNNTBeamSearch, beam 1, B=1, fp32, on an equal-sized torchaudio RNN-T (encoder given)."""
     try:
         from torchaudio.models import RNNT, RNNTBeamSearch
@@ -118,23 +118,23 @@ def torchaudio_reference(frames_list: list[int]) -> list[dict[str, Any]]:
     torch.manual_seed(0)
     predictor = _Predictor(num_symbols=VOCAB + 1, output_dim=JOINT, symbol_embedding_dim=PRED,
                            num_lstm_layers=1, lstm_hidden_dim=PRED)
-    model = RNNT(PassThrough(), predictor, _Joiner(JOINT, VOCAB + 1)).to(DEVICE).eval()
+    model = RNNT(PassThrough(), predictor, _Joiner(JOINT, VOCAB + 1)).to(device).eval()
     search = RNNTBeamSearch(model, BLANK, step_max_tokens=10)
     rows = []
     with torch.inference_mode():
-        short = torch.randn(1, 50, JOINT, device=DEVICE)
+        short = torch.randn(1, 50, JOINT, device=device)
         low, high = -20.0, 20.0
         for _ in range(8):  # coarse blank-bias bisection towards 1 label per 3 frames
             mid = (low + high) / 2
             model.joiner.linear.bias[BLANK] = mid
-            rate = (len(search(short, torch.tensor([50], device=DEVICE), 1)[0][0]) - 1) / 50
+            rate = (len(search(short, torch.tensor([50], device=device), 1)[0][0]) - 1) / 50
             low, high = (mid, high) if rate > 1 / 3 else (low, mid)
         model.joiner.linear.bias[BLANK] = (low + high) / 2
         for frames in frames_list:
-            enc = torch.randn(1, frames, JOINT, device=DEVICE)
-            length = torch.tensor([frames], device=DEVICE)
+            enc = torch.randn(1, frames, JOINT, device=device)
+            length = torch.tensor([frames], device=device)
             labels = len(search(enc, length, 1)[0][0]) - 1
-            t = timed(lambda: search(enc, length, 1), repeat=3 if frames <= 150 else 1,
+            t = timed(lambda: search(enc, length, 1), device=device, repeat=3 if frames <= 150 else 1,
                           warmup=1 if frames <= 150 else 0)
             rows.append({"model": "rnnt", "dtype": "float32", "batch": 1, "frames": frames,
                          "audio_seconds": frames * FRAME_S, "method": "torchaudio RNNTBeamSearch beam 1",
@@ -143,7 +143,7 @@ def torchaudio_reference(frames_list: list[int]) -> list[dict[str, Any]]:
     return rows
 
 
-def run(out_dir: str, quick: bool, budget_s: float, smoke: bool = False) -> int:
+def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke: bool = False) -> int:
     t_start = time.perf_counter()
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32
     torch.backends.cudnn.allow_tf32 = False
@@ -157,7 +157,7 @@ def run(out_dir: str, quick: bool, budget_s: float, smoke: bool = False) -> int:
     skipped: list[str] = []
     rows: list[dict[str, Any]] = []
 
-    if DEVICE == "cuda":
+    if device.type == "cuda":
         empty = empty_while_iteration_seconds(iterations=2000, repeat=10)
     else:
         empty = {"seconds_per_iteration": float("nan"), "note": "not measured on CPU"}
@@ -167,7 +167,7 @@ def run(out_dir: str, quick: bool, budget_s: float, smoke: bool = False) -> int:
     models = {}
     for model_name, durations in (("rnnt", None), ("tdt", TDT_DURATIONS)):
         predictor, joint = make_toy_transducer(vocab_size=VOCAB, enc_dim=ENC, pred_dim=PRED, joint_dim=JOINT,
-                                               durations=durations, seed=0, device=DEVICE)
+                                               durations=durations, seed=0, device=device)
         models[model_name] = (predictor, joint, durations)
 
     for dtype in dtypes:
@@ -185,9 +185,9 @@ def run(out_dir: str, quick: bool, budget_s: float, smoke: bool = False) -> int:
                     if time.perf_counter() - t_start > budget_s:
                         skipped.append(tag)
                         continue
-                    gen = torch.Generator(device=DEVICE).manual_seed(batch * 1000 + frames)
-                    enc = torch.randn(batch, frames, ENC, device=DEVICE, generator=gen)
-                    lengths = torch.full((batch,), frames, device=DEVICE)
+                    gen = torch.Generator(device=device).manual_seed(batch * 1000 + frames)
+                    enc = torch.randn(batch, frames, ENC, device=device, generator=gen)
+                    lengths = torch.full((batch,), frames, device=device)
                     with torch.inference_mode():
                         bias, rate = calibrate_blank_bias(calibrator, enc, lengths, steps=11 if not smoke else 8)
                     calibration[tag] = {"blank_bias": bias, "labels_per_frame": rate}
@@ -198,13 +198,14 @@ def run(out_dir: str, quick: bool, budget_s: float, smoke: bool = False) -> int:
                     group = []
                     for algorithm, mode, window in METHODS:
                         if (algorithm == "frame_looping" and durations is not None) or (
-                                DEVICE != "cuda" and mode != "off") or (window == 1 and dtype != torch.float32):
+                                device.type != "cuda" and mode != "off") or (window == 1 and dtype != torch.float32):
                             continue
                         dec = GreedyTransducerDecoder(predictor, joint, blank_id=BLANK, durations=durations,
                                                       algorithm=algorithm, cuda_graphs=mode, blank_window=window)
                         try:
                             hyps = dec(enc, lengths)
-                            timing = timed(lambda: dec(enc, lengths), repeat=5 if mode == "full" else 3,
+                            timing = timed(lambda: dec(enc, lengths), device=device,
+                                           repeat=5 if mode == "full" else 3,
                                            warmup=0)  # the call above warmed up (and captured the graphs)
                         except Exception as e:  # keep measuring the rest; the failure is reported
                             failures.append(f"{tag}: {method_name(algorithm, mode, window)} raised {type(e).__name__}: {e}")
@@ -265,7 +266,7 @@ def run(out_dir: str, quick: bool, budget_s: float, smoke: bool = False) -> int:
     if smoke:
         skipped.append("torchaudio reference (smoke)")
     elif time.perf_counter() - t_start < budget_s:
-        rows += torchaudio_reference(frame_counts)
+        rows += torchaudio_reference(frame_counts, device)
     else:
         skipped.append("torchaudio reference")
 
@@ -344,9 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         check_smoke_out(parser, args.out)
     if cuda_missing(args.smoke):
         return 2
-    global DEVICE
-    DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-    return run(args.out, args.quick, args.budget_s, smoke=args.smoke)
+    return run(args.out, args.quick, args.budget_s, bench_device(), smoke=args.smoke)
 
 
 if __name__ == "__main__":

@@ -146,9 +146,10 @@ def sampler_state_dict(sampler: DynamicBucketingSampler) -> dict[str, Any]:
 
     lhotse's own ``state_dict()`` refuses samplers with a custom constraint, since it cannot rebuild one;
     ours is rebuilt from the profile by ``make_sampler``, so this saves lhotse's state without it, plus
-    the profile, which :func:`load_sampler_state_dict` checks."""
+    the profile, which :func:`load_sampler_state_dict` checks. A plain lhotse sampler (no profile) gives
+    its own ``state_dict()``."""
     if not hasattr(sampler, "profile"):
-        raise ValueError("sampler_state_dict: the sampler was not made by workbench.bucketing.make_sampler")
+        return sampler.state_dict()
     constraint, sampler.constraint = sampler.constraint, None
     try:
         state = sampler.state_dict()
@@ -159,8 +160,8 @@ def sampler_state_dict(sampler: DynamicBucketingSampler) -> dict[str, Any]:
 
 
 def load_sampler_state_dict(sampler: DynamicBucketingSampler, state: dict[str, Any]) -> None:
-    """Resume a sampler from :func:`sampler_state_dict`: make it with ``make_sampler`` on the same cuts,
-    profile, seed and world size, then call this; iteration continues the saved epoch after the batches
+    """Resume a sampler from :func:`sampler_state_dict`: make it with ``make_sampler`` (or lhotse, without
+    a profile) on the same cuts, profile, seed and world size, then call this; iteration continues the saved epoch after the batches
     already seen (lhotse re-draws and skips them: no audio is read).
 
     With ``concurrent=False`` the following batches are exactly those of the uninterrupted run. With
@@ -169,9 +170,15 @@ def load_sampler_state_dict(sampler: DynamicBucketingSampler, state: dict[str, A
     Raises ValueError naming the field when the state does not match this sampler."""
     state = dict(state)
     saved = state.pop(STATE_KEY, None)
-    if saved is None:
+    if not hasattr(sampler, "profile"):  # a plain lhotse sampler
+        if saved is not None:
+            raise ValueError("sampler state: saved with a bucket profile, but this sampler has none: resume with "
+                             "the same profile")
+        saved = current = {}
+    elif saved is None:
         raise ValueError(f"sampler state: no '{STATE_KEY}' field (not written by sampler_state_dict)")
-    current = _profile_fields(sampler.profile)
+    else:
+        current = _profile_fields(sampler.profile)
     for name in current:
         if saved.get(name) != current[name]:
             raise ValueError(f"sampler state: '{name}' differs from this sampler's profile "

@@ -30,11 +30,10 @@ def make_toy_transducer(*, vocab_size: int, enc_dim: int, pred_dim: int, joint_d
     torch.manual_seed(seed)
     try:
         # The predictor embeds every token id 0..vocab_size; the blank's row is the start symbol.
-        predictor = Predictor(vocab_size, pred_dim, num_layers, dropout=0.0)
+        predictor = Predictor(vocab_size, pred_dim, num_layers, dropout=0.0, blank_id=blank)
         joint = Joint(enc_dim, pred_dim, joint_dim, vocab_size + 1 + len(durations or []))
     finally:
         torch.random.set_rng_state(gen_state)
-    predictor.blank_id = blank  # used by teacher forcing only; decoding passes the start symbol itself
     with torch.no_grad():
         joint.out.weight.mul_(logit_scale)
         joint.out.bias.mul_(logit_scale)

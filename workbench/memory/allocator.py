@@ -107,12 +107,15 @@ def torch_runtime() -> AllocatorRuntime:
 
 
 def configure_allocator(expandable_segments: bool = True, *, environ: MutableMapping[str, str] | None = None,
-                        runtime: AllocatorRuntime | None = None, release_cached: bool = True) -> AllocatorStatus:
+                        runtime: AllocatorRuntime | None = None, release_cached: bool = True,
+                        warn: bool = True) -> AllocatorStatus:
     """Turn expandable segments on for the CUDA caching allocator, keeping every option the user set.
 
     ``expandable_segments=False`` is the opt-out: nothing is touched. ``environ`` defaults to
     ``os.environ`` and ``runtime`` to :func:`torch_runtime` (tests pass their own). ``release_cached``
-    releases cached blocks after a runtime change so new segments are expandable. Safe to call again.
+    releases cached blocks after a runtime change so new segments are expandable. ``warn`` False keeps the
+    once-per-settings warning about a user's ``expandable_segments:False`` for a later call (a preview).
+    Safe to call again.
     """
     if not expandable_segments:
         return AllocatorStatus("skipped", "opt-out: configure_allocator(expandable_segments=False) leaves "
@@ -145,7 +148,7 @@ def configure_allocator(expandable_segments: bool = True, *, environ: MutableMap
     user_choice = expandable_segments_setting(options)
     if user_choice is False:
         key = current or ""
-        if key not in _warned_user_disabled:
+        if warn and key not in _warned_user_disabled:
             _warned_user_disabled.add(key)
             warnings.warn(f"allocator settings from {source} say expandable_segments:False; respecting it "
                           "(dynamic batch shapes may re-allocate device memory every step)", stacklevel=2)
@@ -181,13 +184,7 @@ def preview_configure_allocator(user_settings: str | None) -> AllocatorStatus:
                                set_settings=lambda settings: None, release_cached=lambda: None,
                                setter_name="(preview)")
     environ = {} if user_settings is None else {ENV_VARS[0]: user_settings}
-    warned = set(_warned_user_disabled)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the status says it; the warning (once) is for real runs
-            return configure_allocator(environ=environ, runtime=runtime)
-    finally:
-        _warned_user_disabled.intersection_update(warned)
+    return configure_allocator(environ=environ, runtime=runtime, warn=False)  # the status says it
 
 
 def switch_expandable_segments(enabled: bool, *, runtime: AllocatorRuntime | None = None) -> str:

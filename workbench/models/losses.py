@@ -98,7 +98,8 @@ def lattice_log_likelihood(blank_weight: torch.Tensor, label_weight: torch.Tenso
     frame logit_lengths[b] at u = target_lengths[b]; everything is fp32. The gradient is analytic (a
     backward recursion over the diagonals when backward runs), not autograd through the loop; first
     derivatives only (``create_graph=True`` and ``torch.func`` transforms raise). Its absolute fp32 error
-    grows in proportion to |log P| (alpha + beta - log P cancels large terms). An utterance with no alignment (e.g. TDT durations that cannot sum to its length) gets log P near
+    grows in proportion to |log P| (alpha + beta - log P cancels large terms). An utterance with no
+    alignment (e.g. TDT durations that cannot sum to its length) gets log P near
     LOG_ZERO and a zero gradient.
     """
     log_likelihood, _ = _LatticeLogLikelihood.apply(blank_weight.float(), label_weight.float(), tuple(blank_durations),

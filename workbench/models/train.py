@@ -167,20 +167,14 @@ def train(config: TrainConfig) -> dict:
             "checkpoint": checkpoint}
 
 
-def _sampler_state(sampler) -> dict:
-    if hasattr(sampler, "profile"):  # made by workbench.bucketing.make_sampler (custom constraint)
-        from workbench.bucketing import sampler_state_dict
-
-        return sampler_state_dict(sampler)
-    return sampler.state_dict()
-
-
 def save_training_state(path: Path, config: TrainConfig, model: ASRModel, optimizer, sampler, step: int,
                         epoch: int, records: list[dict]) -> Path:
     """Everything a resumed run needs, atomically, in plain types (torch.load(weights_only=True))."""
+    from workbench.bucketing import sampler_state_dict
+
     state = {"train_config": asdict(config), "step": step, "epoch": epoch, "records": records,
              "model": _cpu_state_dict(model),
-             "optimizer": optimizer.state_dict(), "sampler": _sampler_state(sampler),
+             "optimizer": optimizer.state_dict(), "sampler": sampler_state_dict(sampler),
              "cpu_rng": torch.get_rng_state(),
              "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
     return _save_atomically(path, state)
@@ -190,6 +184,8 @@ def load_training_state(path: Path, config: TrainConfig, model: ASRModel, optimi
                         sampler) -> tuple[int, int, list[dict]]:
     """Restore what :func:`save_training_state` wrote into a freshly built run; returns (step, epoch,
     records). Raises FileNotFoundError, or ValueError naming the setting that differs."""
+    from workbench.bucketing import load_sampler_state_dict
+
     if not path.is_file():
         raise FileNotFoundError(f"--resume: {str(path)!r} does not exist (train with --save-every first)")
     state = torch.load(path, map_location="cpu", weights_only=True)
@@ -202,12 +198,7 @@ def load_training_state(path: Path, config: TrainConfig, model: ASRModel, optimi
         raise ValueError(f"--resume: {path} is at step {state['step']}, beyond --steps {config.steps}")
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    if hasattr(sampler, "profile"):
-        from workbench.bucketing import load_sampler_state_dict
-
-        load_sampler_state_dict(sampler, state["sampler"])
-    else:
-        sampler.load_state_dict(dict(state["sampler"]))
+    load_sampler_state_dict(sampler, state["sampler"])
     torch.set_rng_state(state["cpu_rng"])
     if state["cuda_rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])

@@ -13,9 +13,9 @@ from torch import nn
 class Predictor(nn.Module):
     """Label embedding + LSTM. State is (h, c), each [B, layers, hidden]."""
 
-    def __init__(self, vocab_size: int, hidden: int, num_layers: int, dropout: float):
+    def __init__(self, vocab_size: int, hidden: int, num_layers: int, dropout: float, blank_id: int | None = None):
         super().__init__()
-        self.blank_id = vocab_size
+        self.blank_id = vocab_size if blank_id is None else blank_id  # the start symbol of teacher forcing
         self.hidden, self.num_layers = hidden, num_layers
         self.embed = nn.Embedding(vocab_size + 1, hidden)
         self.lstm = nn.LSTM(hidden, hidden, num_layers, batch_first=True,
