@@ -20,6 +20,7 @@ import yaml
 from workbench.bucketing.estimate import check_durations, estimate_duration_bins
 from workbench.bucketing.padding import padding_comparison
 from workbench.bucketing.profile import profile_from_arrays, save_profile
+from workbench.plain import to_plain
 
 
 def duration_window(durations: np.ndarray, min_duration: float | None, max_duration: float | None) -> np.ndarray:
@@ -54,7 +55,7 @@ def run_bins(args: argparse.Namespace) -> int:
                   "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")})
     out = save_profile(args.out, profile)
     t_bins = time.perf_counter() - t0 - t_read
-    print(yaml.safe_dump({k: v for k, v in profile.to_dict().items() if k != "metadata"},
+    print(yaml.safe_dump(to_plain({k: v for k, v in profile.to_dict().items() if k != "metadata"}),
                          sort_keys=False, default_flow_style=None, width=120).rstrip())
     print(f"# wrote {out}: {profile.num_buckets} buckets from {int(keep.sum())} utterances "
           f"({int((~keep).sum())} outside the duration window); read {t_read:.2f} s, bins {t_bins:.2f} s")

@@ -16,6 +16,7 @@ import yaml
 
 from workbench.atomic import write_text_atomically
 from workbench.bucketing.estimate import estimate_2d_bins, estimate_duration_bins
+from workbench.plain import to_plain
 
 
 @dataclass
@@ -47,9 +48,11 @@ class BucketProfile:
 
 
 def save_profile(path: str | os.PathLike, profile: BucketProfile) -> Path:
-    """Write the profile as YAML atomically (temp file in the same folder, then rename)."""
-    validate_profile(profile, source=str(path))
-    text = yaml.safe_dump(_plain(profile.to_dict()), sort_keys=False, default_flow_style=None)
+    """Write the profile as YAML of built-in types, atomically (temp file in the same folder, then rename)."""
+    data = to_plain(profile.to_dict())  # numpy scalars, str subclasses (torch.__version__) -> built-ins
+    validate_profile(BucketProfile(data["bucket_duration_bins"], data.get("bucket_batch_size"),
+                                   data.get("max_tps"), data.get("metadata") or {}), source=str(path))
+    text = yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
     return write_text_atomically(path, text)
 
 
@@ -101,17 +104,6 @@ def validate_profile(profile: BucketProfile, source: str = "profile") -> None:
     if isinstance(tps, list) and len(tps) != len(bins):
         raise ValueError(f"{source}: field 'max_tps' has {len(tps)} entries, "
                          f"'bucket_duration_bins' has {len(bins)}")
-
-
-def _plain(obj: Any) -> Any:
-    """numpy scalars and tuples to plain Python, so the YAML has no tags."""
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if hasattr(obj, "item"):
-        return obj.item()
-    return obj
 
 
 def profile_from_arrays(durations, num_tokens=None, *, num_buckets: int = 30, num_subbuckets: int = 2,
