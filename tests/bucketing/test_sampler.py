@@ -133,24 +133,6 @@ def test_custom_num_tokens_fn_and_early_close():
     close_sampler(s)
 
 
-def test_sampler_reports_allocator_configuration():
-    from workbench.bucketing import make_sampler
-    from workbench.bucketing.profile import BucketProfile
-
-    cuts = cuts_from_arrays([1.0, 2.0, 3.0], [2, 4, 6])
-    profile = BucketProfile(bucket_duration_bins=[2.0, 3.0], bucket_batch_size=[2, 2])
-    status = make_sampler(cuts, profile, concurrent=False).allocator_status
-    assert status is not None and status.action in ("skipped", "set_env", "set_runtime", "already_active")
-    import torch
-
-    if not torch.cuda.is_available():
-        assert (status.action, status.skip_reason) == ("skipped", "no_cuda")
-    else:
-        assert status.skip_reason != "opt_out"  # the default asks for expandable segments
-    opted_out = make_sampler(cuts, profile, concurrent=False, expandable_segments=False).allocator_status
-    assert opted_out.skip_reason == "opt_out"
-
-
 def _ids(batches):
     return [[c.id for c in b] for b in batches]
 

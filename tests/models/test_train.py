@@ -112,33 +112,36 @@ def _crash_then_resume(corpus, tmp_path, monkeypatch, stop, *extra):
     from workbench.models import train as recipe
 
     assert main(_train_args(corpus, tmp_path / "straight", "--steps", "9", *extra)) == 0
-    calls, collate = [], recipe.collate_cuts
+    calls, one_step = [], recipe.train_one_step
 
-    def crash_after_checkpoint(cuts, tokenizer):
+    def crash_after_checkpoint(run, host_batch, **kw):
         calls.append(1)
         if len(calls) > stop:
             raise RuntimeError("simulated crash")
-        return collate(cuts, tokenizer)
+        return one_step(run, host_batch, **kw)
 
-    monkeypatch.setattr(recipe, "collate_cuts", crash_after_checkpoint)
+    monkeypatch.setattr(recipe, "train_one_step", crash_after_checkpoint)
     args = _train_args(corpus, tmp_path / "split", "--steps", "9", "--save-every", str(stop), *extra)
     with pytest.raises(RuntimeError, match="simulated crash"):
         main(args)
-    monkeypatch.setattr(recipe, "collate_cuts", collate)
+    monkeypatch.setattr(recipe, "train_one_step", one_step)
     assert main([*args, "--resume"]) == 0
     return _log(tmp_path / "straight"), _log(tmp_path / "split")
 
 
+@pytest.mark.parametrize("workers", ["0", "2"])
 @pytest.mark.parametrize("stop", [3, 7])
-def test_train_resumes_after_a_crash_as_if_never_stopped(corpus, tmp_path, monkeypatch, stop):
+def test_train_resumes_after_a_crash_as_if_never_stopped(corpus, tmp_path, monkeypatch, stop, workers):
     # 12 cuts of 0.5-1 s in batches of <= 2 s: 7 batches an epoch, so step 3 is mid-epoch, step 7 ends the
-    # epoch, and step 9 is in the second epoch.
-    straight, split = _crash_then_resume(corpus, tmp_path, monkeypatch, stop)
+    # epoch, and step 9 is in the second epoch. With 2 workers prefetching 4 batches each, the whole epoch
+    # has been drawn from the sampler by the time step 3 is saved: those batches must not be lost.
+    straight, split = _crash_then_resume(corpus, tmp_path, monkeypatch, stop, "--num-workers", workers,
+                                         "--log-cut-ids")
     assert [r["step"] for r in split] == list(range(9))
     assert len({r["batch_size"] for r in straight[3:7]}) > 1  # batches differ, so a wrong position shows
-    # The same batches (the sampler fast-forwarded past the batches seen), weights, optimizer moments and
-    # schedule: the losses after the resume are those of the uninterrupted run.
-    assert [r["audio_s"] for r in split] == [r["audio_s"] for r in straight]
+    # The same batches (the sampler fast-forwarded past the batches trained on), weights, optimizer moments
+    # and schedule: the losses after the resume are those of the uninterrupted run.
+    assert [r["cut_ids"] for r in split] == [r["cut_ids"] for r in straight]
     np.testing.assert_allclose([r["loss"] for r in split], [r["loss"] for r in straight], rtol=1e-5)
     a, b = (torch.load(tmp_path / d / "model.pt", weights_only=True)["state_dict"] for d in ("straight", "split"))
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)

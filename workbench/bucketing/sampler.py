@@ -89,8 +89,7 @@ class FitFilter:
 def make_sampler(cuts: CutSet, profile: BucketProfile, *, world_size: int = 1, rank: int = 0,
                  concurrent: bool = True, shuffle: bool = True, seed: int = 0,
                  num_tokens_fn: Callable[[Any], int] | None = None, buffer_size: int = 20000,
-                 strict_2d: bool = True, drop_last: bool = False,
-                 expandable_segments: bool = True) -> DynamicBucketingSampler:
+                 strict_2d: bool = True, drop_last: bool = False) -> DynamicBucketingSampler:
     """A DynamicBucketingSampler yielding CutSet batches of at most ``profile.bucket_batch_size[b]`` cuts,
     all from bucket ``b``.
 
@@ -99,9 +98,8 @@ def make_sampler(cuts: CutSet, profile: BucketProfile, *, world_size: int = 1, r
     ``sampler.unfit_report`` counts what was skipped. Concurrent bucketing (a background thread fills
     the buckets) is on by default; call :func:`close_sampler` when leaving an epoch early.
 
-    Dynamic batch shapes want the CUDA allocator's expandable segments: the sampler turns them on
-    (keeping every other allocator option the user set); ``expandable_segments=False`` opts out.
-    ``sampler.allocator_status`` says what was done and why.
+    Dynamic batch shapes want the CUDA allocator's expandable segments: call
+    ``workbench.memory.configure_allocator()`` before CUDA starts (``workbench train`` does).
     """
     validate_profile(profile)
     if profile.bucket_batch_size is None:
@@ -125,9 +123,6 @@ def make_sampler(cuts: CutSet, profile: BucketProfile, *, world_size: int = 1, r
     sampler.filter(FitFilter(constraint, report))
     sampler.unfit_report = report
     sampler.profile = profile
-    from workbench.memory import configure_allocator
-
-    sampler.allocator_status = configure_allocator(expandable_segments=expandable_segments)
     return sampler
 
 
@@ -140,23 +135,47 @@ def _profile_fields(profile: BucketProfile) -> dict[str, Any]:
     return {name: fields.get(name) for name in ("bucket_duration_bins", "bucket_batch_size", "max_tps")}
 
 
-def sampler_state_dict(sampler: DynamicBucketingSampler) -> dict[str, Any]:
+def sampler_state_dict(sampler: DynamicBucketingSampler, *, batches_consumed: int | None = None) -> dict[str, Any]:
     """Where a :func:`make_sampler` sampler is in its epoch (epoch, batches so far, seed, ...), for a
     training checkpoint; plain types only (``torch.save`` or JSON).
 
     lhotse's own ``state_dict()`` refuses samplers with a custom constraint, since it cannot rebuild one;
     ours is rebuilt from the profile by ``make_sampler``, so this saves lhotse's state without it, plus
     the profile, which :func:`load_sampler_state_dict` checks. A plain lhotse sampler (no profile) gives
-    its own ``state_dict()``."""
+    its own ``state_dict()``.
+
+    ``batches_consumed``: the batches of the current epoch that training has used. A DataLoader's
+    workers draw ahead of training; with this count the state resumes after the last batch trained on,
+    so batches in flight at save time are neither lost nor repeated."""
     if not hasattr(sampler, "profile"):
-        return sampler.state_dict()
-    constraint, sampler.constraint = sampler.constraint, None
-    try:
         state = sampler.state_dict()
-    finally:
-        sampler.constraint = constraint
-    state[STATE_KEY] = _profile_fields(sampler.profile)
+    else:
+        constraint, sampler.constraint = sampler.constraint, None
+        try:
+            state = sampler.state_dict()
+        finally:
+            sampler.constraint = constraint
+        state[STATE_KEY] = _profile_fields(sampler.profile)
+    if batches_consumed is not None:
+        _rewind_to(state, batches_consumed)
     return state
+
+
+def _rewind_to(state: dict[str, Any], batches_consumed: int) -> None:
+    """Make a lhotse sampler state count ``batches_consumed`` batches in its current epoch (resuming
+    fast-forwards past exactly that many)."""
+    diagnostics = dict(state["diagnostics"])
+    per_epoch = dict(diagnostics["stats_per_epoch"])
+    epoch = diagnostics["current_epoch"]
+    stats = dict(per_epoch.get(epoch, {"epoch": epoch, "kept_cuts": 0, "discarded_cuts": 0, "kept_batches": 0,
+                                       "discarded_batches": 0}))
+    drawn = stats["kept_batches"] + stats["discarded_batches"]
+    if not 0 <= batches_consumed <= drawn:
+        raise ValueError(f"batches_consumed is {batches_consumed}, but the sampler drew {drawn} this epoch")
+    stats["kept_batches"], stats["discarded_batches"] = batches_consumed, 0
+    per_epoch[epoch] = stats
+    diagnostics["stats_per_epoch"] = per_epoch
+    state["diagnostics"] = diagnostics
 
 
 def load_sampler_state_dict(sampler: DynamicBucketingSampler, state: dict[str, Any]) -> None:

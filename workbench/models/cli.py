@@ -13,19 +13,29 @@ def _train(args: argparse.Namespace) -> int:
     config = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
     summary = train(config)
     losses = summary["losses"]
-    print(f"trained {config.model} for {len(losses)} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
-          f"{summary['audio_seconds_per_second']:.1f} audio s/s; saved {summary['checkpoint']}")
+    if summary["checkpoint"]:  # rank 0
+        print(f"trained {config.model} for {summary['steps']} steps on {summary['world_size']} process(es): "
+              f"loss {losses[0]:.3f} -> {losses[-1]:.3f}, {summary['audio_seconds_per_second']:.1f} audio s/s, "
+              f"data wait {100 * summary['data_wait_share']:.1f} %; saved {summary['checkpoint']}")
+        for warning in summary["warnings"]:
+            print(f"warning: {warning}")
     return 0
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("train", help="train a workbench model on a lhotse corpus",
-                              description="Train a model on a lhotse CutSet; saves <out>/model.pt.")
+    p = subparsers.add_parser(
+        "train", help="train a workbench model on a lhotse corpus (torchrun for several GPUs)",
+        description="Train a model on a lhotse CutSet with audio; saves <out>/model.pt, train_log.jsonl and "
+                    "train_summary.json. Several GPUs: torchrun --nproc-per-node N -m workbench train ... "
+                    "(DistributedDataParallel; give it a profile made with `workbench oomptimize --ddp` or "
+                    "`--nproc N`). Several machines: add torchrun's --nnodes M --node-rank R "
+                    "--rdzv-endpoint HOST:PORT.")
     p.add_argument("--cuts", required=True, help="lhotse CutSet manifest (.jsonl or .jsonl.gz)")
     p.add_argument("--tokenizer", required=True, help="sentencepiece .model")
     p.add_argument("--out", dest="out_dir", required=True, help="output folder for model.pt and train_log.jsonl")
     p.add_argument("--model", default="tiny-rnnt", help="{tiny,large,xl}-{rnnt,tdt,ctc,aed} (default tiny-rnnt)")
-    p.add_argument("--profile", help="bucket profile YAML with batch sizes (else lhotse max_duration batches)")
+    p.add_argument("--profile", help="bucket profile YAML with batch sizes (else lhotse max_duration batches); "
+                                     "under torchrun, one made with `oomptimize --ddp` or `--nproc N`")
     p.add_argument("--max-duration", type=float, help="seconds of audio per batch without a profile (200)")
     p.add_argument("--num-buckets", type=int, help="lhotse buckets without a profile (10)")
     p.add_argument("--steps", type=int, help="optimizer steps (1000)")
@@ -39,5 +49,14 @@ def register(subparsers) -> None:
     p.add_argument("--resume", action="store_true", default=None,
                    help="continue from <out>/train_state.pt (same corpus, model and sampler settings)")
     p.add_argument("--no-concurrent", dest="concurrent", action="store_false", default=None,
-                   help="with --profile: bucket without the background thread, so a resume is exact")
+                   help="with --profile: bucket without the background thread, so a resume is exact "
+                        "(always off under torchrun)")
+    p.add_argument("--num-workers", type=int,
+                   help="DataLoader processes reading and collating audio (default: this machine's cores "
+                        "shared among its ranks, less one, at most 16; 0: in the main process)")
+    p.add_argument("--prefetch-factor", type=int, help="batches each worker prepares ahead (4)")
+    p.add_argument("--strict", action="store_true", default=None,
+                   help="fail when more than 1%% of the corpus fits no bucket of the profile (default: warn)")
+    p.add_argument("--log-cut-ids", action="store_true", default=None,
+                   help="list every rank's cut ids in each train_log.jsonl record")
     p.set_defaults(func=_train)

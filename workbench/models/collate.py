@@ -38,3 +38,38 @@ def collate_cuts(cuts: Iterable, tokenizer, *, sample_rate: int = SAMPLE_RATE) -
         audio[i, :a.numel()] = a
         tokens[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
     return {"audio": audio, "audio_lens": audio_lens, "tokens": tokens, "token_lens": token_lens}
+
+
+def cut_has_audio(cut) -> bool:
+    """True when the cut points at audio that ``load_audio`` can read (a recording, not bare metadata)."""
+    return bool(getattr(cut, "has_recording", False))
+
+
+class CutBatchDataset(torch.utils.data.Dataset):
+    """Map-style dataset for lhotse samplers: ``dataset[cuts]`` is :func:`collate_cuts` of that CutSet.
+
+    Meant for ``DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=N)``: the sampler in
+    the main process yields CutSets, the workers read, resample and collate their audio; the batch
+    dict also lists the ``cut_ids`` (strings, left on the host). The tokenizer
+    is loaded from ``tokenizer_path`` once per process, so nothing unpicklable crosses to the workers.
+    """
+
+    def __init__(self, tokenizer_path: str, *, sample_rate: int = SAMPLE_RATE):
+        self.tokenizer_path = str(tokenizer_path)
+        self.sample_rate = sample_rate
+        self._tokenizer = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_tokenizer": None}
+
+    def __getitem__(self, cuts) -> dict:
+        if self._tokenizer is None:
+            from workbench.data.tokenizer import load_tokenizer  # sentencepiece: only where batches are made
+
+            self._tokenizer = load_tokenizer(self.tokenizer_path)
+        for cut in cuts:
+            if not cut_has_audio(cut):
+                raise ValueError(f"cut {cut.id!r} has no audio (no recording): training needs real audio")
+        batch = collate_cuts(cuts, self._tokenizer, sample_rate=self.sample_rate)
+        batch["cut_ids"] = [cut.id for cut in cuts]
+        return batch

@@ -44,6 +44,10 @@ class ASRModel(nn.Module):
         """audio [B, S] 16 kHz, audio_lens [B] samples -> (enc [B, T, D], enc_lens [B]); 80 ms per frame."""
         return self.encoder(audio, audio_lens)
 
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The training loss of a batch (what DistributedDataParallel wraps); see :meth:`loss`."""
+        return self.loss(batch)
+
     def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Scalar loss with its graph: summed NLL / number of target tokens (AED: mean smoothed CE)."""
         tokens, token_lens = batch["tokens"], batch["token_lens"]

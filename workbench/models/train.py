@@ -1,18 +1,29 @@
-"""Training recipe: train any workbench model on a lhotse corpus.
+"""Training recipe: train any workbench model on a lhotse corpus, on one device or under torchrun (DDP).
 
-    python -m workbench train --cuts data/tts/cuts.jsonl.gz --tokenizer data/tts/tokenizer_bpe256.model \
+    python -m workbench train --cuts data/tts/cuts.jsonl.gz --tokenizer data/tts/tokenizer.model \
         --model large-rnnt --profile profiles/large-rnnt.yaml --steps 2000 --out runs/large-rnnt
+    torchrun --nproc-per-node 2 -m workbench train ...same options...    # DistributedDataParallel
 
 With --profile (from the OOMptimizer) batches come from workbench.bucketing.make_sampler and respect
 its per-bucket batch sizes; without one, from lhotse's DynamicBucketingSampler with --max-duration
-seconds of audio per batch. Logs loss and audio seconds per second; writes <out>/model.pt (weights and
-config: load with load_checkpoint, which uses torch.load(weights_only=True)) and <out>/train_log.jsonl.
+seconds of audio per batch. The sampler runs in the main process and feeds a DataLoader whose
+--num-workers processes read, resample and collate the audio; features are computed on the device.
+
+Per step the log records the loss, batch size, audio seconds, the time spent waiting for data
+(data_s: from the end of one step to the arrival of the next batch) and the step's own time. Writes
+<out>/model.pt (weights and config: load_checkpoint reads it with torch.load(weights_only=True)),
+<out>/train_log.jsonl and <out>/train_summary.json.
 
 --save-every N also writes <out>/train_state.pt every N steps (and at the end): weights, optimizer,
-where the sampler is in its epoch, RNG states and the log so far. --resume continues from it: the
-same corpus, model and sampler settings are required (a mismatch names the field); --steps may grow.
-Without a profile, or with --no-concurrent, the resumed run is the run that was never stopped; with
-concurrent bucketing (the default) the batches after the checkpoint may differ.
+where each rank's sampler is in its epoch (batches prefetched by the workers but not trained on are
+not counted, so a resume neither loses nor repeats them), RNG states and the log so far. --resume
+continues from it: the same corpus, model, sampler settings and world size are required (a mismatch
+names the field); --steps may grow. Without a profile, or with --no-concurrent, the resumed run is
+the run that was never stopped; with concurrent bucketing the batches after the checkpoint may differ.
+
+Under torchrun every rank's sampler knows its rank and world size, so ranks draw different batches;
+DDP all-reduces the gradients; rank 0 logs and saves. A profile for DDP comes from
+`workbench oomptimize --ddp` (one GPU, DDP's gradient buckets accounted) or `--nproc N`.
 """
 
 from __future__ import annotations
@@ -22,25 +33,41 @@ import logging
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from lhotse import CutSet
+from lhotse.dataset import DynamicBucketingSampler
 from tqdm.auto import tqdm
 
 from workbench.atomic import atomic_path, write_text_atomically
-from workbench.models.collate import collate_cuts, cut_text
+from workbench.bucketing import (BucketProfile, close_sampler, load_profile, load_sampler_state_dict, make_sampler,
+                                 sampler_state_dict)
+from workbench.bucketing.fit import FITS, REASONS, make_fitter
+from workbench.data.tokenizer import load_tokenizer
+from workbench.models.collate import CutBatchDataset, cut_has_audio, cut_text
 from workbench.models.config import ModelConfig
+from workbench.models.distributed import (Ranks, destroy_process_group, gather_objects, init_process_group,
+                                          local_world_size, ranks_from_env, sum_over_ranks, weights_digest)
 from workbench.models.model import DTYPES, ASRModel, build_model
+from workbench.plain import to_plain
 
 log = logging.getLogger(__name__)
 
 
+def default_num_workers() -> int:
+    """Data-loading workers per process: the cores this process may use, shared among the processes of
+    this machine, less one for the main process; at most 16."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0, min(16, cores // local_world_size() - 1))
+
+
 @dataclass
 class TrainConfig:
-    cuts: str                        # lhotse CutSet manifest (.jsonl or .jsonl.gz)
+    cuts: str                        # lhotse CutSet manifest (.jsonl or .jsonl.gz) with audio
     tokenizer: str                   # sentencepiece .model; its size sets the model's vocabulary
-    out_dir: str                     # where model.pt and train_log.jsonl go
+    out_dir: str                     # where model.pt, train_log.jsonl and train_summary.json go
     model: str = "tiny-rnnt"         # "{tiny,large,xl}-{rnnt,tdt,ctc,aed}"
     profile: str | None = None       # bucket profile YAML with batch sizes; None -> lhotse max_duration
     max_duration: float = 200.0      # seconds of audio per batch without a profile
@@ -51,16 +78,21 @@ class TrainConfig:
     weight_decay: float = 1e-3       # AdamW weight decay
     grad_clip: float = 1.0           # max global gradient norm
     dtype: str = "bf16"              # bf16 (autocast) or fp32
-    device: str = "cuda" if torch.cuda.is_available() else "cpu"
+    device: str | None = None        # cuda or cpu; None: cuda when available
     log_every: int = 10              # steps between log lines
     seed: int = 0                    # model init and sampler shuffling
     save_every: int = 0              # steps between resumable train_state.pt saves (0: only model.pt at the end)
     resume: bool = False             # continue from <out_dir>/train_state.pt
-    concurrent: bool = True          # concurrent bucketing in make_sampler (off: exact resume)
+    concurrent: bool = True          # concurrent bucketing in make_sampler (off: exact resume; off under DDP)
+    num_workers: int = field(default_factory=default_num_workers)  # DataLoader worker processes (0: main process)
+    prefetch_factor: int = 4         # batches each worker prepares ahead
+    strict: bool = False             # error (not a warning) when more than 1 % of the corpus fits no bucket
+    log_cut_ids: bool = False        # each log record lists the cut ids of every rank's batch
 
 
 STATE_FILE = "train_state.pt"
-# Settings a resumed run must share with the saved one (steps, logging and saving may change).
+MAX_DROPPED_SHARE = 0.01  # more of the corpus than this fitting no bucket is reported (an error with --strict)
+# Settings a resumed run must share with the saved one (steps, logging, saving and workers may change).
 RESUME_MUST_MATCH = ("cuts", "tokenizer", "model", "profile", "max_duration", "num_buckets", "lr",
                      "warmup_steps", "weight_decay", "grad_clip", "dtype", "seed", "concurrent")
 
@@ -73,136 +105,366 @@ def learning_rate(step: int, config: TrainConfig) -> float:
     return config.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
-def make_batches(cuts, config: TrainConfig, tokenizer):
-    """The sampler for this run: make_sampler with the profile, else lhotse's DynamicBucketingSampler."""
-    from lhotse.dataset import DynamicBucketingSampler
+def check_config(config: TrainConfig) -> None:
+    """One-line ValueErrors naming the option, before any work."""
+    if config.dtype not in DTYPES:
+        raise ValueError(f"--dtype: expected one of {sorted(DTYPES)}, got {config.dtype!r}")
+    for name, minimum in (("steps", 1), ("log_every", 1), ("num_buckets", 1), ("prefetch_factor", 1),
+                          ("num_workers", 0), ("save_every", 0), ("warmup_steps", 0)):
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < minimum:
+            raise ValueError(f"--{name.replace('_', '-')}: must be an integer >= {minimum}, got {value!r}")
+    for name in ("max_duration", "lr"):
+        if not getattr(config, name) > 0:
+            raise ValueError(f"--{name.replace('_', '-')}: must be > 0, got {getattr(config, name)!r}")
+    if not Path(config.cuts).is_file():
+        raise FileNotFoundError(f"--cuts: manifest {config.cuts!r} does not exist")
 
-    if config.profile:
-        from workbench.bucketing import load_profile, make_sampler
 
+def resolve_device(name: str | None, ranks: Ranks) -> torch.device:
+    """The device this rank trains on: cuda:LOCAL_RANK under torchrun; a one-line error without CUDA."""
+    name = name or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: this machine has no CUDA GPU that torch can use; "
+                             "train with --device cpu")
+        if ranks.distributed:
+            if ranks.local_rank >= torch.cuda.device_count():
+                raise ValueError(f"torchrun started {ranks.local_rank + 1}+ processes on a machine with "
+                                 f"{torch.cuda.device_count()} GPU(s): use --nproc-per-node "
+                                 f"{torch.cuda.device_count()} or fewer")
+            device = torch.device("cuda", ranks.local_rank)
+    elif device.type != "cpu":
+        raise ValueError(f"--device: expected cuda or cpu, got {name!r}")
+    return device
+
+
+def check_audio(cuts: CutSet, path: str) -> None:
+    """The corpus must carry audio: the synthetic corpus (durations and texts only) cannot be trained on."""
+    first = next(iter(cuts), None)
+    if first is None:
+        raise ValueError(f"--cuts: {path} has no cuts")
+    if not cut_has_audio(first):
+        raise ValueError(f"--cuts: {path}: cut {first.id!r} has no audio (no recording); training needs real "
+                         "audio, e.g. `workbench corpus tts --out DIR`")
+
+
+def check_profile_for_run(profile: BucketProfile, path: str, config: TrainConfig, ranks: Ranks,
+                          device: torch.device) -> list[str]:
+    """Warnings (returned and logged) when the profile was measured for another model, dtype or GPU;
+    ValueError when it was made without DDP's accounting for a multi-process run."""
+    meta = profile.metadata or {}
+    if profile.bucket_batch_size is None:
+        raise ValueError(f"--profile {path}: no 'bucket_batch_size': run `workbench oomptimize --bins {path}` "
+                         "first, or set one batch size per bucket")
+    run = {"model": config.model, "dtype": {"bf16": "bfloat16", "fp32": "float32"}[config.dtype]}
+    if device.type == "cuda":
+        run["gpu"] = torch.cuda.get_device_name(device)
+    warnings = [f"--profile {path}: metadata.{name} is {meta[name]!r} but this run has {value!r}; its batch "
+                "sizes may not fit" for name, value in run.items() if name in meta and meta[name] != value]
+    if ranks.distributed and meta.get("ddp") is False:
+        raise ValueError(f"--profile {path}: made for one process without DDP (metadata.ddp is false), but this "
+                         f"run has {ranks.world_size}: make it with `workbench oomptimize --ddp` or "
+                         f"`--nproc {ranks.world_size}`")
+    made_for = meta.get("world_size")
+    if ranks.distributed and isinstance(made_for, int) and made_for > 1 and made_for != ranks.world_size:
+        warnings.append(f"--profile {path}: metadata.world_size is {made_for} but this run has "
+                        f"{ranks.world_size} processes")
+    for w in warnings:
+        log.warning(w)
+    return warnings
+
+
+def corpus_fit(config: TrainConfig, profile: BucketProfile) -> dict:
+    """How many cuts of the corpus fit no bucket of the profile, by reason (read from the manifest)."""
+    from workbench.data.manifest import read_cut_arrays
+
+    fitter = make_fitter(profile.bucket_duration_bins, profile.max_tps)
+    arrays = read_cut_arrays(config.cuts, tokenizer=config.tokenizer if fitter.needs_tokens else None,
+                             progress=False)
+    _, reason = fitter.assign(arrays.durations, arrays.num_tokens)
+    counts = {name: int((reason == code).sum()) for code, name in REASONS.items()}
+    return {"cuts": int(len(reason)), "unfit": int((reason != FITS).sum()), "reasons": counts}
+
+
+def report_dropped(fit: dict, config: TrainConfig, *, when: str) -> str | None:
+    """A message when more than MAX_DROPPED_SHARE of the cuts fit no bucket (ValueError with --strict)."""
+    if not fit["cuts"] or fit["unfit"] <= MAX_DROPPED_SHARE * fit["cuts"]:
+        return None
+    reasons = ", ".join(f"{n} {name}" for name, n in fit["reasons"].items() if n)
+    message = (f"--profile {config.profile}: {fit['unfit']} of {fit['cuts']} cuts "
+               f"({100 * fit['unfit'] / fit['cuts']:.1f} %) fit no bucket and are skipped ({reasons}) {when}; "
+               "make bins from this corpus with `workbench bins`")
+    if config.strict:
+        raise ValueError(message + " (--strict)")
+    log.warning(message)
+    return message
+
+
+def make_batches(cuts: CutSet, config: TrainConfig, tokenizer, profile: BucketProfile | None, ranks: Ranks):
+    """The sampler for this run and rank: make_sampler with the profile, else lhotse's DynamicBucketingSampler.
+
+    Concurrent bucketing is off under DDP: its filling thread's timing would give ranks different batches."""
+    if profile is not None:
         def num_tokens(cut) -> int:
             custom = cut.custom or {}
             return int(custom["num_tokens"]) if "num_tokens" in custom else len(tokenizer.encode(cut_text(cut)))
 
-        return make_sampler(cuts, load_profile(config.profile), shuffle=True, seed=config.seed,
-                            num_tokens_fn=num_tokens, concurrent=config.concurrent)
+        return make_sampler(cuts, profile, shuffle=True, seed=config.seed, num_tokens_fn=num_tokens,
+                            concurrent=config.concurrent and not ranks.distributed,
+                            world_size=ranks.world_size, rank=ranks.rank)
     return DynamicBucketingSampler(cuts, max_duration=config.max_duration, num_buckets=config.num_buckets,
-                                   shuffle=True, seed=config.seed)
+                                   shuffle=True, seed=config.seed, world_size=ranks.world_size, rank=ranks.rank)
+
+
+def make_loader(sampler, config: TrainConfig, device: torch.device) -> torch.utils.data.DataLoader:
+    """The lhotse way: the sampler in this process, audio read and collated in ``num_workers`` workers."""
+    workers = config.num_workers
+    return torch.utils.data.DataLoader(CutBatchDataset(config.tokenizer), sampler=sampler, batch_size=None,
+                                       num_workers=workers, pin_memory=device.type == "cuda",
+                                       prefetch_factor=config.prefetch_factor if workers else None)
+
+
+@dataclass
+class Run:
+    """What one training run holds between steps (one per rank)."""
+
+    config: TrainConfig
+    ranks: Ranks
+    device: torch.device
+    model: ASRModel
+    forward: torch.nn.Module  # the model, or its DDP wrapper (forward(batch) -> loss)
+    optimizer: torch.optim.Optimizer
+    sampler: object
+    step: int = 0
+    epoch: int = 0
+    epoch_batches: int = 0  # batches of the current epoch trained on (the sampler may have drawn more)
+    records: list = field(default_factory=list)
 
 
 def train(config: TrainConfig) -> dict:
-    """Run the recipe; returns {"losses": [...], "audio_seconds_per_second": float, "checkpoint": path}."""
-    from lhotse import CutSet
+    """Run the recipe; returns {"losses", "audio_seconds_per_second", "data_wait_share", "checkpoint", ...}
+    (the same summary as <out>/train_summary.json; on ranks other than 0 the checkpoint is None)."""
+    check_config(config)
+    ranks = ranks_from_env()
+    device = resolve_device(config.device, ranks)
+    if device.type == "cuda":
+        from workbench.memory import configure_allocator  # before the first CUDA allocation
 
-    from workbench.data.tokenizer import load_tokenizer
+        configure_allocator()
+    init_process_group(ranks, device)
+    try:
+        return _train(config, ranks, device)
+    finally:
+        destroy_process_group()
 
-    if config.dtype not in DTYPES:
-        raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {config.dtype!r}")
-    if config.steps < 1:
-        raise ValueError(f"steps: need at least 1, got {config.steps}")
-    if not Path(config.cuts).exists():
-        raise FileNotFoundError(f"cuts manifest {config.cuts!r} does not exist")
+
+def _train(config: TrainConfig, ranks: Ranks, device: torch.device) -> dict:
     tokenizer = load_tokenizer(config.tokenizer)
+    cuts = CutSet.from_file(config.cuts)
+    check_audio(cuts, config.cuts)
+    profile = load_profile(config.profile) if config.profile else None
+    warnings, fit = [], None
+    if profile is not None:
+        warnings += check_profile_for_run(profile, config.profile, config, ranks, device)
+        fit = corpus_fit(config, profile)
+        message = report_dropped(fit, config, when="by the profile's bins")
+        warnings += [message] if message else []
+    run = start_run(config, ranks, device, tokenizer, cuts, profile)
+    train_steps(run)
+    return finish_run(run, fit, warnings)
+
+
+def start_run(config: TrainConfig, ranks: Ranks, device: torch.device, tokenizer, cuts: CutSet,
+              profile: BucketProfile | None) -> Run:
     torch.manual_seed(config.seed)
-    device = torch.device(config.device)
     model = build_model(config.model, vocab_size=tokenizer.vocab_size()).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    sampler = make_batches(CutSet.from_file(config.cuts), config, tokenizer)
-
-    records: list[dict] = []
-    step, epoch = 0, 0
-    out = Path(config.out_dir)
+    sampler = make_batches(cuts, config, tokenizer, profile, ranks)
+    run = Run(config, ranks, device, model, model, optimizer, sampler)
     if config.resume:
-        step, epoch, records = load_training_state(out / STATE_FILE, config, model, optimizer, sampler)
-        log.info("resumed from %s at step %d (epoch %d)", out / STATE_FILE, step, epoch)
-    progress = tqdm(total=config.steps, initial=step, desc=f"train {config.model}", unit="step")
+        load_training_state(Path(config.out_dir) / STATE_FILE, run)
+        log.info("resumed from %s at step %d (epoch %d)", Path(config.out_dir) / STATE_FILE, run.step, run.epoch)
+    if ranks.distributed:
+        run.forward = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device] if device.type == "cuda" else None)
+    return run
+
+
+def train_steps(run: Run) -> None:
+    """Epochs of the DataLoader until run.step reaches config.steps; saves train_state.pt as asked."""
+    config, out = run.config, Path(run.config.out_dir)
+    loader = make_loader(run.sampler, config, run.device)
+    progress = tqdm(total=config.steps, initial=run.step, desc=f"train {config.model}", unit="step",
+                    disable=not run.ranks.is_main)
     resumed_mid_epoch = config.resume  # the restored sampler may have nothing left of its epoch
-    while step < config.steps:
-        sampler.set_epoch(epoch)
-        batches_this_epoch = 0
-        for cuts in sampler:
-            start = time.perf_counter()
-            host_batch = collate_cuts(cuts, tokenizer)
-            seconds = float(host_batch["audio_lens"].sum()) / model.config.sample_rate  # on the host: no sync
-            batch = {k: v.to(device, non_blocking=True) for k, v in host_batch.items()}
-            lr = learning_rate(step, config)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss = model.training_step(batch, dtype=DTYPES[config.dtype])
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            loss_value = float(loss)  # synchronizes, so the timing below is honest
-            elapsed = time.perf_counter() - start
-            records.append({"step": step, "loss": loss_value, "batch_size": len(host_batch["audio_lens"]),
-                            "audio_s": seconds, "step_s": elapsed, "lr": lr})
-            if step % config.log_every == 0 or step == config.steps - 1:
-                log.info("step %d  loss %.4f  %.1f audio s/s", step, loss_value, seconds / elapsed)
-            progress.update(1)
-            progress.set_postfix(loss=f"{loss_value:.3f}")
-            step += 1
-            batches_this_epoch += 1
-            if config.save_every and step % config.save_every == 0 and step < config.steps:
-                save_training_state(out / STATE_FILE, config, model, optimizer, sampler, step, epoch, records)
-            if step >= config.steps:
+    while run.step < config.steps:
+        run.sampler.set_epoch(run.epoch)
+        batches = iter(loader)
+        drawn = 0
+        while run.step < config.steps:
+            waited = time.perf_counter()
+            try:
+                host_batch = next(batches)
+            except StopIteration:
                 break
-        if batches_this_epoch == 0 and not resumed_mid_epoch:
-            raise ValueError(f"cuts: the sampler gave 0 batches from {config.cuts} (empty corpus or nothing fits)")
+            record = train_one_step(run, host_batch, data_s=time.perf_counter() - waited)
+            drawn += 1
+            log_step(run, record, progress)
+            if config.save_every and run.step % config.save_every == 0 and run.step < config.steps:
+                save_training_state(out / STATE_FILE, run)
+        del batches  # stops this epoch's workers
+        if drawn == 0 and not resumed_mid_epoch:
+            raise ValueError(f"--cuts: the sampler gave 0 batches from {config.cuts} (empty corpus or nothing fits)")
         resumed_mid_epoch = False
-        if step >= config.steps:
+        if run.step >= config.steps:
             break  # the epoch stays current: a checkpoint saved below resumes inside it
-        epoch += 1
+        run.epoch += 1
+        run.epoch_batches = 0
     progress.close()
     if config.save_every:  # where the sampler stands now: a later --resume --steps N continues from here
-        save_training_state(out / STATE_FILE, config, model, optimizer, sampler, step, epoch, records)
-    from workbench.bucketing import close_sampler
-
-    close_sampler(sampler)
-
-    checkpoint = save_checkpoint(out / "model.pt", model, extra={"train_config": asdict(config), "steps": step})
-    _write_jsonl(out / "train_log.jsonl", records)
-    throughput = sum(r["audio_s"] for r in records) / sum(r["step_s"] for r in records)
-    log.info("done: %d steps, %.1f audio s/s, saved %s", step, throughput, checkpoint)
-    return {"losses": [r["loss"] for r in records], "audio_seconds_per_second": throughput,
-            "checkpoint": checkpoint}
+        save_training_state(out / STATE_FILE, run)
+    close_sampler(run.sampler)
 
 
-def save_training_state(path: Path, config: TrainConfig, model: ASRModel, optimizer, sampler, step: int,
-                        epoch: int, records: list[dict]) -> Path:
-    """Everything a resumed run needs, atomically, in plain types (torch.load(weights_only=True))."""
-    from workbench.bucketing import sampler_state_dict
+def train_one_step(run: Run, host_batch: dict, *, data_s: float) -> dict:
+    """One optimizer step on a host batch; returns its log record (times in seconds)."""
+    config, device = run.config, run.device
+    started = time.perf_counter()
+    cuda = device.type == "cuda"
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if cuda else []
+    audio_lens, token_lens = host_batch["audio_lens"], host_batch["token_lens"]
+    batch = {k: v.to(device, non_blocking=True) for k, v in host_batch.items() if isinstance(v, torch.Tensor)}
+    lr = learning_rate(run.step, config)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    if cuda:
+        events[0].record()
+    run.model.train()
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=config.dtype == "bf16"):
+        loss = run.forward(batch)
+    loss.backward()
+    if cuda:
+        events[1].record()
+    torch.nn.utils.clip_grad_norm_(run.model.parameters(), config.grad_clip)
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    if cuda:
+        events[2].record()
+    loss_value = float(loss.detach())  # synchronizes, so the timings below are honest
+    record = {"step": run.step, "loss": loss_value, "batch_size": int(len(audio_lens)),
+              "audio_s": float(audio_lens.sum()) / run.model.config.sample_rate, "data_s": data_s,
+              "step_s": time.perf_counter() - started, "lr": lr,
+              "input_padding": padding_share(audio_lens), "output_padding": padding_share(token_lens)}
+    if cuda:
+        record["forward_backward_s"] = events[0].elapsed_time(events[1]) / 1e3
+        record["optimizer_s"] = events[1].elapsed_time(events[2]) / 1e3
+        record["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
+    if config.log_cut_ids:
+        record["cut_ids"] = gather_objects(list(host_batch.get("cut_ids", [])), run.ranks)
+    run.step += 1
+    run.epoch_batches += 1
+    return record
 
-    state = {"train_config": asdict(config), "step": step, "epoch": epoch, "records": records,
-             "model": _cpu_state_dict(model),
-             "optimizer": optimizer.state_dict(), "sampler": sampler_state_dict(sampler),
-             "cpu_rng": torch.get_rng_state(),
-             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+def padding_share(lengths: torch.Tensor) -> float:
+    """Share of a padded [B, max(lengths)] batch that is padding."""
+    total = int(lengths.numel()) * int(lengths.max()) if lengths.numel() else 0
+    return 1.0 - float(lengths.sum()) / total if total else 0.0
+
+
+def log_step(run: Run, record: dict, progress) -> None:
+    run.records.append(record)
+    if run.ranks.is_main and (record["step"] % run.config.log_every == 0 or run.step == run.config.steps):
+        log.info("step %d  loss %.4f  %.1f audio s/s  data wait %.0f %%", record["step"], record["loss"],
+                 record["audio_s"] * run.ranks.world_size / max(record["step_s"] + record["data_s"], 1e-9),
+                 100 * record["data_s"] / max(record["step_s"] + record["data_s"], 1e-9))
+    progress.update(1)
+    progress.set_postfix(loss=f"{record['loss']:.3f}")
+
+
+def finish_run(run: Run, fit: dict | None, warnings: list[str]) -> dict:
+    """Sum over ranks, check the ranks' weights agree, save (rank 0) and return the summary."""
+    config, ranks, out = run.config, run.ranks, Path(run.config.out_dir)
+    records = run.records
+    audio_s, data_s, step_s = sum_over_ranks([sum(r["audio_s"] for r in records),
+                                              sum(r["data_s"] for r in records),
+                                              sum(r["step_s"] for r in records)], ranks)
+    digests = gather_objects(weights_digest(run.model), ranks) if ranks.distributed else []
+    if len(set(digests)) > 1:
+        raise RuntimeError(f"the ranks' weights differ after training (digests {digests})")
+    unfit = getattr(run.sampler, "unfit_report", None)
+    if unfit is not None and fit is not None:
+        seen = {"cuts": unfit.seen, "unfit": unfit.total_unfit, "reasons": dict(unfit.counts)}
+        message = report_dropped(seen, config, when="in training")
+        warnings = warnings + ([message] if message else [])
+    wall = (data_s + step_s) / ranks.world_size  # per-rank seconds; ranks run side by side
+    summary = {"model": config.model, "steps": run.step, "world_size": ranks.world_size,
+               "losses": [r["loss"] for r in records],
+               "audio_seconds_per_second": audio_s / wall if wall else 0.0,
+               "data_wait_share": data_s / (data_s + step_s) if data_s + step_s else 0.0,
+               "num_workers": config.num_workers, "corpus_fit": fit, "warnings": warnings,
+               "weights_digests": digests, "checkpoint": None}
+    if run.device.type == "cuda":
+        summary["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated(run.device))
+    if ranks.is_main:
+        checkpoint = save_checkpoint(out / "model.pt", run.model,
+                                     extra={"train_config": asdict(config), "steps": run.step})
+        summary["checkpoint"] = str(checkpoint)
+        _write_jsonl(out / "train_log.jsonl", records)
+        write_text_atomically(out / "train_summary.json", json.dumps(to_plain(summary), indent=2) + "\n")
+        log.info("done: %d steps, %.1f audio s/s, data wait %.1f %%, saved %s", run.step,
+                 summary["audio_seconds_per_second"], 100 * summary["data_wait_share"], checkpoint)
+    return summary
+
+
+def save_training_state(path: Path, run: Run) -> Path | None:
+    """Everything a resumed run needs, atomically, in plain types (torch.load(weights_only=True)).
+    Every rank takes part (each rank's sampler and RNG states); rank 0 writes."""
+    rank_state = {"sampler": sampler_state_dict(run.sampler, batches_consumed=run.epoch_batches),
+                  "cpu_rng": torch.get_rng_state(),
+                  "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    per_rank = gather_objects(rank_state, run.ranks)
+    if not run.ranks.is_main:
+        return None
+    state = {"train_config": asdict(run.config), "step": run.step, "epoch": run.epoch,
+             "epoch_batches": run.epoch_batches, "records": run.records, "world_size": run.ranks.world_size,
+             "model": _cpu_state_dict(run.model), "optimizer": run.optimizer.state_dict(), "ranks": per_rank}
     return _save_atomically(path, state)
 
 
-def load_training_state(path: Path, config: TrainConfig, model: ASRModel, optimizer,
-                        sampler) -> tuple[int, int, list[dict]]:
-    """Restore what :func:`save_training_state` wrote into a freshly built run; returns (step, epoch,
-    records). Raises FileNotFoundError, or ValueError naming the setting that differs."""
-    from workbench.bucketing import load_sampler_state_dict
-
+def load_training_state(path: Path, run: Run) -> None:
+    """Restore what :func:`save_training_state` wrote into a freshly built run (before DDP wraps it).
+    Raises FileNotFoundError, or ValueError naming the file and the setting that differs."""
+    config = run.config
     if not path.is_file():
         raise FileNotFoundError(f"--resume: {str(path)!r} does not exist (train with --save-every first)")
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    saved = state["train_config"]
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        saved, ranks_state = state["train_config"], state["ranks"]
+        step, epoch, epoch_batches = int(state["step"]), int(state["epoch"]), int(state["epoch_batches"])
+    except Exception as e:  # noqa: BLE001 - truncated, garbage or foreign files fail in many ways
+        raise ValueError(f"--resume: {path} is not a training state written by `workbench train` "
+                         f"({type(e).__name__}); delete it to start afresh, or pass another --out") from None
     for name in RESUME_MUST_MATCH:
         if saved.get(name) != getattr(config, name):
             raise ValueError(f"--resume: {name} is {getattr(config, name)!r} but {path} was trained with "
                              f"{saved.get(name)!r}")
-    if state["step"] > config.steps:
-        raise ValueError(f"--resume: {path} is at step {state['step']}, beyond --steps {config.steps}")
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    load_sampler_state_dict(sampler, state["sampler"])
-    torch.set_rng_state(state["cpu_rng"])
-    if state["cuda_rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
-    return state["step"], state["epoch"], list(state["records"])
+    if len(ranks_state) != run.ranks.world_size:
+        raise ValueError(f"--resume: {path} was saved by {len(ranks_state)} process(es), this run has "
+                         f"{run.ranks.world_size}: resume with the same number of processes")
+    if step > config.steps:
+        raise ValueError(f"--resume: {path} is at step {step}, beyond --steps {config.steps}")
+    mine = ranks_state[run.ranks.rank]
+    run.model.load_state_dict(state["model"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    load_sampler_state_dict(run.sampler, mine["sampler"])
+    torch.set_rng_state(mine["cpu_rng"])
+    if mine["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(mine["cuda_rng"])
+    run.step, run.epoch, run.epoch_batches = step, epoch, epoch_batches
+    run.records = list(state["records"])
 
 
 def save_checkpoint(path: str | os.PathLike, model: ASRModel, *, extra: dict | None = None) -> Path:
@@ -222,14 +484,20 @@ def _save_atomically(path: str | os.PathLike, obj: dict) -> Path:
 
 
 def load_checkpoint(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> ASRModel:
-    """The model saved by :func:`save_checkpoint`, in eval mode on ``device``."""
+    """The model saved by :func:`save_checkpoint`, in eval mode on ``device``. One-line errors for a
+    missing or unreadable file."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
-    saved = torch.load(path, map_location=device, weights_only=True)
-    model = ASRModel(ModelConfig(**saved["config"])).to(device)
-    model.load_state_dict(saved["state_dict"])
+    try:
+        saved = torch.load(path, map_location=device, weights_only=True)
+        config = ModelConfig(**saved["config"])
+        state_dict = saved["state_dict"]
+    except Exception as e:  # noqa: BLE001 - truncated, garbage or foreign files fail in many ways
+        raise ValueError(f"{path}: not a checkpoint written by `workbench train` ({type(e).__name__})") from None
+    model = ASRModel(config).to(device)
+    model.load_state_dict(state_dict)
     return model.eval()
 
 
 def _write_jsonl(path: Path, records: list[dict]) -> None:
-    write_text_atomically(path, "".join(json.dumps(r) + "\n" for r in records))
+    write_text_atomically(path, "".join(json.dumps(to_plain(r)) + "\n" for r in records))
