@@ -8,11 +8,11 @@
 # A call must end within 10 minutes: every stage's limit is cut to what is left of DEADLINE_S (560 s from
 # the start), and the benches with an internal budget get the rest minus a margin.
 #
-# On the device machine (no network): carry `.whl` (make gpu-bundle fills it) and `.gpu_commit`. Results
+# On the device machine (no network): carry `.whl` and `.espeak` (make gpu-bundle fills both) and `.gpu_commit`. Results
 # land in $OUT/results.tar.gz (benchmarks/results/*.json, re-packed after every stage, so a call stopped
 # at its limit still returns what finished) and logs in $OUT/*.log; elsewhere OUT defaults to ./gpu_out.
 set -uo pipefail
-STAGES="tests tests-allocator decoding decoding-quick models oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator allocator-roomy"
+STAGES="flow tests tests-allocator decoding decoding-quick models oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator allocator-roomy"
 if [ $# -eq 0 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
   sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; echo "stages: $STAGES"; exit 2
 fi
@@ -38,6 +38,13 @@ HEAD_COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 export WORKBENCH_GIT_COMMIT=${WORKBENCH_GIT_COMMIT:-$(cat .gpu_commit 2>/dev/null || echo "$HEAD_COMMIT")}
 [ "$WORKBENCH_GIT_COMMIT" = "$HEAD_COMMIT" ] || echo "note: results will say commit $WORKBENCH_GIT_COMMIT" \
   "(.gpu_commit); git here says $HEAD_COMMIT: run 'make gpu-commit' before the call if that is stale"
+if [ -d .espeak ] && ls .espeak/*.deb >/dev/null 2>&1; then  # espeak-ng for `corpus tts` (make gpu-bundle)
+  mkdir -p /tmp/espeak && for deb in .espeak/*.deb; do dpkg -x "$deb" /tmp/espeak; done
+  lib=/tmp/espeak/usr/lib/x86_64-linux-gnu
+  export PATH="/tmp/espeak/usr/bin:$PATH" ESPEAK_DATA_PATH=$lib \
+    LD_LIBRARY_PATH="$lib:$lib/pulseaudio${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  espeak-ng --version || echo "note: the carried espeak-ng does not run here"
+fi
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "wheel install failed"; exit 1; }
@@ -94,7 +101,10 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
       b=$(budget 60 60) || { echo "=== $1: SKIPPED (less than a minute of budget left) ==="; return 1; } ;;
   esac
   case $1 in
-    tests)            run_stage tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests ;;
+    flow)             run_stage flow 420 env WORKBENCH_FLOW_OUT="$RESULTS" python3 -m pytest -q -s -m gpu \
+                        -p no:cacheprovider tests/bench/test_flow.py ;;
+    tests)            run_stage tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
+                        --ignore=tests/bench/test_flow.py tests ;;
     tests-allocator)  run_stage tests_allocator 120 python3 -m pytest -q -p no:cacheprovider \
                         tests/memory/test_allocator_gpu.py tests/bench/test_bench_smoke.py::test_allocator_bench_smoke ;;
     decoding)         run_stage decoding 300 python3 -m workbench.bench.decoding \

@@ -213,3 +213,20 @@ def test_corpus_from_a_text_file(tmp_path):
         make_tts_corpus(tmp_path / "d", num_utterances=1, voice="xx")
     with pytest.raises(FileNotFoundError, match="nothing.txt"):
         make_tts_corpus(tmp_path / "d", text_file=tmp_path / "nothing.txt")
+
+
+def test_corpus_repeat_lists_each_utterance_again_with_the_same_audio(tmp_path):
+    _espeak_or_skip()
+    from lhotse import CutSet
+
+    text = tmp_path / "story.txt"
+    text.write_text("The river ran past the old mill. Nobody had seen the miller for years.\n")
+    paths = make_tts_corpus(tmp_path / "c", text_file=text, num_utterances=2, speed_wpm=250, num_workers=1,
+                            progress=False, repeat=3)
+    cuts = CutSet.from_file(paths["cuts"]).to_eager()
+    assert [c.id for c in cuts] == ["tts-000000", "tts-000000-r1", "tts-000000-r2",
+                                    "tts-000001", "tts-000001-r1", "tts-000001-r2"]
+    assert len({c.recording.sources[0].source for c in cuts}) == 2 == len(list(paths["audio_dir"].iterdir()))
+    assert np.array_equal(cuts[0].load_audio(), cuts[2].load_audio())
+    with pytest.raises(ValueError, match="--repeat"):
+        make_tts_corpus(tmp_path / "d", text_file=text, repeat=0)

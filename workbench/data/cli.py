@@ -22,7 +22,8 @@ def _tts(args: argparse.Namespace) -> int:
 
     paths = make_tts_corpus(args.out, text_file=args.text_file, num_utterances=args.num_utterances,
                             voice=args.voice, speed_wpm=args.speed_wpm, seed=args.seed,
-                            tokenizer=args.tokenizer, num_speakers=args.num_speakers, num_workers=args.workers)
+                            tokenizer=args.tokenizer, num_speakers=args.num_speakers, num_workers=args.workers,
+                            repeat=args.repeat)
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     return 0
@@ -69,6 +70,8 @@ def register(sub) -> None:
     p.add_argument("--speed-wpm", type=int, default=None, help="one speed for all speakers, words/minute")
     p.add_argument("--num-speakers", type=int, default=8)
     p.add_argument("--workers", type=int, default=2, help="espeak-ng processes")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="list each utterance this many times in cuts.jsonl.gz (copies share the audio file)")
     p.add_argument("--tokenizer", default=None, help="sentencepiece model: fills custom.num_tokens")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_tts)

@@ -225,7 +225,8 @@ def _write_manifest_atomically(manifest, path: Path) -> None:
 def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike | None = None,
                     num_utterances: int | None = None, voice: str = "en", speed_wpm: int | None = None,
                     seed: int = 0, progress: bool = True, tokenizer=None, num_speakers: int = 8,
-                    num_workers: int = 2, min_words: int = 3, max_words: int = 30) -> dict[str, Path]:
+                    num_workers: int = 2, min_words: int = 3, max_words: int = 30,
+                    repeat: int = 1) -> dict[str, Path]:
     """Speak sentences with espeak-ng into a 16 kHz lhotse corpus under ``out_dir``; returns its paths.
 
     ``text_file``: UTF-8 prose to take sentences from (default: CPython's pydoc topics). The sentences
@@ -233,7 +234,9 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
     once, more than there are cycles through them again. Utterance ``i`` goes to a seeded speaker among
     ``num_speakers`` styles of ``voice`` (see :func:`speaker_styles`; ``speed_wpm`` fixes the speed).
     ``tokenizer`` (a sentencepiece processor or the path of its ``.model``) fills
-    ``custom["num_tokens"]`` on every cut. Audio is made by ``num_workers`` processes.
+    ``custom["num_tokens"]`` on every cut. Audio is made by ``num_workers`` processes. ``repeat`` lists
+    each utterance that many times in the cuts manifest (ids ``tts-000000-r1``, ...; the copies share
+    one audio file): a large corpus for pipeline and throughput runs, in the time of a small one.
 
     Returns ``{"recordings", "supervisions", "cuts", "audio_dir"}`` paths.
     """
@@ -241,6 +244,8 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
     from lhotse.audio import AudioSource
     from lhotse.cut import MonoCut
 
+    if not isinstance(repeat, int) or repeat < 1:
+        raise ValueError(f"repeat (--repeat): must be an integer >= 1, got {repeat!r}")
     espeak = espeak_binary()
     if text_file is None:
         text, source = default_text(), "pydoc_data.topics"
@@ -290,8 +295,9 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
         custom = {"num_tokens": int(num_tokens[i])} if num_tokens is not None else None
         recordings.append(rec)
         supervisions.append(sup)
-        cuts.append(MonoCut(id=cut_id, start=0.0, duration=duration, channel=0, recording=rec,
-                            supervisions=[sup], custom=custom))
+        cuts.extend(MonoCut(id=cut_id if copy == 0 else f"{cut_id}-r{copy}", start=0.0, duration=duration,
+                            channel=0, recording=rec, supervisions=[sup], custom=custom)
+                    for copy in range(repeat))
     result = {"recordings": out / "recordings.jsonl.gz", "supervisions": out / "supervisions.jsonl.gz",
               "cuts": out / "cuts.jsonl.gz", "audio_dir": audio_dir}
     _write_manifest_atomically(RecordingSet.from_recordings(recordings), result["recordings"])

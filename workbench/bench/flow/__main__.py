@@ -1,0 +1,3 @@
+from workbench.bench.flow.run import main
+
+raise SystemExit(main())
