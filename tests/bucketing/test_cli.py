@@ -1,6 +1,8 @@
 import gzip
 import json
+import re
 
+import numpy as np
 import pytest
 
 from workbench.bucketing import estimate_2d_bins, estimate_duration_bins, load_profile
@@ -51,6 +53,67 @@ def test_bins_without_tokens_is_1d(tmp_path):
     assert main(["bins", str(path), "--buckets", "2", "--out", str(out), "-q"]) == 0
     # 5 s per bucket: the total before 4.0 is 6 > 5, so 4.0 is a boundary, then the max (4.0) again
     assert load_profile(out).bucket_duration_bins == [4.0, 4.0]
+
+
+def _write_manifest(path, durations, tokens):
+    with gzip.open(path, "wt") as f:
+        for i, (d, t) in enumerate(zip(durations, tokens)):
+            f.write(json.dumps({"id": f"c{i}", "start": 0, "duration": float(d), "channel": 0, "type": "MonoCut",
+                                "custom": {"num_tokens": int(t)}}) + "\n")
+    return path
+
+
+def test_bins_reports_what_fits_no_bucket_on_a_tied_corpus(tmp_path, capsys):
+    # whole seconds and two common durations: many 1D bounds fall on ties
+    rng = np.random.default_rng(3)
+    d = np.where(rng.random(3000) < 0.6, rng.choice([2.0, 9.0], 3000), rng.integers(1, 16, 3000))
+    t = (d * rng.uniform(1, 5, 3000)).astype(int) + (rng.random(3000) < 0.01) * 80
+    manifest = _write_manifest(tmp_path / "cuts.jsonl.gz", d, t)
+    out = tmp_path / "p.yaml"
+    assert main(["bins", str(manifest), "--buckets", "12", "--sub-buckets", "3", "--out", str(out), "-q"]) == 0
+    text = capsys.readouterr().out
+    m = re.search(r"# fit no bucket: (\d+) of 3000 utterances \((\d+) TPS outliers, (\d+) too long, "
+                  r"(\d+) too many tokens\)", text)
+    assert m, text
+    total, tps, too_long, too_many = map(int, m.groups())
+    outliers = load_profile(out).metadata["tps_outliers"]
+    assert outliers > 0
+    assert (total, tps, too_long, too_many) == (outliers, outliers, 0, 0)
+    est = estimate_2d_bins(d, t, 12, 3)
+    assert outliers == int(est.outliers.sum())
+
+
+def test_bins_reports_unfit_for_1d_bins(manifest, tmp_path, capsys):
+    assert main(["bins", str(manifest), "--buckets", "5", "--1d", "--out", str(tmp_path / "p.yaml"), "-q",
+                 "--no-padding"]) == 0
+    assert "# fit no bucket: 0 of 3000 utterances (0 TPS outliers, 0 too long, 0 too many tokens)" in \
+        capsys.readouterr().out
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--tps-threshold", "0", "--tps-threshold must be a number > 0 (a tokens-per-second z-score), got 0.0"),
+    ("--tps-threshold", "-1", "--tps-threshold must be a number > 0 (a tokens-per-second z-score), got -1.0"),
+    ("--tps-threshold", "nan", "--tps-threshold must be a number > 0"),
+    ("--buckets", "0", "--buckets must be an integer >= 1, got 0"),
+    ("--sub-buckets", "-2", "--sub-buckets must be an integer >= 1, got -2"),
+    ("--min-duration", "-1", "--min-duration must be a number of seconds > 0, got -1.0"),
+    ("--max-duration", "0", "--max-duration must be a number of seconds > 0, got 0.0"),
+])
+def test_bins_rejects_options_out_of_range(manifest, tmp_path, capsys, option, value, message):
+    out = tmp_path / "p.yaml"
+    assert main(["bins", str(manifest), option, value, "--out", str(out), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"workbench bins: error: {message}") and err.count("\n") == 1, err
+    assert not out.exists()
+    # checked where the option enters, before the manifest is read
+    assert main(["bins", str(tmp_path / "missing.jsonl.gz"), option, value, "--out", str(out)]) == 2
+    assert option in capsys.readouterr().err
+
+
+def test_bins_rejects_an_empty_duration_window(manifest, tmp_path, capsys):
+    assert main(["bins", str(manifest), "--min-duration", "9", "--max-duration", "3",
+                 "--out", str(tmp_path / "p.yaml"), "-q"]) == 2
+    assert "--min-duration (9.0) must be <= --max-duration (3.0)" in capsys.readouterr().err
 
 
 def test_bins_user_errors(manifest, tmp_path, capsys):

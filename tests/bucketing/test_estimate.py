@@ -2,8 +2,9 @@ import numpy as np
 import pytest
 from lhotse.dataset.sampling.dynamic_bucketing import estimate_duration_buckets
 
-from bucketing_helpers import corpus
-from workbench.bucketing import estimate_2d_bins, estimate_duration_bins, running_total_boundaries
+from bucketing_helpers import KINDS, corpus
+from workbench.bucketing import estimate_2d_bins, estimate_duration_bins, make_fitter, running_total_boundaries
+from workbench.bucketing.fit import FITS, TPS_OVER_LIMIT
 from workbench.bucketing.reference import loop_2d, loop_boundaries
 from workbench.data import cuts_from_arrays
 
@@ -106,6 +107,22 @@ def test_bad_counts_and_tokens():
         estimate_duration_bins([[1.0, 2.0]], 1)
 
 
+@pytest.mark.parametrize("threshold", [0, 0.0, -1.0, float("nan"), "4", None, True])
+def test_bad_tps_threshold(threshold):
+    # 0 would keep only the utterances at or below their group's mean; -1 can keep none
+    with pytest.raises(ValueError, match=r"tps_threshold must be a number > 0 \(a tokens-per-second z-score\), got"):
+        estimate_2d_bins([1.0, 2.0, 3.0], [1, 2, 9], 1, 1, tps_threshold=threshold)
+    from workbench.bucketing import profile_from_arrays
+
+    with pytest.raises(ValueError, match="tps_threshold must be a number > 0"):
+        profile_from_arrays([1.0, 2.0, 3.0], [1, 2, 9], num_buckets=1, tps_threshold=threshold)
+
+
+def test_tps_threshold_inf_keeps_everything():
+    est = estimate_2d_bins([1.0, 1.0, 1.0, 1.0], [1, 1, 1, 100], 1, 1, tps_threshold=float("inf"))
+    assert est.bins == [(1.0, 100)] and not est.outliers.any()
+
+
 # ---- 2D -------------------------------------------------------------------------------------------
 
 def test_2d_merges_groups_with_equal_bounds():
@@ -120,20 +137,67 @@ def test_2d_exact_case_two_groups():
     d = [1, 2, 3, 4, 5, 6, 7, 8]
     t = [2, 4, 6, 8, 10, 12, 14, 16]  # 2 tokens per second everywhere: zero spread
     est = estimate_2d_bins(d, t, 2, 3)
-    # durations: 18 s per bucket; the total before 7 is 21 > 18, so 7 starts group 2: [1..6] | [7, 8]
-    # group 1 tokens 2..12 (sum 42, 14 per sub-bucket): the total before 10 is 20 > 14 -> bound 10
-    # group 2 tokens 14, 16 (sum 30, 10 per sub-bucket): the total before 16 is 14 > 10 -> bound 16
-    assert est.bins == [(7.0, 10), (7.0, 12), (8.0, 16), (8.0, 16)]
+    # durations: 18 s per bucket; the total before 7 is 21 > 18, so the 1D bounds are [7, 8]. The
+    # utterance at the bound belongs to its group (d <= 7), as the sampler puts it: [1..7] | [8].
+    # (Before, it started the next group, NeMo's way: [1..6] | [7, 8].)
+    # group 1 tokens 2..14 (sum 56, 18.67 per sub-bucket): the total before 10 is 20 > 18.67 -> bound 10,
+    # restart at 10; before 14 it is 22 > 18.67 -> bound 14; the last bin is the largest, 14 again
+    # group 2 tokens [16]: one value, no boundary -> its last bin only
+    assert est.bins == [(7.0, 10), (7.0, 14), (7.0, 14), (8.0, 16)]
     assert est.max_tps == [2.0] * 4
-    assert [(g.start, g.stop, g.num_subbuckets) for g in est.groups] == [(0, 6, 3), (6, 8, 3)]
+    assert [(g.start, g.stop, g.num_subbuckets) for g in est.groups] == [(0, 7, 3), (7, 8, 3)]
 
 
-def test_2d_zero_tps_spread_keeps_everything():
-    d = np.array([1.0, 2.0, 3.0, 4.0])
-    est = estimate_2d_bins(d, d * 5, 1, 2, tps_threshold=0.0)
-    assert est.max_tps == [5.0, 5.0]
-    assert est.groups[0].num_outliers == 0
-    assert est.bins[-1] == (4.0, 20)
+def test_2d_minimal_tied_case_fits_its_own_corpus():
+    # The case of issue 12: 2 duration buckets, the 1D bounds are [1, 2] (the total before the sixth
+    # 1.0 is 5 > 4). NeMo's rule starts group 2 at that utterance, giving [(1, 2), (2, 5)] with
+    # max_tps [2, 5], which reject (1 s, 5 tokens). Ours: group 1 holds every 1 s utterance.
+    d, t = [1, 1, 1, 1, 1, 1, 2], [1, 1, 1, 1, 2, 5, 2]
+    assert estimate_duration_bins(d, 2) == [1.0, 2.0]
+    est = estimate_2d_bins(d, t, 2, 1)
+    # group 1: tps [1, 1, 1, 1, 2, 5], mean 11/6, std 1.46: z of 5 is 2.17 <= 4, so all are kept
+    assert est.bins == [(1.0, 5), (2.0, 2)]
+    assert est.max_tps == [5.0, 1.0]
+    assert not est.outliers.any()
+    assert make_fitter(est.bins, est.max_tps).assign(d, t)[0].tolist() == [0, 0, 0, 0, 0, 0, 1]
+    assert make_fitter([(1.0, 2), (2.0, 5)], [2.0, 5.0]).select(1.0, 5) == (-1, TPS_OVER_LIMIT)
+
+
+def test_2d_two_durations_every_kept_utterance_fits():
+    # 20k utterances of 1 s and 15 s, 30 x 2 buckets: every 1D bound is 1.0 or 15.0, all ties
+    rng = np.random.default_rng(12)
+    d = np.where(rng.random(20_000) < 0.5, 1.0, 15.0)
+    t = (d * rng.uniform(1, 5, d.shape[0])).astype(np.int64) + (rng.random(d.shape[0]) < 0.01) * 50
+    est = estimate_2d_bins(d, t, 30, 2)
+    assert [g.max_duration for g in est.groups] == [1.0, 15.0]
+    assert sum(g.num_merged for g in est.groups) == len(estimate_duration_bins(d, 30))
+    _, reason = make_fitter(est.bins, est.max_tps).assign(d, t)
+    assert est.outliers.sum() > 0
+    assert ((reason == TPS_OVER_LIMIT) == est.outliers).all() and ((reason == FITS) == ~est.outliers).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_2d_guarantee_on_many_random_corpora(kind):
+    """Every utterance the estimator did not flag fits a bucket in strict (and lenient) mode, and every
+    flagged one is over its bucket's TPS limit; the groups are the distinct 1D bounds."""
+    rng = np.random.default_rng(100 + KINDS.index(kind))
+    for trial in range(40):
+        n = int(rng.integers(1, 3000))
+        d, t = corpus(n, seed=1000 + trial, kind=kind)
+        if trial % 3 == 1:  # tokens from a few values only: ties in the second dimension too
+            t = rng.choice([0, 3, 7, 40], n)
+        nb = int(rng.integers(1, min(n, 40) + 1))
+        ns = int(rng.integers(1, 5))
+        thr = float(rng.choice([0.5, 1.0, 2.5, 4.0]))
+        est = estimate_2d_bins(d, t, nb, ns, tps_threshold=thr)
+        bounds = estimate_duration_bins(d, nb)
+        assert [g.max_duration for g in est.groups] == sorted(set(bounds))
+        assert [g.num_merged for g in est.groups] == [bounds.count(b) for b in sorted(set(bounds))]
+        assert int(est.outliers.sum()) == sum(g.num_outliers for g in est.groups)
+        for strict in (True, False):
+            idx, reason = make_fitter(est.bins, est.max_tps, strict_2d=strict).assign(d, t)
+            assert (reason[~est.outliers] == FITS).all(), (kind, trial, strict)
+            assert (reason[est.outliers] == TPS_OVER_LIMIT).all(), (kind, trial, strict)
 
 
 def test_2d_tps_outlier_removed_from_its_group_only():
@@ -149,7 +213,7 @@ def test_2d_tps_outlier_removed_from_its_group_only():
     assert est_all.bins[-1] == (2.0, 200)
 
 
-@pytest.mark.parametrize("kind", ["gamma", "rounded", "skewed", "equal"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_2d_matches_plain_loop(kind):
     rng = np.random.default_rng(len(kind))
     for trial in range(25):

@@ -4,7 +4,10 @@
 
 With token counts (``custom["num_tokens"]`` in the manifest, or ``--tokenizer MODEL``) the bins are 2D
 with a ``max_tps`` per bin; without them (or with ``--1d``) they are duration-only. The profile has no
-batch sizes yet (the OOMptimizer adds them). A padding summary (none / 1D / 2D) is printed last.
+batch sizes yet (the OOMptimizer adds them). Then it prints how many utterances fit no bucket of the
+new bins (strict 2D, as the sampler checks them) and why: TPS outliers (above their bucket's max_tps),
+too long, too many tokens; the last two are 0 on the corpus the bins came from. A padding summary
+(none / 1D / 2D) is printed last.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from workbench.bucketing.estimate import check_durations, estimate_duration_bins
+from workbench.bucketing.estimate import check_count, check_durations, check_tps_threshold, estimate_duration_bins
+from workbench.bucketing.fit import unfit_table
 from workbench.bucketing.padding import padding_comparison
 from workbench.bucketing.profile import profile_from_arrays, save_profile
 from workbench.plain import to_plain
@@ -33,9 +37,32 @@ def duration_window(durations: np.ndarray, min_duration: float | None, max_durat
     return keep
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """ValueError naming the first bucketing option outside its range (before any file is read)."""
+    check_count(args.buckets, "--buckets")
+    check_count(args.sub_buckets, "--sub-buckets")
+    check_tps_threshold(args.tps_threshold, "--tps-threshold")
+    for name, value in (("--min-duration", args.min_duration), ("--max-duration", args.max_duration)):
+        if value is not None and not value > 0:
+            raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+    if args.min_duration is not None and args.max_duration is not None and args.min_duration > args.max_duration:
+        raise ValueError(f"--min-duration ({args.min_duration}) must be <= --max-duration ({args.max_duration})")
+
+
+def unfit_line(durations: np.ndarray, num_tokens: np.ndarray | None, profile) -> str:
+    """One line: how many utterances fit no bucket of ``profile`` (strict 2D) and why."""
+    bins = [tuple(b) for b in profile.bucket_duration_bins] if profile.is_2d else profile.bucket_duration_bins
+    counts, _ = unfit_table(durations, num_tokens, bins, profile.max_tps, max_examples=0)
+    why = ", ".join(f"{counts[k]} {label}" for k, label in (("tps_over_limit", "TPS outliers"),
+                                                             ("too_long", "too long"),
+                                                             ("too_many_tokens", "too many tokens")))
+    return f"# fit no bucket: {sum(counts.values())} of {durations.shape[0]} utterances ({why})"
+
+
 def run_bins(args: argparse.Namespace) -> int:
     from workbench.data.manifest import read_cut_arrays
 
+    check_options(args)
     t0 = time.perf_counter()
     arrays = read_cut_arrays(args.manifest, tokenizer=args.tokenizer, progress=not args.quiet)
     t_read = time.perf_counter() - t0
@@ -59,6 +86,7 @@ def run_bins(args: argparse.Namespace) -> int:
                          sort_keys=False, default_flow_style=None, width=120).rstrip())
     print(f"# wrote {out}: {profile.num_buckets} buckets from {int(keep.sum())} utterances "
           f"({int((~keep).sum())} outside the duration window); read {t_read:.2f} s, bins {t_bins:.2f} s")
+    print(unfit_line(dur_k, tok_k, profile))
     if not args.no_padding:
         setups = {"none": None, "1D": estimate_duration_bins(dur_k, args.buckets)}
         if profile.is_2d:
@@ -74,10 +102,10 @@ def register(sub) -> None:
                        description=__doc__.splitlines()[0])
     p.add_argument("manifest", type=Path, help="lhotse cuts manifest (.jsonl or .jsonl.gz)")
     p.add_argument("--tokenizer", help="sentencepiece .model: count tokens with it (else custom.num_tokens from the manifest)")
-    p.add_argument("--buckets", type=int, default=30, help="duration buckets (default 30)")
-    p.add_argument("--sub-buckets", type=int, default=2, help="token sub-buckets per duration bucket (default 2)")
+    p.add_argument("--buckets", type=int, default=30, help="duration buckets, >= 1 (default 30)")
+    p.add_argument("--sub-buckets", type=int, default=2, help="token sub-buckets per duration bucket, >= 1 (default 2)")
     p.add_argument("--tps-threshold", type=float, default=4.0,
-                   help="TPS z-score above which an utterance is an outlier (default 4)")
+                   help="TPS z-score (> 0) above which an utterance is an outlier (default 4)")
     p.add_argument("--min-duration", type=float, default=None, help="leave out shorter utterances (seconds)")
     p.add_argument("--max-duration", type=float, default=None, help="leave out longer utterances (seconds)")
     p.add_argument("--1d", dest="one_d", action="store_true", help="duration-only bins even with token counts")

@@ -4,9 +4,10 @@ Boundary convention (the one lhotse's sampler applies with ``bisect_left``): a b
 utterances whose duration is greater than the previous bucket's bound and less than or equal to its
 own (upper bound inclusive). The last bound is the longest duration in the corpus.
 
-During estimation the utterance at which a boundary is placed starts the next group; its value becomes
-the previous group's bound, exactly as ``lhotse.dataset.sampling.dynamic_bucketing.estimate_duration_buckets``
-places it.
+The 1D bounds are placed exactly as ``lhotse.dataset.sampling.dynamic_bucketing.estimate_duration_buckets``
+places them: the value of the utterance at which the running total goes over becomes a bound. The 2D
+estimate then groups the utterances by those bounds with the sampler's own inclusive rule, so the
+utterance at a bound, and every utterance tied with it, is estimated in the group it is sampled in.
 """
 
 from __future__ import annotations
@@ -58,12 +59,25 @@ def check_num_tokens(num_tokens, num_utterances: int, name: str = "num_tokens") 
     return arr
 
 
-def _check_count(value, name: str, num_utterances: int | None = None) -> int:
+def check_count(value, name: str, num_utterances: int | None = None) -> int:
+    """``value`` as an int >= 1 (and <= ``num_utterances`` when given) or ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     if num_utterances is not None and value > num_utterances:
         raise ValueError(f"{name}={value} is more than the {num_utterances} utterances given")
     return int(value)
+
+
+def check_tps_threshold(value, name: str = "tps_threshold") -> float:
+    """``value`` as a float > 0 (a one-sided z-score; inf keeps everything) or ValueError naming ``name``.
+
+    0 would keep only the utterances at or below their group's mean (about half of them), and a
+    negative value can keep none, so neither is a threshold.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not value > 0:
+        raise ValueError(f"{name} must be a number > 0 (a tokens-per-second z-score), got {value!r}")
+    return float(value)
 
 
 def running_total_boundaries(sorted_values: np.ndarray, num_parts: int) -> np.ndarray:
@@ -114,7 +128,7 @@ def estimate_duration_bins(durations, num_buckets: int, *, equal_count: bool = F
     Returns at most ``num_buckets`` ascending upper bounds (inclusive); the last is ``max(durations)``.
     """
     sizes = np.sort(check_durations(durations))
-    num_buckets = _check_count(num_buckets, "num_buckets", sizes.shape[0])
+    num_buckets = check_count(num_buckets, "num_buckets", sizes.shape[0])
     if equal_count:
         idx = (np.arange(1, num_buckets, dtype=np.int64) * sizes.shape[0]) // num_buckets
     else:
@@ -124,12 +138,12 @@ def estimate_duration_bins(durations, num_buckets: int, *, equal_count: bool = F
 
 @dataclass
 class DurationGroup:
-    """One duration group of a 2D estimate (after merging groups with equal bounds)."""
+    """One duration group of a 2D estimate: the utterances with previous bound < duration <= max_duration."""
 
     max_duration: float  # seconds, inclusive upper bound of the group
     start: int  # first index in the (duration, tokens)-sorted order
     stop: int  # one past the last index in that order
-    num_merged: int  # how many duration groups with this bound were merged
+    num_merged: int  # how many 1D bounds equal max_duration (k): the group gets k * num_subbuckets
     num_subbuckets: int  # num_merged * num_subbuckets
     tps_mean: float  # tokens per second over the group
     tps_std: float  # population standard deviation (ddof=0)
@@ -146,6 +160,7 @@ class Bins2D:
     max_tps: list[float]
     groups: list[DurationGroup] = field(default_factory=list)
     order: np.ndarray | None = field(default=None, repr=False)  # sort permutation by (duration, tokens)
+    outliers: np.ndarray | None = field(default=None, repr=False)  # [N] bool, input order: TPS outliers
 
     @property
     def num_buckets(self) -> int:
@@ -156,44 +171,41 @@ def estimate_2d_bins(durations, num_tokens, num_buckets: int, num_subbuckets: in
                      tps_threshold: float = 4.0) -> Bins2D:
     """2D (duration, tokens) bins with a tokens-per-second limit per duration group.
 
-    Sort by (duration, tokens); split with the 1D duration rule (the utterance at a boundary starts the
-    next group; the last group's bound is the maximum duration); merge groups whose bounds are equal (k
-    merged groups get k * num_subbuckets sub-buckets). In each group keep the utterances whose TPS
-    z-score (one-sided, population std) is <= ``tps_threshold`` (all when the std is 0); the group's
-    ``max_tps`` is the largest kept TPS. Over the group's kept token counts, sorted, place sub-bucket
-    boundaries with the same running-total rule; the group's last bin is its largest kept token count.
+    Sort by (duration, tokens). The duration bounds are the 1D bins (:func:`estimate_duration_bins`).
+    Group j holds the utterances with ``bound[j-1] < duration <= bound[j]``, the rule the sampler
+    applies; a bound that repeats k times makes one group with k * num_subbuckets sub-buckets. In each
+    group keep the utterances whose TPS z-score (one-sided, population std) is <= ``tps_threshold``
+    (> 0; all are kept when the std is 0); the group's ``max_tps`` is the largest kept TPS. Over the
+    group's kept token counts, sorted, place sub-bucket boundaries with the same running-total rule;
+    the group's last bin is its largest kept token count. So every utterance not flagged in
+    ``outliers`` fits a bucket of these bins in strict mode (:mod:`workbench.bucketing.fit`).
+
+    NeMo's estimator instead counts the utterance at a bound, and the utterances tied with it, in the
+    next group; its bins then reject utterances of their own corpus (the tied ones with the most
+    tokens land, when sampled, in a group whose token bins and TPS limit never saw them). These bins
+    differ from NeMo's wherever a bound falls on such an utterance: on purpose.
     """
     dur = check_durations(durations)
     tok = check_num_tokens(num_tokens, dur.shape[0])
-    num_buckets = _check_count(num_buckets, "num_buckets", dur.shape[0])
-    num_subbuckets = _check_count(num_subbuckets, "num_subbuckets")
-    tps_threshold = float(tps_threshold)
-    if tps_threshold != tps_threshold:
-        raise ValueError("tps_threshold is NaN")
+    num_buckets = check_count(num_buckets, "num_buckets", dur.shape[0])
+    num_subbuckets = check_count(num_subbuckets, "num_subbuckets")
+    tps_threshold = check_tps_threshold(tps_threshold)
 
     order = np.lexsort((tok, dur))
     dur_s, tok_s = dur[order], tok[order]
-    cuts_at = running_total_boundaries(dur_s, num_buckets)
-    starts = np.concatenate([[0], cuts_at]).astype(np.int64)
-    stops = np.concatenate([cuts_at, [dur_s.shape[0]]]).astype(np.int64)
-    bounds = np.concatenate([dur_s[cuts_at], [dur_s[-1]]])
+    bounds = np.concatenate([dur_s[running_total_boundaries(dur_s, num_buckets)], dur_s[-1:]])
+    group_bounds, repeats = np.unique(bounds, return_counts=True)  # ascending; k = repeats of a bound
+    stops = np.searchsorted(dur_s, group_bounds, side="right")  # inclusive upper bounds
+    starts = np.concatenate([[0], stops[:-1]])
 
     bins: list[tuple[float, int]] = []
     max_tps: list[float] = []
     groups: list[DurationGroup] = []
-    i = 0
-    while i < len(bounds):
-        j = i
-        while j + 1 < len(bounds) and bounds[j + 1] == bounds[i]:
-            j += 1
-        start, stop, k = int(starts[i]), int(stops[j]), j - i + 1
-        bound = float(bounds[i])
+    outlier_sorted = np.zeros(dur_s.shape[0], dtype=bool)
+    for bound, k, start, stop in zip(group_bounds.tolist(), repeats.tolist(), starts.tolist(), stops.tolist()):
         tps = tok_s[start:stop] / dur_s[start:stop]
         mean, std = float(np.mean(tps)), float(np.std(tps))
-        if std > 0:
-            keep = (tps - mean) / std <= tps_threshold
-        else:
-            keep = np.ones(tps.shape[0], dtype=bool)
+        keep = (tps - mean) / std <= tps_threshold if std > 0 else np.ones(tps.shape[0], dtype=bool)
         group_max_tps = float(tps[keep].max())
         kept_tokens = np.sort(tok_s[start:stop][keep])
         sub = k * num_subbuckets
@@ -202,8 +214,10 @@ def estimate_2d_bins(durations, num_tokens, num_buckets: int, num_subbuckets: in
             max_tps.append(group_max_tps)
         bins.append((bound, int(kept_tokens[-1])))
         max_tps.append(group_max_tps)
+        outlier_sorted[start:stop] = ~keep
         groups.append(DurationGroup(max_duration=bound, start=start, stop=stop, num_merged=k,
                                     num_subbuckets=sub, tps_mean=mean, tps_std=std,
                                     max_tps=group_max_tps, num_outliers=int((~keep).sum())))
-        i = j + 1
-    return Bins2D(bins=bins, max_tps=max_tps, groups=groups, order=order)
+    outliers = np.empty_like(outlier_sorted)
+    outliers[order] = outlier_sorted
+    return Bins2D(bins=bins, max_tps=max_tps, groups=groups, order=order, outliers=outliers)

@@ -3,8 +3,20 @@
 Bounds are inclusive (lhotse's ``bisect_left``): an utterance fits a 1D bucket ``i`` when
 ``bins[i-1] < duration <= bins[i]``. In 2D, the utterance's duration group is the first group whose
 max duration is >= its duration, and its bucket is the first sub-bucket of that group whose max tokens
-is >= its token count (``strict_2d=False`` also accepts a sub-bucket of a longer group). An utterance
-whose tokens per second exceed its bucket's ``max_tps`` fits nowhere.
+is >= its token count.
+
+The TPS limit: an utterance whose tokens per second exceed ``max_tps`` of its bucket fits nowhere.
+In strict 2D mode that is the chosen bucket's limit (as in NeMo). When no sub-bucket of its group
+holds its tokens, the group's last (largest) sub-bucket's limit is checked, so a TPS outlier is
+reported as one rather than as "too many tokens".
+
+Lenient 2D (``strict_2d=False``) also accepts a sub-bucket of a longer group when its own group has
+none large enough. NeMo applies no TPS limit in that mode; we apply the same limit as strict mode, the
+one of the utterance's own duration group, never the longer group's. The limit comes from the TPS
+distribution of utterances of that duration, and the utterances that need a longer group are the
+token-heavy ones the limit is there to catch; without it, turning strictness off would let back in the
+outliers the estimator removed. So lenient accepts every utterance strict accepts, in the same bucket,
+and adds only those that are within their group's TPS limit but have more tokens than its bins.
 """
 
 from __future__ import annotations
@@ -16,7 +28,7 @@ import numpy as np
 
 FITS = 0
 TOO_LONG = 1  # duration above the last bound
-TPS_OVER_LIMIT = 2  # tokens per second above the bucket's max_tps
+TPS_OVER_LIMIT = 2  # tokens per second above max_tps of its bucket in its own duration group
 TOO_MANY_TOKENS = 3  # more tokens than the largest sub-bucket of its duration group
 REASONS = {TOO_LONG: "too_long", TPS_OVER_LIMIT: "tps_over_limit", TOO_MANY_TOKENS: "too_many_tokens"}
 
@@ -55,9 +67,9 @@ class BucketFitter:
                 return -1, TPS_OVER_LIMIT
             return g, FITS
         start, stop = int(self.group_start[g]), int(self.group_stop[g])
-        if self.max_tps is not None and num_tokens / duration > self.max_tps[start]:
-            return -1, TPS_OVER_LIMIT
         b = bisect_left(self._tokens_list, num_tokens, start, stop)
+        if self.max_tps is not None and num_tokens / duration > self.max_tps[min(b, stop - 1)]:
+            return -1, TPS_OVER_LIMIT
         if b == stop:
             if self.strict_2d:
                 return -1, TOO_MANY_TOKENS
@@ -81,20 +93,21 @@ class BucketFitter:
         g_safe = np.minimum(g, len(self.group_bounds) - 1)
         if not self.is_2d:
             idx = g_safe.astype(np.int64)
-        elif self.strict_2d:
+            limit_bin = idx
+        else:
             group_of_bin = np.repeat(np.arange(len(self.group_bounds)), self.group_stop - self.group_start)
             scale = int(max(self.max_tokens.max(), tok.max() if n else 0)) + 1
             keys = group_of_bin.astype(np.int64) * scale + self.max_tokens
             idx = np.searchsorted(keys, g_safe.astype(np.int64) * scale + tok, side="left").astype(np.int64)
-            idx[idx >= self.group_stop[g_safe]] = -1
-        else:
-            group_of_bin = np.repeat(np.arange(len(self.group_bounds)), self.group_stop - self.group_start)
-            idx = np.full(n, -1, dtype=np.int64)
-            for j in range(self.num_buckets - 1, -1, -1):
-                idx[(group_of_bin[j] >= g_safe) & (self.max_tokens[j] >= tok)] = j
+            stop = self.group_stop[g_safe]
+            limit_bin = np.minimum(idx, stop - 1)  # the chosen bucket, or its group's last
+            outside = idx >= stop
+            idx[outside] = -1
+            if not self.strict_2d:
+                for j in range(self.num_buckets - 1, -1, -1):  # the smallest later bucket that holds the tokens
+                    idx[outside & (j >= stop) & (self.max_tokens[j] >= tok)] = j
         no_tokens_fit = (idx < 0) & ~too_long
         if self.max_tps is not None and tok is not None:
-            limit_bin = self.group_start[g_safe] if self.is_2d else idx
             over = (tok / dur > self.max_tps[limit_bin]) & ~too_long
         else:
             over = np.zeros(n, dtype=bool)
