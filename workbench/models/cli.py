@@ -54,7 +54,7 @@ def register(subparsers) -> None:
     p.add_argument("--num-workers", type=int,
                    help="DataLoader processes reading and collating audio (default: this machine's cores "
                         "shared among its ranks, less one, at most 16; 0: in the main process)")
-    p.add_argument("--prefetch-factor", type=int, help="batches each worker prepares ahead (4)")
+    p.add_argument("--prefetch-factor", type=int, help="batches each worker prepares ahead (2)")
     p.add_argument("--strict", action="store_true", default=None,
                    help="fail when more than 1%% of the corpus fits no bucket of the profile (default: warn)")
     p.add_argument("--log-cut-ids", action="store_true", default=None,

@@ -85,7 +85,7 @@ class TrainConfig:
     resume: bool = False             # continue from <out_dir>/train_state.pt
     concurrent: bool = True          # concurrent bucketing in make_sampler (off: exact resume; off under DDP)
     num_workers: int = field(default_factory=default_num_workers)  # DataLoader worker processes (0: main process)
-    prefetch_factor: int = 4         # batches each worker prepares ahead
+    prefetch_factor: int = 2         # batches each worker prepares ahead (each held in shared memory)
     strict: bool = False             # error (not a warning) when more than 1 % of the corpus fits no bucket
     log_cut_ids: bool = False        # each log record lists the cut ids of every rank's batch
 
@@ -223,7 +223,8 @@ def make_loader(sampler, config: TrainConfig, device: torch.device) -> torch.uti
     workers = config.num_workers
     return torch.utils.data.DataLoader(CutBatchDataset(config.tokenizer), sampler=sampler, batch_size=None,
                                        num_workers=workers, pin_memory=device.type == "cuda",
-                                       prefetch_factor=config.prefetch_factor if workers else None)
+                                       prefetch_factor=config.prefetch_factor if workers else None,
+                                       persistent_workers=workers > 0)
 
 
 @dataclass
@@ -314,7 +315,7 @@ def train_steps(run: Run) -> None:
             log_step(run, record, progress)
             if config.save_every and run.step % config.save_every == 0 and run.step < config.steps:
                 save_training_state(out / STATE_FILE, run)
-        del batches  # stops this epoch's workers
+        del batches
         if drawn == 0 and not resumed_mid_epoch:
             raise ValueError(f"--cuts: the sampler gave 0 batches from {config.cuts} (empty corpus or nothing fits)")
         resumed_mid_epoch = False
