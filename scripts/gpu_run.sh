@@ -42,8 +42,8 @@ if [ -d .espeak ] && ls .espeak/*.deb >/dev/null 2>&1; then  # espeak-ng for `co
   mkdir -p /tmp/espeak && for deb in .espeak/*.deb; do dpkg -x "$deb" /tmp/espeak; done
   lib=/tmp/espeak/usr/lib/x86_64-linux-gnu
   export PATH="/tmp/espeak/usr/bin:$PATH" ESPEAK_DATA_PATH=$lib \
-    LD_LIBRARY_PATH="$lib:$lib/pulseaudio${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  espeak-ng --version || echo "note: the carried espeak-ng does not run here"
+    LD_LIBRARY_PATH="$lib:$lib/pulseaudio:/tmp/espeak/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  espeak-ng --version || { echo "note: the carried espeak-ng does not run here:"; ldd "$(command -v espeak-ng)" | grep 'not found'; }
 fi
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
