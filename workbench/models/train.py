@@ -9,8 +9,10 @@ its per-bucket batch sizes; without one, from lhotse's DynamicBucketingSampler w
 seconds of audio per batch. The sampler runs in the main process and feeds a DataLoader whose
 --num-workers processes read, resample and collate the audio; features are computed on the device.
 
-Per step the log records the loss, batch size, audio seconds, the time spent waiting for data
-(data_s: from the end of one step to the arrival of the next batch) and the step's own time. Writes
+Each step is queued without waiting for the device, so the next batch is fetched while the GPU works.
+Per step the log records the loss, batch size, audio seconds, padding, the time the device waited for
+data (data_s: on CUDA the GPU's idle gap between the end of one step and the start of the next) and
+the step's own device time (step_s, split into forward_backward_s and optimizer_s). Writes
 <out>/model.pt (weights and config: load_checkpoint reads it with torch.load(weights_only=True)),
 <out>/train_log.jsonl and <out>/train_summary.json.
 
@@ -242,6 +244,7 @@ class Run:
     epoch: int = 0
     epoch_batches: int = 0  # batches of the current epoch trained on (the sampler may have drawn more)
     records: list = field(default_factory=list)
+    last_end_event: object = None  # CUDA event at the end of the last launched step
 
 
 def train(config: TrainConfig) -> dict:
@@ -300,6 +303,7 @@ def train_steps(run: Run) -> None:
     progress = tqdm(total=config.steps, initial=run.step, desc=f"train {config.model}", unit="step",
                     disable=not run.ranks.is_main)
     resumed_mid_epoch = config.resume  # the restored sampler may have nothing left of its epoch
+    pending = None  # the step launched last, finished (loss read) after the next one is launched
     while run.step < config.steps:
         run.sampler.set_epoch(run.epoch)
         batches = iter(loader)
@@ -310,11 +314,18 @@ def train_steps(run: Run) -> None:
                 host_batch = next(batches)
             except StopIteration:
                 break
-            record = train_one_step(run, host_batch, data_s=time.perf_counter() - waited)
+            launched = train_one_step(run, host_batch, data_s=time.perf_counter() - waited)
             drawn += 1
-            log_step(run, record, progress)
+            if pending is not None:  # the step before is done on the device by now, or nearly
+                log_step(run, finish_step(pending), progress)
+            pending = launched
             if config.save_every and run.step % config.save_every == 0 and run.step < config.steps:
+                log_step(run, finish_step(pending), progress)
+                pending = None
                 save_training_state(out / STATE_FILE, run)
+        if pending is not None:
+            log_step(run, finish_step(pending), progress)
+            pending = None
         del batches
         if drawn == 0 and not resumed_mid_epoch:
             raise ValueError(f"--cuts: the sampler gave 0 batches from {config.cuts} (empty corpus or nothing fits)")
@@ -329,8 +340,20 @@ def train_steps(run: Run) -> None:
     close_sampler(run.sampler)
 
 
-def train_one_step(run: Run, host_batch: dict, *, data_s: float) -> dict:
-    """One optimizer step on a host batch; returns its log record (times in seconds)."""
+@dataclass
+class LaunchedStep:
+    """A step whose work is queued on the device: its record lacks the loss and device times until
+    :func:`finish_step`."""
+
+    record: dict
+    loss: torch.Tensor                 # on the host (pinned, filled asynchronously) or the CPU loss
+    events: list                       # CUDA: start, backward done, end (after the loss copy); else []
+    previous_end: object = None        # the end event of the step before (the device's idle gap)
+
+
+def train_one_step(run: Run, host_batch: dict, *, data_s: float) -> LaunchedStep:
+    """Queue one optimizer step on a host batch without waiting for the device, so the next batch is
+    fetched while this one runs. ``data_s``: seconds this process waited for the batch."""
     config, device = run.config, run.device
     started = time.perf_counter()
     cuda = device.type == "cuda"
@@ -352,20 +375,41 @@ def train_one_step(run: Run, host_batch: dict, *, data_s: float) -> dict:
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
     if cuda:
+        loss_host = torch.empty((), dtype=loss.dtype, pin_memory=True)
+        loss_host.copy_(loss.detach(), non_blocking=True)
         events[2].record()
-    loss_value = float(loss.detach())  # synchronizes, so the timings below are honest
-    record = {"step": run.step, "loss": loss_value, "batch_size": int(len(audio_lens)),
+    else:
+        loss_host = loss.detach()
+    record = {"step": run.step, "batch_size": int(len(audio_lens)),
               "audio_s": float(audio_lens.sum()) / run.model.config.sample_rate, "data_s": data_s,
-              "step_s": time.perf_counter() - started, "lr": lr,
+              "host_data_s": data_s, "step_s": time.perf_counter() - started, "lr": lr,
               "input_padding": padding_share(audio_lens), "output_padding": padding_share(token_lens)}
-    if cuda:
-        record["forward_backward_s"] = events[0].elapsed_time(events[1]) / 1e3
-        record["optimizer_s"] = events[1].elapsed_time(events[2]) / 1e3
-        record["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
     if config.log_cut_ids:
         record["cut_ids"] = gather_objects(list(host_batch.get("cut_ids", [])), run.ranks)
+    launched = LaunchedStep(record, loss_host, events, run.last_end_event)
+    run.last_end_event = events[2] if cuda else None
     run.step += 1
     run.epoch_batches += 1
+    return launched
+
+
+def finish_step(step: LaunchedStep) -> dict:
+    """Wait for a launched step and complete its record (times in seconds).
+
+    On CUDA ``step_s`` is the device's time for the step (events) and ``data_s`` the device's idle gap
+    since the step before ended: the time the GPU waited for this batch (host wait, copy, launch). On
+    the CPU both are host times."""
+    record = step.record
+    if step.events:
+        start, backward_done, end = step.events
+        end.synchronize()
+        record["forward_backward_s"] = start.elapsed_time(backward_done) / 1e3
+        record["optimizer_s"] = backward_done.elapsed_time(end) / 1e3
+        record["step_s"] = start.elapsed_time(end) / 1e3
+        if step.previous_end is not None:
+            record["data_s"] = step.previous_end.elapsed_time(start) / 1e3
+        record["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+    record["loss"] = float(step.loss)
     return record
 
 
