@@ -164,3 +164,57 @@ def test_train_with_a_profile_resumes_too(corpus, tmp_path, monkeypatch):
                                          "--no-concurrent")
     assert [r["audio_s"] for r in split] == [r["audio_s"] for r in straight]
     np.testing.assert_allclose([r["loss"] for r in split], [r["loss"] for r in straight], rtol=1e-5)
+
+
+def _train_error(capsys, *args) -> str:
+    assert main(list(args)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("workbench train: error:") and "Traceback" not in err
+    return err
+
+
+def test_train_bad_options_and_inputs_are_one_line_errors_that_name_them(corpus, tmp_path, capsys):
+    from workbench.data.synthetic import write_synthetic_corpus
+
+    out = tmp_path / "run"
+    assert "--num-workers: must be an integer >= 0, got -1" in _train_error(
+        capsys, *_train_args(corpus, out, "--num-workers", "-1"))
+    assert "--steps: must be an integer >= 1" in _train_error(capsys, *_train_args(corpus, out, "--steps", "0"))
+    assert "--max-duration: must be > 0" in _train_error(capsys, *_train_args(corpus, out, "--max-duration", "-3"))
+    if not torch.cuda.is_available():
+        err = _train_error(capsys, *[a if a != "cpu" else "cuda" for a in _train_args(corpus, out)])
+        assert "--device cuda: this machine has no CUDA GPU" in err and "--device cpu" in err
+    synthetic = write_synthetic_corpus(tmp_path / "synthetic", 20, seed=0)
+    capsys.readouterr()  # its progress bar
+    args = _train_args(corpus, out)
+    args[args.index("--cuts") + 1] = str(synthetic)
+    err = _train_error(capsys, *args)
+    assert "has no audio" in err and str(synthetic) in err and "corpus tts" in err
+    assert not out.exists()  # nothing written by a run that never started
+
+
+@pytest.mark.parametrize("content", [b"", b"not a checkpoint at all", None])
+def test_resume_from_a_truncated_or_garbage_state_is_one_line(corpus, tmp_path, capsys, content):
+    assert main(_train_args(corpus, tmp_path, "--steps", "2", "--save-every", "1")) == 0
+    capsys.readouterr()
+    state = tmp_path / "train_state.pt"
+    state.write_bytes(state.read_bytes()[:1000] if content is None else content)
+    err = _train_error(capsys, *_train_args(corpus, tmp_path, "--steps", "3", "--resume"))
+    assert f"--resume: {state} is not a training state written by `workbench train`" in err
+    assert "weights_only" not in err  # never advise loading untrusted pickles
+
+
+def test_train_warns_at_start_and_end_when_the_profile_drops_much_of_the_corpus(corpus, tmp_path, capsys):
+    profile = tmp_path / "short.yaml"  # the tone corpus runs 0.5-1 s: a 0.7 s top bin drops many cuts
+    save_profile(profile, BucketProfile(bucket_duration_bins=[0.7], bucket_batch_size=[2]))
+    assert main(_train_args(corpus, tmp_path / "run", "--steps", "2", "--profile", str(profile),
+                            "--no-concurrent")) == 0
+    printed = capsys.readouterr().out
+    warnings = [line for line in printed.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2 and "by the profile's bins" in warnings[0] and "in training" in warnings[1]
+    assert "fit no bucket" in warnings[0] and "too_long" in warnings[0]
+    summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
+    assert summary["corpus_fit"]["unfit"] == summary["corpus_fit"]["reasons"]["too_long"] > 0
+    err = _train_error(capsys, *_train_args(corpus, tmp_path / "strict", "--steps", "2", "--profile", str(profile),
+                                            "--strict"))
+    assert "(--strict)" in err and not (tmp_path / "strict").exists()

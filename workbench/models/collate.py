@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterable
 
 import torch
@@ -41,8 +42,11 @@ def collate_cuts(cuts: Iterable, tokenizer, *, sample_rate: int = SAMPLE_RATE) -
 
 
 def cut_has_audio(cut) -> bool:
-    """True when the cut points at audio that ``load_audio`` can read (a recording, not bare metadata)."""
-    return bool(getattr(cut, "has_recording", False))
+    """True when the cut has a recording whose file sources exist (the synthetic corpus names files that
+    were never written); URL and command sources are taken on trust."""
+    if not getattr(cut, "has_recording", False):
+        return False
+    return all(Path(src.source).is_file() for src in cut.recording.sources if src.type == "file")
 
 
 class CutBatchDataset(torch.utils.data.Dataset):
@@ -69,7 +73,8 @@ class CutBatchDataset(torch.utils.data.Dataset):
             self._tokenizer = load_tokenizer(self.tokenizer_path)
         for cut in cuts:
             if not cut_has_audio(cut):
-                raise ValueError(f"cut {cut.id!r} has no audio (no recording): training needs real audio")
+                raise ValueError(f"cut {cut.id!r} has no audio (no recording, or its file is missing): "
+                                 "training needs real audio")
         batch = collate_cuts(cuts, self._tokenizer, sample_rate=self.sample_rate)
         batch["cut_ids"] = [cut.id for cut in cuts]
         return batch

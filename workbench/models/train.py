@@ -148,8 +148,8 @@ def check_audio(cuts: CutSet, path: str) -> None:
     if first is None:
         raise ValueError(f"--cuts: {path} has no cuts")
     if not cut_has_audio(first):
-        raise ValueError(f"--cuts: {path}: cut {first.id!r} has no audio (no recording); training needs real "
-                         "audio, e.g. `workbench corpus tts --out DIR`")
+        raise ValueError(f"--cuts: {path}: cut {first.id!r} has no audio (no recording, or its file is missing); "
+                         "training needs real audio, e.g. `workbench corpus tts --out DIR`")
 
 
 def check_profile_for_run(profile: BucketProfile, path: str, config: TrainConfig, ranks: Ranks,
