@@ -21,6 +21,7 @@ Triton's interpreter (``TRITON_INTERPRET=1`` set before this module is imported)
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
@@ -32,6 +33,7 @@ from workbench.models.losses import LOG_ZERO, _check_inputs, _reduce, check_dura
 _LOG_ZERO = tl.constexpr(LOG_ZERO)
 _MAX_BLOCK_V = 4096  # vocabulary block of the per-node kernels (larger vocabularies loop)
 _MAX_BLOCK_U = 256   # label block of the per-utterance kernels (longer targets loop)
+_SHAPE_ARGS = ["T", "U1", "U"]  # change with every batch: one compiled kernel for all their values
 
 
 @triton.jit
@@ -72,7 +74,7 @@ def _utterance(T, U1, logit_lengths_ptr, target_lengths_ptr):
     return b, t_len, u_len, b * T * U1
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SHAPE_ARGS)
 def _normalize_kernel(logits_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr, lse_ptr, blank_ptr,
                       label_ptr, dur_ptr, T, U1, C, V_TOK, U, blank, sigma,
                       ND: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -103,7 +105,7 @@ def _normalize_kernel(logits_ptr, targets_ptr, logit_lengths_ptr, target_lengths
         tl.store(dur_ptr + row * ND + doffs, tl.where(valid, dx - dlse, 0.0), mask=dmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SHAPE_ARGS)
 def _alpha_kernel(blank_ptr, label_ptr, dur_ptr, alpha_ptr, ll_ptr, logit_lengths_ptr, target_lengths_ptr,
                   blank_dur_ptr, blank_col_ptr, label_dur_ptr, label_col_ptr, T, U1,
                   NB: tl.constexpr, NL: tl.constexpr, ND: tl.constexpr, BLOCK_U: tl.constexpr):
@@ -146,7 +148,7 @@ def _alpha_kernel(blank_ptr, label_ptr, dur_ptr, alpha_ptr, ll_ptr, logit_length
     tl.store(ll_ptr + b, m1 + tl.log(s1))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SHAPE_ARGS)
 def _beta_kernel(blank_ptr, label_ptr, dur_ptr, beta_ptr, logit_lengths_ptr, target_lengths_ptr,
                  blank_dur_ptr, blank_col_ptr, label_dur_ptr, label_col_ptr, T, U1,
                  NB: tl.constexpr, NL: tl.constexpr, ND: tl.constexpr, BLOCK_U: tl.constexpr):
@@ -179,7 +181,7 @@ def _beta_kernel(blank_ptr, label_ptr, dur_ptr, beta_ptr, logit_lengths_ptr, tar
         tl.debug_barrier()
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SHAPE_ARGS)
 def _grad_kernel(logits_ptr, grad_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr, lse_ptr, blank_ptr,
                  label_ptr, dur_ptr, alpha_ptr, beta_ptr, ll_ptr, scale_ptr,
                  blank_dur_ptr, blank_col_ptr, label_dur_ptr, label_col_ptr, T, U1, C, V_TOK, U, blank,
@@ -249,9 +251,11 @@ class _TritonTransducerLoss(torch.autograd.Function):
         blank_logp, label_logp = torch.empty_like(lse), torch.empty_like(lse)
         dur_logp = torch.empty(batch, num_frames, num_cols, max(num_dur, 1), **small)
         targets = targets.to(device=device, dtype=torch.int64).contiguous()
+        if targets.numel() == 0:  # U = 0: no label is read, but the kernels need a real pointer
+            targets = torch.zeros(batch, 1, dtype=torch.int64, device=device)
         logit_lengths = logit_lengths.to(device=device, dtype=torch.int64).contiguous()
         target_lengths = target_lengths.to(device=device, dtype=torch.int64).contiguous()
-        edge_tensors = [torch.tensor(x, dtype=torch.int64, device=device) for x in edges]
+        edge_tensors = _edge_tensors(edges, device)
         rows = batch * num_frames * num_cols
         block_v = min(triton.next_power_of_2(num_tokens), _MAX_BLOCK_V)
         block_d = triton.next_power_of_2(max(num_dur, 1))
@@ -316,6 +320,12 @@ def tdt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: 
     losses = _TritonTransducerLoss.apply(logits.contiguous(), targets, logit_lengths, target_lengths, blank,
                                          num_tokens, float(sigma), edges)
     return _reduce(losses, reduction)
+
+
+@functools.lru_cache(maxsize=64)
+def _edge_tensors(edges: tuple[tuple[int, ...], ...], device: torch.device) -> list[torch.Tensor]:
+    """The edge lists as int64 tensors on the device, made once per (edges, device), not every step."""
+    return [torch.tensor(x, dtype=torch.int64, device=device) for x in edges]
 
 
 def _check_dtype(logits: torch.Tensor) -> None:
