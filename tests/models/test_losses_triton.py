@@ -202,3 +202,66 @@ def test_past_two_to_the_31_logit_elements():
     assert math.isfinite(whole[2].item())
     torch.testing.assert_close(whole[2:], alone)
     assert torch.equal(x.grad[2], last.grad[0])
+
+
+def test_beta_runs_alongside_alpha_only_when_a_gradient_is_wanted(monkeypatch):
+    grids = []
+    kernel = losses_triton._lattice_kernel
+
+    class Recording:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(losses_triton, "_lattice_kernel", Recording())
+    logits, targets, logit_lengths, target_lengths = random_batch([3, 2], [1, 2], 4, vocab=3, seed=13)
+    with torch.no_grad():
+        rnnt_loss_triton(logits.requires_grad_(), targets, logit_lengths, target_lengths)
+    rnnt_loss_triton(logits.detach(), targets, logit_lengths, target_lengths)
+    rnnt_loss_triton(logits.requires_grad_(), targets, logit_lengths, target_lengths).backward()
+    assert grids == [(2, 1), (2, 1), (2, 2)]
+
+
+COMPILE_FOR_H200 = """
+import sys
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+from workbench.models import losses_triton as L
+
+INT64_POINTERS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr", "blank_dur_ptr", "blank_col_ptr",
+                  "label_dur_ptr", "label_col_ptr"}
+for dtype, nd, nb, nl in (("fp32", 0, 1, 1), ("bf16", 5, 4, 5)):
+    constants = {"ND": nd, "NB": nb, "NL": nl, "BLOCK_V": 2048, "BLOCK_D": 8, "BLOCK_U": 128}
+    for kernel in (L._normalize_kernel, L._lattice_kernel, L._grad_kernel):
+        signature, constexprs = {}, {}
+        for name, param in zip(kernel.arg_names, kernel.params):
+            if param.is_constexpr:
+                signature[name], constexprs[name] = "constexpr", constants[name]
+            elif name in ("logits_ptr", "grad_ptr"):
+                signature[name] = "*" + dtype
+            elif name.endswith("_ptr"):
+                signature[name] = "*i64" if name in INT64_POINTERS else "*fp32"
+            else:
+                signature[name] = "fp32" if name == "sigma" else "i32"
+        compiled = compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                           target=GPUTarget("cuda", 90, 32))
+        assert compiled.asm["cubin"], kernel.__name__
+        print(kernel.__name__, dtype, "compiled")
+"""
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="a GPU run compiles them for real")
+def test_the_kernels_compile_for_an_h200_without_one():
+    """The interpreter accepts code the compiler may not: compile every kernel to a cubin for sm_90 (fp32
+    RNN-T and bf16 TDT variants) in a process without TRITON_INTERPRET."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.run([sys.executable, "-c", COMPILE_FOR_H200], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("compiled") == 6

@@ -1,14 +1,14 @@
 """Transducer losses (RNN-T, TDT) as Triton kernels: the same lattice and results as :mod:`losses`.
 
-Four kernels, each reading the logits at most once:
+Three kernels, each reading the logits at most once:
 
 1. ``_normalize_kernel``, one program per lattice node (b, t, u): the log-normalizer of the token
    logits, the blank and target-label log-probabilities and (TDT) the duration log-softmax, into small
    fp32 buffers [B, T, U + 1] (durations [B, T, U + 1, D]).
-2. ``_alpha_kernel``, one program per utterance: alpha over the anti-diagonals n = t + u, a block of u
-   per step, and log P.
-3. ``_beta_kernel`` (backward only), one program per utterance: beta over the diagonals in reverse.
-4. ``_grad_kernel`` (backward only), one program per node: the edge posteriors
+2. ``_lattice_kernel``, one program per utterance for alpha over the anti-diagonals n = t + u (a block of
+   u per step) and log P, and, when backward will run, a second one per utterance for beta over the
+   diagonals in reverse, at the same time;
+3. ``_grad_kernel`` (backward only), one program per node: the edge posteriors
    exp(alpha + w + beta(destination) - log P) and d loss / d logits, written once into one buffer of the
    logits' size and dtype (no fp32 copy of the logits is ever made).
 
@@ -106,10 +106,24 @@ def _normalize_kernel(logits_ptr, targets_ptr, logit_lengths_ptr, target_lengths
 
 
 @triton.jit(do_not_specialize=_SHAPE_ARGS)
-def _alpha_kernel(blank_ptr, label_ptr, dur_ptr, alpha_ptr, ll_ptr, logit_lengths_ptr, target_lengths_ptr,
-                  blank_dur_ptr, blank_col_ptr, label_dur_ptr, label_col_ptr, T, U1,
-                  NB: tl.constexpr, NL: tl.constexpr, ND: tl.constexpr, BLOCK_U: tl.constexpr):
+def _lattice_kernel(blank_ptr, label_ptr, dur_ptr, alpha_ptr, beta_ptr, ll_ptr, logit_lengths_ptr, target_lengths_ptr,
+                    blank_dur_ptr, blank_col_ptr, label_dur_ptr, label_col_ptr, T, U1,
+                    NB: tl.constexpr, NL: tl.constexpr, ND: tl.constexpr, BLOCK_U: tl.constexpr):
+    """Grid (B, 1): alpha and log P. Grid (B, 2): beta too, by a second program per utterance at once."""
     b, t_len, u_len, base = _utterance(T, U1, logit_lengths_ptr, target_lengths_ptr)
+    if tl.program_id(1) == 0:
+        _alpha(blank_ptr, label_ptr, dur_ptr, alpha_ptr, ll_ptr, blank_dur_ptr, blank_col_ptr, label_dur_ptr,
+               label_col_ptr, U1, b, t_len, u_len, base, NB, NL, ND, BLOCK_U)
+    else:
+        _beta(blank_ptr, label_ptr, dur_ptr, beta_ptr, blank_dur_ptr, blank_col_ptr, label_dur_ptr, label_col_ptr,
+              U1, t_len, u_len, base, NB, NL, ND, BLOCK_U)
+
+
+@triton.jit
+def _alpha(blank_ptr, label_ptr, dur_ptr, alpha_ptr, ll_ptr, blank_dur_ptr, blank_col_ptr, label_dur_ptr,
+           label_col_ptr, U1, b, t_len, u_len, base,
+           NB: tl.constexpr, NL: tl.constexpr, ND: tl.constexpr, BLOCK_U: tl.constexpr):
+    """alpha over the diagonals of utterance b, then log P into ll_ptr[b]."""
     tl.store(alpha_ptr + base, 0.0)
     tl.debug_barrier()
     offs = tl.arange(0, BLOCK_U).to(tl.int64)
@@ -148,11 +162,10 @@ def _alpha_kernel(blank_ptr, label_ptr, dur_ptr, alpha_ptr, ll_ptr, logit_length
     tl.store(ll_ptr + b, m1 + tl.log(s1))
 
 
-@triton.jit(do_not_specialize=_SHAPE_ARGS)
-def _beta_kernel(blank_ptr, label_ptr, dur_ptr, beta_ptr, logit_lengths_ptr, target_lengths_ptr,
-                 blank_dur_ptr, blank_col_ptr, label_dur_ptr, label_col_ptr, T, U1,
-                 NB: tl.constexpr, NL: tl.constexpr, ND: tl.constexpr, BLOCK_U: tl.constexpr):
-    b, t_len, u_len, base = _utterance(T, U1, logit_lengths_ptr, target_lengths_ptr)
+@triton.jit
+def _beta(blank_ptr, label_ptr, dur_ptr, beta_ptr, blank_dur_ptr, blank_col_ptr, label_dur_ptr, label_col_ptr,
+          U1, t_len, u_len, base, NB: tl.constexpr, NL: tl.constexpr, ND: tl.constexpr, BLOCK_U: tl.constexpr):
+    """beta over the diagonals of one utterance, in reverse."""
     offs = tl.arange(0, BLOCK_U).to(tl.int64)
     for k in range(0, t_len + u_len):
         n = t_len + u_len - 1 - k
@@ -242,7 +255,7 @@ class _TritonTransducerLoss(torch.autograd.Function):
     """Per-utterance -log P [B]; the logits' gradient is computed in backward, into one new buffer."""
 
     @staticmethod
-    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, num_tokens, sigma, edges):
+    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, num_tokens, sigma, edges, want_grad):
         batch, num_frames, num_cols, num_classes = logits.shape
         num_dur = num_classes - num_tokens
         device = logits.device
@@ -263,13 +276,14 @@ class _TritonTransducerLoss(torch.autograd.Function):
         _normalize_kernel[(rows,)](logits, targets, logit_lengths, target_lengths, lse, blank_logp, label_logp,
                                    dur_logp, num_frames, num_cols, num_classes, num_tokens, num_cols - 1, blank,
                                    float(sigma), ND=num_dur, BLOCK_V=block_v, BLOCK_D=block_d)
-        alpha = torch.empty_like(lse)
+        alpha, beta = torch.empty_like(lse), torch.empty_like(lse)
         log_likelihood = torch.empty(batch, **small)
         lattice = dict(NB=len(edges[0]), NL=len(edges[2]), ND=num_dur, BLOCK_U=block_u)
-        _alpha_kernel[(batch,)](blank_logp, label_logp, dur_logp, alpha, log_likelihood, logit_lengths,
-                                target_lengths, *edge_tensors, num_frames, num_cols, **lattice)
+        _lattice_kernel[(batch, 2 if want_grad else 1)](  # beta alongside alpha only when backward will run
+            blank_logp, label_logp, dur_logp, alpha, beta, log_likelihood, logit_lengths, target_lengths,
+            *edge_tensors, num_frames, num_cols, **lattice)
         ctx.save_for_backward(logits, targets, logit_lengths, target_lengths, lse, blank_logp, label_logp,
-                              dur_logp, alpha, log_likelihood, *edge_tensors)
+                              dur_logp, alpha, beta, log_likelihood, *edge_tensors)
         ctx.sizes = (blank, num_tokens, block_v, block_d, lattice)
         return -log_likelihood
 
@@ -278,13 +292,10 @@ class _TritonTransducerLoss(torch.autograd.Function):
         if torch.is_grad_enabled():
             raise RuntimeError("transducer losses: second derivatives are not supported (the gradient is computed "
                                "analytically); use create_graph=False")
-        (logits, targets, logit_lengths, target_lengths, lse, blank_logp, label_logp, dur_logp, alpha,
+        (logits, targets, logit_lengths, target_lengths, lse, blank_logp, label_logp, dur_logp, alpha, beta,
          log_likelihood, *edge_tensors) = ctx.saved_tensors
         blank, num_tokens, block_v, block_d, lattice = ctx.sizes
         batch, num_frames, num_cols, num_classes = logits.shape
-        beta = torch.empty_like(alpha)
-        _beta_kernel[(batch,)](blank_logp, label_logp, dur_logp, beta, logit_lengths, target_lengths,
-                               *edge_tensors, num_frames, num_cols, **lattice)
         grad = torch.empty_like(logits)
         scale = grad_output.to(torch.float32).contiguous()
         _grad_kernel[(batch * num_frames * num_cols,)](
@@ -292,7 +303,7 @@ class _TritonTransducerLoss(torch.autograd.Function):
             beta, log_likelihood, scale, *edge_tensors, num_frames, num_cols, num_classes, num_tokens,
             num_cols - 1, blank, NB=lattice["NB"], NL=lattice["NL"], ND=lattice["ND"], BLOCK_V=block_v,
             BLOCK_D=block_d)
-        return grad, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None
 
 
 def rnnt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
@@ -303,7 +314,7 @@ def rnnt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths:
     _check_dtype(logits)
     edges = ((1,), (0,), (0,), (0,))  # blank durations, their duration columns; label durations, columns
     losses = _TritonTransducerLoss.apply(logits.contiguous(), targets, logit_lengths, target_lengths, blank,
-                                         num_classes, 0.0, edges)
+                                         num_classes, 0.0, edges, _wants_grad(logits))
     return _reduce(losses, reduction)
 
 
@@ -318,8 +329,12 @@ def tdt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: 
     edges = (tuple(d for d, _ in blank_edges), tuple(i for _, i in blank_edges), tuple(durations),
              tuple(range(len(durations))))
     losses = _TritonTransducerLoss.apply(logits.contiguous(), targets, logit_lengths, target_lengths, blank,
-                                         num_tokens, float(sigma), edges)
+                                         num_tokens, float(sigma), edges, _wants_grad(logits))
     return _reduce(losses, reduction)
+
+
+def _wants_grad(logits: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and logits.requires_grad
 
 
 @functools.lru_cache(maxsize=64)
