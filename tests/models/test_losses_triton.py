@@ -169,7 +169,8 @@ def test_dispatch_says_why():
 def test_dispatch_without_triton_names_the_import_error(monkeypatch):
     monkeypatch.setattr(losses, "_triton_problem", lambda: "triton not importable (ModuleNotFoundError: x)")
     backend, reason = loss_backend(torch.zeros(1, 1, 1, 2, device=DEVICE))
-    assert backend == "torch" and reason == "torch: triton not importable (ModuleNotFoundError: x)"
+    assert backend == "torch" and reason == ("torch: triton not importable (ModuleNotFoundError: x)" if DEVICE == "cuda"
+                                             else "torch: logits on cpu (the Triton kernels run on CUDA)")
     with pytest.raises(ValueError, match="backend='triton': triton not importable"):
         loss_backend(torch.zeros(1, 1, 1, 2), "triton")
 

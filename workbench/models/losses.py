@@ -1,5 +1,9 @@
 """Transducer losses (RNN-T, TDT) in plain PyTorch: log space, fp32, vectorized over batch and diagonals.
 
+:func:`rnnt_loss` and :func:`tdt_loss` run the Triton kernels of :mod:`losses_triton` on CUDA logits when
+triton imports (:func:`loss_backend` says which runs and why); the code here is their reference and the
+CPU path (``rnnt_loss_reference``, ``tdt_loss_reference``).
+
 The lattice has a node (t, u) for every frame t in [0, T) and every number of emitted labels u in
 [0, U]. alpha(t, u) is the log of the summed probability of all partial alignments that reach it. All
 nodes on one anti-diagonal n = t + u depend only on earlier diagonals, so the forward pass walks the
@@ -23,6 +27,7 @@ The loss is the negative log of the sum over every valid alignment (per utteranc
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Sequence
 
@@ -43,6 +48,8 @@ def loss_backend(logits: torch.Tensor, backend: str = "auto") -> tuple[str, str]
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     if backend == "torch":
         return "torch", "torch: asked for the pure-PyTorch reference"
+    if backend == "auto" and logits.device.type != "cuda":  # decided without importing triton
+        return "torch", f"torch: logits on {logits.device.type} (the Triton kernels run on CUDA)"
     problem = _triton_problem()
     if backend == "triton":
         if problem:
@@ -53,13 +60,12 @@ def loss_backend(logits: torch.Tensor, backend: str = "auto") -> tuple[str, str]
         return "triton", "triton: asked for"
     if problem:
         return "torch", f"torch: {problem}"
-    if logits.device.type != "cuda":
-        return "torch", f"torch: logits on {logits.device.type} (the Triton kernels run on CUDA)"
     if logits.dtype not in (torch.float32, torch.bfloat16):
         return "torch", f"torch: logits are {logits.dtype} (the Triton kernels take float32 or bfloat16)"
     return "triton", "triton: CUDA logits and triton importable"
 
 
+@functools.lru_cache(maxsize=1)
 def _triton_problem() -> str | None:
     """Why the Triton losses cannot be imported (one line), or None when they can."""
     try:
