@@ -7,11 +7,11 @@ from workbench.models import build_model
 from workbench.models.transducer import Joint, chunked_joint_loss
 
 
-def padded_batch(model, seed):
+def padded_batch(model, seed, device="cpu"):
     """Five utterances of different lengths (audio and tokens), so chunks differ in their padding."""
-    batch = model.make_batch(5, 1.0, 6, "cpu", seed=seed)
-    batch["audio_lens"] = torch.tensor([16000, 12000, 9000, 16000, 7000])
-    batch["token_lens"] = torch.tensor([6, 3, 0, 5, 2])
+    batch = model.make_batch(5, 1.0, 6, device, seed=seed)
+    batch["audio_lens"] = torch.tensor([16000, 12000, 9000, 16000, 7000], device=device)
+    batch["token_lens"] = torch.tensor([6, 3, 0, 5, 2], device=device)
     return batch
 
 
@@ -81,3 +81,17 @@ def test_a_negative_chunk_size_is_refused_by_the_config():
     config = tiny_config("rnnt")
     with pytest.raises(ValueError, match="joint_chunk_size"):
         type(config)(head="rnnt", vocab_size=4, joint_chunk_size=-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head", ["rnnt", "tdt"])
+def test_chunks_on_a_gpu_with_the_triton_loss_equal_the_whole_batch(head):
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = build_model(f"tiny-{head}", vocab_size=12)
+    batch = padded_batch(model, seed=3, device="cuda")
+    want_loss, want = loss_and_grads(model, batch, 0)
+    got_loss, got = loss_and_grads(model, batch, 2)
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-5)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5, msg=name)

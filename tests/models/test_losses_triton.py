@@ -109,14 +109,36 @@ def test_tdt_sigma_and_blank_in_the_middle():
                               blank=2, durations=durations, sigma=0.05)
 
 
-def test_bf16_logits_give_a_bf16_gradient_close_to_the_reference():
-    logits, targets, logit_lengths, target_lengths = random_batch([6, 4], [3, 2], 7, vocab=6, seed=8)
+@pytest.mark.parametrize("which", ["rnnt", "tdt"])
+def test_bf16_logits_give_a_bf16_gradient_close_to_the_reference(which):
+    extra = 3 if which == "tdt" else 0
+    logits, targets, logit_lengths, target_lengths = random_batch([6, 4], [3, 2], 7 + extra, vocab=6, seed=8)
     logits = logits.bfloat16()
-    got, grad = loss_and_grad(rnnt_loss_triton, logits, targets, logit_lengths, target_lengths, blank=6)
-    want, want_grad = loss_and_grad(rnnt_loss_reference, logits, targets, logit_lengths, target_lengths, blank=6)
+    kwargs = {"blank": 6, "durations": (0, 1, 2)} if which == "tdt" else {"blank": 6}
+    ours, reference = (tdt_loss_triton, tdt_loss_reference) if which == "tdt" else (rnnt_loss_triton, rnnt_loss_reference)
+    got, grad = loss_and_grad(ours, logits, targets, logit_lengths, target_lengths, **kwargs)
+    want, want_grad = loss_and_grad(reference, logits, targets, logit_lengths, target_lengths, **kwargs)
     assert got.dtype == torch.float32 and grad.dtype == torch.bfloat16
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)  # both read the same bf16 values in fp32
     torch.testing.assert_close(grad.float(), want_grad.float().bfloat16().float(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("seed", [20, 21])
+def test_random_shapes_equal_the_reference(seed):
+    gen = torch.Generator().manual_seed(seed)
+    batch = int(torch.randint(1, 4, (1,), generator=gen))
+    frames = torch.randint(1, 7, (batch,), generator=gen).tolist()
+    labels = torch.randint(0, 5, (batch,), generator=gen).tolist()
+    vocab = int(torch.randint(2, 12, (1,), generator=gen))
+    logits, targets, logit_lengths, target_lengths = random_batch(frames, labels, vocab + 1, vocab=vocab, seed=seed)
+    blank = int(torch.randint(0, vocab + 1, (1,), generator=gen))
+    targets = torch.where(targets >= blank, targets + 1, targets)  # labels skip the blank
+    assert_equal_to_reference(rnnt_loss_triton, rnnt_loss_reference, logits, targets, logit_lengths, target_lengths,
+                              blank=blank)
+    durations = (0, 1, 3) if seed % 2 else (1, 2, 4)
+    logits, *_ = random_batch(frames, labels, vocab + 1 + 3, vocab=vocab, seed=seed + 100)
+    assert_equal_to_reference(tdt_loss_triton, tdt_loss_reference, logits, targets, logit_lengths, target_lengths,
+                              blank=blank, durations=durations)
 
 
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
