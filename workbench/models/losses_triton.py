@@ -21,6 +21,7 @@ Triton's interpreter (``TRITON_INTERPRET=1`` set before this module is imported)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Sequence
 
@@ -308,13 +309,15 @@ class _TritonTransducerLoss(torch.autograd.Function):
 
 def rnnt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
                      target_lengths: torch.Tensor, *, blank: int = -1, reduction: str = "mean") -> torch.Tensor:
-    """:func:`losses.rnnt_loss` in Triton: logits [B, T, U + 1, V + 1] fp32 or bf16 (made contiguous)."""
+    """:func:`losses.rnnt_loss` in Triton: logits [B, T, U + 1, V + 1] fp32 or bf16 (copied only when not
+    contiguous)."""
     num_classes = logits.shape[-1] if logits.dim() == 4 else 0
     blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_classes)
     _check_dtype(logits)
     edges = ((1,), (0,), (0,), (0,))  # blank durations, their duration columns; label durations, columns
-    losses = _TritonTransducerLoss.apply(logits.contiguous(), targets, logit_lengths, target_lengths, blank,
-                                         num_classes, 0.0, edges, _wants_grad(logits))
+    with _device_guard(logits.device):
+        losses = _TritonTransducerLoss.apply(logits.contiguous(), targets, logit_lengths, target_lengths, blank,
+                                             num_classes, 0.0, edges, _wants_grad(logits))
     return _reduce(losses, reduction)
 
 
@@ -328,9 +331,16 @@ def tdt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: 
     blank_edges = [(d, i) for i, d in enumerate(durations) if d > 0]
     edges = (tuple(d for d, _ in blank_edges), tuple(i for _, i in blank_edges), tuple(durations),
              tuple(range(len(durations))))
-    losses = _TritonTransducerLoss.apply(logits.contiguous(), targets, logit_lengths, target_lengths, blank,
-                                         num_tokens, float(sigma), edges, _wants_grad(logits))
+    with _device_guard(logits.device):
+        losses = _TritonTransducerLoss.apply(logits.contiguous(), targets, logit_lengths, target_lengths, blank,
+                                             num_tokens, float(sigma), edges, _wants_grad(logits))
     return _reduce(losses, reduction)
+
+
+def _device_guard(device: torch.device):
+    """Kernels launch on the current CUDA device: make it the logits' (backward runs on the autograd
+    engine's thread for that device already)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _wants_grad(logits: torch.Tensor) -> bool:
