@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from workbench.bench.flow.record import summary_lines as flow_summary_lines
+from workbench.bench.losses.record import summary_lines as losses_summary_lines
 from workbench.bench.results import RESULTS_DIR, provenance_line
 
 
@@ -145,6 +147,7 @@ SECTIONS: dict[str, Callable[[dict], list[str]]] = {
     "bucketing_first_batch": _first_batch, "models": _models, "oomptimizer": _oomptimizer,
     "oomptimizer_aed": _oomptimizer, "oomptimizer_ddp": _oomptimizer, "allocator": _allocator,
     "decoding": _decoding, "decoding_quick": _decoding,
+    "flow": lambda figures: flow_summary_lines({"figures": figures}), "losses": losses_summary_lines,
 }
 
 

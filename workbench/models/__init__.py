@@ -1,5 +1,5 @@
 """Reference ASR models (FastConformer-like encoder; RNN-T, TDT, CTC, AED heads), their losses in plain
-PyTorch, batch collation from lhotse cuts, and the training recipe. Names load on first use, so that the
+PyTorch (Triton kernels on CUDA), batch collation from lhotse cuts, and the training recipe. Names load on first use, so that the
 command line starts without importing torch."""
 
 import importlib
@@ -9,9 +9,9 @@ _EXPORTS = {
     "ModelConfig": "config", "config_from_name": "config", "large_config": "config", "tiny_config": "config",
     "xl_config": "config",
     "label_smoothed_cross_entropy": "losses", "lattice_log_likelihood": "losses", "rnnt_loss": "losses",
-    "tdt_loss": "losses",
+    "tdt_loss": "losses", "loss_backend": "losses",
     "ASRModel": "model", "build_model": "model", "count_parameters": "model",
-    "Joint": "transducer", "Predictor": "transducer",
+    "Joint": "transducer", "Predictor": "transducer", "chunked_joint_loss": "transducer",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -36,6 +36,7 @@ class ModelConfig:
     pred_layers: int = 1             # LSTM layers
     joint_hidden: int = 640          # joint network width
     durations: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])  # TDT durations in encoder frames
+    joint_chunk_size: int = 0        # utterances per joint + loss chunk (0: the whole batch's joint at once)
     # attention encoder-decoder head (aed)
     dec_layers: int = 6              # transformer decoder layers
     dec_heads: int = 8               # decoder attention heads
@@ -47,6 +48,8 @@ class ModelConfig:
             raise ValueError(f"head: expected one of {HEADS}, got {self.head!r}")
         if self.vocab_size < 1:
             raise ValueError(f"vocab_size: need at least 1, got {self.vocab_size}")
+        if self.joint_chunk_size < 0:
+            raise ValueError(f"joint_chunk_size: need >= 0 utterances (0: no chunks), got {self.joint_chunk_size}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -1,5 +1,9 @@
 """Transducer losses (RNN-T, TDT) in plain PyTorch: log space, fp32, vectorized over batch and diagonals.
 
+:func:`rnnt_loss` and :func:`tdt_loss` run the Triton kernels of :mod:`losses_triton` on CUDA logits when
+triton imports (:func:`loss_backend` says which runs and why); the code here is their reference and the
+CPU path (``rnnt_loss_reference``, ``tdt_loss_reference``).
+
 The lattice has a node (t, u) for every frame t in [0, T) and every number of emitted labels u in
 [0, U]. alpha(t, u) is the log of the summed probability of all partial alignments that reach it. All
 nodes on one anti-diagonal n = t + u depend only on earlier diagonals, so the forward pass walks the
@@ -23,6 +27,8 @@ The loss is the negative log of the sum over every valid alignment (per utteranc
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import Sequence
 
 import torch
@@ -32,14 +38,63 @@ import torch.nn.functional as F
 LOG_ZERO = -1.0e30
 
 
+BACKENDS = ("auto", "triton", "torch")
+
+
+def loss_backend(logits: torch.Tensor, backend: str = "auto") -> tuple[str, str]:
+    """Which implementation a transducer loss runs on these logits ("triton" or "torch") and a one-line
+    reason, for logs. "auto": Triton for CUDA logits when it imports, else the pure-PyTorch reference."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return "torch", "torch: asked for the pure-PyTorch reference"
+    if backend == "auto" and logits.device.type != "cuda":  # decided without importing triton
+        return "torch", f"torch: logits on {logits.device.type} (the Triton kernels run on CUDA)"
+    problem = _triton_problem()
+    if backend == "triton":
+        if problem:
+            raise ValueError(f"backend='triton': {problem}")
+        if logits.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"backend='triton': logits on {logits.device.type}; the kernels need CUDA "
+                             "(or TRITON_INTERPRET=1 set before import)")
+        return "triton", "triton: asked for"
+    if problem:
+        return "torch", f"torch: {problem}"
+    if logits.dtype not in (torch.float32, torch.bfloat16):
+        return "torch", f"torch: logits are {logits.dtype} (the Triton kernels take float32 or bfloat16)"
+    return "triton", "triton: CUDA logits and triton importable"
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_problem() -> str | None:
+    """Why the Triton losses cannot be imported (one line), or None when they can."""
+    try:
+        import workbench.models.losses_triton  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - any import failure means the reference runs, and the reason says why
+        return f"triton not importable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    return None
+
+
 def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
-              target_lengths: torch.Tensor, *, blank: int = -1, reduction: str = "mean") -> torch.Tensor:
+              target_lengths: torch.Tensor, *, blank: int = -1, reduction: str = "mean",
+              backend: str = "auto") -> torch.Tensor:
     """RNN-T negative log-likelihood from joint logits (log-softmax is applied here, in fp32).
 
     logits [B, T, U + 1, V + 1] (any float dtype), targets [B, U] long (label ids, no blank),
     logit_lengths [B] in [1, T], target_lengths [B] in [0, U]. ``blank`` indexes the last dim (negative
     counts from the end, as in torchaudio). reduction: "none" -> [B], "sum", or "mean" (over the batch).
+    backend: see :func:`loss_backend` ("auto" picks the Triton kernels for CUDA logits).
     """
+    if loss_backend(logits, backend)[0] == "triton":
+        from workbench.models.losses_triton import rnnt_loss_triton
+
+        return rnnt_loss_triton(logits, targets, logit_lengths, target_lengths, blank=blank, reduction=reduction)
+    return rnnt_loss_reference(logits, targets, logit_lengths, target_lengths, blank=blank, reduction=reduction)
+
+
+def rnnt_loss_reference(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
+                        target_lengths: torch.Tensor, *, blank: int = -1, reduction: str = "mean") -> torch.Tensor:
+    """:func:`rnnt_loss` in plain PyTorch (the reference and the CPU path)."""
     num_classes = logits.shape[-1] if logits.dim() == 4 else 0
     blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_classes)
     logit_lse = logits.float().logsumexp(dim=-1)  # [B, T, U + 1]
@@ -54,13 +109,24 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.
 
 def tdt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
              target_lengths: torch.Tensor, *, blank: int, durations: Sequence[int] = (0, 1, 2, 3, 4),
-             sigma: float = 0.0, reduction: str = "mean") -> torch.Tensor:
+             sigma: float = 0.0, reduction: str = "mean", backend: str = "auto") -> torch.Tensor:
     """TDT negative log-likelihood from joint logits [B, T, U + 1, V + 1 + len(durations)].
 
     The first V + 1 logits are tokens (``blank`` indexes them), the last len(durations) are durations
     in frames, in the order given. ``sigma`` is the paper's logit under-normalization (subtracted from
     every token log-prob; 0 disables it). Other arguments as in :func:`rnnt_loss`.
     """
+    if loss_backend(logits, backend)[0] == "triton":
+        from workbench.models.losses_triton import tdt_loss_triton
+
+        return tdt_loss_triton(logits, targets, logit_lengths, target_lengths, blank=blank, durations=durations,
+                               sigma=sigma, reduction=reduction)
+    return tdt_loss_reference(logits, targets, logit_lengths, target_lengths, blank=blank, durations=durations,
+                              sigma=sigma, reduction=reduction)
+
+
+def check_durations(logits: torch.Tensor, durations: Sequence[int]) -> tuple[list[int], int]:
+    """TDT durations as ints and the number of token classes they leave; ValueError naming the field."""
     durations = [int(d) for d in durations]
     if not durations or min(durations) < 0 or len(set(durations)) != len(durations):
         raise ValueError(f"durations: need distinct non-negative frame counts, got {durations}")
@@ -70,6 +136,14 @@ def tdt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.T
     if logits.dim() == 4 and num_token_classes < 2:
         raise ValueError(f"logits: last dim {logits.shape[-1]} leaves {num_token_classes} token classes "
                          f"after {len(durations)} durations; need at least 2")
+    return durations, num_token_classes
+
+
+def tdt_loss_reference(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
+                       target_lengths: torch.Tensor, *, blank: int, durations: Sequence[int] = (0, 1, 2, 3, 4),
+                       sigma: float = 0.0, reduction: str = "mean") -> torch.Tensor:
+    """:func:`tdt_loss` in plain PyTorch (the reference and the CPU path)."""
+    durations, num_token_classes = check_durations(logits, durations)
     blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_token_classes)
     token_logits = logits[..., :num_token_classes]
     token_lse = token_logits.float().logsumexp(dim=-1)

@@ -16,7 +16,7 @@ from workbench.models.aed import TransformerDecoder
 from workbench.models.config import ModelConfig, config_from_name
 from workbench.models.encoder import Encoder
 from workbench.models.losses import label_smoothed_cross_entropy, rnnt_loss, tdt_loss
-from workbench.models.transducer import Joint, Predictor
+from workbench.models.transducer import Joint, Predictor, chunked_joint_loss
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # the names CLIs and configs use
 TRAINING_DTYPES = tuple(DTYPES.values())
@@ -55,12 +55,12 @@ class ASRModel(nn.Module):
         num_targets = token_lens.sum().clamp_min(1)
         head = self.config.head
         if head in ("rnnt", "tdt"):
-            logits = self.joint(enc, self.predictor(tokens))  # [B, T, U + 1, V + 1 (+ D)]
-            if head == "rnnt":
-                nll = rnnt_loss(logits, tokens, enc_lens, token_lens, blank=self.blank_id, reduction="sum")
-            else:
-                nll = tdt_loss(logits, tokens, enc_lens, token_lens, blank=self.blank_id,
-                               durations=self.durations, reduction="sum")
+            pred = self.predictor(tokens)
+            chunk = self.config.joint_chunk_size
+            if chunk and chunk < tokens.shape[0]:
+                nll = chunked_joint_loss(self.joint, enc, pred, self._transducer_nll(tokens, enc_lens, token_lens), chunk)
+            else:  # logits [B, T, U + 1, V + 1 (+ D)]
+                nll = self._transducer_nll(tokens, enc_lens, token_lens)(self.joint(enc, pred), slice(None))
             return nll / num_targets
         if head == "ctc":
             log_probs = self.ctc_out(enc).float().log_softmax(-1).transpose(0, 1)  # [T, B, V + 1]
@@ -68,6 +68,16 @@ class ASRModel(nn.Module):
                              zero_infinity=True)
             return nll / num_targets
         return self._aed_loss(enc, enc_lens, tokens, token_lens)
+
+    def _transducer_nll(self, tokens, enc_lens, token_lens):
+        """(joint logits of some rows of the batch, those rows) -> their summed transducer NLL."""
+        def nll(logits: torch.Tensor, rows: slice) -> torch.Tensor:
+            if self.config.head == "rnnt":
+                return rnnt_loss(logits, tokens[rows], enc_lens[rows], token_lens[rows], blank=self.blank_id,
+                                 reduction="sum")
+            return tdt_loss(logits, tokens[rows], enc_lens[rows], token_lens[rows], blank=self.blank_id,
+                            durations=self.durations, reduction="sum")
+        return nll
 
     def _aed_loss(self, enc, enc_lens, tokens, token_lens) -> torch.Tensor:
         batch, max_tokens = tokens.shape

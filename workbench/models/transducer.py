@@ -1,10 +1,14 @@
 """RNN-T / TDT prediction network and joint, following the decoding protocol in DESIGN.md (batch first).
 
 Blank is the last token class (id = vocab_size) and doubles as the predictor's start symbol. A TDT joint
-appends one logit per duration after the V + 1 token logits.
+appends one logit per duration after the V + 1 token logits. :func:`chunked_joint_loss` computes the
+joint and the loss together over chunks of the batch, so the whole [B, T, U + 1, outputs] joint is never
+held at once.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from torch import nn
@@ -63,3 +67,68 @@ class Joint(nn.Module):
         """enc [B, T, D], pred [B, U + 1, H] -> logits [B, T, U + 1, outputs] (the full training lattice)."""
         return self.joint_after_projection(self.project_encoder(enc)[:, :, None, :],
                                            self.project_predictor(pred)[:, None, :, :])
+
+
+def chunked_joint_loss(joint: Joint, enc: torch.Tensor, pred: torch.Tensor,
+                       chunk_loss: Callable[[torch.Tensor, slice], torch.Tensor], chunk_size: int) -> torch.Tensor:
+    """sum over batch chunks of ``chunk_loss(joint logits of the chunk, its rows)``, holding one chunk's
+    [b, T, U + 1, outputs] joint at a time (NeMo's "fused batch").
+
+    enc [B, T, D], pred [B, U + 1, H]; ``chunk_loss`` returns a scalar (e.g. the chunk's summed NLL).
+    With gradients enabled, each chunk's backward through the loss and the joint runs inside this call,
+    right after its forward, and its logits are freed before the next chunk; the returned scalar then
+    carries the accumulated gradients of the projections and the joint's parameters, which reach the
+    encoder and predictor when the caller's backward runs. Without gradients the chunks are only
+    evaluated. chunk_size: utterances per chunk (>= 1).
+    """
+    if chunk_size < 1:
+        raise ValueError(f"joint_chunk_size: need at least 1 utterance per chunk, got {chunk_size}")
+    enc_proj, pred_proj = joint.project_encoder(enc), joint.project_predictor(pred)
+    chunks = [slice(start, start + chunk_size) for start in range(0, enc.shape[0], chunk_size)]
+    if not torch.is_grad_enabled():
+        return sum(chunk_loss(_chunk_logits(joint, enc_proj[rows], pred_proj[rows]), rows) for rows in chunks)
+    params = list(joint.out.parameters())  # the projections' own get theirs through enc_proj and pred_proj
+    return _ChunkedJointLoss.apply(enc_proj, pred_proj, joint, chunk_loss, chunks, *params)
+
+
+def _chunk_logits(joint: Joint, enc_proj: torch.Tensor, pred_proj: torch.Tensor) -> torch.Tensor:
+    """[b, T, J] and [b, U + 1, J] projections -> the chunk's joint logits [b, T, U + 1, outputs]."""
+    return joint.joint_after_projection(enc_proj[:, :, None, :], pred_proj[:, None, :, :])
+
+
+class _ChunkedJointLoss(torch.autograd.Function):
+    """Forward runs each chunk's joint, loss and backward and keeps only the gradients (small: the size of
+    the projections and the joint's output layer); backward scales them by the incoming gradient."""
+
+    @staticmethod
+    def forward(ctx, enc_proj, pred_proj, joint, chunk_loss, chunks, *params):
+        inputs = (enc_proj, pred_proj, *params)
+        needs = [x.requires_grad for x in inputs]
+        grads = [torch.zeros_like(x) if need else None for x, need in zip(inputs, needs)]
+        total = None
+        for rows in chunks:
+            with torch.enable_grad():
+                enc_rows = enc_proj[rows].detach().requires_grad_(needs[0])
+                pred_rows = pred_proj[rows].detach().requires_grad_(needs[1])
+                loss = chunk_loss(_chunk_logits(joint, enc_rows, pred_rows), rows)
+                wrt = [x for x, need in zip((enc_rows, pred_rows, *params), needs) if need]
+                chunk_grads = iter(torch.autograd.grad(loss, wrt, allow_unused=True) if wrt else ())
+            for i, need in enumerate(needs):
+                if not need:
+                    continue
+                g = next(chunk_grads)
+                if g is None:
+                    continue
+                if i < 2:
+                    grads[i][rows] = g
+                else:
+                    grads[i] += g
+            total = loss.detach() if total is None else total + loss.detach()
+        ctx.grads = grads
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grads = [None if g is None else g * grad_output.to(g.dtype) for g in ctx.grads]
+        ctx.grads = None
+        return grads[0], grads[1], None, None, None, *grads[2:]

@@ -1,0 +1,89 @@
+"""The losses bench end to end in --smoke mode (CPU stand-ins without CUDA), and its record's readings."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from workbench.bench.losses import record as losses_record
+
+
+def test_losses_bench_smoke(tmp_path, capsys):
+    from workbench.bench.losses import run
+
+    before = torch.backends.mkldnn.enabled, torch.get_num_threads()
+    assert run.main(["--smoke", "--out", str(tmp_path)]) == 0
+    assert (torch.backends.mkldnn.enabled, torch.get_num_threads()) == before
+    result = json.loads((tmp_path / "losses.json").read_text())
+    for key in ("name", "what", "command", "git_commit", "device", "date", "params", "figures"):
+        assert key in result
+    fig = result["figures"]
+    assert fig["smoke"] is True and result["params"]["smoke"] is True and fig["failures"] == []
+    ours = [r for r in fig["runs"] if r["impl"].startswith("ours")]
+    # per compare shape: rnnt fp32, rnnt bf16, tdt; then the large shape
+    assert len(ours) == 3 * len(run.SMOKE_COMPARE_SHAPES) + 1
+    for r in ours:
+        assert r["error"] is None and math.isfinite(r["loss_sum"]) and r["loss_sum"] > 0 and r["time_s"]["median"] > 0
+        assert r["backend"].startswith("triton" if torch.cuda.is_available() else "torch: logits on cpu")
+    theirs = [r for r in fig["runs"] if r["impl"] == "torchaudio-rnnt"]
+    assert len(theirs) == len(run.SMOKE_COMPARE_SHAPES) + 1 and theirs[-1]["in_subprocess"] is True
+    assert theirs[-1]["shape"] == run.SMOKE_LARGE_SHAPE
+    steps = fig["chunked"]
+    assert [s["joint_chunk_size"] for s in steps] == run.SMOKE_CHUNK_SIZES
+    assert all(s["error"] is None for s in steps)
+    assert steps[0]["loss"] == pytest.approx(steps[1]["loss"], rel=1e-5)  # chunks do not change the loss
+    assert len(fig["ratios"]["chunked_over_whole"]) == 1 and len(fig["ratios"]["tdt_over_rnnt"]) == 2
+    out = capsys.readouterr().out
+    assert "ours rnnt" in out and "joint_chunk_size=2" in out
+
+
+def test_losses_bench_smoke_refuses_the_results_folder():
+    from workbench.bench.losses import run
+    from workbench.bench.results import RESULTS_DIR
+
+    with pytest.raises(SystemExit):
+        run.main(["--smoke", "--out", str(RESULTS_DIR)])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_losses_bench_refuses_to_run_without_cuda_or_smoke(tmp_path, capsys):
+    from workbench.bench.losses import run
+
+    assert run.main(["--out", str(tmp_path)]) == 2
+    assert "needs a CUDA GPU (or --smoke)" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def _run(impl, shape, dtype="float32", ms=None, peak=None, error=None):
+    b, t, u, v = shape
+    time_s = None if ms is None else {"median": ms / 1e3, "min": ms / 1e3, "max": ms / 1e3, "n": 1}
+    return losses_record.LossRun(impl=impl, shape=shape, dtype=dtype, backend="x", logit_elements=b * t * (u + 1) * (v + 1),
+                                 time_s=time_s, peak_above_inputs_bytes=peak, error=error)
+
+
+def test_ratios_and_targets_read_from_the_record():
+    small, large = [16, 188, 120, 1024], [128, 188, 120, 1024]
+    rec = losses_record.LossesRecord(smoke=False, runs=[
+        _run("ours-rnnt", small, ms=8.0, peak=2 * 2**30), _run("torchaudio-rnnt", small, ms=10.0, peak=3 * 2**30),
+        _run("ours-tdt", small, ms=12.0), _run("ours-rnnt", large, ms=80.0, peak=2**33),
+        _run("torchaudio-rnnt", large, error="RuntimeError: CUDA error: an illegal memory access")])
+    rec.chunked = [losses_record.ChunkedStep("large-rnnt", 64, 15.0, 120, "bfloat16", 0,
+                                             step_s={"median": 0.3}, peak_bytes=40 * 2**30),
+                   losses_record.ChunkedStep("large-rnnt", 64, 15.0, 120, "bfloat16", 8,
+                                             step_s={"median": 0.33}, peak_bytes=20 * 2**30)]
+    fig = rec.to_figures()
+    r = fig["ratios"]
+    small_ratio = next(x for x in r["ours_over_torchaudio"] if x["shape"] == small)
+    assert small_ratio == {"shape": small, "time": pytest.approx(0.8), "memory": pytest.approx(2 / 3)}
+    assert next(x for x in r["ours_over_torchaudio"] if x["shape"] == large)["time"] is None  # torchaudio failed
+    assert r["tdt_over_rnnt"] == [{"shape": small, "time": pytest.approx(1.5)}]
+    assert r["chunked_over_whole"][0]["peak_memory"] == pytest.approx(0.5)
+    assert r["chunked_over_whole"][0]["time"] == pytest.approx(1.1)
+    assert fig["targets"] == {"rnnt_time_at_most_torchaudio": True, "rnnt_memory_at_most_torchaudio": True,
+                              "tdt_within_1.3x_rnnt": False, "ours_past_2_31_elements": True,
+                              "torchaudio_past_2_31_elements": False}
+    lines = losses_record.summary_lines(fig)
+    assert any("torchaudio-rnnt float32 B=128" in line and "illegal memory access" in line for line in lines)
+    assert "joint_chunk_size=8: 330.0 ms, peak 20.00 GiB" in "\n".join(lines)
+    text = losses_record.table(fig)
+    assert "16,188,120,1024" in text and "8.00 ms" in text and "0.67" in text

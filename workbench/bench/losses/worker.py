@@ -1,0 +1,116 @@
+"""One loss implementation on one shape, timed and measured; run in its own process for a risky case.
+
+    python3 -m workbench.bench.losses.worker --impl torchaudio-rnnt --shape 128 188 120 1024 --repeat 3
+
+prints one JSON line, a :class:`record.LossRun`. torchaudio's kernel can fail with an illegal memory access
+past 2**31 logit elements, which leaves the CUDA context unusable: in a subprocess only this run is lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from typing import Callable
+
+import torch
+
+from workbench.bench.losses.record import LossRun
+from workbench.bench.results import bench_device, timer_for
+
+IMPLS = ("ours-rnnt", "ours-tdt", "torchaudio-rnnt")
+TDT_DURATIONS = (0, 1, 2, 3, 4)
+
+
+def loss_inputs(impl: str, shape: list[int], device: torch.device, dtype: torch.dtype = torch.float32, seed: int = 0):
+    """Worst-case inputs of a bucket: logits [B, T, U + 1, classes] (requires grad), targets [B, U] int32, and
+    full lengths (int32, as torchaudio takes them)."""
+    batch, frames, labels, vocab = shape
+    classes = vocab + 1 + (len(TDT_DURATIONS) if impl == "ours-tdt" else 0)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    logits = torch.randn(batch, frames, labels + 1, classes, generator=gen, device=device, dtype=dtype)
+    targets = torch.randint(0, vocab, (batch, labels), generator=gen, device=device, dtype=torch.int32)
+    lengths = (torch.full((batch,), frames, device=device, dtype=torch.int32),
+               torch.full((batch,), labels, device=device, dtype=torch.int32))
+    return logits.requires_grad_(), targets, *lengths
+
+
+def loss_function(impl: str, vocab: int) -> Callable[..., torch.Tensor]:
+    """(logits, targets, logit_lengths, target_lengths, reduction) -> loss, for ``impl`` (blank = vocab)."""
+    if impl == "ours-rnnt":
+        from workbench.models.losses import rnnt_loss
+
+        return lambda x, y, xl, yl, reduction="sum": rnnt_loss(x, y, xl, yl, blank=vocab, reduction=reduction)
+    if impl == "ours-tdt":
+        from workbench.models.losses import tdt_loss
+
+        return lambda x, y, xl, yl, reduction="sum": tdt_loss(x, y, xl, yl, blank=vocab, durations=TDT_DURATIONS,
+                                                              reduction=reduction)
+    if impl == "torchaudio-rnnt":
+        import torchaudio.functional as taf
+
+        return lambda x, y, xl, yl, reduction="sum": taf.rnnt_loss(x, y, xl, yl, blank=vocab, reduction=reduction)
+    raise ValueError(f"--impl: expected one of {IMPLS}, got {impl!r}")
+
+
+def backend_line(impl: str, logits: torch.Tensor) -> str:
+    if impl.startswith("ours"):
+        from workbench.models.losses import loss_backend
+
+        return loss_backend(logits)[1]
+    return "torchaudio"
+
+
+def peak_above_inputs(fn: Callable[[], object], device: torch.device) -> int | None:
+    """Bytes allocated at the peak of ``fn()`` above what was allocated before it (None off a GPU)."""
+    if device.type != "cuda":
+        fn()
+        return None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+def measure(impl: str, shape: list[int], device: torch.device, *, dtype: torch.dtype = torch.float32,
+            repeat: int, warmup: int = 1, inputs=None) -> LossRun:
+    """Time and peak memory of forward + backward (gradient w.r.t. the logits); an exception becomes
+    the run's ``error`` (the figures stay None)."""
+    batch, frames, labels, vocab = shape
+    classes = vocab + 1 + (len(TDT_DURATIONS) if impl == "ours-tdt" else 0)
+    run = LossRun(impl=impl, shape=list(shape), dtype=str(dtype).removeprefix("torch."), backend="?",
+                  logit_elements=batch * frames * (labels + 1) * classes)
+    try:
+        inputs = inputs or loss_inputs(impl, shape, device, dtype)
+        fn = loss_function(impl, vocab)
+        run.backend = backend_line(impl, inputs[0])
+
+        def step():
+            loss = fn(*inputs)
+            torch.autograd.grad(loss, inputs[0])
+            return loss.detach()
+
+        run.loss_sum = float(step())
+        run.peak_above_inputs_bytes = peak_above_inputs(step, device)
+        run.time_s = timer_for(device)(step, repeat=repeat, warmup=warmup)
+    except Exception as e:  # noqa: BLE001 - recorded, e.g. torchaudio past 2**31 elements
+        run.error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--impl", required=True, choices=IMPLS)
+    parser.add_argument("--shape", required=True, type=int, nargs=4, metavar=("B", "T", "U", "V"))
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args(argv)
+    run = measure(args.impl, args.shape, bench_device(), repeat=args.repeat)
+    run.in_subprocess = True
+    print(json.dumps(dataclasses.asdict(run)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
