@@ -264,3 +264,25 @@ def test_an_utterance_with_no_alignment_gets_zero_gradient():
     assert losses[0].item() > -LOG_ZERO / 2 and losses[1].item() < 1e3
     losses.sum().backward()
     assert x.grad[0].abs().max() == 0 and x.grad[1].abs().max() > 0
+
+
+def test_float64_logits_give_a_float64_reference_that_fp32_matches():
+    # the losses bench measures the fp32 kernels against this float64 reference
+    from workbench.models.losses import rnnt_loss_reference, tdt_loss_reference
+
+    torch.manual_seed(3)
+    targets = torch.randint(0, 7, (3, 4))
+    t_len, u_len = torch.tensor([7, 5, 6]), torch.tensor([4, 2, 3])
+    cases = [(rnnt_loss_reference, 9, dict(blank=8)),                      # 8 classes: 7 labels + blank
+             (tdt_loss_reference, 11, dict(blank=7, durations=[0, 1, 2]))]  # 7 labels + blank + 3 durations
+    for loss_fn, outputs, kw in cases:
+        logits = torch.randn(3, 7, 5, outputs, dtype=torch.float64, requires_grad=True)
+        loss64 = loss_fn(logits, targets, t_len, u_len, reduction="none", **kw)
+        grad64, = torch.autograd.grad(loss64.sum(), logits)
+        logits32 = logits.detach().float().requires_grad_()
+        loss32 = loss_fn(logits32, targets, t_len, u_len, reduction="none", **kw)
+        grad32, = torch.autograd.grad(loss32.sum(), logits32)
+        assert loss64.dtype == grad64.dtype == torch.float64
+        torch.testing.assert_close(loss32.double(), loss64, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(grad32.double(), grad64, rtol=1e-4, atol=1e-5)
+        assert not torch.equal(loss32.double(), loss64)  # computed in float64, not cast back from fp32

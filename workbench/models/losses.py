@@ -92,14 +92,20 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.
     return rnnt_loss_reference(logits, targets, logit_lengths, target_lengths, blank=blank, reduction=reduction)
 
 
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """float64 for float64 inputs (a reference for the fp32 kernels), else float32."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
 def rnnt_loss_reference(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
                         target_lengths: torch.Tensor, *, blank: int = -1, reduction: str = "mean") -> torch.Tensor:
     """:func:`rnnt_loss` in plain PyTorch (the reference and the CPU path)."""
     num_classes = logits.shape[-1] if logits.dim() == 4 else 0
     blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_classes)
-    logit_lse = logits.float().logsumexp(dim=-1)  # [B, T, U + 1]
-    blank_logp = logits[..., blank].float() - logit_lse
-    label_logp = _gather_labels(logits, targets).float() - logit_lse[:, :, :-1]
+    dtype = _compute_dtype(logits)
+    logit_lse = logits.to(dtype).logsumexp(dim=-1)  # [B, T, U + 1]
+    blank_logp = logits[..., blank].to(dtype) - logit_lse
+    label_logp = _gather_labels(logits, targets).to(dtype) - logit_lse[:, :, :-1]
     label_weight = F.pad(label_logp, (0, 1), value=LOG_ZERO)  # nothing to emit once u == U
     log_likelihood = lattice_log_likelihood(blank_logp[None], label_weight[None], blank_durations=[1],
                                             label_durations=[0], logit_lengths=logit_lengths,
@@ -146,10 +152,11 @@ def tdt_loss_reference(logits: torch.Tensor, targets: torch.Tensor, logit_length
     durations, num_token_classes = check_durations(logits, durations)
     blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_token_classes)
     token_logits = logits[..., :num_token_classes]
-    token_lse = token_logits.float().logsumexp(dim=-1)
-    duration_logp = logits[..., num_token_classes:].float().log_softmax(dim=-1)  # [B, T, U + 1, D]
-    blank_logp = token_logits[..., blank].float() - token_lse - sigma
-    label_logp = _gather_labels(token_logits, targets).float() - token_lse[:, :, :-1] - sigma
+    dtype = _compute_dtype(logits)
+    token_lse = token_logits.to(dtype).logsumexp(dim=-1)
+    duration_logp = logits[..., num_token_classes:].to(dtype).log_softmax(dim=-1)  # [B, T, U + 1, D]
+    blank_logp = token_logits[..., blank].to(dtype) - token_lse - sigma
+    label_logp = _gather_labels(token_logits, targets).to(dtype) - token_lse[:, :, :-1] - sigma
     blank_durations = [d for d in durations if d > 0]
     blank_weight = torch.stack([blank_logp + duration_logp[..., i]
                                 for i, d in enumerate(durations) if d > 0])
@@ -169,14 +176,15 @@ def lattice_log_likelihood(blank_weight: torch.Tensor, label_weight: torch.Tenso
     blank_weight [len(blank_durations), B, T, U + 1]: log-weight of a blank with that duration at
     (t, u). label_weight [len(label_durations), B, T, U + 1]: log-weight of emitting label u + 1 with
     that duration at (t, u) (column U must be LOG_ZERO). Alignments end with a blank landing exactly on
-    frame logit_lengths[b] at u = target_lengths[b]; everything is fp32. The gradient is analytic (a
+    frame logit_lengths[b] at u = target_lengths[b]; fp32 (fp64 for fp64 weights). The gradient is analytic (a
     backward recursion over the diagonals when backward runs), not autograd through the loop; first
     derivatives only (``create_graph=True`` and ``torch.func`` transforms raise). Its absolute fp32 error
     grows in proportion to |log P| (alpha + beta - log P cancels large terms). An utterance with no
     alignment (e.g. TDT durations that cannot sum to its length) gets log P near
     LOG_ZERO and a zero gradient.
     """
-    log_likelihood, _ = _LatticeLogLikelihood.apply(blank_weight.float(), label_weight.float(), tuple(blank_durations),
+    dtype = _compute_dtype(blank_weight)
+    log_likelihood, _ = _LatticeLogLikelihood.apply(blank_weight.to(dtype), label_weight.to(dtype), tuple(blank_durations),
                                                     tuple(label_durations), logit_lengths, target_lengths)
     return log_likelihood
 

@@ -30,11 +30,13 @@ class LossRun:
 
 @dataclass
 class Agreement:
-    """Ours vs torchaudio on the same logits."""
+    """Ours vs torchaudio on the same fp32 logits, and each one's gradient error against float64."""
     shape: list[int]
     max_rel_loss_diff: float
     max_abs_grad_diff: float
     agree: bool
+    our_grad_error_vs_fp64: float | None = None
+    their_grad_error_vs_fp64: float | None = None
 
 
 @dataclass
@@ -159,7 +161,10 @@ def summary_lines(figures: dict) -> list[str]:
                    f"{where}): {_ms(run)}, {_gib(run['peak_above_inputs_bytes'])} above inputs")
     for a in figures["agreements"]:
         out.append(f"- ours vs torchaudio at {a['shape']}: max relative loss difference {a['max_rel_loss_diff']:.2e}, "
-                   f"max gradient difference {a['max_abs_grad_diff']:.2e} (agree: {a['agree']})")
+                   f"max gradient difference {a['max_abs_grad_diff']:.2e}"
+                   + (f"; gradient error vs float64: ours {a['our_grad_error_vs_fp64']:.2e}, torchaudio "
+                      f"{a['their_grad_error_vs_fp64']:.2e}" if a.get("our_grad_error_vs_fp64") is not None else "")
+                   + f" (agree: {a['agree']})")
     for step in figures["chunked"]:
         out.append(f"- {step['model']} {step['dtype']} B={step['batch_size']} {step['duration_s']:g} s "
                    f"U={step['num_tokens']} joint_chunk_size={step['joint_chunk_size']}: {_step_result(step)}")
