@@ -57,6 +57,9 @@ def register(subparsers) -> None:
     p.add_argument("--prefetch-factor", type=int, help="batches each worker prepares ahead (2)")
     p.add_argument("--strict", action="store_true", default=None,
                    help="fail when more than 1%% of the corpus fits no bucket of the profile (default: warn)")
+    p.add_argument("--joint-chunk-size", type=int,
+                   help="transducers: joint and loss over chunks of this many utterances, never the whole "
+                        "[B, T, U+1, V] joint at once (0: off; use the value the profile was made with)")
     p.add_argument("--log-cut-ids", action="store_true", default=None,
                    help="list every rank's cut ids in each train_log.jsonl record")
     p.set_defaults(func=_train)

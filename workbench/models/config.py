@@ -86,10 +86,12 @@ def xl_config(head: str, vocab_size: int = 1024) -> ModelConfig:
 BUILDERS = {"tiny": tiny_config, "large": large_config, "xl": xl_config}
 
 
-def config_from_name(name: str, *, vocab_size: int | None = None) -> ModelConfig:
-    """ModelConfig for "{tiny,large,xl}-{rnnt,tdt,ctc,aed}"; vocab_size overrides the builder's."""
+def config_from_name(name: str, *, vocab_size: int | None = None, joint_chunk_size: int = 0) -> ModelConfig:
+    """ModelConfig for "{tiny,large,xl}-{rnnt,tdt,ctc,aed}"; vocab_size overrides the builder's;
+    joint_chunk_size (transducers) computes the joint and loss over chunks of that many utterances."""
     size, _, head = name.partition("-")
     if size not in BUILDERS or head not in HEADS:
         raise ValueError(f"model name: expected '{{{','.join(SIZES)}}}-{{{','.join(HEADS)}}}', got {name!r}")
     builder = BUILDERS[size]
-    return builder(head) if vocab_size is None else builder(head, vocab_size=vocab_size)
+    config = builder(head) if vocab_size is None else builder(head, vocab_size=vocab_size)
+    return dataclasses.replace(config, joint_chunk_size=joint_chunk_size) if joint_chunk_size else config

@@ -127,10 +127,10 @@ class ASRModel(nn.Module):
         return loss.detach()
 
 
-def build_model(name: str, *, vocab_size: int | None = None) -> ASRModel:
+def build_model(name: str, *, vocab_size: int | None = None, joint_chunk_size: int = 0) -> ASRModel:
     """"{tiny,large,xl}-{rnnt,tdt,ctc,aed}" -> ASRModel on the current default device (use
     ``with torch.device("meta"):`` to count parameters without allocating)."""
-    return ASRModel(config_from_name(name, vocab_size=vocab_size))
+    return ASRModel(config_from_name(name, vocab_size=vocab_size, joint_chunk_size=joint_chunk_size))
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -90,6 +90,7 @@ class TrainConfig:
     prefetch_factor: int = 2         # batches each worker prepares ahead (each held in shared memory)
     strict: bool = False             # error (not a warning) when more than 1 % of the corpus fits no bucket
     log_cut_ids: bool = False        # each log record lists the cut ids of every rank's batch
+    joint_chunk_size: int = 0        # transducers: joint + loss over chunks of this many utterances (0: whole)
 
 
 STATE_FILE = "train_state.pt"
@@ -112,7 +113,8 @@ def check_config(config: TrainConfig) -> None:
     if config.dtype not in DTYPES:
         raise ValueError(f"--dtype: expected one of {sorted(DTYPES)}, got {config.dtype!r}")
     for name, minimum in (("steps", 1), ("log_every", 1), ("num_buckets", 1), ("prefetch_factor", 1),
-                          ("num_workers", 0), ("save_every", 0), ("warmup_steps", 0)):
+                          ("num_workers", 0), ("save_every", 0), ("warmup_steps", 0),
+                          ("joint_chunk_size", 0)):
         value = getattr(config, name)
         if not isinstance(value, int) or value < minimum:
             raise ValueError(f"--{name.replace('_', '-')}: must be an integer >= {minimum}, got {value!r}")
@@ -160,7 +162,8 @@ def check_profile_for_run(profile: BucketProfile, path: str, config: TrainConfig
     if profile.bucket_batch_size is None:
         raise ValueError(f"--profile {path}: no 'bucket_batch_size': run `workbench oomptimize --bins {path}` "
                          "first, or set one batch size per bucket")
-    run = {"model": config.model, "dtype": {"bf16": "bfloat16", "fp32": "float32"}[config.dtype]}
+    run = {"model": config.model, "dtype": {"bf16": "bfloat16", "fp32": "float32"}[config.dtype],
+           "joint_chunk_size": config.joint_chunk_size}
     if device.type == "cuda":
         run["gpu"] = torch.cuda.get_device_name(device)
     warnings = [f"--profile {path}: metadata.{name} is {meta[name]!r} but this run has {value!r}; its batch "
@@ -283,7 +286,8 @@ def _train(config: TrainConfig, ranks: Ranks, device: torch.device) -> dict:
 def start_run(config: TrainConfig, ranks: Ranks, device: torch.device, tokenizer, cuts: CutSet,
               profile: BucketProfile | None) -> Run:
     torch.manual_seed(config.seed)
-    model = build_model(config.model, vocab_size=tokenizer.vocab_size()).to(device)
+    model = build_model(config.model, vocab_size=tokenizer.vocab_size(),
+                        joint_chunk_size=config.joint_chunk_size).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     sampler = make_batches(cuts, config, tokenizer, profile, ranks)
     run = Run(config, ranks, device, model, model, optimizer, sampler)

@@ -24,12 +24,17 @@ def register(sub) -> None:
     group.add_argument("--ddp", action="store_true", help="account for DDP gradient buckets on one GPU")
     group.add_argument("--nproc", type=int, help="probe under torchrun with DDP on N GPUs")
     p.add_argument("--validate", action="store_true", help="soak: train a few steps per bucket after the search")
+    p.add_argument("--joint-chunk-size", type=int, default=0,
+                   help="transducers: probe with the joint and loss over chunks of this many utterances (0: off); "
+                        "train with the same value")
     p.set_defaults(func=run_oomptimize)
 
 
 def run_oomptimize(args) -> int:
     from workbench.cli import UserError
 
+    if args.joint_chunk_size < 0:
+        raise ValueError(f"--joint-chunk-size: must be >= 0 (0: off), got {args.joint_chunk_size}")
     if not 0 < args.memory_fraction <= 1:
         raise ValueError(f"--memory-fraction: must be in (0, 1], got {args.memory_fraction}")
     bins_path = Path(args.bins)
@@ -61,7 +66,7 @@ def run_oomptimize(args) -> int:
     except ImportError as e:
         raise UserError(f"workbench.models is not available: {e}") from None
     with torch.device("cuda", torch.cuda.current_device()):  # built on the GPU: an xl model skips host init
-        model = build_model(args.model)
+        model = build_model(args.model, joint_chunk_size=args.joint_chunk_size)
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"oomptimize {args.model}: {bins.num_buckets} buckets, {args.strategy}, {args.dtype}, "
         f"memory fraction {args.memory_fraction}")

@@ -37,7 +37,7 @@ def gpu_metadata(model_name: str, dtype: torch.dtype, memory_fraction: float, **
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     return {"model": model_name, "dtype": str(dtype).replace("torch.", ""), "gpu": props.name,
             "gpu_memory_bytes": int(props.total_memory), "memory_fraction": float(memory_fraction),
-            "torch": torch.__version__,
+            "torch": str(torch.__version__),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **extra}
 
 
@@ -69,6 +69,7 @@ def oomptimize(model: torch.nn.Module, model_name: str, bins: BucketProfile, *, 
         bin_list, batch_sizes, merged_tps = merge_equal_buckets(bin_list, batch_sizes, per_bucket_tps)
         tps = merged_tps if per_bucket_tps is not None else tps
     meta = gpu_metadata(model_name, dtype, memory_fraction, strategy=strategy, ddp=bool(ddp or world > 1),
+                        joint_chunk_size=int(getattr(getattr(model, "config", None), "joint_chunk_size", 0)),
                         world_size=world, probes=result.num_probes, search_seconds=round(result.seconds, 2),
                         budget_bytes=int(probe.budget_bytes), unmerged_buckets=len(buckets))
     return BucketProfile(bin_list, batch_sizes, tps, {**bins.metadata, **meta}), result
