@@ -6,6 +6,7 @@ A reader never sees a half-written file, and a failure leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from pathlib import Path
 from typing import Iterator
@@ -14,15 +15,49 @@ from typing import Iterator
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path`` (same suffixes, so gzip and lhotse recognise it); on success
-    it replaces ``path``, on any error it is deleted. Parent folders are created."""
+    it replaces ``path``, on any error it is deleted, and so are the parent folders this created.
+
+    Refused before anything is written: a ``path`` that is a folder, a parent that is a file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
+    created = _make_parents(path.parent)
     tmp = path.with_name(f".tmp{os.getpid()}-{path.name}")
+    done = False
     try:
         yield tmp
         os.replace(tmp, path)
+        done = True
+    except OSError as e:
+        if e.filename in (str(tmp), tmp) and e.errno is not None:  # name the file asked for, not the temp file
+            raise type(e)(e.errno, e.strerror, str(path)) from None
+        raise
     finally:
         tmp.unlink(missing_ok=True)
+        if not done:
+            for folder in created:  # innermost first; only folders that are still empty
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+
+
+def _make_parents(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; returns those created, innermost first."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    if not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "is a file, not a folder", str(folder))
+    made = []
+    try:
+        for f in reversed(missing):
+            f.mkdir()
+            made.insert(0, f)
+    except OSError:
+        for f in made:
+            f.rmdir()
+        raise
+    return made
 
 
 def write_text_atomically(path: str | os.PathLike, text: str) -> Path:

@@ -49,8 +49,11 @@ def test_bins_without_tokens_is_1d(tmp_path):
             f.write(json.dumps({"id": f"c{i}", "start": 0, "duration": d, "channel": 0, "type": "MonoCut"}) + "\n")
     out = tmp_path / "p.yaml"
     assert main(["bins", str(path), "--buckets", "2", "--out", str(out), "-q"]) == 0
-    # 5 s per bucket: the total before 4.0 is 6 > 5, so 4.0 is a boundary, then the max (4.0) again
-    assert load_profile(out).bucket_duration_bins == [4.0, 4.0]
+    # 5 s per bucket: the total before 4.0 is 6 > 5, so 4.0 is a boundary, then the max (4.0) again; the
+    # profile keeps one of the two (the second bucket could never hold anything)
+    assert estimate_duration_bins([1.0, 2.0, 3.0, 4.0], 2) == [4.0, 4.0]
+    profile = load_profile(out)
+    assert profile.bucket_duration_bins == [4.0] and profile.metadata["repeated_bins_dropped"] == 1
 
 
 def test_bins_user_errors(manifest, tmp_path, capsys):

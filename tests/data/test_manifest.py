@@ -62,7 +62,7 @@ def test_non_positive_duration_names_line_and_field(tmp_path, bad):
 
 
 def test_missing_duration(tmp_path):
-    path = _write(tmp_path, [{"id": "a", "duration": 1.0}, {"id": "sup1", "recording_id": "r"}])
+    path = _write(tmp_path, [{"id": "a", "duration": 1.0}, {"id": "sup1", "start": 0}])
     with pytest.raises(ValueError, match=r"bad\.jsonl:2: .*no field 'duration'"):
         read_cut_arrays(path, progress=False)
 

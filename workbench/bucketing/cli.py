@@ -10,6 +10,7 @@ batch sizes yet (the OOMptimizer adds them). A padding summary (none / 1D / 2D) 
 from __future__ import annotations
 
 import argparse
+import sys
 import datetime as _dt
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ import yaml
 from workbench.bucketing.estimate import check_durations, estimate_duration_bins
 from workbench.bucketing.padding import padding_comparison
 from workbench.bucketing.profile import profile_from_arrays, save_profile
+from workbench.options import DROP_NOTICE_SHARE, check_dropped, dropped_data_line, number_in, positive_int, seconds
 
 
 def duration_window(durations: np.ndarray, min_duration: float | None, max_duration: float | None) -> np.ndarray:
@@ -36,7 +38,7 @@ def run_bins(args: argparse.Namespace) -> int:
     from workbench.data.manifest import read_cut_arrays
 
     t0 = time.perf_counter()
-    arrays = read_cut_arrays(args.manifest, tokenizer=args.tokenizer, progress=not args.quiet)
+    arrays = read_cut_arrays(args.manifest, tokenizer=args.tokenizer, progress=not args.quiet and sys.stderr.isatty())
     t_read = time.perf_counter() - t0
     dur = check_durations(arrays.durations, name=f"{args.manifest}: durations")
     tok = arrays.num_tokens
@@ -52,6 +54,12 @@ def run_bins(args: argparse.Namespace) -> int:
                   "excluded_by_duration": int((~keep).sum()), "min_duration": args.min_duration,
                   "max_duration": args.max_duration, "tokenizer": args.tokenizer,
                   "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")})
+    window = (f"outside the duration window [{args.min_duration or 0}, "
+              f"{'inf' if args.max_duration is None else args.max_duration}] s")
+    reasons = {window: int((~keep).sum()),
+               f"TPS outliers (z-score > {args.tps_threshold})": int(profile.metadata.get("tps_outliers", 0))}
+    dropped = dropped_data_line(dur.shape[0], reasons)
+    check_dropped(dropped, strict=args.strict)  # before any output; refused with --strict, nothing written
     out = save_profile(args.out, profile)
     t_bins = time.perf_counter() - t0 - t_read
     print(yaml.safe_dump({k: v for k, v in profile.to_dict().items() if k != "metadata"},
@@ -65,6 +73,7 @@ def run_bins(args: argparse.Namespace) -> int:
         table = padding_comparison(dur_k, tok_k, setups)
         print("# padding (each utterance padded to its bucket's bound):")
         print(table.to_string(float_format=lambda v: f"{v:.3f}"))
+    check_dropped(dropped, strict=False)  # again at the end, where a reader looks
     return 0
 
 
@@ -73,16 +82,20 @@ def register(sub) -> None:
                        description=__doc__.splitlines()[0])
     p.add_argument("manifest", type=Path, help="lhotse cuts manifest (.jsonl or .jsonl.gz)")
     p.add_argument("--tokenizer", help="sentencepiece .model: count tokens with it (else custom.num_tokens from the manifest)")
-    p.add_argument("--buckets", type=int, default=30, help="duration buckets (default 30)")
-    p.add_argument("--sub-buckets", type=int, default=2, help="token sub-buckets per duration bucket (default 2)")
+    p.add_argument("--buckets", type=positive_int, default=30, help="duration buckets, >= 1 (default 30)")
+    p.add_argument("--sub-buckets", type=positive_int, default=2,
+                   help="token sub-buckets per duration bucket, >= 1 (default 2)")
     p.add_argument("--tps-threshold", type=float, default=4.0,
                    help="TPS z-score above which an utterance is an outlier (default 4)")
-    p.add_argument("--min-duration", type=float, default=None, help="leave out shorter utterances (seconds)")
-    p.add_argument("--max-duration", type=float, default=None, help="leave out longer utterances (seconds)")
+    p.add_argument("--min-duration", type=number_in(float, 0, unit=" seconds"), default=None,
+                   help="leave out shorter utterances (seconds, >= 0)")
+    p.add_argument("--max-duration", type=seconds, default=None, help="leave out longer utterances (seconds, > 0)")
     p.add_argument("--1d", dest="one_d", action="store_true", help="duration-only bins even with token counts")
     p.add_argument("--equal-count", action="store_true", help="1D: same number of utterances per bucket")
     p.add_argument("--out", type=Path, default=Path("bucket_profile.yaml"),
                    help="profile YAML to write (default bucket_profile.yaml)")
     p.add_argument("--no-padding", action="store_true", help="skip the padding summary")
+    p.add_argument("--strict", action="store_true",
+                   help=f"fail (exit 2, no profile) when more than {DROP_NOTICE_SHARE:.0%} of the utterances are left out")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_bins)

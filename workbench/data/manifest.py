@@ -160,6 +160,10 @@ def _cut_dicts(path: Path, first: int, block: bytes) -> tuple[list[dict], list[i
     for lineno, cut in zip(linenos, objs):
         if not isinstance(cut, dict):
             raise ValueError(f"{path}:{lineno}: expected a JSON object (a lhotse cut), got {type(cut).__name__}")
+        if "recording_id" in cut or "sources" in cut:  # cuts hold these inside "supervisions" / "recording"
+            kind = "supervisions" if "recording_id" in cut else "recordings"
+            raise ValueError(f"{path}:{lineno}: this is a {kind} manifest, not a cuts manifest; make cuts with "
+                             "lhotse (CutSet.from_manifests(recordings=..., supervisions=...).to_file(...))")
     return objs, linenos
 
 
@@ -215,8 +219,11 @@ def _extract_block(job: tuple[Path, int, bytes, bool]) -> _BlockColumns:
             if n is None:
                 if not cols.first_missing_tokens_line:
                     cols.first_missing_tokens_line = lineno
+            elif type(n) is int or type(n) is float and n.is_integer():
+                tokens.append(int(n))
             else:
-                tokens.append(n)
+                raise ValueError(f"{path}:{lineno}: cut {cut.get('id', '?')!r} has field 'custom.num_tokens' = "
+                                 f"{n!r}; token counts must be whole numbers")
         del objs  # freed while the collector is paused: no rescans
     return cols
 

@@ -74,7 +74,6 @@ def train_tokenizer(source: Iterable[str] | str | os.PathLike, out_prefix: str |
             raise ValueError(f"{origin}: a char model of this text has {pieces} pieces (its characters, unknown "
                              f"and word boundary), not vocab_size {vocab_size}; ask for {pieces}")
     out_prefix = Path(out_prefix)
-    out_prefix.parent.mkdir(parents=True, exist_ok=True)
 
     model = io.BytesIO()
     try:
