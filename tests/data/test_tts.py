@@ -1,5 +1,4 @@
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -9,20 +8,13 @@ from workbench.data import tts
 from workbench.data.tts import (SAMPLE_RATE, SpeakerStyle, choose_sentences, default_text, make_tts_corpus,
                                 resample, speaker_styles, split_sentences, synthesize)
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _espeak_or_skip() -> None:
-    """Install espeak-ng where the script can (root + apt); skip, saying why, where it cannot."""
-    if shutil.which("espeak-ng") or shutil.which("espeak"):
-        return
-    try:
-        subprocess.run(["bash", str(REPO / "scripts" / "install_espeak.sh")], capture_output=True, timeout=300)
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+    """Skip, saying why, without espeak-ng: tests never install system packages (the set-up does)."""
     if not (shutil.which("espeak-ng") or shutil.which("espeak")):
-        pytest.skip("espeak-ng is not installed and scripts/install_espeak.sh could not install it here "
-                    "(needs root and apt-get); install it with `sudo apt-get install -y espeak-ng`")
+        pytest.skip("espeak-ng is not installed: `make setup` installs it where it can "
+                    "(scripts/install_espeak.sh), or `sudo apt-get install -y espeak-ng`")
 
 
 # ------------------------------------------------------------------------------------------------- text
