@@ -4,6 +4,7 @@ notice a run prints when it leaves out more than a small share of its data."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 DROP_NOTICE_SHARE = 0.01  # a run that leaves out more than this share of its data says so (and --strict refuses)
@@ -25,7 +26,7 @@ def number_in(kind, low=None, high=None, *, low_open=False, high_open=False, uni
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be {what} {span}{unit}, got {text!r}") from None
-        if value != value or (low is not None and (value < low or low_open and value == low)) \
+        if math.isnan(value) or (low is not None and (value < low or low_open and value == low)) \
                 or (high is not None and (value > high or high_open and value == high)):
             raise argparse.ArgumentTypeError(f"must be {span}{unit}, got {text}")
         return value

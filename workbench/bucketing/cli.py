@@ -10,8 +10,8 @@ batch sizes yet (the OOMptimizer adds them). A padding summary (none / 1D / 2D) 
 from __future__ import annotations
 
 import argparse
-import sys
 import datetime as _dt
+import sys
 import time
 from pathlib import Path
 
@@ -21,7 +21,8 @@ import yaml
 from workbench.bucketing.estimate import check_durations, estimate_duration_bins
 from workbench.bucketing.padding import padding_comparison
 from workbench.bucketing.profile import profile_from_arrays, save_profile
-from workbench.options import DROP_NOTICE_SHARE, check_dropped, dropped_data_line, number_in, positive_int, seconds
+from workbench.options import (DROP_NOTICE_SHARE, check_dropped, dropped_data_line, number_in, positive_int,
+                               seconds)
 
 
 def duration_window(durations: np.ndarray, min_duration: float | None, max_duration: float | None) -> np.ndarray:
@@ -35,10 +36,10 @@ def duration_window(durations: np.ndarray, min_duration: float | None, max_durat
 
 
 def run_bins(args: argparse.Namespace) -> int:
-    from workbench.data.manifest import read_cut_arrays
+    from workbench.data.tokenizer import tokenized_cut_arrays
 
     t0 = time.perf_counter()
-    arrays = read_cut_arrays(args.manifest, tokenizer=args.tokenizer, progress=not args.quiet and sys.stderr.isatty())
+    arrays = tokenized_cut_arrays(args.manifest, args.tokenizer, progress=not args.quiet and sys.stderr.isatty())
     t_read = time.perf_counter() - t0
     dur = check_durations(arrays.durations, name=f"{args.manifest}: durations")
     tok = arrays.num_tokens

@@ -47,9 +47,9 @@ def _tokenizer(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from workbench.data.manifest import read_cut_arrays
+    from workbench.data.tokenizer import tokenized_cut_arrays
 
-    arrays = read_cut_arrays(args.manifest, tokenizer=args.tokenizer, progress=sys.stderr.isatty())
+    arrays = tokenized_cut_arrays(args.manifest, args.tokenizer, progress=sys.stderr.isatty())
     print(json.dumps(arrays.summary(), indent=2))
     return 0
 

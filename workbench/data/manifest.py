@@ -242,24 +242,19 @@ def _block_columns(path: Path, keep_texts: bool, progress: bool, workers: int) -
         yield from pool.imap(_extract_block, jobs)
 
 
-def read_cut_arrays(path: str | os.PathLike, *, tokenizer=None, with_texts: bool = False,
-                    progress: bool = True, workers: int | None = None) -> CutArrays:
+def read_cut_arrays(path: str | os.PathLike, *, with_texts: bool = False, progress: bool = True,
+                    workers: int | None = None) -> CutArrays:
     """Read a lhotse CutSet manifest (``.jsonl`` or ``.jsonl.gz``) into :class:`CutArrays`.
 
-    ``num_tokens`` comes from ``tokenizer`` (a sentencepiece processor, or the path of its ``.model``;
-    None or "" for none) over the transcripts when one is given (the counts the model will see), else
-    from each cut's ``custom["num_tokens"]`` when every cut
-    has it, else it is None. Errors name the file, the line and the field: malformed JSON, a missing or
-    non-positive duration, an empty manifest, token counts on some cuts but not others. Transcripts are
-    kept when ``with_texts`` is set or a tokenizer needs them. ``workers`` parsing processes for large
-    files (default: the number of CPUs, at most 4; 1 parses in this process).
+    ``num_tokens`` is each cut's ``custom["num_tokens"]`` when every cut has it, else None (to count them
+    with a tokenizer, ``workbench.data.tokenizer.tokenized_cut_arrays``). Errors name the file, the line and
+    the field: malformed JSON, a missing or non-positive duration, a non-integer token count, an empty
+    manifest, token counts on some cuts but not others, a supervisions or recordings manifest. Transcripts
+    are kept when ``with_texts`` is set. ``workers`` parsing processes for large files (default: the
+    number of CPUs, at most 4; 1 parses in this process).
     """
     path = _existing_manifest(path)
-    if tokenizer is not None:
-        from workbench.data.tokenizer import load_tokenizer
-
-        tokenizer = load_tokenizer(tokenizer)  # a path is loaded; "" is none
-    keep_texts = with_texts or tokenizer is not None
+    keep_texts = with_texts
     workers = min(os.cpu_count() or 1, 4) if workers is None else workers
     ids: list[str] = []
     durations: list[float] = []
@@ -283,17 +278,13 @@ def read_cut_arrays(path: str | os.PathLike, *, tokenizer=None, with_texts: bool
         raise ValueError(f"{path}:{linenos[i]}: cut {ids[i]!r} has field 'duration' = {durations[i]!r}; "
                          f"durations must be positive and finite ({int(bad.sum())} such cuts)")
     num_tokens = None
-    if tokenizer is not None:
-        from workbench.data.tokenizer import count_tokens
-
-        num_tokens = count_tokens(tokenizer, texts)
-    elif tokens and len(tokens) == len(ids):
+    if tokens and len(tokens) == len(ids):
         num_tokens = np.asarray(tokens, dtype=np.int64)
         if (num_tokens < 0).any():
             i = int(np.flatnonzero(num_tokens < 0)[0])
             raise ValueError(f"{path}:{linenos[i]}: field 'custom.num_tokens' is negative ({num_tokens[i]})")
     elif tokens:
         raise ValueError(f"{path}:{missing_tokens_line}: field 'custom.num_tokens' is missing on "
-                         f"{len(ids) - len(tokens)} of {len(ids)} cuts; add it to all, or pass a tokenizer")
+                         f"{len(ids) - len(tokens)} of {len(ids)} cuts; add it to all, or count tokens with a tokenizer")
     return CutArrays(ids=ids, durations=dur, num_tokens=num_tokens, texts=texts if keep_texts else None,
                      source=str(path))

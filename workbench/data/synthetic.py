@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from workbench.atomic import atomic_path
 from workbench.data.arrays import CutArrays
+from workbench.data.tokenizer import tokenized_cut_arrays
 
 SAMPLING_RATE = 16000
 
@@ -169,11 +170,9 @@ def write_synthetic_corpus(out_dir: str | os.PathLike, num_cuts: int, seed: int 
 
 def corpus_arrays(manifest: str | os.PathLike | None = "", *, tokenizer: str | os.PathLike = "", num_cuts: int = 200_000,
                   seed: int = 0) -> CutArrays:
-    """The notebooks' corpus: ``manifest`` read with :func:`workbench.data.read_cut_arrays` (token counts from
-    ``tokenizer``, a sentencepiece ``.model``, when given), or with no manifest a synthetic corpus of
-    ``num_cuts`` utterances."""
+    """The notebooks' corpus: ``manifest`` read with :func:`workbench.data.tokenizer.tokenized_cut_arrays`
+    (token counts from ``tokenizer``, a sentencepiece ``.model``, when given), or with no manifest a
+    synthetic corpus of ``num_cuts`` utterances."""
     if manifest not in (None, ""):
-        from workbench.data.manifest import read_cut_arrays
-
-        return read_cut_arrays(manifest, tokenizer=tokenizer)
+        return tokenized_cut_arrays(manifest, tokenizer)
     return synthetic_cut_arrays(num_cuts, seed=seed)

@@ -19,6 +19,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from workbench.atomic import atomic_path, write_bytes_atomically
+from workbench.data.arrays import CutArrays
+from workbench.data.manifest import cut_dict_text, iter_cut_blocks, read_cut_arrays
 
 MIN_VOCAB_SIZE, MAX_VOCAB_SIZE = 128, 1024
 
@@ -29,8 +31,6 @@ def _is_path(source) -> bool:
 
 def manifest_texts(path: str | os.PathLike, *, progress: bool = True) -> list[str]:
     """The transcript of every cut of a lhotse CutSet manifest (supervision texts joined by a space)."""
-    from workbench.data.manifest import read_cut_arrays
-
     return read_cut_arrays(path, with_texts=True, progress=progress).texts  # FileNotFoundError names the path
 
 
@@ -101,7 +101,6 @@ def train_tokenizer(source: Iterable[str] | str | os.PathLike, out_prefix: str |
 
 
 
-
 def load_tokenizer(path):
     """A ``sentencepiece.SentencePieceProcessor`` from a ``.model`` file. A processor is returned as it is,
     and None or "" as None (no tokenizer), so callers may take either a path or a processor."""
@@ -120,6 +119,22 @@ def load_tokenizer(path):
         raise ValueError(f"{path}: not a sentencepiece model ({e})") from None
 
 
+def tokenized_cut_arrays(path: str | os.PathLike, tokenizer=None, *, with_texts: bool = False,
+                         progress: bool = True, workers: int | None = None) -> CutArrays:
+    """:func:`workbench.data.manifest.read_cut_arrays`, with ``num_tokens`` counted by ``tokenizer`` (a
+    sentencepiece processor or the path of its ``.model``) over the transcripts: the counts the model will
+    see, whatever the manifest stores. With ``tokenizer`` None or "" the manifest's own counts are kept."""
+    tokenizer = load_tokenizer(tokenizer)  # before reading: a wrong path fails at once
+    arrays = read_cut_arrays(path, with_texts=with_texts or tokenizer is not None, progress=progress,
+                             workers=workers)
+    if tokenizer is None:
+        return arrays
+    arrays.num_tokens = count_tokens(tokenizer, arrays.texts)
+    if not with_texts:
+        arrays.texts = None
+    return arrays
+
+
 def count_tokens(tokenizer, texts: Iterable[str | None], *, batch_size: int = 8192) -> np.ndarray:
     """Number of tokens of each text (int64; None or empty text is 0), encoded in batches of ``batch_size``."""
     texts = [t or "" for t in texts]
@@ -132,8 +147,6 @@ def count_tokens(tokenizer, texts: Iterable[str | None], *, batch_size: int = 81
 
 def _write_with_counts(out, cuts: list[dict], tokenizer) -> None:
     """Write cut dicts as JSON lines, each with custom["num_tokens"] = the tokens of its transcript."""
-    from workbench.data.manifest import cut_dict_text
-
     counts = count_tokens(tokenizer, [cut_dict_text(c) for c in cuts])
     for cut, n in zip(cuts, counts.tolist()):
         cut["custom"] = {**(cut.get("custom") or {}), "num_tokens": n}
@@ -145,13 +158,11 @@ def add_token_counts(manifest_in: str | os.PathLike, tokenizer, manifest_out: st
                      progress: bool = True) -> Path:
     """Copy a CutSet manifest with ``custom["num_tokens"]`` set on every cut; returns ``manifest_out``.
 
-    A cut's count is that of its transcript (``workbench.data.manifest.cut_dict_text``; 0 with no text),
+    A cut's count is that of its transcript (:func:`workbench.data.manifest.cut_dict_text`; 0 with no text),
     the text training tokenizes. ``tokenizer`` is a
     sentencepiece processor or the path of its ``.model``. The output (gzip when it ends in ``.gz``) is
     written atomically, so ``manifest_out`` may be ``manifest_in``. Every other field is kept as it was.
     """
-    from workbench.data.manifest import iter_cut_blocks
-
     tokenizer = load_tokenizer(tokenizer)
     dst = Path(manifest_out)
     written = 0
