@@ -136,6 +136,12 @@ def resample(signal: np.ndarray, from_hz: int, to_hz: int, *, zero_crossings: in
     time ``n * from_hz / to_hz`` samples. The low-pass cuts at ``rolloff`` times the lower Nyquist
     frequency, with a Kaiser window ``zero_crossings`` lobes wide on each side; each phase of the
     filter is normalized to unit DC gain.
+
+    Kept by hand rather than lhotse's ``lhotse.augmentation.resample.Resample`` (torchaudio's sinc
+    resampler): with the same filter (Kaiser, 16 zero crossings, rolloff 0.95, beta 8.6) both are within
+    5e-5 of an ideal tone below 6 kHz at 22.05 -> 16 kHz (tests/data/test_tts.py), but they differ by up to
+    6e-4 on espeak-ng speech (the transition band), not the 1e-4 a swap needs; and at 16001 -> 16000 Hz
+    lhotse's kernel would hold 16000 x 16033 floats (1 GiB) where this gathers one tap at a time.
     """
     x = np.asarray(signal, dtype=np.float64)
     if x.ndim != 1:
