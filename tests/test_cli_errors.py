@@ -99,7 +99,8 @@ def test_corpus_synthetic_max_below_min_duration_is_refused(tmp_path, capsys):
     assert not (tmp_path / "c").exists()
 
 
-@pytest.mark.parametrize("option,value,rule", [("--buckets", "0", "must be >= 1"), ("--sub-buckets", "x", "must be an integer >= 1"),
+@pytest.mark.parametrize("option,value,rule", [("--buckets", "0", "must be >= 1"),
+                                               ("--sub-buckets", "x", "must be an integer >= 1"),
                                                ("--max-duration", "-3", "must be > 0 seconds")])
 def test_bins_options_name_their_range(corpus, tmp_path, capsys, option, value, rule):
     _one_line_error(capsys, main(["bins", str(corpus), option, value, "--out", str(tmp_path / "p.yaml")]),
@@ -168,7 +169,8 @@ def test_read_only_outputs_are_one_line_for_every_command(corpus, read_only, cap
     cases = [(["corpus", "synthetic", "--out", str(read_only), "--num-cuts", "50"], "cuts.jsonl.gz"),
              (["corpus", "synthetic", "--out", str(read_only / "new" / "deeper"), "--num-cuts", "50"], "new"),
              (["bins", str(corpus), "--out", str(read_only / "p.yaml"), "-q"], "p.yaml"),
-             (["corpus", "tokenizer", str(corpus), "--vocab-size", "128", "--out", str(read_only / "tok")], "tok.model"),
+             (["corpus", "tokenizer", str(corpus), "--vocab-size", "128", "--out", str(read_only / "tok")],
+              "tok.model"),
              (["corpus", "tokenizer", str(corpus), "--vocab-size", "128", "--add-counts", str(read_only / "c.jsonl")],
               "c.jsonl"),
              (["report", "--out", str(read_only / "reports")], "reports")]
@@ -197,6 +199,32 @@ def test_output_under_a_file(corpus, tmp_path, capsys):
     _one_line_error(capsys, main(["bins", str(corpus), "--out", str(a_file / "p.yaml"), "-q"]), "a_file")
     _one_line_error(capsys, main(["report", "--out", str(a_file)]), "a_file")
     assert _tree(tmp_path) == ["a_file"] and a_file.read_text() == "x"
+
+
+def test_outputs_are_checked_before_the_work(tmp_path, capsys, monkeypatch):
+    """A bad output path fails at once: oomptimize before it needs a GPU, report before any notebook runs,
+    bins before it reads the manifest (here one that does not exist yet)."""
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump({"bucket_duration_bins": [1.0, 2.0]}))
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    _one_line_error(capsys, main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(profile), "--out", str(folder)]),
+                    "folder: is a folder")
+    import workbench.reporting as reporting
+
+    monkeypatch.setattr(reporting, "NOTEBOOK_DIR", tmp_path / "no_notebooks_here")
+    _one_line_error(capsys, main(["report", "--out", str(profile)]), "profile.yaml")  # a file where a folder goes
+    _one_line_error(capsys, main(["bins", str(tmp_path / "later.jsonl"), "--out", str(folder)]), "folder: is a folder")
+    real_statvfs = os.statvfs
+
+    class ReadOnly:
+        def __init__(self, path):
+            self.f_flag = real_statvfs(path).f_flag | os.ST_RDONLY
+
+    monkeypatch.setattr(os, "statvfs", ReadOnly)
+    _one_line_error(capsys, main(["corpus", "synthetic", "--out", str(tmp_path / "new"), "--num-cuts", "10"]),
+                    str(tmp_path), "Read-only file system")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "profile.yaml"]
 
 
 def test_oomptimize_refuses_a_folder_as_profile(tmp_path, capsys):

@@ -40,6 +40,24 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
                     folder.rmdir()
 
 
+def check_writable(path: str | os.PathLike) -> Path:
+    """Refuse, before any work, a target an atomic write would fail on at the end: a folder, a path under a
+    file, or one on a read-only file system or without write permission (an OSError naming the path)."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "is a file, not a folder", str(folder))
+    if os.statvfs(folder).f_flag & os.ST_RDONLY:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(folder))
+    if not os.access(folder, os.W_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(folder))
+    return path
+
+
 def _make_parents(folder: Path) -> list[Path]:
     """Create ``folder`` and its missing parents; returns those created, innermost first."""
     missing = []

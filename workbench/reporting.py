@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.atomic import write_text_atomically
+from workbench.atomic import check_writable, write_text_atomically
 from workbench.bench.results import REPO_ROOT, RESULTS_DIR, device_info, git_commit, load_result, provenance_line
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
@@ -166,6 +166,7 @@ def run_notebooks(out_dir: str | os.PathLike = "reports", *, smoke: bool = False
     import papermill as pm
 
     out = Path(out_dir)
+    check_writable(out / "index.html")  # before minutes of notebooks
     (out / "executed").mkdir(parents=True, exist_ok=True)
     notebooks = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
     if only:

@@ -18,9 +18,11 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from workbench.atomic import check_writable
 from workbench.bucketing.estimate import check_durations, estimate_duration_bins
 from workbench.bucketing.padding import padding_comparison
 from workbench.bucketing.profile import profile_from_arrays, save_profile
+from workbench.data.tokenizer import tokenized_cut_arrays
 from workbench.options import (DROP_NOTICE_SHARE, check_dropped, dropped_data_line, number_in, positive_int,
                                seconds)
 
@@ -36,8 +38,7 @@ def duration_window(durations: np.ndarray, min_duration: float | None, max_durat
 
 
 def run_bins(args: argparse.Namespace) -> int:
-    from workbench.data.tokenizer import tokenized_cut_arrays
-
+    check_writable(args.out)  # before reading a large manifest
     t0 = time.perf_counter()
     arrays = tokenized_cut_arrays(args.manifest, args.tokenizer, progress=not args.quiet and sys.stderr.isatty())
     t_read = time.perf_counter() - t0
@@ -97,6 +98,7 @@ def register(sub) -> None:
                    help="profile YAML to write (default bucket_profile.yaml)")
     p.add_argument("--no-padding", action="store_true", help="skip the padding summary")
     p.add_argument("--strict", action="store_true",
-                   help=f"fail (exit 2, no profile) when more than {DROP_NOTICE_SHARE:.0%} of the utterances are left out")
+                   help=f"fail (exit 2, no profile) when more than {DROP_NOTICE_SHARE:.0%} of the utterances "
+                        "are left out")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_bins)

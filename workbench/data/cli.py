@@ -7,12 +7,15 @@ import json
 import sys
 from pathlib import Path
 
+from workbench.atomic import check_writable
+from workbench.data.synthetic import write_synthetic_corpus
+from workbench.data.tokenizer import add_token_counts, load_tokenizer, tokenized_cut_arrays, train_tokenizer
+from workbench.data.tts import make_tts_corpus
 from workbench.options import count_int, fraction, number_in, positive_int, seconds
 
 
 def _synthetic(args: argparse.Namespace) -> int:
-    from workbench.data.synthetic import write_synthetic_corpus
-
+    check_writable(Path(args.out) / "cuts.jsonl.gz")
     path = write_synthetic_corpus(args.out, args.num_cuts, seed=args.seed,
                                   median_duration_s=args.median_duration,
                                   max_duration_s=args.max_duration, outlier_share=args.outlier_share,
@@ -22,8 +25,7 @@ def _synthetic(args: argparse.Namespace) -> int:
 
 
 def _tts(args: argparse.Namespace) -> int:
-    from workbench.data.tts import make_tts_corpus
-
+    check_writable(Path(args.out) / "cuts.jsonl.gz")  # before minutes of speech synthesis
     paths = make_tts_corpus(args.out, text_file=args.text_file, num_utterances=args.num_utterances,
                             voice=args.voice, speed_wpm=args.speed_wpm, seed=args.seed,
                             tokenizer=args.tokenizer, num_speakers=args.num_speakers, num_workers=args.workers)
@@ -33,9 +35,11 @@ def _tts(args: argparse.Namespace) -> int:
 
 
 def _tokenizer(args: argparse.Namespace) -> int:
-    from workbench.data.tokenizer import add_token_counts, load_tokenizer, train_tokenizer
-
     manifest = Path(args.manifest)
+    if args.out is not None:
+        check_writable(Path(args.out + ".model"))
+    if args.add_counts:
+        check_writable(args.add_counts)
     progress = sys.stderr.isatty()
     model_path = train_tokenizer(manifest, args.out, vocab_size=args.vocab_size, model_type=args.model_type,
                                  progress=progress)
@@ -47,8 +51,6 @@ def _tokenizer(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from workbench.data.tokenizer import tokenized_cut_arrays
-
     arrays = tokenized_cut_arrays(args.manifest, args.tokenizer, progress=sys.stderr.isatty())
     print(json.dumps(arrays.summary(), indent=2))
     return 0
@@ -89,7 +91,8 @@ def register(sub) -> None:
                    help="also write the cuts with custom.num_tokens to this manifest")
     p.set_defaults(func=_tokenizer)
 
-    p = csub.add_parser("stats", help="count, hours, shortest/median/longest duration, median and largest token count, median tokens per second")
+    p = csub.add_parser("stats", help="count, hours, shortest/median/longest duration, median and largest "
+                                      "token count, median tokens per second")
     p.add_argument("manifest")
     p.add_argument("--tokenizer", default=None, help="sentencepiece model to count tokens with")
     p.set_defaults(func=_stats)

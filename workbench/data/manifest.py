@@ -221,7 +221,7 @@ def _block_columns(path: Path, keep_texts: bool, progress: bool, workers: int) -
     if workers <= 1 or path.stat().st_size < _CHUNK:
         yield from map(_extract_block, jobs)
         return
-    import multiprocessing
+    import multiprocessing  # only large files are parsed in worker processes
 
     # fork before iter_manifest_blocks starts its inflating thread (the generator above is still lazy)
     with multiprocessing.get_context("fork").Pool(workers) as pool:
@@ -271,6 +271,6 @@ def read_cut_arrays(path: str | os.PathLike, *, with_texts: bool = False, progre
             raise ValueError(f"{path}:{linenos[i]}: field 'custom.num_tokens' is negative ({num_tokens[i]})")
     elif tokens:
         raise ValueError(f"{path}:{missing_tokens_line}: field 'custom.num_tokens' is missing on "
-                         f"{len(ids) - len(tokens)} of {len(ids)} cuts; add it to all, or count tokens with a tokenizer")
+                         f"{len(ids) - len(tokens)} of {len(ids)} cuts; add it to all, or count them with a tokenizer")
     return CutArrays(ids=ids, durations=dur, num_tokens=num_tokens, texts=texts if keep_texts else None,
                      source=str(path))

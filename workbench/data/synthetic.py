@@ -95,7 +95,7 @@ def cuts_from_arrays(durations, num_tokens=None, *, prefix: str = "c"):
     :class:`CutArrays` gives both (and its ids).
 
     For tests and notebooks that need a sampler over a handful of chosen lengths."""
-    from lhotse import CutSet, MonoCut
+    from lhotse import CutSet, MonoCut  # imports torch (seconds): loaded on first use, not by the CLI
     from lhotse.testing.dummies import dummy_recording
 
     ids = None

@@ -46,7 +46,7 @@ def train_tokenizer(source: Iterable[str] | str | os.PathLike, out_prefix: str |
     At most ``max_sentences`` transcripts (sampled by sentencepiece) are used. Files are written
     atomically. ValueError when the text is too small for ``vocab_size``, saying the largest that fits.
     """
-    import sentencepiece as spm
+    import sentencepiece as spm  # heavy native module: loaded on first use, not by the CLI
 
     if model_type not in ("bpe", "unigram", "char", "word"):
         raise ValueError(f"model_type must be 'bpe', 'unigram', 'char' or 'word', got {model_type!r}")
@@ -104,7 +104,7 @@ def train_tokenizer(source: Iterable[str] | str | os.PathLike, out_prefix: str |
 def load_tokenizer(path):
     """A ``sentencepiece.SentencePieceProcessor`` from a ``.model`` file. A processor is returned as it is,
     and None or "" as None (no tokenizer), so callers may take either a path or a processor."""
-    import sentencepiece as spm
+    import sentencepiece as spm  # heavy native module: loaded on first use, not by the CLI
 
     if path is None or isinstance(path, str) and not path:
         return None

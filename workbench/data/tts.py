@@ -30,6 +30,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from workbench.atomic import atomic_path
+from workbench.data.tokenizer import count_tokens, load_tokenizer
 
 SAMPLE_RATE = 16_000
 ESPEAK_INSTALL_HINT = ("espeak-ng is not installed (the text-to-speech corpus needs it). Install it with "
@@ -55,7 +56,7 @@ class SpeakerStyle:
 
 def default_text() -> str:
     """The English prose that ships with CPython (the pydoc help topics), topics in sorted order."""
-    from pydoc_data.topics import topics
+    from pydoc_data.topics import topics  # a 0.8 MB module of text: loaded only when the default text is asked for
 
     return "\n\n".join(topics[name] for name in sorted(topics))
 
@@ -197,7 +198,7 @@ def espeak_binary() -> str:
 
 def synthesize(text: str, style: SpeakerStyle, *, espeak: str | None = None) -> np.ndarray:
     """``text`` spoken in ``style``: float32 samples at 16 kHz, mono, in [-1, 1]."""
-    import soundfile
+    import soundfile  # optional heavy import (libsndfile via cffi): loaded on first use
 
     cmd = [espeak or espeak_binary(), "-v", style.voice, "-s", str(style.speed_wpm), "-p", str(style.pitch),
            "--stdout", "--", text]
@@ -211,7 +212,7 @@ def synthesize(text: str, style: SpeakerStyle, *, espeak: str | None = None) -> 
 
 def _speak_to_file(job: tuple[str, SpeakerStyle, str, str]) -> int:
     """Worker: speak one sentence, write it atomically as 16-bit FLAC, return its number of samples."""
-    import soundfile
+    import soundfile  # optional heavy import (libsndfile via cffi): loaded on first use
 
     text, style, path, espeak = job
     audio = np.clip(synthesize(text, style, espeak=espeak), -1.0, 1.0)
@@ -243,7 +244,7 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
 
     Returns ``{"recordings", "supervisions", "cuts", "audio_dir"}`` paths.
     """
-    from lhotse import CutSet, Recording, RecordingSet, SupervisionSegment, SupervisionSet
+    from lhotse import CutSet, Recording, RecordingSet, SupervisionSegment, SupervisionSet  # imports torch: seconds
     from lhotse.audio import AudioSource
     from lhotse.cut import MonoCut
 
@@ -268,8 +269,6 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
     who = np.random.default_rng([seed, 104729]).integers(0, num_speakers, size=len(chosen))
     num_tokens = None
     if tokenizer is not None:
-        from workbench.data.tokenizer import count_tokens, load_tokenizer
-
         num_tokens = count_tokens(load_tokenizer(tokenizer), chosen)
 
     out = Path(out_dir).resolve()
