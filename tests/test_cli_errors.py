@@ -269,3 +269,25 @@ def test_bins_from_many_equal_durations_writes_a_profile_that_loads(tmp_path):
     profile = load_profile(out)
     assert profile.bucket_duration_bins == [[10.0, 20], [10.0, 21]]
     assert profile.metadata["repeated_bins_dropped"] == len(raw) - 2 > 0
+
+
+def test_corpus_tts_failing_midway_leaves_nothing(tmp_path, capsys, monkeypatch):
+    import shutil
+
+    import workbench.data.tts as tts
+
+    if not shutil.which("espeak-ng"):
+        pytest.skip("needs espeak-ng, which is not installed")
+    real, calls = tts._speak_to_file, []
+
+    def disk_fills_up(job):
+        calls.append(job)
+        if len(calls) == 2:  # the first file is written, the second finds the disk full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), job[2])
+        return real(job)
+
+    monkeypatch.setattr(tts, "_speak_to_file", disk_fills_up)
+    out = tmp_path / "new" / "tts"
+    _one_line_error(capsys, main(["corpus", "tts", "--out", str(out), "--num-utterances", "3", "--workers", "1"]),
+                    "tts-000001.flac", "No space left on device", "free some space")
+    assert _tree(tmp_path) == []

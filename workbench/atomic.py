@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 from pathlib import Path
 from typing import Iterator
 
@@ -56,6 +57,19 @@ def check_writable(path: str | os.PathLike) -> Path:
     if not os.access(folder, os.W_OK):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(folder))
     return path
+
+
+@contextlib.contextmanager
+def new_folder(folder: str | os.PathLike) -> Iterator[Path]:
+    """Create ``folder`` (and missing parents) for the block; if the block fails, remove what this created,
+    with everything written inside (folders that already existed are left as they were)."""
+    created = _make_parents(Path(folder)) if not Path(folder).is_dir() else []
+    try:
+        yield Path(folder)
+    except BaseException:
+        if created:
+            shutil.rmtree(created[-1], ignore_errors=True)  # the outermost folder this created
+        raise
 
 
 def _make_parents(folder: Path) -> list[Path]:

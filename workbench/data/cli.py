@@ -28,7 +28,8 @@ def _tts(args: argparse.Namespace) -> int:
     check_writable(Path(args.out) / "cuts.jsonl.gz")  # before minutes of speech synthesis
     paths = make_tts_corpus(args.out, text_file=args.text_file, num_utterances=args.num_utterances,
                             voice=args.voice, speed_wpm=args.speed_wpm, seed=args.seed,
-                            tokenizer=args.tokenizer, num_speakers=args.num_speakers, num_workers=args.workers)
+                            tokenizer=args.tokenizer, num_speakers=args.num_speakers, num_workers=args.workers,
+                            progress=sys.stderr.isatty())
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     return 0

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from workbench.atomic import atomic_path
+from workbench.atomic import atomic_path, new_folder
 from workbench.data.tokenizer import count_tokens, load_tokenizer
 
 SAMPLE_RATE = 16_000
@@ -272,34 +272,33 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
         num_tokens = count_tokens(load_tokenizer(tokenizer), chosen)
 
     out = Path(out_dir).resolve()
-    audio_dir = out / "audio"
-    audio_dir.mkdir(parents=True, exist_ok=True)
-    ids = [f"tts-{i:06d}" for i in range(len(chosen))]
-    paths = [str(audio_dir / f"{cut_id}.flac") for cut_id in ids]
-    jobs = [(sentence, styles[k], path, espeak) for sentence, k, path in zip(chosen, who, paths)]
-    bar = dict(total=len(jobs), desc="espeak-ng", unit="utt", disable=not progress)
-    if num_workers <= 1 or len(jobs) == 1:
-        num_samples = [_speak_to_file(job) for job in tqdm(jobs, **bar)]
-    else:
-        with ProcessPoolExecutor(max_workers=num_workers, mp_context=get_context("spawn")) as pool:
-            num_samples = list(tqdm(pool.map(_speak_to_file, jobs, chunksize=4), **bar))
+    with new_folder(out / "audio") as audio_dir:  # a failed run removes the folders it made
+        ids = [f"tts-{i:06d}" for i in range(len(chosen))]
+        paths = [str(audio_dir / f"{cut_id}.flac") for cut_id in ids]
+        jobs = [(sentence, styles[k], path, espeak) for sentence, k, path in zip(chosen, who, paths)]
+        bar = dict(total=len(jobs), desc="espeak-ng", unit="utt", disable=not progress)
+        if num_workers <= 1 or len(jobs) == 1:
+            num_samples = [_speak_to_file(job) for job in tqdm(jobs, **bar)]
+        else:
+            with ProcessPoolExecutor(max_workers=num_workers, mp_context=get_context("spawn")) as pool:
+                num_samples = list(tqdm(pool.map(_speak_to_file, jobs, chunksize=4), **bar))
 
-    language = voice.split("-")[0].split("+")[0]
-    recordings, supervisions, cuts = [], [], []
-    for i, cut_id in enumerate(ids):
-        duration = num_samples[i] / SAMPLE_RATE
-        rec = Recording(id=cut_id, sources=[AudioSource(type="file", channels=[0], source=paths[i])],
-                        sampling_rate=SAMPLE_RATE, num_samples=num_samples[i], duration=duration)
-        sup = SupervisionSegment(id=cut_id, recording_id=cut_id, start=0.0, duration=duration, channel=0,
-                                 text=chosen[i], speaker=styles[who[i]].speaker, language=language)
-        custom = {"num_tokens": int(num_tokens[i])} if num_tokens is not None else None
-        recordings.append(rec)
-        supervisions.append(sup)
-        cuts.append(MonoCut(id=cut_id, start=0.0, duration=duration, channel=0, recording=rec,
-                            supervisions=[sup], custom=custom))
-    result = {"recordings": out / "recordings.jsonl.gz", "supervisions": out / "supervisions.jsonl.gz",
-              "cuts": out / "cuts.jsonl.gz", "audio_dir": audio_dir}
-    _write_manifest_atomically(RecordingSet.from_recordings(recordings), result["recordings"])
-    _write_manifest_atomically(SupervisionSet.from_segments(supervisions), result["supervisions"])
-    _write_manifest_atomically(CutSet.from_cuts(cuts), result["cuts"])
-    return result
+        language = voice.split("-")[0].split("+")[0]
+        recordings, supervisions, cuts = [], [], []
+        for i, cut_id in enumerate(ids):
+            duration = num_samples[i] / SAMPLE_RATE
+            rec = Recording(id=cut_id, sources=[AudioSource(type="file", channels=[0], source=paths[i])],
+                            sampling_rate=SAMPLE_RATE, num_samples=num_samples[i], duration=duration)
+            sup = SupervisionSegment(id=cut_id, recording_id=cut_id, start=0.0, duration=duration, channel=0,
+                                     text=chosen[i], speaker=styles[who[i]].speaker, language=language)
+            custom = {"num_tokens": int(num_tokens[i])} if num_tokens is not None else None
+            recordings.append(rec)
+            supervisions.append(sup)
+            cuts.append(MonoCut(id=cut_id, start=0.0, duration=duration, channel=0, recording=rec,
+                                supervisions=[sup], custom=custom))
+        result = {"recordings": out / "recordings.jsonl.gz", "supervisions": out / "supervisions.jsonl.gz",
+                  "cuts": out / "cuts.jsonl.gz", "audio_dir": audio_dir}
+        _write_manifest_atomically(RecordingSet.from_recordings(recordings), result["recordings"])
+        _write_manifest_atomically(SupervisionSet.from_segments(supervisions), result["supervisions"])
+        _write_manifest_atomically(CutSet.from_cuts(cuts), result["cuts"])
+        return result
