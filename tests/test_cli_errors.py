@@ -93,6 +93,16 @@ def test_corpus_synthetic_options_name_their_range(tmp_path, capsys, option, val
     assert not out.exists()
 
 
+def test_corpus_synthetic_refuses_a_median_far_outside_the_duration_range(tmp_path, capsys):
+    # log-normal, median 1000 s, sigma 0.8: P(d <= 40 s) = Phi(ln(40 / 1000) / 0.8) = Phi(-4.024) = 0.00287 %
+    line = _one_line_error(capsys, main(["corpus", "synthetic", "--out", str(tmp_path / "c"), "--median-duration",
+                                         "1000"]), "median_duration_s must be such that at least 1 %")
+    assert "puts 0.00287 % there" in line
+    assert not (tmp_path / "c").exists()
+    # the allocator bench's corpus (median 6 s, at most 3 s) keeps a fifth of the draws: allowed
+    assert main(["corpus", "synthetic", "--out", str(tmp_path / "c"), "--max-duration", "3", "--num-cuts", "50"]) == 0
+
+
 def test_corpus_synthetic_max_below_min_duration_is_refused(tmp_path, capsys):
     _one_line_error(capsys, main(["corpus", "synthetic", "--out", str(tmp_path / "c"), "--max-duration", "0.3"]),
                     "max_duration_s must be > min_duration_s (0.5)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,21 @@ class SyntheticSpec:
         need(0 <= self.outlier_share <= 1, "outlier_share", "in [0, 1]")
         need(self.min_duration_s < self.max_duration_s, "max_duration_s",
              f"> min_duration_s ({self.min_duration_s})")
+        share = self.share_in_range()
+        need(share >= 0.01, "median_duration_s", f"such that at least 1 % of the log-normal durations (sigma "
+             f"{self.duration_sigma}) lie in [{self.min_duration_s}, {self.max_duration_s}] s (this one puts "
+             f"{100 * share:.3g} % there, and redrawing the rest would take forever)")
+
+    def share_in_range(self) -> float:
+        """The share of the untruncated log-normal durations inside [min_duration_s, max_duration_s]."""
+        mu, sigma = math.log(self.median_duration_s), self.duration_sigma
+        if sigma == 0:
+            return float(self.min_duration_s <= self.median_duration_s <= self.max_duration_s)
+
+        def cdf(x: float) -> float:
+            return 0.5 * (1 + math.erf((math.log(x) - mu) / (sigma * math.sqrt(2))))
+
+        return cdf(self.max_duration_s) - cdf(self.min_duration_s)
 
 
 def _draw(spec: SyntheticSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
