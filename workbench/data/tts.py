@@ -142,7 +142,7 @@ def resample(signal: np.ndarray, from_hz: int, to_hz: int, *, zero_crossings: in
     resampler): with the same filter (Kaiser, 16 zero crossings, rolloff 0.95, beta 8.6) both are within
     5e-5 of an ideal tone below 6 kHz at 22.05 -> 16 kHz (tests/data/test_tts.py), but they differ by up to
     6e-4 on espeak-ng speech (the transition band), not the 1e-4 a swap needs; and at 16001 -> 16000 Hz
-    lhotse's kernel would hold 16000 x 16033 floats (1 GiB) where this gathers one tap at a time.
+    lhotse builds a 16000 x 16035 kernel (2 GB in float64) where this gathers one tap at a time.
     """
     x = np.asarray(signal, dtype=np.float64)
     if x.ndim != 1:
