@@ -1,3 +1,6 @@
+import json
+import os
+import subprocess
 from pathlib import Path
 
 from workbench.reporting import NOTEBOOK_DIR, notebook_title_and_summary, smoke_mode
@@ -29,3 +32,75 @@ def test_report_renders_html_and_index(tmp_path):
     bench = (tmp_path / "benchmarks.html").read_text()
     assert "<h2>decoding.json</h2>" in bench and "commit" in bench  # every committed result, with provenance
     assert not list(tmp_path.glob("*.tmp*"))
+    assert "corpus_arrays(" not in html  # code cells are hidden by default
+    from workbench.bench.results import git_commit
+
+    assert f"commit {git_commit()[:12]}" in page and ("CPU cores" in page or "NVIDIA" in page)  # the run's own
+    assert "Committed results" in page and "<td>decoding</td>" in page
+
+
+def test_code_cells_are_hidden_unless_asked(tmp_path):
+    import nbformat
+
+    from workbench.reporting import render_html
+
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("secret_variable_name = 6 * 7\nprint(secret_variable_name)")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="forty-two printed\n")]
+    nb.cells = [nbformat.v4.new_markdown_cell("# Title"), cell]
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+    hidden, shown = render_html(path), render_html(path, show_code=True)
+    assert "forty-two printed" in hidden and "secret_variable_name" not in hidden
+    assert "forty-two printed" in shown and "secret_variable_name" in shown
+
+
+def _git(repo, *args):
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    return subprocess.run(["git", *args], cwd=repo, env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _commit(repo, rel, text):
+    (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+    (repo / rel).write_text(text)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", rel)
+    return _git(repo, "rev-parse", "HEAD")
+
+
+def test_results_older_than_the_code_they_measure_are_flagged(tmp_path):
+    from workbench.reporting import result_freshness
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    first = _commit(repo, "workbench/decoding/greedy.py", "v1")
+    _commit(repo, "workbench/bench/decoding.py", "bench v1")
+    measured = _commit(repo, "workbench/models/model.py", "v1")  # models code: measured by the models bench
+    _commit(repo, "workbench/decoding/greedy.py", "v2")  # decoding changes after `measured`
+    latest = _commit(repo, "README.md", "docs only")
+    results = tmp_path / "results"
+    results.mkdir()
+    for name, commit, command in [("old_decoding", measured, "python workbench/bench/decoding.py"),
+                                  ("new_decoding", latest + "+dirty", "python -m workbench.bench.decoding"),
+                                  ("models", measured, "python3 /x/workbench/bench/models/run.py"),
+                                  ("unknown_commit", "f" * 40, "python workbench/bench/decoding.py"),
+                                  ("no_bench", first, "python something_else.py")]:
+        (results / f"{name}.json").write_text(json.dumps({"git_commit": commit, "command": command,
+                                                          "device": {"cpu_count": 2}, "date": "2026-12-01"}))
+    by_name = {r.name: r for r in result_freshness(results, repo)}
+    assert by_name["old_decoding"].stale is True
+    assert "workbench/decoding changed after" in by_name["old_decoding"].note
+    assert "workbench/bench/decoding.py" not in by_name["old_decoding"].note  # it did not change after
+    assert by_name["new_decoding"].stale is False
+    assert by_name["models"].stale is False  # its code has not changed since
+    assert by_name["unknown_commit"].stale is None and "not in this clone" in by_name["unknown_commit"].note
+    assert by_name["no_bench"].stale is None
+
+
+def test_report_takes_show_code():
+    from workbench.cli import build_parser
+
+    assert build_parser().parse_args(["report", "--show-code"]).show_code is True
+    assert build_parser().parse_args(["report"]).show_code is False

@@ -51,8 +51,11 @@ def test_bins_without_tokens_is_1d(tmp_path):
             f.write(json.dumps({"id": f"c{i}", "start": 0, "duration": d, "channel": 0, "type": "MonoCut"}) + "\n")
     out = tmp_path / "p.yaml"
     assert main(["bins", str(path), "--buckets", "2", "--out", str(out), "-q"]) == 0
-    # 5 s per bucket: the total before 4.0 is 6 > 5, so 4.0 is a boundary, then the max (4.0) again
-    assert load_profile(out).bucket_duration_bins == [4.0, 4.0]
+    # 5 s per bucket: the total before 4.0 is 6 > 5, so 4.0 is a boundary, then the max (4.0) again; the
+    # profile keeps one of the two (the second bucket could never hold anything)
+    assert estimate_duration_bins([1.0, 2.0, 3.0, 4.0], 2) == [4.0, 4.0]
+    profile = load_profile(out)
+    assert profile.bucket_duration_bins == [4.0] and profile.metadata["repeated_bins_dropped"] == 1
 
 
 def _write_manifest(path, durations, tokens):
@@ -94,10 +97,10 @@ def test_bins_reports_unfit_for_1d_bins(manifest, tmp_path, capsys):
     ("--tps-threshold", "0", "--tps-threshold must be a number > 0 (a tokens-per-second z-score), got 0.0"),
     ("--tps-threshold", "-1", "--tps-threshold must be a number > 0 (a tokens-per-second z-score), got -1.0"),
     ("--tps-threshold", "nan", "--tps-threshold must be a number > 0"),
-    ("--buckets", "0", "--buckets must be an integer >= 1, got 0"),
-    ("--sub-buckets", "-2", "--sub-buckets must be an integer >= 1, got -2"),
-    ("--min-duration", "-1", "--min-duration must be a number of seconds > 0, got -1.0"),
-    ("--max-duration", "0", "--max-duration must be a number of seconds > 0, got 0.0"),
+    ("--buckets", "0", "argument --buckets: must be >= 1, got 0"),
+    ("--sub-buckets", "-2", "argument --sub-buckets: must be >= 1, got -2"),
+    ("--min-duration", "-1", "argument --min-duration: must be >= 0 seconds, got -1"),
+    ("--max-duration", "0", "argument --max-duration: must be > 0 seconds, got 0"),
 ])
 def test_bins_rejects_options_out_of_range(manifest, tmp_path, capsys, option, value, message):
     out = tmp_path / "p.yaml"

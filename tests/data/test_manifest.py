@@ -62,7 +62,7 @@ def test_non_positive_duration_names_line_and_field(tmp_path, bad):
 
 
 def test_missing_duration(tmp_path):
-    path = _write(tmp_path, [{"id": "a", "duration": 1.0}, {"id": "sup1", "recording_id": "r"}])
+    path = _write(tmp_path, [{"id": "a", "duration": 1.0}, {"id": "sup1", "start": 0}])
     with pytest.raises(ValueError, match=r"bad\.jsonl:2: .*no field 'duration'"):
         read_cut_arrays(path, progress=False)
 
@@ -109,3 +109,16 @@ def test_worker_processes_give_the_same_columns_and_line_numbers(tmp_path):
     plain.write_text("\n".join(lines) + "\n")
     with pytest.raises(ValueError, match=r"big\.jsonl:15501: malformed JSON"):
         read_cut_arrays(plain, progress=False, workers=2)
+
+
+def test_garbage_gzip_is_one_error_naming_the_file(tmp_path):
+    garbage = tmp_path / "garbage.jsonl.gz"
+    garbage.write_bytes(b"this is not gzip at all\n" * 50)
+    with pytest.raises(ValueError, match=r"garbage\.jsonl\.gz: not a valid gzip file"):
+        read_cut_arrays(garbage, progress=False)
+    corrupt = tmp_path / "corrupt.jsonl.gz"
+    data = bytearray(gzip.compress(b'{"id": "a", "duration": 1.0}\n' * 5000))
+    data[len(data) // 2: len(data) // 2 + 64] = bytes(64)  # a hole in the deflate stream
+    corrupt.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"corrupt\.jsonl\.gz: (not a valid gzip file|gzip stream is truncated)"):
+        read_cut_arrays(corrupt, progress=False)

@@ -6,7 +6,7 @@ import pytest
 
 from workbench.data.synthetic import write_synthetic_corpus
 from workbench.data.tokenizer import (add_token_counts, count_tokens, load_tokenizer, manifest_texts,
-                                      train_tokenizer)
+                                      tokenized_cut_arrays, train_tokenizer)
 from workbench.data.tts import default_text, split_sentences
 
 
@@ -140,16 +140,16 @@ def test_add_token_counts_sums_supervisions_in_place_and_reports_bad_lines(tmp_p
 
 
 def test_corpus_arrays_reads_a_manifest_with_a_tokenizer_path_or_makes_a_synthetic_corpus(tmp_path):
-    from workbench.data import corpus_arrays, read_cut_arrays, synthetic_cut_arrays
+    from workbench.data import corpus_arrays, synthetic_cut_arrays
 
     cuts_path = write_synthetic_corpus(tmp_path / "corpus", 300, seed=4, progress=False)
     model = train_tokenizer(cuts_path, vocab_size=150, progress=False)
-    by_path = read_cut_arrays(cuts_path, tokenizer=model, progress=False)  # the .model path is loaded
-    by_processor = read_cut_arrays(cuts_path, tokenizer=load_tokenizer(model), progress=False)
+    by_path = tokenized_cut_arrays(cuts_path, model, progress=False)  # the .model path is loaded
+    by_processor = tokenized_cut_arrays(cuts_path, load_tokenizer(model), progress=False)
     assert by_path.num_tokens is not None and by_path.num_tokens.tolist() == by_processor.num_tokens.tolist()
     # "" means no tokenizer, as a notebook parameter or an unset CLI option gives it: the stored counts
     stored = [c["custom"]["num_tokens"] for c in _read_jsonl_gz(cuts_path)]
-    assert read_cut_arrays(cuts_path, tokenizer="", progress=False).num_tokens.tolist() == stored
+    assert tokenized_cut_arrays(cuts_path, "", progress=False).num_tokens.tolist() == stored
     assert stored != by_path.num_tokens.tolist()  # so the tokenizer's counts above are not the stored ones
     arrays = corpus_arrays(str(cuts_path), tokenizer=str(model))
     assert len(arrays) == 300 and arrays.num_tokens.tolist() == by_path.num_tokens.tolist()
@@ -175,3 +175,26 @@ def test_char_model_takes_the_vocab_its_text_has(tmp_path):
     # characters are counted as sentencepiece sees them (NFKC: the full-width a is a)
     wide = train_tokenizer(["\uff41bc abc"] * 3, tmp_path / "wide", 5, model_type="char", progress=False)
     assert load_tokenizer(wide).vocab_size() == 5
+
+
+def test_the_manifest_reader_knows_nothing_of_tokenizers():
+    """data/tokenizer.py composes the reader and the tokenizer; data/manifest.py imports no workbench.data
+    module but arrays (no circle, not even through function-local imports)."""
+    import ast
+
+    import workbench.data.manifest as manifest
+
+    tree = ast.parse(open(manifest.__file__).read())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert {m for m in imported if m.startswith("workbench")} == {"workbench.data.arrays"}
+
+
+def test_tokenized_cut_arrays_keeps_texts_only_when_asked(tmp_path):
+    cuts_path = write_synthetic_corpus(tmp_path / "corpus", 200, seed=5, progress=False)
+    model = train_tokenizer(cuts_path, vocab_size=128, progress=False)
+    plain = tokenized_cut_arrays(cuts_path, model, progress=False)
+    with_texts = tokenized_cut_arrays(cuts_path, model, with_texts=True, progress=False)
+    assert plain.texts is None
+    assert with_texts.num_tokens.tolist() == count_tokens(load_tokenizer(model), with_texts.texts).tolist()
+    assert plain.num_tokens.tolist() == with_texts.num_tokens.tolist()

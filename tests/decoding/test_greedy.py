@@ -13,7 +13,7 @@ from workbench.decoding import label_looping
 
 @torch.no_grad()
 def reference_decode(predictor, joint, enc, length, *, blank_id, durations, max_symbols):
-    """One utterance, one decision at a time, straight from the greedy semantics in DESIGN.md."""
+    """One utterance, one decision at a time, straight from the greedy semantics in docs/ARCHITECTURE.md."""
     enc_proj = joint.project_encoder(enc[None])[0]
     out, state = predictor.step(torch.tensor([blank_id]), predictor.init_state(1))
     pred_proj = joint.project_predictor(out)

@@ -212,7 +212,7 @@ def test_train_warns_at_start_and_end_when_the_profile_drops_much_of_the_corpus(
     printed = capsys.readouterr().out
     warnings = [line for line in printed.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 2 and "by the profile's bins" in warnings[0] and "in training" in warnings[1]
-    assert "fit no bucket" in warnings[0] and "too_long" in warnings[0]
+    assert "left out" in warnings[0] and "fitting no bucket" in warnings[0] and "too_long" in warnings[0]
     summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
     assert summary["corpus_fit"]["unfit"] == summary["corpus_fit"]["reasons"]["too_long"] > 0
     err = _train_error(capsys, *_train_args(corpus, tmp_path / "strict", "--steps", "2", "--profile", str(profile),

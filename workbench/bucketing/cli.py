@@ -14,16 +14,21 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import yaml
 
+from workbench.atomic import check_writable
 from workbench.bucketing.estimate import check_count, check_durations, check_tps_threshold, estimate_duration_bins
 from workbench.bucketing.fit import unfit_table
 from workbench.bucketing.padding import padding_comparison
 from workbench.bucketing.profile import profile_from_arrays, save_profile
+from workbench.data.tokenizer import tokenized_cut_arrays
+from workbench.options import (DROP_NOTICE_SHARE, check_dropped, dropped_data_line, number_in, positive_int,
+                               seconds)
 from workbench.plain import to_plain
 
 
@@ -42,9 +47,10 @@ def check_options(args: argparse.Namespace) -> None:
     check_count(args.buckets, "--buckets")
     check_count(args.sub_buckets, "--sub-buckets")
     check_tps_threshold(args.tps_threshold, "--tps-threshold")
-    for name, value in (("--min-duration", args.min_duration), ("--max-duration", args.max_duration)):
-        if value is not None and not value > 0:
-            raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+    if args.min_duration is not None and not args.min_duration >= 0:
+        raise ValueError(f"--min-duration must be a number of seconds >= 0, got {args.min_duration!r}")
+    if args.max_duration is not None and not args.max_duration > 0:
+        raise ValueError(f"--max-duration must be a number of seconds > 0, got {args.max_duration!r}")
     if args.min_duration is not None and args.max_duration is not None and args.min_duration > args.max_duration:
         raise ValueError(f"--min-duration ({args.min_duration}) must be <= --max-duration ({args.max_duration})")
 
@@ -60,11 +66,10 @@ def unfit_line(durations: np.ndarray, num_tokens: np.ndarray | None, profile) ->
 
 
 def run_bins(args: argparse.Namespace) -> int:
-    from workbench.data.manifest import read_cut_arrays
-
     check_options(args)
+    check_writable(args.out)  # before reading a large manifest
     t0 = time.perf_counter()
-    arrays = read_cut_arrays(args.manifest, tokenizer=args.tokenizer, progress=not args.quiet)
+    arrays = tokenized_cut_arrays(args.manifest, args.tokenizer, progress=not args.quiet and sys.stderr.isatty())
     t_read = time.perf_counter() - t0
     dur = check_durations(arrays.durations, name=f"{args.manifest}: durations")
     tok = arrays.num_tokens
@@ -80,6 +85,12 @@ def run_bins(args: argparse.Namespace) -> int:
                   "excluded_by_duration": int((~keep).sum()), "min_duration": args.min_duration,
                   "max_duration": args.max_duration, "tokenizer": args.tokenizer,
                   "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")})
+    window = (f"outside the duration window [{args.min_duration or 0}, "
+              f"{'inf' if args.max_duration is None else args.max_duration}] s")
+    reasons = {window: int((~keep).sum()),
+               f"TPS outliers (z-score > {args.tps_threshold})": int(profile.metadata.get("tps_outliers", 0))}
+    dropped = dropped_data_line(dur.shape[0], reasons)
+    check_dropped(dropped, strict=args.strict)  # before any output; refused with --strict, nothing written
     out = save_profile(args.out, profile)
     t_bins = time.perf_counter() - t0 - t_read
     print(yaml.safe_dump(to_plain({k: v for k, v in profile.to_dict().items() if k != "metadata"}),
@@ -94,6 +105,7 @@ def run_bins(args: argparse.Namespace) -> int:
         table = padding_comparison(dur_k, tok_k, setups)
         print("# padding (each utterance padded to its bucket's bound):")
         print(table.to_string(float_format=lambda v: f"{v:.3f}"))
+    check_dropped(dropped, strict=False)  # again at the end, where a reader looks
     return 0
 
 
@@ -102,16 +114,21 @@ def register(sub) -> None:
                        description=__doc__.splitlines()[0])
     p.add_argument("manifest", type=Path, help="lhotse cuts manifest (.jsonl or .jsonl.gz)")
     p.add_argument("--tokenizer", help="sentencepiece .model: count tokens with it (else custom.num_tokens from the manifest)")
-    p.add_argument("--buckets", type=int, default=30, help="duration buckets, >= 1 (default 30)")
-    p.add_argument("--sub-buckets", type=int, default=2, help="token sub-buckets per duration bucket, >= 1 (default 2)")
+    p.add_argument("--buckets", type=positive_int, default=30, help="duration buckets, >= 1 (default 30)")
+    p.add_argument("--sub-buckets", type=positive_int, default=2,
+                   help="token sub-buckets per duration bucket, >= 1 (default 2)")
     p.add_argument("--tps-threshold", type=float, default=4.0,
                    help="TPS z-score (> 0) above which an utterance is an outlier (default 4)")
-    p.add_argument("--min-duration", type=float, default=None, help="leave out shorter utterances (seconds)")
-    p.add_argument("--max-duration", type=float, default=None, help="leave out longer utterances (seconds)")
+    p.add_argument("--min-duration", type=number_in(float, 0, unit=" seconds"), default=None,
+                   help="leave out shorter utterances (seconds, >= 0)")
+    p.add_argument("--max-duration", type=seconds, default=None, help="leave out longer utterances (seconds, > 0)")
     p.add_argument("--1d", dest="one_d", action="store_true", help="duration-only bins even with token counts")
     p.add_argument("--equal-count", action="store_true", help="1D: same number of utterances per bucket")
     p.add_argument("--out", type=Path, default=Path("bucket_profile.yaml"),
                    help="profile YAML to write (default bucket_profile.yaml)")
     p.add_argument("--no-padding", action="store_true", help="skip the padding summary")
+    p.add_argument("--strict", action="store_true",
+                   help=f"fail (exit 2, no profile) when more than {DROP_NOTICE_SHARE:.0%} of the utterances "
+                        "are left out")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_bins)

@@ -61,6 +61,8 @@ def load_profile(path: str | os.PathLike) -> BucketProfile:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such profile file")
+    if path.is_dir():
+        raise ValueError(f"{path}: is a folder; give the profile YAML file (e.g. bucket_profile.yaml)")
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
@@ -92,6 +94,15 @@ def validate_profile(profile: BucketProfile, source: str = "profile") -> None:
                              f"{' and a token count >= 0' if len(values) == 2 else ''}")
     if profile.is_2d != all(isinstance(b, (list, tuple)) for b in bins):
         raise ValueError(f"{source}: field 'bucket_duration_bins' mixes 1D and 2D entries")
+    keys = [tuple(b) if profile.is_2d else (b,) for b in bins]
+    for i in range(1, len(keys)):
+        if keys[i] == keys[i - 1]:
+            raise ValueError(f"{source}: bucket_duration_bins[{i}] = {bins[i]!r} repeats the bin before it "
+                             "(its bucket would always be empty); remove it")
+        if keys[i][0] < keys[i - 1][0] or keys[i] < keys[i - 1]:
+            order = "by duration, then by max_tokens within one duration" if profile.is_2d else "ascending"
+            raise ValueError(f"{source}: bucket_duration_bins[{i}] = {bins[i]!r} comes after {bins[i - 1]!r}; "
+                             f"bins must be sorted {order}")
     bs = profile.bucket_batch_size
     if bs is not None:
         if len(bs) != len(bins):
@@ -104,6 +115,14 @@ def validate_profile(profile: BucketProfile, source: str = "profile") -> None:
     if isinstance(tps, list) and len(tps) != len(bins):
         raise ValueError(f"{source}: field 'max_tps' has {len(tps)} entries, "
                          f"'bucket_duration_bins' has {len(bins)}")
+    if tps is not None and not profile.is_2d:
+        raise ValueError(f"{source}: field 'max_tps' needs 2D bins ([max_duration, max_tokens] pairs)")
+    for i, v in enumerate(tps if isinstance(tps, list) else [] if tps is None else [tps]):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < float("inf"):
+            where = f"max_tps[{i}]" if isinstance(tps, list) else "max_tps"
+            raise ValueError(f"{source}: {where} = {v!r} must be a finite number >= 0 (tokens per second)")
+    if not isinstance(profile.metadata, dict):
+        raise ValueError(f"{source}: field 'metadata' must be a mapping, got {type(profile.metadata).__name__}")
 
 
 def profile_from_arrays(durations, num_tokens=None, *, num_buckets: int = 30, num_subbuckets: int = 2,
@@ -119,8 +138,20 @@ def profile_from_arrays(durations, num_tokens=None, *, num_buckets: int = 30, nu
         meta.update(kind="2d", num_duration_buckets=num_buckets, num_subbuckets=num_subbuckets,
                     tps_threshold=tps_threshold,
                     tps_outliers=int(sum(g.num_outliers for g in est.groups)))
-        return BucketProfile(bucket_duration_bins=[[d, t] for d, t in est.bins],
-                             max_tps=[float(v) for v in est.max_tps], metadata=meta)
+        keep = _first_of_repeats(est.bins)
+        if len(keep) < len(est.bins):
+            meta.update(repeated_bins_dropped=len(est.bins) - len(keep))
+        return BucketProfile(bucket_duration_bins=[list(est.bins[i]) for i in keep],
+                             max_tps=[float(est.max_tps[i]) for i in keep], metadata=meta)
     bins = estimate_duration_bins(durations, num_buckets, equal_count=equal_count)
     meta.update(kind="1d", rule="equal_count" if equal_count else "equal_duration")
-    return BucketProfile(bucket_duration_bins=bins, metadata=meta)
+    keep = _first_of_repeats(bins)
+    if len(keep) < len(bins):
+        meta.update(repeated_bins_dropped=len(bins) - len(keep))
+    return BucketProfile(bucket_duration_bins=[bins[i] for i in keep], metadata=meta)
+
+
+def _first_of_repeats(bins: list) -> list[int]:
+    """Indices of the bins that differ from the one before: a repeated bin (lhotse's estimator repeats a
+    boundary many utterances share) has a bucket nothing ever goes to, since the first equal bin takes all."""
+    return [i for i in range(len(bins)) if i == 0 or bins[i] != bins[i - 1]]

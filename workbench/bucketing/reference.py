@@ -1,5 +1,5 @@
-"""Plain-loop bin estimates written straight from the text of DESIGN.md: the independent reference the
-vectorized estimators (``workbench.bucketing.estimate``) are tested against, and the "plain loop" a
+"""Plain-loop bin estimates written straight from the rules in docs/ARCHITECTURE.md: the independent
+reference the vectorized estimators (``workbench.bucketing.estimate``) are tested against, and the "plain loop" a
 lhotse-iteration script would run in the bucketing benchmark. Slow on purpose: one Python step per value.
 """
 

@@ -1,6 +1,6 @@
 """Read what bucketing needs (ids, durations, transcripts, token counts) from lhotse CutSet manifests, fast.
 
-The reader streams the file: one thread decompresses gzip (ISA-L or zlib, both release the GIL) while the main thread
+The reader streams the file: a background thread inflates gzip (ISA-L, releasing the GIL) while the main thread
 splits lines and parses them with orjson (stdlib json when orjson is missing). It reads only the
 cut-level ``duration``, the supervisions' ``text`` and ``custom["num_tokens"]``; it builds no lhotse
 objects, which is what makes 1M cuts take seconds instead of minutes.
@@ -12,22 +12,15 @@ import contextlib
 import gc
 import json as _stdlib_json
 import os
-import queue
-import threading
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+from isal import igzip_threaded, isal_zlib
 from tqdm.auto import tqdm
 
 from workbench.data.arrays import CutArrays
-
-try:  # Intel's ISA-L inflates gzip about 5x faster than zlib; same API
-    from isal import isal_zlib as _zlib
-except ImportError:  # pragma: no cover - isal is a declared dependency
-    _zlib = zlib
 
 try:
     import orjson as _json
@@ -41,53 +34,46 @@ except ImportError:  # pragma: no cover - orjson is a declared dependency
 _CHUNK = 8 << 20
 
 
-def _compressed_chunks(path: Path, progress: tqdm | None) -> Iterator[bytes]:
-    gz = path.suffix == ".gz"
-    with open(path, "rb") as f:
-        dec = _zlib.decompressobj(47) if gz else None
-        while True:
-            raw = f.read(_CHUNK)
-            if not raw:
-                break
-            if progress is not None:
-                progress.update(len(raw))
-            if dec is None:
-                yield raw
-                continue
-            try:
-                out = dec.decompress(raw)
-                while dec.eof and dec.unused_data:  # a multi-member gzip file
-                    rest = dec.unused_data
-                    dec = _zlib.decompressobj(47)
-                    out += dec.decompress(rest)
-            except (zlib.error, _zlib.error) as e:
-                raise ValueError(f"{path}: not a valid gzip file ({e})") from None
-            yield out
-        if dec is not None and not dec.eof:
-            raise ValueError(f"{path}: gzip stream is truncated")
+class _CountingReader:
+    """A binary file whose reads advance a progress bar by the (compressed) bytes read."""
+
+    def __init__(self, f, progress: tqdm):
+        self._f, self._progress = f, progress
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._f.read(size)
+        self._progress.update(len(data))
+        return data
+
+    def readinto(self, buffer) -> int:
+        n = self._f.readinto(buffer)
+        self._progress.update(n or 0)
+        return n
+
+    def close(self) -> None:
+        self._f.close()
 
 
-def _threaded(gen: Iterator[bytes], depth: int = 4) -> Iterator[bytes]:
-    """Run a generator in a background thread, handing over its items through a bounded queue."""
-    q: queue.Queue = queue.Queue(depth)
-    done = object()
-
-    def work() -> None:
-        try:
-            for item in gen:
-                q.put(item)
-            q.put(done)
-        except BaseException as e:  # re-raised in the consumer
-            q.put(e)
-
-    threading.Thread(target=work, daemon=True).start()
-    while True:
-        item = q.get()
-        if item is done:
+def _inflated_chunks(path: Path, progress: tqdm) -> Iterator[bytes]:
+    """The file's bytes in chunks of about 8 MiB, gzip (multi-member too) inflated by ISA-L in a background
+    thread (isal.igzip_threaded, which releases the GIL). It replaced a hand-written zlib reader thread: on
+    a 300k-cut synthetic manifest (44 MB gzip, 209 MB inflated) it gives the same bytes, inflates in
+    0.55-0.65 s against 0.74-0.85 s, and read_cut_arrays(with_texts=True) takes 3.1-3.2 s against 3.9-4.3 s
+    (3 runs each, 2-core CPU box)."""
+    with open(path, "rb") as raw:
+        counted = _CountingReader(raw, progress)
+        if path.suffix != ".gz":
+            while chunk := counted.read(_CHUNK):
+                yield chunk
             return
-        if isinstance(item, BaseException):
-            raise item
-        yield item
+        try:
+            with igzip_threaded.open(counted, "rb", threads=1) as f:
+                while chunk := f.read(_CHUNK):
+                    yield chunk
+        except EOFError:
+            raise ValueError(f"{path}: gzip stream is truncated") from None
+        except (OSError, isal_zlib.error) as e:  # gzip.BadGzipFile is an OSError
+            raise ValueError(f"{path}: not a valid gzip file ({e})") from None
 
 
 def _existing_manifest(path: str | os.PathLike) -> Path:
@@ -107,7 +93,7 @@ def iter_manifest_blocks(path: str | os.PathLike, *, progress: bool = False) -> 
     lineno = 1
     tail = b""
     try:
-        for block in _threaded(_compressed_chunks(path, bar)):
+        for block in _inflated_chunks(path, bar):
             block = tail + block
             cut = block.rfind(b"\n")
             if cut < 0:
@@ -160,6 +146,10 @@ def _cut_dicts(path: Path, first: int, block: bytes) -> tuple[list[dict], list[i
     for lineno, cut in zip(linenos, objs):
         if not isinstance(cut, dict):
             raise ValueError(f"{path}:{lineno}: expected a JSON object (a lhotse cut), got {type(cut).__name__}")
+        if "recording_id" in cut or "sources" in cut:  # cuts hold these inside "supervisions" / "recording"
+            kind = "supervisions" if "recording_id" in cut else "recordings"
+            raise ValueError(f"{path}:{lineno}: this is a {kind} manifest, not a cuts manifest; make cuts with "
+                             "lhotse (CutSet.from_manifests(recordings=..., supervisions=...).to_file(...))")
     return objs, linenos
 
 
@@ -215,8 +205,11 @@ def _extract_block(job: tuple[Path, int, bytes, bool]) -> _BlockColumns:
             if n is None:
                 if not cols.first_missing_tokens_line:
                     cols.first_missing_tokens_line = lineno
+            elif type(n) is int or type(n) is float and n.is_integer():
+                tokens.append(int(n))
             else:
-                tokens.append(n)
+                raise ValueError(f"{path}:{lineno}: cut {cut.get('id', '?')!r} has field 'custom.num_tokens' = "
+                                 f"{n!r}; token counts must be whole numbers")
         del objs  # freed while the collector is paused: no rescans
     return cols
 
@@ -228,31 +221,26 @@ def _block_columns(path: Path, keep_texts: bool, progress: bool, workers: int) -
     if workers <= 1 or path.stat().st_size < _CHUNK:
         yield from map(_extract_block, jobs)
         return
-    import multiprocessing
+    import multiprocessing  # only large files are parsed in worker processes
 
     # fork before iter_manifest_blocks starts its inflating thread (the generator above is still lazy)
     with multiprocessing.get_context("fork").Pool(workers) as pool:
         yield from pool.imap(_extract_block, jobs)
 
 
-def read_cut_arrays(path: str | os.PathLike, *, tokenizer=None, with_texts: bool = False,
-                    progress: bool = True, workers: int | None = None) -> CutArrays:
+def read_cut_arrays(path: str | os.PathLike, *, with_texts: bool = False, progress: bool = True,
+                    workers: int | None = None) -> CutArrays:
     """Read a lhotse CutSet manifest (``.jsonl`` or ``.jsonl.gz``) into :class:`CutArrays`.
 
-    ``num_tokens`` comes from ``tokenizer`` (a sentencepiece processor, or the path of its ``.model``;
-    None or "" for none) over the transcripts when one is given (the counts the model will see), else
-    from each cut's ``custom["num_tokens"]`` when every cut
-    has it, else it is None. Errors name the file, the line and the field: malformed JSON, a missing or
-    non-positive duration, an empty manifest, token counts on some cuts but not others. Transcripts are
-    kept when ``with_texts`` is set or a tokenizer needs them. ``workers`` parsing processes for large
-    files (default: the number of CPUs, at most 4; 1 parses in this process).
+    ``num_tokens`` is each cut's ``custom["num_tokens"]`` when every cut has it, else None (to count them
+    with a tokenizer, ``workbench.data.tokenizer.tokenized_cut_arrays``). Errors name the file, the line and
+    the field: malformed JSON, a missing or non-positive duration, a non-integer token count, an empty
+    manifest, token counts on some cuts but not others, a supervisions or recordings manifest. Transcripts
+    are kept when ``with_texts`` is set. ``workers`` parsing processes for large files (default: the
+    number of CPUs, at most 4; 1 parses in this process).
     """
     path = _existing_manifest(path)
-    if tokenizer is not None:
-        from workbench.data.tokenizer import load_tokenizer
-
-        tokenizer = load_tokenizer(tokenizer)  # a path is loaded; "" is none
-    keep_texts = with_texts or tokenizer is not None
+    keep_texts = with_texts
     workers = min(os.cpu_count() or 1, 4) if workers is None else workers
     ids: list[str] = []
     durations: list[float] = []
@@ -276,17 +264,13 @@ def read_cut_arrays(path: str | os.PathLike, *, tokenizer=None, with_texts: bool
         raise ValueError(f"{path}:{linenos[i]}: cut {ids[i]!r} has field 'duration' = {durations[i]!r}; "
                          f"durations must be positive and finite ({int(bad.sum())} such cuts)")
     num_tokens = None
-    if tokenizer is not None:
-        from workbench.data.tokenizer import count_tokens
-
-        num_tokens = count_tokens(tokenizer, texts)
-    elif tokens and len(tokens) == len(ids):
+    if tokens and len(tokens) == len(ids):
         num_tokens = np.asarray(tokens, dtype=np.int64)
         if (num_tokens < 0).any():
             i = int(np.flatnonzero(num_tokens < 0)[0])
             raise ValueError(f"{path}:{linenos[i]}: field 'custom.num_tokens' is negative ({num_tokens[i]})")
     elif tokens:
         raise ValueError(f"{path}:{missing_tokens_line}: field 'custom.num_tokens' is missing on "
-                         f"{len(ids) - len(tokens)} of {len(ids)} cuts; add it to all, or pass a tokenizer")
+                         f"{len(ids) - len(tokens)} of {len(ids)} cuts; add it to all, or count them with a tokenizer")
     return CutArrays(ids=ids, durations=dur, num_tokens=num_tokens, texts=texts if keep_texts else None,
                      source=str(path))

@@ -19,6 +19,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from workbench.atomic import atomic_path, write_bytes_atomically
+from workbench.data.arrays import CutArrays
+from workbench.data.manifest import cut_dict_text, iter_cut_blocks, read_cut_arrays
 
 MIN_VOCAB_SIZE, MAX_VOCAB_SIZE = 128, 1024
 
@@ -29,8 +31,6 @@ def _is_path(source) -> bool:
 
 def manifest_texts(path: str | os.PathLike, *, progress: bool = True) -> list[str]:
     """The transcript of every cut of a lhotse CutSet manifest (supervision texts joined by a space)."""
-    from workbench.data.manifest import read_cut_arrays
-
     return read_cut_arrays(path, with_texts=True, progress=progress).texts  # FileNotFoundError names the path
 
 
@@ -46,7 +46,7 @@ def train_tokenizer(source: Iterable[str] | str | os.PathLike, out_prefix: str |
     At most ``max_sentences`` transcripts (sampled by sentencepiece) are used. Files are written
     atomically. ValueError when the text is too small for ``vocab_size``, saying the largest that fits.
     """
-    import sentencepiece as spm
+    import sentencepiece as spm  # heavy native module: loaded on first use, not by the CLI
 
     if model_type not in ("bpe", "unigram", "char", "word"):
         raise ValueError(f"model_type must be 'bpe', 'unigram', 'char' or 'word', got {model_type!r}")
@@ -74,7 +74,6 @@ def train_tokenizer(source: Iterable[str] | str | os.PathLike, out_prefix: str |
             raise ValueError(f"{origin}: a char model of this text has {pieces} pieces (its characters, unknown "
                              f"and word boundary), not vocab_size {vocab_size}; ask for {pieces}")
     out_prefix = Path(out_prefix)
-    out_prefix.parent.mkdir(parents=True, exist_ok=True)
 
     model = io.BytesIO()
     try:
@@ -102,11 +101,10 @@ def train_tokenizer(source: Iterable[str] | str | os.PathLike, out_prefix: str |
 
 
 
-
 def load_tokenizer(path):
     """A ``sentencepiece.SentencePieceProcessor`` from a ``.model`` file. A processor is returned as it is,
     and None or "" as None (no tokenizer), so callers may take either a path or a processor."""
-    import sentencepiece as spm
+    import sentencepiece as spm  # heavy native module: loaded on first use, not by the CLI
 
     if path is None or isinstance(path, str) and not path:
         return None
@@ -121,6 +119,22 @@ def load_tokenizer(path):
         raise ValueError(f"{path}: not a sentencepiece model ({e})") from None
 
 
+def tokenized_cut_arrays(path: str | os.PathLike, tokenizer=None, *, with_texts: bool = False,
+                         progress: bool = True, workers: int | None = None) -> CutArrays:
+    """:func:`workbench.data.manifest.read_cut_arrays`, with ``num_tokens`` counted by ``tokenizer`` (a
+    sentencepiece processor or the path of its ``.model``) over the transcripts: the counts the model will
+    see, whatever the manifest stores. With ``tokenizer`` None or "" the manifest's own counts are kept."""
+    tokenizer = load_tokenizer(tokenizer)  # before reading: a wrong path fails at once
+    arrays = read_cut_arrays(path, with_texts=with_texts or tokenizer is not None, progress=progress,
+                             workers=workers)
+    if tokenizer is None:
+        return arrays
+    arrays.num_tokens = count_tokens(tokenizer, arrays.texts)
+    if not with_texts:
+        arrays.texts = None
+    return arrays
+
+
 def count_tokens(tokenizer, texts: Iterable[str | None], *, batch_size: int = 8192) -> np.ndarray:
     """Number of tokens of each text (int64; None or empty text is 0), encoded in batches of ``batch_size``."""
     texts = [t or "" for t in texts]
@@ -133,8 +147,6 @@ def count_tokens(tokenizer, texts: Iterable[str | None], *, batch_size: int = 81
 
 def _write_with_counts(out, cuts: list[dict], tokenizer) -> None:
     """Write cut dicts as JSON lines, each with custom["num_tokens"] = the tokens of its transcript."""
-    from workbench.data.manifest import cut_dict_text
-
     counts = count_tokens(tokenizer, [cut_dict_text(c) for c in cuts])
     for cut, n in zip(cuts, counts.tolist()):
         cut["custom"] = {**(cut.get("custom") or {}), "num_tokens": n}
@@ -146,13 +158,11 @@ def add_token_counts(manifest_in: str | os.PathLike, tokenizer, manifest_out: st
                      progress: bool = True) -> Path:
     """Copy a CutSet manifest with ``custom["num_tokens"]`` set on every cut; returns ``manifest_out``.
 
-    A cut's count is that of its transcript (``workbench.data.manifest.cut_dict_text``; 0 with no text),
+    A cut's count is that of its transcript (:func:`workbench.data.manifest.cut_dict_text`; 0 with no text),
     the text training tokenizes. ``tokenizer`` is a
     sentencepiece processor or the path of its ``.model``. The output (gzip when it ends in ``.gz``) is
     written atomically, so ``manifest_out`` may be ``manifest_in``. Every other field is kept as it was.
     """
-    from workbench.data.manifest import iter_cut_blocks
-
     tokenizer = load_tokenizer(tokenizer)
     dst = Path(manifest_out)
     written = 0

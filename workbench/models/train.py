@@ -1,6 +1,6 @@
 """Training recipe: train any workbench model on a lhotse corpus, on one device or under torchrun (DDP).
 
-    python -m workbench train --cuts data/tts/cuts.jsonl.gz --tokenizer data/tts/tokenizer.model \
+    python -m workbench train --cuts data/tts/cuts.jsonl.gz --tokenizer data/tts/tokenizer_bpe_256.model \
         --model large-rnnt --profile profiles/large-rnnt.yaml --steps 2000 --out runs/large-rnnt
     torchrun --nproc-per-node 2 -m workbench train ...same options...    # DistributedDataParallel
 
@@ -47,12 +47,13 @@ from workbench.atomic import atomic_path, write_text_atomically
 from workbench.bucketing import (BucketProfile, close_sampler, load_profile, load_sampler_state_dict, make_sampler,
                                  sampler_state_dict)
 from workbench.bucketing.fit import FITS, REASONS, make_fitter
-from workbench.data.tokenizer import load_tokenizer
+from workbench.data.tokenizer import load_tokenizer, tokenized_cut_arrays
 from workbench.models.collate import CutBatchDataset, cut_has_audio, cut_text
 from workbench.models.config import ModelConfig
 from workbench.models.distributed import (Ranks, destroy_process_group, gather_objects, init_process_group,
                                           local_world_size, ranks_from_env, sum_over_ranks, weights_digest)
 from workbench.models.model import DTYPES, ASRModel, build_model
+from workbench.options import dropped_data_line
 from workbench.plain import to_plain
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,6 @@ class TrainConfig:
 
 
 STATE_FILE = "train_state.pt"
-MAX_DROPPED_SHARE = 0.01  # more of the corpus than this fitting no bucket is reported (an error with --strict)
 # Settings a resumed run must share with the saved one (steps, logging, saving and workers may change).
 RESUME_MUST_MATCH = ("cuts", "tokenizer", "model", "profile", "max_duration", "num_buckets", "lr",
                      "warmup_steps", "weight_decay", "grad_clip", "dtype", "seed", "concurrent")
@@ -183,24 +183,20 @@ def check_profile_for_run(profile: BucketProfile, path: str, config: TrainConfig
 
 def corpus_fit(config: TrainConfig, profile: BucketProfile) -> dict:
     """How many cuts of the corpus fit no bucket of the profile, by reason (read from the manifest)."""
-    from workbench.data.manifest import read_cut_arrays
-
     fitter = make_fitter(profile.bucket_duration_bins, profile.max_tps)
-    arrays = read_cut_arrays(config.cuts, tokenizer=config.tokenizer if fitter.needs_tokens else None,
-                             progress=False)
+    arrays = tokenized_cut_arrays(config.cuts, config.tokenizer if fitter.needs_tokens else None, progress=False)
     _, reason = fitter.assign(arrays.durations, arrays.num_tokens)
     counts = {name: int((reason == code).sum()) for code, name in REASONS.items()}
     return {"cuts": int(len(reason)), "unfit": int((reason != FITS).sum()), "reasons": counts}
 
 
 def report_dropped(fit: dict, config: TrainConfig, *, when: str) -> str | None:
-    """A message when more than MAX_DROPPED_SHARE of the cuts fit no bucket (ValueError with --strict)."""
-    if not fit["cuts"] or fit["unfit"] <= MAX_DROPPED_SHARE * fit["cuts"]:
+    """A message when more than DROP_NOTICE_SHARE of the cuts fit no bucket (ValueError with --strict)."""
+    line = dropped_data_line(fit["cuts"], fit["reasons"], what="cuts")
+    if line is None:
         return None
-    reasons = ", ".join(f"{n} {name}" for name, n in fit["reasons"].items() if n)
-    message = (f"--profile {config.profile}: {fit['unfit']} of {fit['cuts']} cuts "
-               f"({100 * fit['unfit'] / fit['cuts']:.1f} %) fit no bucket and are skipped ({reasons}) {when}; "
-               "make bins from this corpus with `workbench bins`")
+    message = (f"--profile {config.profile}: {line} {when}, fitting no bucket; make bins from this corpus with "
+               "`workbench bins`")
     if config.strict:
         raise ValueError(message + " (--strict)")
     log.warning(message)

@@ -1,4 +1,4 @@
-"""RNN-T / TDT prediction network and joint, following the decoding protocol in DESIGN.md (batch first).
+"""RNN-T / TDT prediction network and joint, following the decoding protocol in docs/ARCHITECTURE.md (batch first).
 
 Blank is the last token class (id = vocab_size) and doubles as the predictor's start symbol. A TDT joint
 appends one logit per duration after the V + 1 token logits. :func:`chunked_joint_loss` computes the

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from workbench.atomic import check_writable
+
 
 def register(sub) -> None:
     p = sub.add_parser("oomptimize", help="find the largest batch size per bucket that fits on the GPU")
@@ -40,6 +42,7 @@ def run_oomptimize(args) -> int:
     bins_path = Path(args.bins)
     if not bins_path.exists():
         raise FileNotFoundError(f"{bins_path}: no such profile file")
+    check_writable(args.out or bins_path)  # the profile is written after the GPU work: refuse a bad path now
     from workbench.models.config import config_from_name
 
     config_from_name(args.model)  # a wrong model name is a one-line error here, before any GPU work

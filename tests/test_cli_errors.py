@@ -1,0 +1,303 @@
+"""Ordinary failures of every command: exit 2, one line naming the file, option or field, nothing left behind."""
+
+import builtins
+import errno
+import gzip
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from workbench.bucketing import estimate_2d_bins, load_profile
+from workbench.cli import main
+from workbench.data import read_cut_arrays, write_synthetic_corpus
+from workbench.data.tokenizer import add_token_counts
+
+SUPERVISION = {"id": "s1", "recording_id": "r1", "start": 0.0, "duration": 2.5, "channel": 0, "text": "a b c"}
+RECORDING = {"id": "r1", "sources": [{"type": "file", "channels": [0], "source": "r1.wav"}],
+             "sampling_rate": 16000, "num_samples": 40000, "duration": 2.5}
+
+
+def _cut(i: int, duration: float = 2.0, num_tokens=5) -> dict:
+    return {"id": f"c{i}", "start": 0, "duration": duration, "channel": 0, "type": "MonoCut",
+            "supervisions": [{"id": f"c{i}", "recording_id": f"c{i}", "start": 0, "duration": duration,
+                              "channel": 0, "text": "ba de fi"}], "custom": {"num_tokens": num_tokens}}
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def _one_line_error(capsys, code: int, *needles: str) -> str:
+    assert code == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1, err
+    for needle in needles:
+        assert needle in err[0], (needle, err[0])
+    assert "Traceback" not in err[0]
+    return err[0]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_synthetic_corpus(tmp_path_factory.mktemp("syn"), 400, seed=2, progress=False)
+
+
+# ---- A: silent wrong results -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("row,kind", [(SUPERVISION, "supervisions"), (RECORDING, "recordings")])
+def test_supervisions_and_recordings_manifests_are_not_cuts(tmp_path, capsys, row, kind):
+    path = _jsonl(tmp_path / f"{kind}.jsonl", [row, row])
+    before = _tree(tmp_path)
+    _one_line_error(capsys, main(["corpus", "stats", str(path)]), f"{kind}.jsonl:1", f"a {kind} manifest")
+    _one_line_error(capsys, main(["bins", str(path), "--out", str(tmp_path / "p.yaml"), "-q"]),
+                    f"{kind}.jsonl:1", "not a cuts manifest")
+    _one_line_error(capsys, main(["corpus", "tokenizer", str(path), "--vocab-size", "128"]), f"a {kind} manifest")
+    assert _tree(tmp_path) == before
+    with pytest.raises(ValueError, match=f"{kind}.jsonl:1: this is a {kind} manifest"):
+        read_cut_arrays(path, progress=False)
+    with pytest.raises(ValueError, match=f"a {kind} manifest"):
+        add_token_counts(path, None, tmp_path / "out.jsonl", progress=False)
+    assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("value,shown", [(7.9, "7.9"), ("seven", "'seven'"), (True, "True"), ([3], "[3]")])
+def test_non_integer_token_counts_are_refused_with_file_line_and_field(tmp_path, capsys, value, shown):
+    path = _jsonl(tmp_path / "cuts.jsonl", [_cut(0), _cut(1, num_tokens=value)])
+    _one_line_error(capsys, main(["corpus", "stats", str(path)]),
+                    "cuts.jsonl:2", f"'custom.num_tokens' = {shown}", "whole numbers")
+
+
+def test_integral_float_token_counts_are_read_as_integers(tmp_path):
+    path = _jsonl(tmp_path / "cuts.jsonl", [_cut(0, num_tokens=8.0), _cut(1, num_tokens=3)])
+    assert read_cut_arrays(path, progress=False).num_tokens.tolist() == [8, 3]
+
+
+@pytest.mark.parametrize("option,value,rule", [
+    ("--median-duration", "-1", "must be > 0 seconds"), ("--median-duration", "nan", "must be > 0 seconds"),
+    ("--max-duration", "0", "must be > 0 seconds"), ("--outlier-share", "2", "must be in [0, 1]"),
+    ("--outlier-share", "-0.1", "must be in [0, 1]"), ("--num-cuts", "0", "must be >= 1"),
+    ("--num-cuts", "1.5", "must be an integer >= 1"), ("--seed", "-1", "must be >= 0")])
+def test_corpus_synthetic_options_name_their_range(tmp_path, capsys, option, value, rule):
+    out = tmp_path / "corpus"
+    _one_line_error(capsys, main(["corpus", "synthetic", "--out", str(out), option, value]),
+                    f"argument {option}: {rule}", value)
+    assert not out.exists()
+
+
+def test_corpus_synthetic_refuses_a_median_far_outside_the_duration_range(tmp_path, capsys):
+    # log-normal, median 1000 s, sigma 0.8: P(d <= 40 s) = Phi(ln(40 / 1000) / 0.8) = Phi(-4.024) = 0.00287 %
+    line = _one_line_error(capsys, main(["corpus", "synthetic", "--out", str(tmp_path / "c"), "--median-duration",
+                                         "1000"]), "median_duration_s must be such that at least 1 %")
+    assert "puts 0.00287 % there" in line
+    assert not (tmp_path / "c").exists()
+    # the allocator bench's corpus (median 6 s, at most 3 s) keeps a fifth of the draws: allowed
+    assert main(["corpus", "synthetic", "--out", str(tmp_path / "c"), "--max-duration", "3", "--num-cuts", "50"]) == 0
+
+
+def test_corpus_synthetic_max_below_min_duration_is_refused(tmp_path, capsys):
+    _one_line_error(capsys, main(["corpus", "synthetic", "--out", str(tmp_path / "c"), "--max-duration", "0.3"]),
+                    "max_duration_s must be > min_duration_s (0.5)")
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("option,value,rule", [("--buckets", "0", "must be >= 1"),
+                                               ("--sub-buckets", "x", "must be an integer >= 1"),
+                                               ("--max-duration", "-3", "must be > 0 seconds")])
+def test_bins_options_name_their_range(corpus, tmp_path, capsys, option, value, rule):
+    _one_line_error(capsys, main(["bins", str(corpus), option, value, "--out", str(tmp_path / "p.yaml")]),
+                    f"argument {option}: {rule}")
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_bins_says_what_it_left_out_at_start_and_end_and_strict_refuses(corpus, tmp_path, capsys):
+    durations = read_cut_arrays(corpus, progress=False).durations
+    limit = float(sorted(durations)[len(durations) // 2])  # half the corpus is longer
+    outside = int((durations > limit).sum())
+    out = tmp_path / "p.yaml"
+    assert main(["bins", str(corpus), "--max-duration", str(limit), "--out", str(out), "-q"]) == 0
+    captured = capsys.readouterr()
+    warnings = [ln for ln in captured.err.splitlines() if ln.startswith("warning:")]
+    assert len(warnings) == 2 and warnings[0] == warnings[1]  # before anything else, and again at the end
+    assert f"{outside} outside the duration window" in warnings[0] and "of 400 utterances" in warnings[0]
+    assert out.exists()
+    out.unlink()
+    _one_line_error(capsys, main(["bins", str(corpus), "--max-duration", str(limit), "--out", str(out), "-q",
+                                  "--strict"]), "--strict", f"{outside} outside the duration window")
+    assert not out.exists()
+    # nothing left out: no warning, and --strict passes
+    assert main(["bins", str(corpus), "--out", str(out), "-q", "--strict", "--1d"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+# ---- B: OS errors -------------------------------------------------------------------------------------
+
+@pytest.fixture
+def read_only(tmp_path, monkeypatch):
+    """A folder where every write fails as on a read-only file system (root ignores permission bits)."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real_open, real_mkdir, real_replace = builtins.open, os.mkdir, os.replace
+
+    def inside(path) -> bool:
+        return isinstance(path, (str, os.PathLike)) and Path(os.path.abspath(path)).is_relative_to(ro)
+
+    def refuse(path):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    def fake_open(file, mode="r", *args, **kwargs):
+        if inside(file) and any(c in mode for c in "wax+"):
+            refuse(file)
+        return real_open(file, mode, *args, **kwargs)
+
+    def fake_mkdir(path, *args, **kwargs):
+        if inside(path):
+            refuse(path)
+        return real_mkdir(path, *args, **kwargs)
+
+    def fake_replace(src, dst, *args, **kwargs):
+        if inside(dst):
+            refuse(dst)
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    monkeypatch.setattr(io, "open", fake_open)
+    monkeypatch.setattr(os, "mkdir", fake_mkdir)
+    monkeypatch.setattr(os, "replace", fake_replace)
+    return ro
+
+
+def test_read_only_outputs_are_one_line_for_every_command(corpus, read_only, capsys):
+    cases = [(["corpus", "synthetic", "--out", str(read_only), "--num-cuts", "50"], "cuts.jsonl.gz"),
+             (["corpus", "synthetic", "--out", str(read_only / "new" / "deeper"), "--num-cuts", "50"], "new"),
+             (["bins", str(corpus), "--out", str(read_only / "p.yaml"), "-q"], "p.yaml"),
+             (["corpus", "tokenizer", str(corpus), "--vocab-size", "128", "--out", str(read_only / "tok")],
+              "tok.model"),
+             (["corpus", "tokenizer", str(corpus), "--vocab-size", "128", "--add-counts", str(read_only / "c.jsonl")],
+              "c.jsonl"),
+             (["report", "--out", str(read_only / "reports")], "reports")]
+    for argv, name in cases:
+        line = _one_line_error(capsys, main(argv), name, "Read-only file system", "write somewhere else")
+        assert line.startswith(f"workbench {argv[0]}") and ": error: " in line
+        assert _tree(read_only) == []
+
+
+def test_output_path_that_is_a_folder(corpus, tmp_path, capsys):
+    folder = tmp_path / "a_folder"
+    folder.mkdir()
+    _one_line_error(capsys, main(["bins", str(corpus), "--out", str(folder), "-q"]), "a_folder", "is a folder",
+                    "give a file path")
+    (folder / "cuts.jsonl.gz").mkdir()
+    _one_line_error(capsys, main(["corpus", "synthetic", "--out", str(folder), "--num-cuts", "20"]),
+                    "cuts.jsonl.gz", "is a folder")
+    assert _tree(folder) == ["cuts.jsonl.gz"]
+
+
+def test_output_under_a_file(corpus, tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    _one_line_error(capsys, main(["corpus", "synthetic", "--out", str(a_file), "--num-cuts", "20"]),
+                    "a_file", "is a file, not a folder")
+    _one_line_error(capsys, main(["bins", str(corpus), "--out", str(a_file / "p.yaml"), "-q"]), "a_file")
+    _one_line_error(capsys, main(["report", "--out", str(a_file)]), "a_file")
+    assert _tree(tmp_path) == ["a_file"] and a_file.read_text() == "x"
+
+
+def test_outputs_are_checked_before_the_work(tmp_path, capsys, monkeypatch):
+    """A bad output path fails at once: oomptimize before it needs a GPU, report before any notebook runs,
+    bins before it reads the manifest (here one that does not exist yet)."""
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump({"bucket_duration_bins": [1.0, 2.0]}))
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    _one_line_error(capsys, main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(profile), "--out", str(folder)]),
+                    "folder: is a folder")
+    import workbench.reporting as reporting
+
+    monkeypatch.setattr(reporting, "NOTEBOOK_DIR", tmp_path / "no_notebooks_here")
+    _one_line_error(capsys, main(["report", "--out", str(profile)]), "profile.yaml")  # a file where a folder goes
+    _one_line_error(capsys, main(["bins", str(tmp_path / "later.jsonl"), "--out", str(folder)]), "folder: is a folder")
+    real_statvfs = os.statvfs
+
+    class ReadOnly:
+        def __init__(self, path):
+            self.f_flag = real_statvfs(path).f_flag | os.ST_RDONLY
+
+    monkeypatch.setattr(os, "statvfs", ReadOnly)
+    _one_line_error(capsys, main(["corpus", "synthetic", "--out", str(tmp_path / "new"), "--num-cuts", "10"]),
+                    str(tmp_path), "Read-only file system")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "profile.yaml"]
+
+
+def test_oomptimize_refuses_a_folder_as_profile(tmp_path, capsys):
+    _one_line_error(capsys, main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(tmp_path)]),
+                    str(tmp_path), "is a folder")
+
+
+# ---- C: the profile is checked when it is read ----------------------------------------------------------
+
+@pytest.mark.parametrize("fields,needle", [
+    ({"bucket_duration_bins": [2.0, 1.0, 3.0]}, "bucket_duration_bins[1] = 1.0 comes after 2.0"),
+    ({"bucket_duration_bins": [1.0, 1.0, 3.0]}, "bucket_duration_bins[1] = 1.0 repeats the bin before it"),
+    ({"bucket_duration_bins": [[1.0, 5], [1.0, 3], [3.0, 9]]}, "bucket_duration_bins[1] = [1.0, 3] comes after"),
+    ({"bucket_duration_bins": [[2.0, 5], [1.0, 8]]}, "bucket_duration_bins[1] = [1.0, 8] comes after"),
+    ({"bucket_duration_bins": [[1.0, 3], [1.0, 3]]}, "bucket_duration_bins[1] = [1.0, 3] repeats"),
+    ({"bucket_duration_bins": [[1.0, 3], [2.0, 3]], "max_tps": ["fast", 4.0]}, "max_tps[0] = 'fast'"),
+    ({"bucket_duration_bins": [[1.0, 3], [2.0, 3]], "max_tps": "4"}, "max_tps = '4'"),
+    ({"bucket_duration_bins": [[1.0, 3], [2.0, 3]], "max_tps": [4.0, float("inf")]}, "max_tps[1] = inf"),
+    ({"bucket_duration_bins": [1.0, 2.0], "max_tps": [4.0, 5.0]}, "'max_tps' needs 2D bins"),
+    ({"bucket_duration_bins": [1.0, 2.0], "metadata": [1]}, "'metadata' must be a mapping")])
+def test_load_profile_refuses_what_train_would(tmp_path, capsys, fields, needle):
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(fields))
+    with pytest.raises(ValueError, match=r"profile\.yaml: ") as info:
+        load_profile(path)
+    assert needle in str(info.value)
+    # oomptimize reads it before any GPU work, so this fails the same way on a machine without CUDA
+    _one_line_error(capsys, main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(path)]), "profile.yaml", needle)
+
+
+def test_bins_from_many_equal_durations_writes_a_profile_that_loads(tmp_path):
+    """lhotse's rule repeats a boundary that many utterances share; the profile keeps one of each."""
+    path = tmp_path / "cuts.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        for i in range(60):  # 20 cuts of 4 s, 40 of 10 s; 20 or 21 tokens
+            f.write(json.dumps(_cut(i, duration=10.0 if i % 3 else 4.0, num_tokens=20 + i % 2)) + "\n")
+    out = tmp_path / "p.yaml"
+    assert main(["bins", str(path), "--buckets", "6", "--sub-buckets", "2", "--out", str(out), "-q"]) == 0
+    # 80 s per bucket: the total before the 22nd cut (90 s) passes it, so every bound is 10 s: one group of
+    # 6 x 2 sub-buckets over tokens 20 and 21, whose boundaries repeat
+    raw = estimate_2d_bins([10.0 if i % 3 else 4.0 for i in range(60)], [20 + i % 2 for i in range(60)], 6, 2).bins
+    profile = load_profile(out)
+    assert profile.bucket_duration_bins == [[10.0, 20], [10.0, 21]]
+    assert profile.metadata["repeated_bins_dropped"] == len(raw) - 2 > 0
+
+
+def test_corpus_tts_failing_midway_leaves_nothing(tmp_path, capsys, monkeypatch):
+    import shutil
+
+    import workbench.data.tts as tts
+
+    if not shutil.which("espeak-ng"):
+        pytest.skip("needs espeak-ng, which is not installed")
+    real, calls = tts._speak_to_file, []
+
+    def disk_fills_up(job):
+        calls.append(job)
+        if len(calls) == 2:  # the first file is written, the second finds the disk full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), job[2])
+        return real(job)
+
+    monkeypatch.setattr(tts, "_speak_to_file", disk_fills_up)
+    out = tmp_path / "new" / "tts"
+    _one_line_error(capsys, main(["corpus", "tts", "--out", str(out), "--num-utterances", "3", "--workers", "1"]),
+                    "tts-000001.flac", "No space left on device", "free some space")
+    assert _tree(tmp_path) == []
