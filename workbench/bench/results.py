@@ -215,3 +215,9 @@ def provenance_line(record: dict[str, Any]) -> str:
         where = f"{dev['gpu_count']} x {where}"
     return (f"measured on {where}, {str(record.get('date', '?'))[:16]}, "
             f"commit {str(record.get('git_commit', '?'))[:12]}")
+
+
+def times_faster(ratio: float, than: str = "") -> str:
+    """A speed ratio (their time over ours) in words: 4.49 -> '4.49x faster', 0.92 -> '1.09x slower'."""
+    suffix = f" than {than}" if than else ""
+    return f"{ratio:.2f}x faster{suffix}" if ratio >= 1 else f"{1 / ratio:.2f}x slower{suffix}"

@@ -30,8 +30,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from workbench.atomic import atomic_path
+from workbench.units import SAMPLE_RATE
 
-SAMPLE_RATE = 16_000
 ESPEAK_INSTALL_HINT = ("espeak-ng is not installed (the text-to-speech corpus needs it). Install it with "
                        "`sudo apt-get install -y espeak-ng` (Debian/Ubuntu), `brew install espeak-ng` (macOS), "
                        "`conda install -c conda-forge espeak-ng`, or run scripts/install_espeak.sh.")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 from workbench.memory.oom import is_oom_error
+from workbench.units import GiB, MiB
 
 # column -> memory_stats() key; "current"/"peak" columns are levels, the others are counters (deltas).
 LEVELS = {
@@ -161,13 +162,13 @@ def device_alloc_events(frame, *, start: int = 0, shape_columns=SHAPE_COLUMNS, l
             reason = (f"OOM-retry: the allocator hit the limit, released cached memory ({frees} device frees) "
                       f"and allocated again")
         elif warmup_peak and peak > warmup_peak:
-            reason = (f"peak above warm-up: needed {peak / 2**30:.2f} GiB, more than any warm-up step "
-                      f"({warmup_peak / 2**30:.2f} GiB)")
+            reason = (f"peak above warm-up: needed {peak / GiB:.2f} GiB, more than any warm-up step "
+                      f"({warmup_peak / GiB:.2f} GiB)")
         elif frees:
             reason = f"re-allocated after frees: {frees} segment(s) released and {allocs} allocated"
         else:
             reason = (f"cache miss: no cached block fit after the previous shape; reserved grew by "
-                      f"{int(row.get('device_alloc_bytes', 0)) / 2**20:.0f} MiB")
+                      f"{int(row.get('device_alloc_bytes', 0)) / MiB:.0f} MiB")
         events.append({
             "row": i, **{k: row[k] for k in ("block", "pass_", "index", "timed", "repeat") if k in row},
             "shape": [row[c] for c in shape_columns if c in row],

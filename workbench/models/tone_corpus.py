@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from workbench.atomic import atomic_path
+from workbench.units import SAMPLE_RATE
 
-SAMPLE_RATE = 16_000
 LETTERS = "abcdefgh"
 TONE_S, GAP_S = 0.16, 0.08
 

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from workbench.units import GiB
+
 
 def register(sub) -> None:
     p = sub.add_parser("oomptimize", help="find the largest batch size per bucket that fits on the GPU")
@@ -67,7 +69,7 @@ def run_oomptimize(args) -> int:
         f"memory fraction {args.memory_fraction}")
     t0 = time.perf_counter()
     def on_probe(rec):
-        peak = "OOM" if rec.oom else f"{rec.peak_bytes / 2**30:6.1f} GiB"
+        peak = "OOM" if rec.oom else f"{rec.peak_bytes / GiB:6.1f} GiB"
         if rank == 0:
             print(f"\r  bucket {rec.bucket_index:3d}: probe batch size {rec.batch_size:5d} -> {peak:>10}   ",
                   end="", flush=True)
@@ -76,7 +78,7 @@ def run_oomptimize(args) -> int:
         peak = max((r.peak_bytes for r in records if not r.oom), default=0)
         d, u = buckets[i]
         say(f"\r  bucket {i:3d} ({d:6.2f} s, {u:5.0f} tok): batch size {batch_size:5d}  "
-            f"probes {len(records):2d}  peak {peak / 2**30:6.1f} GiB")
+            f"probes {len(records):2d}  peak {peak / GiB:6.1f} GiB")
 
     buckets = profile_buckets(bins)
     profile, result = oomptimize(model, args.model, bins, strategy=args.strategy, dtype=DTYPES[args.dtype],

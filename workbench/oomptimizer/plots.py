@@ -9,7 +9,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-GiB = float(1 << 30)
+from workbench.units import GiB
 
 
 def _trace(result) -> list[tuple[int, int, float | None, float | None]]:

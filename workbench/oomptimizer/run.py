@@ -11,11 +11,11 @@ from typing import Callable
 import torch
 
 from workbench.bucketing.profile import BucketProfile
-from workbench.memory.oom import is_oom_error
+from workbench.memory.oom import is_oom_error, release_memory
 from workbench.oomptimizer.merge import merge_equal_buckets
-from workbench.memory.oom import release_memory
 from workbench.oomptimizer.probe import TrainingStepProbe
 from workbench.oomptimizer.search import SearchResult, search_batch_sizes
+from workbench.units import GiB
 
 DEFAULT_TOKENS_PER_SECOND = 10.0  # token bound of a 1D bucket when the profile has no max_tps
 
@@ -166,8 +166,8 @@ def describe_soak(report: dict) -> str:
     if report.get("peak_allocated_bytes") is None:
         return line + " (no GPU: peaks not measured)"
     total = report["budget_bytes"] / report["memory_fraction"]
-    line += (f"; peak allocated {report['peak_allocated_bytes'] / 2**30:.1f} GiB, reserved "
-             f"{report['peak_reserved_bytes'] / 2**30:.1f} GiB of {total / 2**30:.1f} GiB "
+    line += (f"; peak allocated {report['peak_allocated_bytes'] / GiB:.1f} GiB, reserved "
+             f"{report['peak_reserved_bytes'] / GiB:.1f} GiB of {total / GiB:.1f} GiB "
              f"(limit {report['memory_fraction']:.0%} of the device)")
     if report.get("search_memory_fraction"):
         search_budget = report["search_memory_fraction"] * total

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-GiB = 1 << 30
+from workbench.units import GiB
+
 MODEL_KINDS = ("linear", "quadratic", "noisy", "step")
 
 
