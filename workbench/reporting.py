@@ -25,12 +25,9 @@ def smoke_mode(smoke: bool) -> bool:
 
 
 def has_cuda() -> bool:
-    try:
-        import torch
+    import torch  # here: the CLI's other commands start without torch
 
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
+    return torch.cuda.is_available()
 
 
 def committed_result(name: str) -> dict[str, Any] | None:
@@ -69,7 +66,7 @@ def notebook_title_and_summary(path: Path) -> tuple[str, str]:
 def run_notebooks(out_dir: str | os.PathLike = "reports", *, smoke: bool = False,
                   only: list[str] | None = None) -> Path:
     """Execute and render every notebook; returns the path of index.html. Stops at the first failure."""
-    import nbformat
+    import nbformat  # optional dependencies (the notebooks extra)
     import papermill as pm
     from nbconvert import HTMLExporter
 
@@ -108,7 +105,7 @@ def write_benchmark_summary(out: Path) -> tuple[str, str, str, float]:
     as one page; returns its row for the index."""
     import mistune
 
-    from workbench.bench.summary import render
+    from workbench.bench.summary import render  # here: the records' readers import torch and pandas
 
     t0 = time.perf_counter()
     body = mistune.html(render())

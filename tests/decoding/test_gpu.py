@@ -106,8 +106,9 @@ def test_fallback_chain(monkeypatch, caplog):
     predictor, joint, enc, lengths, blank_id, durations, max_symbols = gpu_case(5)
     ref = GreedyTransducerDecoder(predictor, joint, blank_id=blank_id, durations=durations,
                                   max_symbols=max_symbols, cuda_graphs="off")(enc, lengths)
-    make = lambda mode: GreedyTransducerDecoder(predictor, joint, blank_id=blank_id, durations=durations,
-                                                max_symbols=max_symbols, cuda_graphs=mode)
+    def make(mode):
+        return GreedyTransducerDecoder(predictor, joint, blank_id=blank_id, durations=durations,
+                                       max_symbols=max_symbols, cuda_graphs=mode)
     dec = make("auto")
     same(dec(enc, lengths), ref)
     assert dec.mode_used == "full"

@@ -36,7 +36,7 @@ def check_smoke_out(parser, out: str | None) -> None:
 def cuda_missing(smoke: bool) -> bool:
     """True (after saying so on stderr) when a GPU benchmark runs without CUDA and without --smoke: the
     caller exits with code 2."""
-    import torch
+    import torch  # here: reading records (reporting, summary) needs no torch
 
     if torch.cuda.is_available() or smoke:
         return False
@@ -46,7 +46,7 @@ def cuda_missing(smoke: bool) -> bool:
 
 def bench_device():
     """The current CUDA device, else the CPU (smoke runs)."""
-    import torch
+    import torch  # here: reading records (reporting, summary) needs no torch
 
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
@@ -59,7 +59,7 @@ def cpu_smoke_torch(active: bool = True):
     if not active:
         yield
         return
-    import torch
+    import torch  # here: reading records (reporting, summary) needs no torch
 
     saved = torch.backends.mkldnn.enabled, torch.get_num_threads()
     torch.backends.mkldnn.enabled = False
@@ -105,17 +105,13 @@ def device_info() -> dict[str, Any]:
     """The machine the numbers come from: GPU name and memory when CUDA is there, else the CPU."""
     info: dict[str, Any] = {"host": platform.node(), "cpu": platform.processor() or platform.machine(),
                             "cpu_count": os.cpu_count(), "python": sys.version.split()[0]}
-    try:
-        import torch
+    import torch  # here: reading records (reporting, summary) needs no torch
 
-        info["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(0)
-            info.update(gpu=props.name, gpu_count=torch.cuda.device_count(),
-                        gpu_memory_bytes=props.total_memory, cuda=torch.version.cuda,
-                        driver=_driver_version())
-    except ImportError:
-        pass
+    info["torch"] = torch.__version__
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(gpu=props.name, gpu_count=torch.cuda.device_count(), gpu_memory_bytes=props.total_memory,
+                    cuda=torch.version.cuda, driver=_driver_version())
     return info
 
 
@@ -152,7 +148,7 @@ def time_cpu(fn: Callable[[], Any], *, repeat: int = 5, warmup: int = 1) -> dict
 
 def time_cuda(fn: Callable[[], Any], *, repeat: int = 20, warmup: int = 3) -> dict[str, float]:
     """Seconds of ``fn()`` on the current CUDA device, timed with events after a synchronize."""
-    import torch
+    import torch  # here: reading records (reporting, summary) needs no torch
 
     for _ in range(warmup):
         fn()

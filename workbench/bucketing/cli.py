@@ -20,6 +20,7 @@ import yaml
 from workbench.bucketing.estimate import check_durations, estimate_duration_bins
 from workbench.bucketing.padding import padding_comparison
 from workbench.bucketing.profile import profile_from_arrays, save_profile
+from workbench.data.manifest import read_cut_arrays
 
 
 def duration_window(durations: np.ndarray, min_duration: float | None, max_duration: float | None) -> np.ndarray:
@@ -33,8 +34,6 @@ def duration_window(durations: np.ndarray, min_duration: float | None, max_durat
 
 
 def run_bins(args: argparse.Namespace) -> int:
-    from workbench.data.manifest import read_cut_arrays
-
     t0 = time.perf_counter()
     arrays = read_cut_arrays(args.manifest, tokenizer=args.tokenizer, progress=not args.quiet)
     t_read = time.perf_counter() - t0

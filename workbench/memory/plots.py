@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import matplotlib.pyplot as plt
+
 from workbench.units import GiB
 
 
@@ -21,8 +23,6 @@ def _columns(data: Any) -> Mapping[str, list]:
 def plot_memory_curves(series: Mapping[str, Any], *, warmup_steps: int | None = None, title: str | None = None):
     """Peak allocated within each step (solid; allocated at its end when peaks are absent) and reserved at
     its end (dashed), GiB, one colour per config."""
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(9, 4))
     for i, (name, data) in enumerate(series.items()):
         cols, colour = _columns(data), f"C{i}"
@@ -43,10 +43,9 @@ def plot_memory_curves(series: Mapping[str, Any], *, warmup_steps: int | None = 
     return fig
 
 
-def plot_device_allocs(series: Mapping[str, Any], *, warmup_steps: int | None = None):
+def plot_device_allocs(series: Mapping[str, Any], *, warmup_steps: int | None = None,
+                       title: str = "Device allocations per step"):
     """Device allocations (cudaMalloc or segment maps) per step, one panel per config."""
-    import matplotlib.pyplot as plt
-
     fig, axes = plt.subplots(len(series), 1, figsize=(9, 1.6 * len(series) + 0.6), sharex=True, squeeze=False)
     for ax, (i, (name, data)) in zip(axes[:, 0], enumerate(series.items())):
         counts = _columns(data)["device_allocs"]
@@ -57,6 +56,6 @@ def plot_device_allocs(series: Mapping[str, Any], *, warmup_steps: int | None = 
         ax.set_ylabel("allocs", fontsize=8)
         ax.set_title(name, fontsize=9, loc="left")
     axes[-1, 0].set_xlabel("step")
-    fig.suptitle("Device allocations per step")
+    fig.suptitle(title)
     fig.tight_layout()
     return fig

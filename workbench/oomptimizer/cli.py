@@ -8,6 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+from workbench.bucketing.profile import load_profile, save_profile
+from workbench.memory import configure_allocator
+from workbench.models.config import config_from_name
 from workbench.units import GiB
 
 
@@ -30,24 +33,20 @@ def register(sub) -> None:
 
 
 def run_oomptimize(args) -> int:
-    from workbench.cli import UserError
+    from workbench.cli import UserError  # here, not at the top: workbench.cli imports this module
 
     if not 0 < args.memory_fraction <= 1:
         raise ValueError(f"--memory-fraction: must be in (0, 1], got {args.memory_fraction}")
     bins_path = Path(args.bins)
     if not bins_path.exists():
         raise FileNotFoundError(f"{bins_path}: no such profile file")
-    from workbench.models.config import config_from_name
-
     config_from_name(args.model)  # a wrong model name is a one-line error here, before any GPU work
-    from workbench.bucketing.profile import load_profile, save_profile
-
     bins = load_profile(bins_path)  # so is a malformed profile file
-    from workbench.memory import configure_allocator
-
     configure_allocator()  # before CUDA is initialized
+    # torch and the modules that import it load here, so that the CLI's other commands start without them
     import torch
 
+    from workbench.models import build_model
     from workbench.models.model import DTYPES
     from workbench.oomptimizer.run import describe_soak, oomptimize, profile_buckets, soak
 
@@ -58,10 +57,6 @@ def run_oomptimize(args) -> int:
             raise UserError(f"--nproc {args.nproc}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
         return _relaunch_under_torchrun(args.nproc)
     rank = _init_distributed(torch)
-    try:
-        from workbench.models import build_model
-    except ImportError as e:
-        raise UserError(f"workbench.models is not available: {e}") from None
     with torch.device("cuda", torch.cuda.current_device()):  # built on the GPU: an xl model skips host init
         model = build_model(args.model)
     say = print if rank == 0 else (lambda *a, **k: None)
@@ -134,7 +129,7 @@ def _relaunch_under_torchrun(nproc: int) -> int:
 
 
 if __name__ == "__main__":  # python -m workbench.oomptimizer.cli ARGS == workbench oomptimize ARGS
-    from workbench.cli import main
+    from workbench.cli import main  # here, not at the top: workbench.cli imports this module
 
     sys.argv[1:1] = ["oomptimize"]  # so that a torchrun relaunch (--nproc) repeats the sub-command
     main()

@@ -246,11 +246,10 @@ def headroom_figures(rounds: list[dict], warmup: int, passes: int) -> tuple[dict
     return figures, series, step_times
 
 
-def check_headroom(label: str, figures: dict, rounds_run: int) -> tuple[list[str], list[str]]:
-    """(failures, warnings) of one headroom; the target verdict goes into figures["time_target"]."""
-    failures, warnings_ = [], []
-    tag = f"[headroom {label}]"
-    invalid = {}  # static configuration -> why it is no reference for static shapes
+def invalid_references(figures: dict) -> dict[str, str]:
+    """Static configuration -> why it is no reference for static shapes (allocations in its repeated-shape
+    steps, or OOMs after warm-up); the valid ones are left out."""
+    invalid = {}
     for name in ("static_plain", "static_expandable"):
         why = []
         if figures[name]["device_allocs_per_step"] != 0:
@@ -261,6 +260,14 @@ def check_headroom(label: str, figures: dict, rounds_run: int) -> tuple[list[str
             why.append(f"{figures[name]['ooms']} OOM(s) after warm-up")
         if why:
             invalid[name] = " and ".join(why)
+    return invalid
+
+
+def check_headroom(label: str, figures: dict, rounds_run: int) -> tuple[list[str], list[str]]:
+    """(failures, warnings) of one headroom; the target verdict goes into figures["time_target"]."""
+    failures, warnings_ = [], []
+    tag = f"[headroom {label}]"
+    invalid = invalid_references(figures)
     if "static_expandable" in invalid:  # expandable segments must not allocate once warm, static shapes least of all
         failures.append(f"{tag} static_expandable: {invalid['static_expandable']}")
     if figures["dynamic_expandable"]["ooms"]:

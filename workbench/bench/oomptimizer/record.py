@@ -61,8 +61,8 @@ def summary_lines(figures: Mapping[str, Any]) -> list[str]:
         for i, t in p.get("true_max", {}).items():
             out.append(f"  - bucket {i} {t['bucket']}: true maximum {t['true_max']}, predictive {t['predictive']} "
                        f"({t['predictive_below_true']:.1%} below), bisect {t['bisect']}")
-        if "soak" in p:
-            out.append(f"- {describe_soak(p['soak'])}")
+        if soak_line(p):
+            out.append(f"- {soak_line(p)}")
     if "world_size" in figures:
         out.append(_search_line(f"{figures['model']} DDP on {figures['world_size']} GPUs", figures["predictive"]))
     out.append(f"- failures: {figures.get('failures') or 'none'}")
@@ -128,3 +128,8 @@ def ddp_lines(ddp_record: Mapping[str, Any], record: Mapping[str, Any] | None) -
     if "batch_sizes" in one:
         out.append(f"one GPU with DDP accounting: {one['batch_sizes']}")
     return out
+
+
+def soak_line(part: Mapping[str, Any]) -> str | None:
+    """The soak of a part in one line, None when it did not run."""
+    return describe_soak(part["soak"]) if "soak" in part else None
