@@ -24,6 +24,8 @@ def test_plots_draw_every_bin():
     assert max(r.get_x() + r.get_width() for r in rects) == est.bins[-1][0]
     fig3 = tps_histograms(d, t, est, max_panels=4)
     assert sum(ax.axison for ax in fig3.axes) == 4
+    assert fig3._suptitle.get_text().endswith(f"(4 of {len(est.groups)} duration groups, evenly spaced)")
+    assert "all 8 duration groups" in tps_histograms(d, t, est, max_panels=30)._suptitle.get_text()
     table = padding_comparison(d, t, {"none": None, "1D": bins, "2D": (est.bins, est.max_tps)})
     fig4 = padding_bars(table)
     assert len(fig4.axes[0].patches) == 2 * len(table)

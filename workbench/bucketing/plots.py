@@ -44,12 +44,14 @@ def tokens_vs_duration(durations, num_tokens, est: Bins2D, *, title: str = "Toke
 
 
 def tps_histograms(durations, num_tokens, est: Bins2D, *, max_panels: int = 12) -> plt.Figure:
-    """Tokens-per-second histogram of each duration group, its limit, and the outliers it removes."""
+    """Tokens-per-second histogram of each duration group (at most ``max_panels``, evenly spaced; the title
+    says how many of how many), its limit, and the outliers it removes."""
     dur_s = np.asarray(durations, dtype=np.float64)[est.order]
     tok_s = np.asarray(num_tokens)[est.order]
     groups = est.groups
-    if len(groups) > max_panels:  # show evenly spaced groups
-        groups = [groups[i] for i in np.linspace(0, len(groups) - 1, max_panels).round().astype(int)]
+    total = len(groups)
+    if total > max_panels:  # show evenly spaced groups
+        groups = [groups[i] for i in np.linspace(0, total - 1, max_panels).round().astype(int)]
     cols = min(4, len(groups))
     rows = math.ceil(len(groups) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False)
@@ -66,6 +68,8 @@ def tps_histograms(durations, num_tokens, est: Bins2D, *, max_panels: int = 12) 
     for ax in list(axes.flat)[len(groups):]:
         ax.axis("off")
     fig.supxlabel("tokens per second", fontsize=9)
+    shown = f"{len(groups)} of {total} duration groups, evenly spaced" if len(groups) < total else f"all {total} duration groups"
+    fig.suptitle(f"Tokens per second per duration group ({shown})", fontsize=10)
     fig.tight_layout()
     return fig
 

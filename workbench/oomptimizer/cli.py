@@ -33,8 +33,6 @@ def register(sub) -> None:
 
 
 def run_oomptimize(args) -> int:
-    from workbench.cli import UserError  # here, not at the top: workbench.cli imports this module
-
     if not 0 < args.memory_fraction <= 1:
         raise ValueError(f"--memory-fraction: must be in (0, 1], got {args.memory_fraction}")
     bins_path = Path(args.bins)
@@ -51,10 +49,10 @@ def run_oomptimize(args) -> int:
     from workbench.oomptimizer.run import describe_soak, oomptimize, profile_buckets, soak
 
     if not torch.cuda.is_available():
-        raise UserError("oomptimize needs a CUDA GPU (the probes run real training steps)")
+        raise ValueError("oomptimize needs a CUDA GPU (the probes run real training steps)")
     if args.nproc and args.nproc > 1 and "LOCAL_RANK" not in os.environ:
         if torch.cuda.device_count() < args.nproc:
-            raise UserError(f"--nproc {args.nproc}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+            raise ValueError(f"--nproc {args.nproc}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
         return _relaunch_under_torchrun(args.nproc)
     rank = _init_distributed(torch)
     with torch.device("cuda", torch.cuda.current_device()):  # built on the GPU: an xl model skips host init
@@ -129,7 +127,7 @@ def _relaunch_under_torchrun(nproc: int) -> int:
 
 
 if __name__ == "__main__":  # python -m workbench.oomptimizer.cli ARGS == workbench oomptimize ARGS
-    from workbench.cli import main  # here, not at the top: workbench.cli imports this module
+    import runpy
 
     sys.argv[1:1] = ["oomptimize"]  # so that a torchrun relaunch (--nproc) repeats the sub-command
-    main()
+    runpy.run_module("workbench", run_name="__main__")
