@@ -121,6 +121,7 @@ TARGET_PAIRS = ("dynamic_expandable/static_plain", "dynamic_expandable/static_ex
 SMOKE_DEFAULTS = dict(model="tiny-rnnt", steps=4, batch_audio_s=6.0, buckets=2, worker_timeout_s=120, rounds=1,
                       budget_s=120.0)
 SMOKE_CORPUS = dict(num_cuts=400, max_duration_s=3.0)
+SHAPE_COLUMNS = ("batch_size", "duration_s", "num_tokens")  # the worker's tags that make a step's shape
 MAX_EVENTS = 40  # allocation events kept per configuration and headroom
 SWITCH_TOLERANCE_BYTES = 64 << 20  # segments of the other kind a block may add before its switch counts as failed
 
@@ -162,7 +163,8 @@ def split_round(result: dict, num_shapes: int) -> dict[str, dict]:
         if len(warm) != num_shapes * len(blocks):
             raise ValueError(f"round rows: {len(warm)} warm-up steps for {allocator}, want {num_shapes} per block")
         events = [e for b in blocks
-                  for e in device_alloc_events(mine[mine["block"] == b["block"]], start=num_shapes)]
+                  for e in device_alloc_events(mine[mine["block"] == b["block"]], start=num_shapes,
+                                               shape_columns=SHAPE_COLUMNS)]
         first_block = mine[mine["block"] == blocks[0]["block"]]
         for kind, repeat in (("dynamic", False), ("static", True)):
             def keep(f):  # warm-up steps and this kind's measured steps

@@ -13,6 +13,7 @@ from typing import Any, Mapping, TypedDict
 
 import pandas as pd
 
+from workbench.oomptimizer.plots import plot_batch_sizes, plot_probe_trace, plot_strategy_comparison, strategy_table
 from workbench.oomptimizer.run import describe_soak
 
 NAME = "oomptimizer"  # oomptimizer.json, oomptimizer_aed.json, oomptimizer_ddp.json
@@ -133,3 +134,41 @@ def ddp_lines(ddp_record: Mapping[str, Any], record: Mapping[str, Any] | None) -
 def soak_line(part: Mapping[str, Any]) -> str | None:
     """The soak of a part in one line, None when it did not run."""
     return describe_soak(part["soak"]) if "soak" in part else None
+
+
+def rnnt_lines(record: Mapping[str, Any]) -> list[str]:
+    """What the notebook prints for the RNN-T part: the model and its soak."""
+    part = record["figures"]["rnnt"]
+    return [part["model"]] + ([soak_line(part)] if soak_line(part) else [])
+
+
+def rnnt_tables(record: Mapping[str, Any]) -> dict[str, pd.DataFrame]:
+    """The RNN-T part's tables: the searches side by side, and the true maxima where they were probed."""
+    part = record["figures"]["rnnt"]
+    tables = {"searches": strategy_table({k: v for k, v in part_runs(part).items() if "DDP" not in k})}
+    if part.get("true_max"):
+        tables["true maxima (probed upwards until OOM) against each search, by bucket"] = true_max_table(part)
+    return tables
+
+
+def rnnt_figures(record: Mapping[str, Any]) -> list:
+    """The RNN-T part's figures: batch size per bucket, the predictive search's probes, and the two
+    strategies on the compared buckets (each title says which buckets)."""
+    part = record["figures"]["rnnt"]
+    model, bs = part["model"], buckets(part)
+    comparison = part["comparison"]
+    return [plot_batch_sizes(bs, part["predictive"]["batch_sizes"], title=f"{model}: all buckets"),
+            plot_probe_trace(part["predictive"], bs, search_budget_bytes(record),
+                             title=f"{model}: predictive, all buckets"),
+            plot_strategy_comparison({k: comparison[k] for k in ("predictive", "bisect")},
+                                     title=f"{model}: {len(comparison['bucket_indices'])} of {len(bs)} buckets")]
+
+
+def aed_outputs(record: Mapping[str, Any] | None, aed_record: Mapping[str, Any] | None):
+    """(line, table, figure) of the AED part (:func:`aed_part`), or None when no record has it."""
+    aed = aed_part(record, aed_record)
+    if aed is None:
+        return None
+    runs = {k: aed[k] for k in ("predictive", "bisect")}
+    return (f"{aed['model']} batch sizes (predictive): {aed['predictive']['batch_sizes']}", strategy_table(runs),
+            plot_strategy_comparison(runs, title=f"{aed['model']}: all {len(aed['buckets'])} buckets"))
