@@ -8,9 +8,22 @@ min, max, n over fresh processes), per in-process stage, and of the same work th
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, TypedDict
 
 from workbench.bench.results import times_faster
+
+class BinsFigures(TypedDict, total=False):
+    utterances: int
+    workbench_bins_end_to_end_s: dict[str, float]  # results.summarize() over fresh `workbench bins` processes
+    workbench_bins_tokenized_end_to_end_s: dict[str, float]  # the same with --tokenizer (the tokenizer record)
+    lhotse_total_s: float  # CutSet iteration + the plain-loop estimate, seconds
+    speedup_vs_lhotse: float  # lhotse_total_s over our median
+    bins_equal: bool
+    target_s: float
+    stage_read_manifest_s: float  # in-process stages of ours, seconds
+    stage_bins_1d_2d_s: float
+    stage_padding_summary_s: float
+
 
 NAMES = ("bucketing_bins_1m", "bucketing_bins_1m_tokenizer", "bucketing_first_batch")
 STAGES = ("stage_read_manifest_s", "stage_bins_1d_2d_s", "stage_padding_summary_s")

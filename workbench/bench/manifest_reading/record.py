@@ -6,11 +6,21 @@ median, min, max, n over repeats) against iterating lhotse's lazy CutSet (``lhot
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, TypedDict
 
 from workbench.bench.results import times_faster
 
 NAME = "manifest_reading"
+
+
+class ManifestReadingFigures(TypedDict):
+    workbench_read_cut_arrays_s: dict[str, float]  # results.summarize() over repeats, seconds
+    lhotse_from_jsonl_lazy_s: dict[str, float]
+    speedup_vs_lhotse: float  # lhotse's seconds over our median
+    file_bytes: int
+    cuts_per_s: float
+    target_s: float
+    meets_target: bool
 
 
 def _spread(s: Mapping[str, float]) -> str:
