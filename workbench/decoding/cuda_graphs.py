@@ -151,6 +151,10 @@ class DriverGraph:
         self._exec = None
         self._keep: list[Any] = []
 
+    def keep(self, *objects: Any) -> None:
+        """Keep ``objects`` alive as long as this graph (e.g. the memory pool's owners)."""
+        self._keep += objects
+
     def conditional_handle(self):
         """A new conditional handle of this graph (its value is set by a condition kernel)."""
         driver, _, _ = _cuda_python()
@@ -224,6 +228,7 @@ class FullGraph:
     def __init__(self, stages: dict[str, Any], outer_flag: torch.Tensor, inner_flag: torch.Tensor,
                  device: torch.device):
         g = DriverGraph(device)
+        g.keep(stages)  # every stage graph, so their shared memory pool lives as long as this graph
         outer, inner = g.conditional_handle(), g.conditional_handle()
         node = g.child(g.root, [], stages["start"], "start")
         node = g.condition(g.root, [node], "while_flag", outer, outer_flag)
