@@ -31,6 +31,7 @@ report: setup
 	$(PY) -m workbench report --out reports $(if $(filter 1,$(SMOKE)),--smoke,)
 
 test: setup
+	$(VENV)/bin/ruff check workbench tests
 	$(PY) -m pytest -q tests
 	WORKBENCH_SMOKE=1 $(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks
 

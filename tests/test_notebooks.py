@@ -26,3 +26,32 @@ def test_notebook_runs_in_smoke_mode(notebook, tmp_path):
     outputs = [o for c in executed["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs), "the notebook drew no plot"
+
+
+def _parameter_names(notebook: Path) -> list[str]:
+    """The names assigned in a notebook's parameters cell, read with Python's own parser."""
+    import ast
+
+    nb = json.loads(notebook.read_text())
+    cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
+    tree = ast.parse("".join(cell["source"]))
+    return [node.target.id for node in tree.body if isinstance(node, ast.AnnAssign)]
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_help_notebook_lists_every_parameter(notebook):
+    """papermill's parameter parser drops a line whose inline comment it cannot read (one with '=' in it)."""
+    pytest.importorskip("papermill")
+    from papermill.inspection import display_notebook_help
+
+    import click
+
+    names = _parameter_names(notebook)
+    assert "smoke" in names and "interactive" in names
+    lines = []
+    ctx = click.Context(click.Command("papermill"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(click, "echo", lambda message="", **kw: lines.append(str(message)))
+        display_notebook_help(ctx, str(notebook), None)
+    listed = {line.split(":")[0].strip() for line in lines if line.startswith("  ") and ":" in line}
+    assert listed == set(names), f"--help-notebook misses {set(names) - listed}"

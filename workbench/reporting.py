@@ -39,12 +39,9 @@ def smoke_mode(smoke: bool) -> bool:
 
 
 def has_cuda() -> bool:
-    try:
-        import torch
+    import torch  # here: the CLI's other commands start without torch
 
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
+    return torch.cuda.is_available()
 
 
 def committed_result(name: str) -> dict[str, Any] | None:

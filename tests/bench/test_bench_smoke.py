@@ -55,7 +55,7 @@ def read_result(path: Path) -> dict:
 
 
 def test_models_bench_smoke(tmp_path, capsys, torch_cpu_settings_kept):
-    from workbench.bench import models
+    from workbench.bench.models import run as models
 
     assert models.main(["--smoke", "--out", str(tmp_path)]) == 0
     record = read_result(tmp_path / "models.json")
@@ -76,7 +76,7 @@ def test_models_bench_smoke(tmp_path, capsys, torch_cpu_settings_kept):
 
 
 def test_models_bench_smoke_refuses_the_results_folder(tmp_path):
-    from workbench.bench import models
+    from workbench.bench.models import run as models
     from workbench.bench.results import RESULTS_DIR
 
     with pytest.raises(SystemExit):
@@ -84,7 +84,7 @@ def test_models_bench_smoke_refuses_the_results_folder(tmp_path):
 
 
 def test_oomptimizer_bench_smoke(tmp_path, torch_cpu_settings_kept):
-    from workbench.bench import oomptimizer
+    from workbench.bench.oomptimizer import run as oomptimizer
 
     with pytest.raises(SystemExit):  # smoke JSON never goes to the default folder
         oomptimizer.main(["--smoke"])
@@ -110,7 +110,7 @@ def test_oomptimizer_bench_smoke(tmp_path, torch_cpu_settings_kept):
 
 
 def test_oomptimizer_bench_parts_write_their_own_files(tmp_path, torch_cpu_settings_kept):
-    from workbench.bench import oomptimizer
+    from workbench.bench.oomptimizer import run as oomptimizer
 
     assert oomptimizer.main(["--smoke", "--part", "aed", "--out", str(tmp_path)]) == 0
     fig = read_result(tmp_path / "oomptimizer_aed.json")["figures"]
@@ -139,7 +139,7 @@ def test_oomptimizer_bench_smoke_ddp_two_processes(tmp_path):
 
 
 def test_allocator_bench_smoke(tmp_path, capsys):
-    from workbench.bench import allocator
+    from workbench.bench.allocator import run as allocator
 
     assert allocator.main(["--smoke", "--out", str(tmp_path)]) == 0
     record = read_result(tmp_path / "allocator.json")
@@ -179,7 +179,7 @@ def test_allocator_bench_smoke(tmp_path, capsys):
 
 
 def test_oomptimizer_bench_keeps_going_and_writes_the_json_when_a_part_raises(tmp_path, monkeypatch):
-    from workbench.bench import oomptimizer
+    from workbench.bench.oomptimizer import run as oomptimizer
 
     def broken_build(name):
         raise RuntimeError(f"cannot build {name}")
@@ -194,7 +194,7 @@ def test_oomptimizer_bench_keeps_going_and_writes_the_json_when_a_part_raises(tm
 
 
 def test_decoding_bench_smoke(tmp_path, capsys):
-    from workbench.bench import decoding
+    from workbench.bench.decoding import run as decoding
 
     assert decoding.main(["--smoke", "--out", str(tmp_path)]) == 0
     fig = read_result(tmp_path / "decoding.json")["figures"]
@@ -215,7 +215,7 @@ def test_decoding_bench_smoke(tmp_path, capsys):
 
 
 def test_token_disagreement_is_an_edit_distance():
-    from workbench.bench.decoding import token_disagreement
+    from workbench.bench.decoding.run import token_disagreement
 
     assert token_disagreement([[1, 2, 3]], [[1, 2, 3]]) == 0
     assert token_disagreement([[1, 3]], [[1, 2, 3]]) == pytest.approx(1 / 3)       # one deletion
@@ -273,7 +273,7 @@ def test_bucketing_bench_bins_equal_the_plain_loop_on_a_small_corpus(tmp_path):
 def test_gpu_benches_refuse_to_run_without_cuda_or_smoke(bench, tmp_path, capsys):
     import importlib
 
-    module = importlib.import_module(f"workbench.bench.{bench}")
+    module = importlib.import_module(f"workbench.bench.{bench}.run")
     assert module.main(["--out", str(tmp_path)]) == 2
     assert "needs a CUDA GPU (or --smoke)" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # nothing half-written

@@ -9,7 +9,7 @@ import pytest
 from workbench.bench.flow import record as flow_record
 from workbench.bench.flow.run import FlowError, main, readme_flow_commands, run_commands, train_commands
 from workbench.bucketing import BucketProfile, save_profile
-from workbench.models.tone_corpus import train_letter_tokenizer, write_tone_corpus
+from workbench.data.tone_corpus import train_letter_tokenizer, write_tone_corpus
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,7 +52,7 @@ def test_flow_on_cpu_runs_the_commands_checks_and_writes_the_record(tmp_path):
     assert f["train_profile"]["batch_size"]["max"] <= 3 and f["train_profile"]["steps"] == 8
     assert 0 <= f["train_profile"]["data_wait_share_after_warmup"] < 1
     assert f["decode"]["utterances"] == 8 and f["decode"]["valid"]
-    lines = flow_record.summary_lines(rec)
+    lines = flow_record.summary_lines(rec["figures"])
     assert lines[0].startswith("README flow: 2 commands") and "all passed" in lines[0]
     assert len(flow_record.commands_table(rec)) == 2
 

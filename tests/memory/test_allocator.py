@@ -184,7 +184,6 @@ def test_preview_shows_the_decision_for_the_users_settings_and_touches_nothing(m
     import warnings
 
     from workbench.memory import AllocatorRuntime, configure_allocator, preview_configure_allocator
-    from workbench.memory import allocator as allocator_module
     from workbench.memory.settings import ENV_VARS
 
     before = {name: os.environ.get(name) for name in ENV_VARS}

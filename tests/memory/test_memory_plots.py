@@ -1,54 +1,22 @@
-"""The notebook's readers of allocator.json: the committed record and the rounds/headroom layout."""
-
-import json
-
-import pytest
+"""Memory telemetry plots from per-step columns (lists or a DataFrame)."""
 
 import matplotlib
 
 matplotlib.use("Agg")
 
-from workbench.bench.results import RESULTS_DIR  # noqa: E402
-from workbench.memory.plots import (allocation_events_table, allocator_blocks, paired_ratio_table,  # noqa: E402
-                                    plot_device_allocs, plot_memory_curves, step_time_table)
+import pandas as pd  # noqa: E402
+
+from workbench.memory.plots import plot_device_allocs, plot_memory_curves  # noqa: E402
+from workbench.units import GiB  # noqa: E402
 
 
-def test_committed_record_gives_its_blocks_tables_and_curves():
-    path = RESULTS_DIR / "allocator.json"
-    record = json.loads(path.read_text())
-    blocks = allocator_blocks(record)
-    assert list(blocks) == [f"{h:g}" for h in record["params"]["headrooms"]]
-    for block in blocks.values():
-        assert block["rounds"] == record["figures"]["rounds_run"] >= 1
-        table = step_time_table(block["figures"])
-        assert set(table.index) == {"dynamic_plain", "dynamic_expandable", "static_plain", "static_expandable"}
-        assert table.loc["static_plain", "time vs static"] == 1.0
-        paired = paired_ratio_table(block["figures"])
-        assert not paired.empty
-        assert (paired["rounds"] == block["rounds"]).all()
-        plot_memory_curves(block["series"], warmup_steps=block["warmup_steps"])
-
-
-def test_record_without_headrooms_is_refused_with_a_reason():
-    with pytest.raises(ValueError, match="headrooms"):
-        allocator_blocks({"params": {}, "figures": {"static_plain": {}}})
-
-
-def test_rounds_record_gives_a_block_per_headroom_with_paired_ratios_and_events(monkeypatch, tmp_path, capsys):
-    from test_bench_allocator import run_bench_with
-
-    rc, record, _, _ = run_bench_with(monkeypatch, tmp_path, capsys,
-                                      args=["--rounds", "2", "--headroom", "0.08", "0.2"], dyn_exp_allocs=2)
-    blocks = allocator_blocks(record)
-    assert list(blocks) == ["0.08", "0.2"] and blocks["0.2"]["rounds"] == 2
-    figures = blocks["0.08"]["figures"]
-    paired = paired_ratio_table(figures)
-    assert paired.loc["dynamic_plain/static_plain", "median"] == 1.3
-    assert paired.loc["dynamic_plain/static_plain", "rounds"] == 2
-    events = allocation_events_table(figures)
-    assert set(events["config"]) == {"dynamic_expandable", "dynamic_plain"}  # the plain one re-allocates per shape
-    mine = events[events["config"] == "dynamic_expandable"]
-    assert list(mine["round"]) == [1, 1, 2, 2] and list(mine["block"]) == [1, 2, 1, 2]
-    assert events["reason"].str.startswith("cache miss").all()
-    assert step_time_table(figures).loc["static_plain", "rounds"] == 2
-    plot_device_allocs(blocks["0.2"]["series"], warmup_steps=blocks["0.2"]["warmup_steps"])
+def test_curves_take_lists_or_frames_and_draw_gib():
+    lists = {"time_s": [0.1, 0.1], "allocated_bytes": [GiB, 2 * GiB], "reserved_bytes": [2 * GiB, 3 * GiB],
+             "device_allocs": [3, 0]}
+    fig = plot_memory_curves({"a": lists, "b": pd.DataFrame(lists)}, warmup_steps=1, title="t")
+    ax = fig.axes[0]
+    assert ax.get_title() == "t" and len(ax.lines) == 5  # two configs x (allocated, reserved) + the warm-up line
+    assert list(ax.lines[0].get_ydata()) == [1.0, 2.0] and list(ax.lines[1].get_ydata()) == [2.0, 3.0]
+    fig = plot_device_allocs({"a": lists, "b": lists})
+    assert [a.get_title(loc="left") for a in fig.axes] == ["a", "b"]
+    assert [p.get_height() for p in fig.axes[0].patches] == [3, 0]

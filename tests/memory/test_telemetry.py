@@ -128,7 +128,8 @@ def test_device_alloc_events_say_which_step_allocated_after_what_and_why():
                       num_tokens=shape[2]):
             cuda.run_step(**step)
     frame = rec.to_frame()
-    events = device_alloc_events(frame, start=2)
+    shape = ("batch_size", "duration_s", "num_tokens")
+    events = device_alloc_events(frame, start=2, shape_columns=shape)
     assert [e["row"] for e in events] == [3, 4, 5, 6]  # row 2 touched nothing; warm-up rows are not listed
     miss, retry, above, frees = events
     assert miss["reason"].startswith("cache miss") and "512 MiB" in miss["reason"]
@@ -138,8 +139,10 @@ def test_device_alloc_events_say_which_step_allocated_after_what_and_why():
     assert retry["alloc_retries"] == 1 and retry["previous_shape"] == [8, 4.0, 20]
     assert above["reason"].startswith("peak above warm-up") and "11.00 GiB" in above["reason"]
     assert frees["reason"].startswith("re-allocated after frees")
-    assert device_alloc_events(frame, start=2, limit=2) == events[:2]
-    assert device_alloc_events(frame, start=len(frame)) == []
+    assert {k: miss[k] for k in ("index", "pass_", "timed")} == {"index": 3, "pass_": 2, "timed": True}  # its tags
+    assert "batch_size" not in miss and "time_s" not in miss  # shape tags go to shape, measurements stay out
+    assert device_alloc_events(frame, start=2, limit=2, shape_columns=shape) == events[:2]
+    assert device_alloc_events(frame, start=len(frame), shape_columns=shape) == []
 
 
 def test_device_alloc_events_report_an_oom():

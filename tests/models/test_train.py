@@ -12,7 +12,7 @@ from workbench.bucketing import BucketProfile, save_profile
 from workbench.cli import main
 from workbench.data.tokenizer import load_tokenizer
 from workbench.models import build_model, collate_cuts
-from workbench.models.tone_corpus import train_letter_tokenizer, write_tone_corpus
+from workbench.data.tone_corpus import train_letter_tokenizer, write_tone_corpus
 from workbench.models.train import load_checkpoint
 
 

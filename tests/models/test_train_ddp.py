@@ -10,7 +10,7 @@ import torch
 
 from workbench.bucketing import BucketProfile
 from workbench.models.distributed import Ranks
-from workbench.models.tone_corpus import train_letter_tokenizer, write_tone_corpus
+from workbench.data.tone_corpus import train_letter_tokenizer, write_tone_corpus
 from workbench.models.train import TrainConfig, check_profile_for_run
 
 

@@ -102,18 +102,3 @@ def test_gpu_soak_runs_the_profile():
     assert report["budget_bytes"] == int(total)  # training's limit: the whole device
     assert 0 < report["peak_allocated_bytes"] <= report["peak_reserved_bytes"] <= total
     assert report["peak_allocated_over_search_budget"] < 1  # a toy model: far below 90 % of an H200
-
-
-def test_probing_leaves_the_model_weights_as_they_were():
-    from workbench.models import build_model
-    from workbench.oomptimizer.probe import ModeledMemoryProbe
-
-    torch.manual_seed(0)
-    model = build_model("tiny-rnnt")
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    probe = ModeledMemoryProbe(model, budget_bytes=1 << 40)
-    assert probe((1.0, 5), 2) > 0  # a real step with the real optimizer (lr 0) ran
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    moved = ModeledMemoryProbe(model, budget_bytes=1 << 40, lr=1e-2)
-    moved((1.0, 5), 2)
-    assert not all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the check can fail

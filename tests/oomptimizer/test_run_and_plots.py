@@ -27,7 +27,9 @@ def test_plots_accept_results_and_json_figures():
     assert len(plot_batch_sizes([(b[0], 0.0) for b in demo_buckets(5, 1)], [5, 4, 3, 2, 1]).axes) == 1
     for r in (result, as_json):
         ax = plot_probe_trace(r, buckets, memory.budget_bytes).axes[0]
-        assert len(ax.lines) >= len(buckets)
+        assert len(ax.lines) >= len(buckets) and ax.get_title() == "probes: peak memory vs batch size"
+        few = plot_probe_trace(r, buckets, memory.budget_bytes, max_buckets=3).axes[0]
+        assert few.get_title().endswith(f"(3 of {len(buckets)} buckets, the longest)")
         bars = plot_strategy_comparison({"a": r, "b": r}).axes[1].patches
         assert [p.get_height() for p in bars[:2]] == [len(result.probes)] * 2
 

@@ -3,7 +3,8 @@ import random
 import pytest
 
 from workbench.oomptimizer import SyntheticMemory, demo_buckets, search_batch_sizes
-from workbench.oomptimizer.synthetic import GiB, MODEL_KINDS
+from workbench.oomptimizer.synthetic import MODEL_KINDS
+from workbench.units import GiB
 
 
 def _check(result, model, buckets, *, tolerance):

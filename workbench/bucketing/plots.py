@@ -9,7 +9,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.patches import Rectangle
 
-from workbench.bucketing.estimate import Bins2D
+from workbench.bucketing.estimate import Bins2D, estimate_2d_bins, estimate_duration_bins
+from workbench.bucketing.padding import padding_comparison
+from workbench.panel import Slider, widget_panel
 
 
 def duration_histogram(durations, bins_1d, *, title: str = "Durations and 1D bins") -> plt.Figure:
@@ -42,12 +44,14 @@ def tokens_vs_duration(durations, num_tokens, est: Bins2D, *, title: str = "Toke
 
 
 def tps_histograms(durations, num_tokens, est: Bins2D, *, max_panels: int = 12) -> plt.Figure:
-    """Tokens-per-second histogram of each duration group, its limit, and the outliers it removes."""
+    """Tokens-per-second histogram of each duration group (at most ``max_panels``, evenly spaced; the title
+    says how many of how many), its limit, and the outliers it removes."""
     dur_s = np.asarray(durations, dtype=np.float64)[est.order]
     tok_s = np.asarray(num_tokens)[est.order]
     groups = est.groups
-    if len(groups) > max_panels:  # show evenly spaced groups
-        groups = [groups[i] for i in np.linspace(0, len(groups) - 1, max_panels).round().astype(int)]
+    total = len(groups)
+    if total > max_panels:  # show evenly spaced groups
+        groups = [groups[i] for i in np.linspace(0, total - 1, max_panels).round().astype(int)]
     cols = min(4, len(groups))
     rows = math.ceil(len(groups) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False)
@@ -64,6 +68,8 @@ def tps_histograms(durations, num_tokens, est: Bins2D, *, max_panels: int = 12) 
     for ax in list(axes.flat)[len(groups):]:
         ax.axis("off")
     fig.supxlabel("tokens per second", fontsize=9)
+    shown = f"{len(groups)} of {total} duration groups, evenly spaced" if len(groups) < total else f"all {total} duration groups"
+    fig.suptitle(f"Tokens per second per duration group ({shown})", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -85,34 +91,11 @@ def interactive_panel(durations, num_tokens, *, num_buckets: int = 30, num_subbu
                       tps_threshold: float = 4.0):
     """An ipywidgets panel (bucket count, sub-buckets, TPS threshold) that redraws the 2D bins and the
     padding table; None with a printed note when ipywidgets is not installed."""
-    try:
-        import ipywidgets as widgets
-        from IPython.display import display
-    except ImportError:
-        print("ipywidgets is not installed: no interactive panel (the static plots above show the same).")
-        return None
-    from workbench.bucketing.estimate import estimate_2d_bins, estimate_duration_bins
-    from workbench.bucketing.padding import padding_comparison
+    def draw(buckets: int, subs: int, tps_z: float):
+        est = estimate_2d_bins(durations, num_tokens, buckets, subs, tps_threshold=tps_z)
+        tokens_vs_duration(durations, num_tokens, est)
+        return padding_comparison(durations, num_tokens, {
+            "none": None, "1D": estimate_duration_bins(durations, buckets), "2D": (est.bins, est.max_tps)})
 
-    buckets = widgets.IntSlider(value=num_buckets, min=2, max=80, description="buckets")
-    subs = widgets.IntSlider(value=num_subbuckets, min=1, max=6, description="sub-buckets")
-    thr = widgets.FloatSlider(value=tps_threshold, min=0.5, max=8.0, step=0.5, description="TPS z")
-    out = widgets.Output()
-
-    def redraw(_=None):
-        with out:
-            out.clear_output(wait=True)
-            est = estimate_2d_bins(durations, num_tokens, buckets.value, subs.value, tps_threshold=thr.value)
-            fig = tokens_vs_duration(durations, num_tokens, est)
-            display(fig)
-            plt.close(fig)
-            display(padding_comparison(durations, num_tokens, {
-                "none": None, "1D": estimate_duration_bins(durations, buckets.value),
-                "2D": (est.bins, est.max_tps)}))
-
-    for w in (buckets, subs, thr):
-        w.observe(redraw, names="value")
-    redraw()
-    panel = widgets.VBox([widgets.HBox([buckets, subs, thr]), out])
-    display(panel)
-    return panel
+    return widget_panel(draw, buckets=Slider(num_buckets, 2, 80), subs=Slider(num_subbuckets, 1, 6),
+                        tps_z=Slider(tps_threshold, 0.5, 8.0, 0.5))

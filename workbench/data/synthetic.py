@@ -22,8 +22,7 @@ from tqdm.auto import tqdm
 from workbench.atomic import atomic_path
 from workbench.data.arrays import CutArrays
 from workbench.data.tokenizer import tokenized_cut_arrays
-
-SAMPLING_RATE = 16000
+from workbench.units import SAMPLE_RATE
 
 
 @dataclass
@@ -86,8 +85,8 @@ def _draw(spec: SyntheticSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         dur[bad] = rng.lognormal(mu, spec.duration_sigma, int(bad.sum()))
         bad = (dur < spec.min_duration_s) | (dur > spec.max_duration_s)
     # Whole samples at 16 kHz, so the manifest's duration equals num_samples / sampling_rate exactly.
-    samples = np.maximum(np.round(dur * SAMPLING_RATE), 1).astype(np.int64)
-    dur = samples / SAMPLING_RATE
+    samples = np.maximum(np.round(dur * SAMPLE_RATE), 1).astype(np.int64)
+    dur = samples / SAMPLE_RATE
     speaker = rng.integers(0, spec.num_speakers, n)
     speaker_rate = rng.lognormal(np.log(spec.tokens_per_second), spec.speaker_rate_sigma, spec.num_speakers)
     rate = speaker_rate[speaker] * rng.lognormal(0.0, spec.utterance_rate_sigma, n)
@@ -170,7 +169,7 @@ def write_synthetic_corpus(out_dir: str | os.PathLike, num_cuts: int, seed: int 
             start = ends[i]
             cid = f"syn-{seed}-{i:08d}"
             d = float(dur[i])
-            n = int(round(d * SAMPLING_RATE))
+            n = int(round(d * SAMPLE_RATE))
             # Formatted by hand: building the dict and orjson.dumps(..., OPT_APPEND_NEWLINE) took 2.8-3.5 s per
             # 300k cuts against 1.0 s for this f-string (same parsed JSON; measured on the 2-core CPU dev box).
             f.write(
@@ -178,7 +177,7 @@ def write_synthetic_corpus(out_dir: str | os.PathLike, num_cuts: int, seed: int 
                 f'[{{"id": "{cid}", "recording_id": "{cid}", "start": 0, "duration": {d}, "channel": 0, '
                 f'"text": {json.dumps(text)}, "language": "en", "speaker": "spk{int(speaker[i]):04d}"}}], '
                 f'"recording": {{"id": "{cid}", "sources": [{{"type": "file", "channels": [0], '
-                f'"source": "synthetic/{cid}.wav"}}], "sampling_rate": {SAMPLING_RATE}, '
+                f'"source": "synthetic/{cid}.wav"}}], "sampling_rate": {SAMPLE_RATE}, '
                 f'"num_samples": {n}, "duration": {d}, "channel_ids": [0]}}, '
                 f'"custom": {{"num_tokens": {int(tokens[i])}}}, "type": "MonoCut"}}\n')
     return path

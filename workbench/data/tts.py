@@ -31,8 +31,8 @@ from tqdm.auto import tqdm
 
 from workbench.atomic import atomic_path, new_folder
 from workbench.data.tokenizer import count_tokens, load_tokenizer
+from workbench.units import SAMPLE_RATE
 
-SAMPLE_RATE = 16_000
 ESPEAK_INSTALL_HINT = ("espeak-ng is not installed (the text-to-speech corpus needs it). Install it with "
                        "`sudo apt-get install -y espeak-ng` (Debian/Ubuntu), `brew install espeak-ng` (macOS), "
                        "`conda install -c conda-forge espeak-ng`, or run scripts/install_espeak.sh.")

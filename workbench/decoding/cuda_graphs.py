@@ -1,5 +1,5 @@
-"""CUDA-graph machinery for the decoders: support checks, the NVRTC condition kernels, conditional WHILE
-nodes inserted during ``torch.cuda.graph`` capture, and the ``partial`` / ``full`` runners.
+"""CUDA-graph machinery for the decoders: support checks, the NVRTC condition kernels, graphs with
+conditional WHILE nodes built with the driver's graph API, and the ``partial`` / ``full`` runners.
 
 Import-safe everywhere: cuda-python (``cuda.bindings``) is imported only when a full graph is built.
 ``full`` needs a CUDA driver >= 12.6 (conditional nodes are buggy before), cuda-python and NVRTC.
@@ -9,7 +9,6 @@ replays (cloned in as child graph nodes), so all its memory lives in their torch
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 from dataclasses import dataclass, field
@@ -72,22 +71,22 @@ def full_graph_unsupported_reason(device: torch.device | None = None) -> str | N
     try:
         if not hasattr(torch.cuda.CUDAGraph(keep_graph=True), "raw_cuda_graph"):
             raise TypeError("no raw_cuda_graph()")
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any failure is the reason full graphs are off
         return f"torch {torch.__version__} cannot hand out captured graphs (keep_graph/raw_cuda_graph): {e}"
     try:
         driver, _, _ = _cuda_python()
-    except Exception as e:  # ImportError, or a broken install
+    except Exception as e:  # noqa: BLE001 - ImportError, or a broken install
         return f"cuda-python (cuda.bindings) is not usable: {e}"
     try:
         version = _check(driver.cuDriverGetVersion(), "cuDriverGetVersion")
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any failure is the reason full graphs are off
         return f"cannot read the CUDA driver version: {e}"
     if version < MIN_DRIVER_VERSION:
         return (f"CUDA driver {version // 1000}.{version % 1000 // 10} is older than 12.6 "
                 "(conditional graph nodes are unreliable before it)")
     try:
         condition_kernels(torch.cuda.current_device() if device is None or device.index is None else device.index)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any failure is the reason full graphs are off
         return f"compiling the condition kernel with NVRTC failed: {e}"
     return None
 
@@ -140,134 +139,70 @@ class KernelArgs:
         self.pointers = np.array([base + 8 * i for i in range(len(self.values))], dtype=np.uint64)
 
 
-def _launch_condition(kernel, args: KernelArgs, stream: int) -> None:
-    driver, _, _ = _cuda_python()
-    _check(driver.cuLaunchKernel(kernel, 1, 1, 1, 1, 1, 1, 0, stream, args.pointers.ctypes.data, 0),
-           "cuLaunchKernel(condition)")
+class DriverGraph:
+    """A CUDA graph built node by node with the driver's graph API, then instantiated and replayed on the
+    current stream. It keeps alive every object its nodes point at (child graphs, flags, kernel arguments)."""
 
-
-def create_conditional_handle(stream: torch.cuda.Stream) -> tuple[Any, int]:
-    """A conditional handle for the graph being captured on ``stream``: (handle object, its value)."""
-    _, runtime, _ = _cuda_python()
-    info = _check(runtime.cudaStreamGetCaptureInfo(stream.cuda_stream), "cudaStreamGetCaptureInfo")
-    if info[0] != runtime.cudaStreamCaptureStatus.cudaStreamCaptureStatusActive:
-        raise RuntimeError("create_conditional_handle() needs a stream that is capturing")
-    handle = _check(runtime.cudaGraphConditionalHandleCreate(info[2], 0, 0), "cudaGraphConditionalHandleCreate")
-    return handle, _handle_value(handle)
-
-
-@contextlib.contextmanager
-def conditional_while(kernel, args: KernelArgs, handle, device: torch.device):
-    """Inside a capture: add a WHILE node whose body is captured from the ``with`` block.
-
-    The condition kernel runs once before the node (whether to enter) and again at the end of the body
-    (whether to repeat). The block runs with a fresh capture stream made current.
-    """
-    driver, runtime, _ = _cuda_python()
-    stream = torch.cuda.current_stream(device)
-    _launch_condition(kernel, args, stream.cuda_stream)
-    info = _check(runtime.cudaStreamGetCaptureInfo(stream.cuda_stream), "cudaStreamGetCaptureInfo")
-    status, graph, dependencies = info[0], info[2], list(info[3] or [])
-    if status != runtime.cudaStreamCaptureStatus.cudaStreamCaptureStatusActive:
-        raise RuntimeError("conditional_while() needs a stream that is capturing")
-    params = driver.CUgraphNodeParams()
-    params.type = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
-    params.conditional.handle = handle
-    params.conditional.type = driver.CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_WHILE
-    params.conditional.size = 1
-    params.conditional.ctx = _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
-    new_api = _bindings_major() >= 13  # CUDA 13 added edge data to these two calls
-    if new_api:
-        node = _check(driver.cuGraphAddNode(graph, dependencies, None, len(dependencies), params), "cuGraphAddNode")
-        _check(runtime.cudaStreamUpdateCaptureDependencies(
-            stream.cuda_stream, [node], None, 1,
-            runtime.cudaStreamUpdateCaptureDependenciesFlags.cudaStreamSetCaptureDependencies),
-            "cudaStreamUpdateCaptureDependencies")
-    else:
-        node = _check(driver.cuGraphAddNode(graph, dependencies, len(dependencies), params), "cuGraphAddNode")
-        _check(runtime.cudaStreamUpdateCaptureDependencies(
-            stream.cuda_stream, [node], 1,
-            runtime.cudaStreamUpdateCaptureDependenciesFlags.cudaStreamSetCaptureDependencies),
-            "cudaStreamUpdateCaptureDependencies")
-    body_graph = params.conditional.phGraph_out[0]
-    body_stream = torch.cuda.Stream(device)
-    _check(runtime.cudaStreamBeginCaptureToGraph(body_stream.cuda_stream, body_graph, None, None, 0,
-                                                 runtime.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal),
-           "cudaStreamBeginCaptureToGraph")
-    capturing = True
-    try:
-        torch.cuda.set_stream(body_stream)
-        yield body_stream
-        _launch_condition(kernel, args, body_stream.cuda_stream)
-        capturing = False
-        _check(runtime.cudaStreamEndCapture(body_stream.cuda_stream), "cudaStreamEndCapture(body)")
-    finally:
-        if capturing:
-            with contextlib.suppress(Exception):
-                runtime.cudaStreamEndCapture(body_stream.cuda_stream)
-        torch.cuda.set_stream(stream)
-
-
-class FullGraph:
-    """One executable CUDA graph: start; while outer { first; while inner { again }; emit }.
-
-    Built with the driver's graph API from the stage graphs (each cloned in as a child graph node), so
-    every allocation stays in the stage graphs' torch memory pool, which the stage graphs keep alive.
-    """
-
-    def __init__(self, stages: dict[str, Any], outer_flag: torch.Tensor, inner_flag: torch.Tensor,
-                 device: torch.device):
+    def __init__(self, device: torch.device):
         driver, _, _ = _cuda_python()
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        kernel = condition_kernels(index)["while_flag"]
-        self._keep = [stages, outer_flag, inner_flag]
-        self._graph = _check(driver.cuGraphCreate(0), "cuGraphCreate")
+        self.kernels = condition_kernels(device.index if device.index is not None else torch.cuda.current_device())
+        self.root = _check(driver.cuGraphCreate(0), "cuGraphCreate")
+        self.ctx = _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
         self._exec = None
-        ctx = _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
-        outer = _check(driver.cuGraphConditionalHandleCreate(self._graph, ctx, 0, 0), "cuGraphConditionalHandleCreate")
-        inner = _check(driver.cuGraphConditionalHandleCreate(self._graph, ctx, 0, 0), "cuGraphConditionalHandleCreate")
-        outer_args = KernelArgs(np.array([_handle_value(outer), outer_flag.data_ptr()], dtype=np.uint64))
-        inner_args = KernelArgs(np.array([_handle_value(inner), inner_flag.data_ptr()], dtype=np.uint64))
-        self._keep += [outer, inner, outer_args, inner_args]
+        self._keep: list[Any] = []
 
-        def child(graph, deps, name):
-            raw = driver.CUgraph(stages[name].raw_cuda_graph())
-            return _check(driver.cuGraphAddChildGraphNode(graph, deps, len(deps), raw), f"cuGraphAddChildGraphNode({name})")
+    def keep(self, *objects: Any) -> None:
+        """Keep ``objects`` alive as long as this graph (e.g. the memory pool's owners)."""
+        self._keep += objects
 
-        def condition(graph, deps, args):
-            params = driver.CUDA_KERNEL_NODE_PARAMS()
-            params.func = kernel
-            params.gridDimX = params.gridDimY = params.gridDimZ = 1
-            params.blockDimX = params.blockDimY = params.blockDimZ = 1
-            params.sharedMemBytes = 0
-            params.kernelParams = int(args.pointers.ctypes.data)
-            return _check(driver.cuGraphAddKernelNode(graph, deps, len(deps), params), "cuGraphAddKernelNode")
+    def conditional_handle(self):
+        """A new conditional handle of this graph (its value is set by a condition kernel)."""
+        driver, _, _ = _cuda_python()
+        handle = _check(driver.cuGraphConditionalHandleCreate(self.root, self.ctx, 0, 0),
+                        "cuGraphConditionalHandleCreate")
+        self._keep.append(handle)
+        return handle
 
-        def while_node(graph, deps, handle):
-            params = driver.CUgraphNodeParams()
-            params.type = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
-            params.conditional.handle = handle
-            params.conditional.type = driver.CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_WHILE
-            params.conditional.size = 1
-            params.conditional.ctx = ctx
-            if _bindings_major() >= 13:
-                node = _check(driver.cuGraphAddNode(graph, deps, None, len(deps), params), "cuGraphAddNode")
-            else:
-                node = _check(driver.cuGraphAddNode(graph, deps, len(deps), params), "cuGraphAddNode")
-            return node, params.conditional.phGraph_out[0]
+    def child(self, parent, deps: list, stage: torch.cuda.CUDAGraph, name: str):
+        """A child graph node in ``parent`` after ``deps``, cloned from a torch graph captured with
+        ``keep_graph=True``."""
+        driver, _, _ = _cuda_python()
+        self._keep.append(stage)
+        raw = driver.CUgraph(stage.raw_cuda_graph())
+        return _check(driver.cuGraphAddChildGraphNode(parent, deps, len(deps), raw), f"cuGraphAddChildGraphNode({name})")
 
-        g = self._graph
-        node = child(g, [], "start")
-        node = condition(g, [node], outer_args)
-        _, outer_body = while_node(g, [node], outer)
-        node = child(outer_body, [], "find_label_first")
-        node = condition(outer_body, [node], inner_args)
-        inner_node, inner_body = while_node(outer_body, [node], inner)
-        node = child(inner_body, [], "find_label_again")
-        condition(inner_body, [node], inner_args)
-        node = child(outer_body, [inner_node], "emit_labels")
-        condition(outer_body, [node], outer_args)
-        self._exec = _check(driver.cuGraphInstantiate(g, 0), "cuGraphInstantiate")
+    def condition(self, parent, deps: list, kernel: str, handle, flag: torch.Tensor):
+        """A one-thread launch of the condition kernel ``kernel`` that sets ``handle`` from ``flag``."""
+        driver, _, _ = _cuda_python()
+        args = KernelArgs(np.array([_handle_value(handle), flag.data_ptr()], dtype=np.uint64))
+        self._keep += [args, flag]
+        params = driver.CUDA_KERNEL_NODE_PARAMS()
+        params.func = self.kernels[kernel]
+        params.gridDimX = params.gridDimY = params.gridDimZ = 1
+        params.blockDimX = params.blockDimY = params.blockDimZ = 1
+        params.sharedMemBytes = 0
+        params.kernelParams = int(args.pointers.ctypes.data)
+        return _check(driver.cuGraphAddKernelNode(parent, deps, len(deps), params), "cuGraphAddKernelNode")
+
+    def while_loop(self, parent, deps: list, handle):
+        """A WHILE node in ``parent`` after ``deps`` (whose last node set ``handle``): (node, its body graph).
+        The body must end with the condition kernel of ``handle``."""
+        driver, _, _ = _cuda_python()
+        params = driver.CUgraphNodeParams()
+        params.type = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
+        params.conditional.handle = handle
+        params.conditional.type = driver.CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_WHILE
+        params.conditional.size = 1
+        params.conditional.ctx = self.ctx
+        if _bindings_major() >= 13:  # CUDA 13 added edge data to cuGraphAddNode
+            node = _check(driver.cuGraphAddNode(parent, deps, None, len(deps), params), "cuGraphAddNode")
+        else:
+            node = _check(driver.cuGraphAddNode(parent, deps, len(deps), params), "cuGraphAddNode")
+        return node, params.conditional.phGraph_out[0]
+
+    def instantiate(self) -> None:
+        driver, _, _ = _cuda_python()
+        self._exec = _check(driver.cuGraphInstantiate(self.root, 0), "cuGraphInstantiate")
 
     def replay(self) -> None:
         driver, _, _ = _cuda_python()
@@ -278,9 +213,38 @@ class FullGraph:
             driver, _, _ = _cuda_python()
             if self._exec is not None:
                 driver.cuGraphExecDestroy(self._exec)
-            driver.cuGraphDestroy(self._graph)
-        except Exception:
+            driver.cuGraphDestroy(self.root)
+        except Exception:  # noqa: BLE001 - interpreter shutdown: the driver may be gone
             pass
+
+
+class FullGraph:
+    """One executable CUDA graph: start; while outer { first; while inner { again }; emit }.
+
+    Built from the stage graphs (each cloned in as a child graph node), so every allocation stays in the
+    stage graphs' torch memory pool, which the stage graphs keep alive.
+    """
+
+    def __init__(self, stages: dict[str, Any], outer_flag: torch.Tensor, inner_flag: torch.Tensor,
+                 device: torch.device):
+        g = DriverGraph(device)
+        g.keep(stages)  # every stage graph, so their shared memory pool lives as long as this graph
+        outer, inner = g.conditional_handle(), g.conditional_handle()
+        node = g.child(g.root, [], stages["start"], "start")
+        node = g.condition(g.root, [node], "while_flag", outer, outer_flag)
+        _, outer_body = g.while_loop(g.root, [node], outer)
+        node = g.child(outer_body, [], stages["find_label_first"], "find_label_first")
+        node = g.condition(outer_body, [node], "while_flag", inner, inner_flag)
+        inner_node, inner_body = g.while_loop(outer_body, [node], inner)
+        node = g.child(inner_body, [], stages["find_label_again"], "find_label_again")
+        g.condition(inner_body, [node], "while_flag", inner, inner_flag)
+        node = g.child(outer_body, [inner_node], stages["emit_labels"], "emit_labels")
+        g.condition(outer_body, [node], "while_flag", outer, outer_flag)
+        g.instantiate()
+        self._graph = g
+
+    def replay(self) -> None:
+        self._graph.replay()
 
 
 def _handle_value(handle) -> int:
@@ -299,43 +263,3 @@ def capture_partial_graphs(stages: dict[str, Callable[[], None]], device: torch.
             fn()
     torch.cuda.current_stream(device).wait_stream(side)
     return graphs
-
-
-def empty_while_iteration_seconds(iterations: int = 2000, repeat: int = 10,
-                                  device: torch.device | None = None) -> dict[str, float]:
-    """Measured cost of one iteration of a conditional WHILE node whose body is only its condition kernel.
-
-    Returns seconds per iteration (median over ``repeat`` replays) and the fixed cost of a replay.
-    """
-    device = device or torch.device("cuda", torch.cuda.current_device())
-    kernels = condition_kernels(device.index if device.index is not None else torch.cuda.current_device())
-    remaining = torch.zeros((), dtype=torch.int32, device=device)
-    count = torch.zeros((), dtype=torch.int32, device=device)
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
-        remaining.copy_(count)
-        handle, value = create_conditional_handle(torch.cuda.current_stream(device))
-        args = KernelArgs(np.array([value, remaining.data_ptr()], dtype=np.uint64))
-        with conditional_while(kernels["while_count_down"], args, handle, device):
-            pass
-    torch.cuda.current_stream(device).wait_stream(side)
-
-    def timed(n: int) -> float:
-        count.fill_(n)
-        samples = []
-        for _ in range(repeat + 2):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) / 1000.0)
-        if int(remaining) != 0:
-            raise RuntimeError(f"count-down loop did not run to 0 (left {int(remaining)})")
-        return float(np.median(samples[2:]))
-
-    zero, many = timed(0), timed(iterations)
-    return {"seconds_per_iteration": (many - zero) / iterations, "replay_seconds_zero_iterations": zero,
-            "iterations": iterations}

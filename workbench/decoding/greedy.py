@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from workbench.decoding import cuda_graphs, label_looping
+import workbench.decoding.cuda_graphs as cuda_graphs
+import workbench.decoding.label_looping as label_looping
 from workbench.decoding.frame_looping import run_frame_looping
 from workbench.decoding.protocol import Hypothesis, hypotheses_from_buffers, module_dtype
 

@@ -13,7 +13,9 @@ import torch
 from torch import Tensor
 
 
-class Predictor(Protocol):
+class PredictorProtocol(Protocol):
+    """What a decoder needs of a transducer predictor (``workbench.models.transducer.Predictor`` is one)."""
+
     def init_state(self, batch_size: int) -> tuple[Tensor, ...]:
         """Start state for ``batch_size`` utterances; each tensor has the batch on dim 0."""
 
@@ -21,7 +23,9 @@ class Predictor(Protocol):
         """One label per utterance (``labels[B]`` long; ``blank_id`` is the start symbol) -> (out[B, H], state)."""
 
 
-class Joint(Protocol):
+class JointProtocol(Protocol):
+    """What a decoder needs of a transducer joint (``workbench.models.transducer.Joint`` is one)."""
+
     def project_encoder(self, enc: Tensor) -> Tensor:
         """[B, T, D] -> [B, T, J]."""
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 from workbench.memory.oom import is_oom_error
+from workbench.units import GiB, MiB
 
 # column -> memory_stats() key; "current"/"peak" columns are levels, the others are counters (deltas).
 LEVELS = {
@@ -39,6 +40,7 @@ COUNTERS = {
     "ooms": "num_ooms",
 }
 COLUMNS = ["step", "time_s", *LEVELS, *COUNTERS, "oom_raised"]
+_MEASURED = set(COLUMNS)
 
 
 def step_record(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, int]:
@@ -127,13 +129,13 @@ def summarize_steps(frame, warmup: int = 0) -> dict[str, float]:
     }
 
 
-SHAPE_COLUMNS = ("batch_size", "duration_s", "num_tokens")
-
-
-def device_alloc_events(frame, *, start: int = 0, shape_columns=SHAPE_COLUMNS, limit: int | None = None) -> list[dict]:
+def device_alloc_events(frame, *, shape_columns: tuple[str, ...], start: int = 0,
+                        limit: int | None = None) -> list[dict]:
     """Why the steps from row ``start`` on (row order = run order, warm-up rows before ``start``) touched
     device memory: one dict per step with device allocations, allocation retries or OOMs, carrying its
-    tags, the shape of the step before it, reserved bytes before and after, and a one-line ``reason``:
+    tags (every column that is not one of :data:`COLUMNS`), its ``shape`` and the shape of the step before
+    it (the values of the tag columns ``shape_columns``), reserved bytes before and after, and a one-line
+    ``reason``:
 
     - "OOM": the step failed even after the allocator freed its cache;
     - "OOM-retry": the allocator hit the limit, released cached segments and allocated again;
@@ -161,15 +163,15 @@ def device_alloc_events(frame, *, start: int = 0, shape_columns=SHAPE_COLUMNS, l
             reason = (f"OOM-retry: the allocator hit the limit, released cached memory ({frees} device frees) "
                       f"and allocated again")
         elif warmup_peak and peak > warmup_peak:
-            reason = (f"peak above warm-up: needed {peak / 2**30:.2f} GiB, more than any warm-up step "
-                      f"({warmup_peak / 2**30:.2f} GiB)")
+            reason = (f"peak above warm-up: needed {peak / GiB:.2f} GiB, more than any warm-up step "
+                      f"({warmup_peak / GiB:.2f} GiB)")
         elif frees:
             reason = f"re-allocated after frees: {frees} segment(s) released and {allocs} allocated"
         else:
             reason = (f"cache miss: no cached block fit after the previous shape; reserved grew by "
-                      f"{int(row.get('device_alloc_bytes', 0)) / 2**20:.0f} MiB")
+                      f"{int(row.get('device_alloc_bytes', 0)) / MiB:.0f} MiB")
         events.append({
-            "row": i, **{k: row[k] for k in ("block", "pass_", "index", "timed", "repeat") if k in row},
+            "row": i, **{k: v for k, v in row.items() if k not in _MEASURED and k not in shape_columns},
             "shape": [row[c] for c in shape_columns if c in row],
             "previous_shape": [prev[c] for c in shape_columns if c in prev] if prev else None,
             "device_allocs": allocs, "device_frees": frees, "device_alloc_bytes": int(row.get("device_alloc_bytes", 0)),

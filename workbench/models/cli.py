@@ -7,7 +7,7 @@ import dataclasses
 
 
 def _train(args: argparse.Namespace) -> int:
-    from workbench.models.train import TrainConfig, train
+    from workbench.models.train import TrainConfig, train  # here: torch and lhotse load only for `train`
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     config = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})

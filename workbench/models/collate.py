@@ -7,7 +7,7 @@ from typing import Iterable
 
 import torch
 
-SAMPLE_RATE = 16_000
+from workbench.units import SAMPLE_RATE
 
 
 def cut_text(cut) -> str:

@@ -9,6 +9,10 @@ import time
 from pathlib import Path
 
 from workbench.atomic import check_writable
+from workbench.bucketing.profile import load_profile, save_profile
+from workbench.memory import configure_allocator
+from workbench.models.config import config_from_name
+from workbench.units import GiB
 
 
 def register(sub) -> None:
@@ -33,8 +37,6 @@ def register(sub) -> None:
 
 
 def run_oomptimize(args) -> int:
-    from workbench.cli import UserError
-
     if args.joint_chunk_size < 0:
         raise ValueError(f"--joint-chunk-size: must be >= 0 (0: off), got {args.joint_chunk_size}")
     if not 0 < args.memory_fraction <= 1:
@@ -43,31 +45,23 @@ def run_oomptimize(args) -> int:
     if not bins_path.exists():
         raise FileNotFoundError(f"{bins_path}: no such profile file")
     check_writable(args.out or bins_path)  # the profile is written after the GPU work: refuse a bad path now
-    from workbench.models.config import config_from_name
-
     config_from_name(args.model)  # a wrong model name is a one-line error here, before any GPU work
-    from workbench.bucketing.profile import load_profile, save_profile
-
     bins = load_profile(bins_path)  # so is a malformed profile file
-    from workbench.memory import configure_allocator
-
     configure_allocator()  # before CUDA is initialized
+    # torch and the modules that import it load here, so that the CLI's other commands start without them
     import torch
 
+    from workbench.models import build_model
     from workbench.models.model import DTYPES
     from workbench.oomptimizer.run import describe_soak, oomptimize, profile_buckets, soak
 
     if not torch.cuda.is_available():
-        raise UserError("oomptimize needs a CUDA GPU (the probes run real training steps)")
+        raise ValueError("oomptimize needs a CUDA GPU (the probes run real training steps)")
     if args.nproc and args.nproc > 1 and "LOCAL_RANK" not in os.environ:
         if torch.cuda.device_count() < args.nproc:
-            raise UserError(f"--nproc {args.nproc}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+            raise ValueError(f"--nproc {args.nproc}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
         return _relaunch_under_torchrun(args.nproc)
     rank = _init_distributed(torch)
-    try:
-        from workbench.models import build_model
-    except ImportError as e:
-        raise UserError(f"workbench.models is not available: {e}") from None
     with torch.device("cuda", torch.cuda.current_device()):  # built on the GPU: an xl model skips host init
         model = build_model(args.model, joint_chunk_size=args.joint_chunk_size)
     say = print if rank == 0 else (lambda *a, **k: None)
@@ -75,7 +69,7 @@ def run_oomptimize(args) -> int:
         f"memory fraction {args.memory_fraction}")
     t0 = time.perf_counter()
     def on_probe(rec):
-        peak = "OOM" if rec.oom else f"{rec.peak_bytes / 2**30:6.1f} GiB"
+        peak = "OOM" if rec.oom else f"{rec.peak_bytes / GiB:6.1f} GiB"
         if rank == 0:
             print(f"\r  bucket {rec.bucket_index:3d}: probe batch size {rec.batch_size:5d} -> {peak:>10}   ",
                   end="", flush=True)
@@ -84,7 +78,7 @@ def run_oomptimize(args) -> int:
         peak = max((r.peak_bytes for r in records if not r.oom), default=0)
         d, u = buckets[i]
         say(f"\r  bucket {i:3d} ({d:6.2f} s, {u:5.0f} tok): batch size {batch_size:5d}  "
-            f"probes {len(records):2d}  peak {peak / 2**30:6.1f} GiB")
+            f"probes {len(records):2d}  peak {peak / GiB:6.1f} GiB")
 
     buckets = profile_buckets(bins)
     profile, result = oomptimize(model, args.model, bins, strategy=args.strategy, dtype=DTYPES[args.dtype],
@@ -140,7 +134,7 @@ def _relaunch_under_torchrun(nproc: int) -> int:
 
 
 if __name__ == "__main__":  # python -m workbench.oomptimizer.cli ARGS == workbench oomptimize ARGS
-    from workbench.cli import main
+    import runpy
 
     sys.argv[1:1] = ["oomptimize"]  # so that a torchrun relaunch (--nproc) repeats the sub-command
-    main()
+    runpy.run_module("workbench", run_name="__main__")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-GiB = float(1 << 30)
+from workbench.units import GiB
 
 
 def _trace(result) -> list[tuple[int, int, float | None, float | None]]:
@@ -60,8 +60,9 @@ def plot_batch_sizes(buckets, batch_sizes, title: str = "batch size per bucket")
 
 def plot_probe_trace(result, buckets, budget_bytes: float | None = None, max_buckets: int = 8,
                      title: str = "probes: peak memory vs batch size"):
-    """Per bucket: successful probes (dots, joined in probe order), OOMs (x at the budget line),
-    the model's expected peak before each probe (hollow), and the chosen size (star)."""
+    """Per bucket (at most ``max_buckets``, the longest; the title says how many of how many): successful
+    probes (dots, joined in probe order), OOMs (x at the budget line), the model's expected peak before
+    each probe (hollow), and the chosen size (star)."""
     trace = _trace(result)
     sizes = _sizes(result)
     shown = sorted({t[0] for t in trace}, key=lambda i: -buckets[i][0])[:max_buckets]
@@ -90,7 +91,8 @@ def plot_probe_trace(result, buckets, budget_bytes: float | None = None, max_buc
     ax.set_xscale("log")
     ax.set_xlabel("batch size")
     ax.set_ylabel("peak memory (GiB)")
-    ax.set_title(title)
+    probed = len({t[0] for t in trace})
+    ax.set_title(f"{title} ({len(shown)} of {probed} buckets, the longest)" if len(shown) < probed else title)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     return fig

@@ -9,13 +9,14 @@ import time
 from typing import Callable
 
 import torch
+from tqdm.auto import tqdm
 
 from workbench.bucketing.profile import BucketProfile
-from workbench.memory.oom import is_oom_error
+from workbench.memory.oom import is_oom_error, release_memory
 from workbench.oomptimizer.merge import merge_equal_buckets
-from workbench.memory.oom import release_memory
 from workbench.oomptimizer.probe import TrainingStepProbe
 from workbench.oomptimizer.search import SearchResult, search_batch_sizes
+from workbench.units import GiB
 
 DEFAULT_TOKENS_PER_SECOND = 10.0  # token bound of a 1D bucket when the profile has no max_tps
 
@@ -75,75 +76,29 @@ def oomptimize(model: torch.nn.Module, model_name: str, bins: BucketProfile, *, 
     return BucketProfile(bin_list, batch_sizes, tps, {**bins.metadata, **meta}), result
 
 
-def soak(model: torch.nn.Module, profile: BucketProfile, *, dtype: torch.dtype = torch.bfloat16,
-         memory_fraction: float = 1.0, search_memory_fraction: float | None = None, steps_per_bucket: int = 3,
-         seed: int = 0, progress: bool = True) -> dict:
-    """Train ``steps_per_bucket`` steps per bucket at the profile's batch sizes, in shuffled bucket order
-    like training, with lengths varied inside each bucket (the longest at the bucket's bound). One
-    persistent optimizer, as in training. Raises RuntimeError on any OOM; returns counts and peaks.
+def soak_batch(model: torch.nn.Module, buckets: list[tuple[float, float]], i: int, batch_size: int,
+               device: torch.device) -> dict[str, torch.Tensor]:
+    """A batch of bucket ``i`` with varied lengths: the first utterance keeps the bucket's bound, the others
+    fall between the previous bucket's bound (half this one's for the first bucket) and this one's."""
+    d, u = buckets[i]
+    low = buckets[i - 1][0] if i > 0 and buckets[i - 1][0] < d else d * 0.5
+    batch = model.make_batch(batch_size, d, int(u), device)
+    frac = torch.empty(batch_size).uniform_(low / d, 1.0)
+    frac[0] = 1.0
+    batch["audio_lens"] = (batch["audio_lens"].float() * frac.to(batch["audio_lens"].device)).long().clamp(min=1)
+    batch["token_lens"] = (batch["token_lens"].float() * frac.to(batch["token_lens"].device)).long() \
+        .clamp(min=min(1, int(u)))  # a bucket bound of 0 tokens stays 0
+    return batch
 
-    ``memory_fraction`` is the limit training runs under: the whole device unless training sets one.
-    The search ran under a lower fraction (``search_memory_fraction``, the OOMptimizer's default is 0.9;
-    without it the report has no headroom figures): the difference is
-    the headroom for what training adds to a probe (a long-lived optimizer, shuffled shapes, library
-    workspaces). A search at the full device would leave none: on the H200 a soak at the search's own
-    limit ran out of memory, narrowly, on a bucket whose batch size was the exact maximum. The report says
-    how much of the headroom the soak used (``peak_allocated_over_search_budget``).
 
-    On a CPU (smoke runs) the steps run the same way, but there is no memory limit to set and no peak
-    to read: ``peak_reserved_bytes`` and ``budget_bytes`` are None."""
-    from tqdm.auto import tqdm
-
-    if profile.bucket_batch_size is None:
-        raise ValueError("profile: field 'bucket_batch_size' is missing; run the search first")
-    if not 0 < memory_fraction <= 1:
-        raise ValueError(f"memory_fraction: must be in (0, 1], got {memory_fraction}")
-    if search_memory_fraction is not None and not 0 < search_memory_fraction <= memory_fraction:
-        raise ValueError(f"search_memory_fraction: must be in (0, memory_fraction={memory_fraction}], "
-                         f"got {search_memory_fraction}")
-    device = next(model.parameters()).device
-    on_cuda = device.type == "cuda"
-    if on_cuda:
-        torch.cuda.set_per_process_memory_fraction(memory_fraction, device)
-    buckets = profile_buckets(profile)
-    rng = random.Random(seed)
-    order = [i for i in range(len(buckets)) for _ in range(steps_per_bucket)]
-    rng.shuffle(order)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
-    if on_cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-    t0 = time.perf_counter()
-    try:
-        for step, i in enumerate(tqdm(order, desc="soak", disable=not progress)):
-            d, u = buckets[i]
-            low = buckets[i - 1][0] if i > 0 and buckets[i - 1][0] < d else d * 0.5
-            bs = profile.bucket_batch_size[i]
-            batch = model.make_batch(bs, d, int(u), device)
-            # Varied lengths: the first utterance keeps the bucket's bound, the others fall inside it.
-            frac = torch.empty(bs).uniform_(low / d, 1.0)
-            frac[0] = 1.0
-            batch["audio_lens"] = (batch["audio_lens"].float() * frac.to(batch["audio_lens"].device)).long().clamp(min=1)
-            batch["token_lens"] = (batch["token_lens"].float() * frac.to(batch["token_lens"].device)).long() \
-                .clamp(min=min(1, int(u)))  # a bucket bound of 0 tokens stays 0
-            try:
-                model.training_step(batch, dtype=dtype)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            except Exception as e:  # noqa: BLE001
-                if is_oom_error(e):
-                    raise RuntimeError(f"soak: OOM at step {step}, bucket {i} ({d:g} s, {u:g} tokens), "
-                                       f"batch size {bs}: {str(e).splitlines()[0]}") from None
-                raise
-            del batch
-    finally:
-        del optimizer
-        model.zero_grad(set_to_none=True)
-        release_memory()
-    report = {"steps": len(order), "ooms": 0, "seconds": time.perf_counter() - t0,
+def soak_report(steps: int, seconds: float, device: torch.device, memory_fraction: float,
+                search_memory_fraction: float | None) -> dict:
+    """The soak's counts, and on a GPU its peaks (bytes) against training's limit and the search's budget."""
+    report = {"steps": steps, "ooms": 0, "seconds": seconds,
               "memory_fraction": memory_fraction, "search_memory_fraction": search_memory_fraction,
               "peak_reserved_bytes": None, "peak_allocated_bytes": None, "budget_bytes": None,
               "peak_over_search_budget": None, "peak_allocated_over_search_budget": None}
-    if on_cuda:
+    if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         report.update(peak_reserved_bytes=int(torch.cuda.max_memory_reserved(device)),
                       peak_allocated_bytes=int(torch.cuda.max_memory_allocated(device)),
@@ -153,6 +108,56 @@ def soak(model: torch.nn.Module, profile: BucketProfile, *, dtype: torch.dtype =
             report["peak_allocated_over_search_budget"] = \
                 report["peak_allocated_bytes"] / (search_memory_fraction * total)
     return report
+
+
+def soak(model: torch.nn.Module, profile: BucketProfile, *, dtype: torch.dtype = torch.bfloat16,
+         memory_fraction: float = 1.0, search_memory_fraction: float | None = None, steps_per_bucket: int = 3,
+         seed: int = 0, progress: bool = True) -> dict:
+    """Train ``steps_per_bucket`` steps per bucket at the profile's batch sizes, in shuffled bucket order
+    like training, with lengths varied inside each bucket (:func:`soak_batch`). One persistent optimizer,
+    as in training. Raises RuntimeError on any OOM; returns :func:`soak_report`.
+
+    ``memory_fraction`` is the limit training runs under (the whole device unless training sets one);
+    ``search_memory_fraction`` the lower one the search ran under: the difference is the headroom for what
+    training adds to a probe (a long-lived optimizer, shuffled shapes, library workspaces), and the report
+    says how much of it the soak used (``peak_allocated_over_search_budget``). On a CPU (smoke runs) the
+    steps run the same way, with no limit to set and no peak to read (None)."""
+    if profile.bucket_batch_size is None:
+        raise ValueError("profile: field 'bucket_batch_size' is missing; run the search first")
+    if not 0 < memory_fraction <= 1:
+        raise ValueError(f"memory_fraction: must be in (0, 1], got {memory_fraction}")
+    if search_memory_fraction is not None and not 0 < search_memory_fraction <= memory_fraction:
+        raise ValueError(f"search_memory_fraction: must be in (0, memory_fraction={memory_fraction}], "
+                         f"got {search_memory_fraction}")
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.set_per_process_memory_fraction(memory_fraction, device)
+        torch.cuda.reset_peak_memory_stats(device)
+    buckets = profile_buckets(profile)
+    order = [i for i in range(len(buckets)) for _ in range(steps_per_bucket)]
+    random.Random(seed).shuffle(order)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+    t0 = time.perf_counter()
+    try:
+        for step, i in enumerate(tqdm(order, desc="soak", disable=not progress)):
+            bs = profile.bucket_batch_size[i]
+            batch = soak_batch(model, buckets, i, bs, device)
+            try:
+                model.training_step(batch, dtype=dtype)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            except Exception as e:  # noqa: BLE001
+                if is_oom_error(e):
+                    d, u = buckets[i]
+                    raise RuntimeError(f"soak: OOM at step {step}, bucket {i} ({d:g} s, {u:g} tokens), "
+                                       f"batch size {bs}: {str(e).splitlines()[0]}") from None
+                raise
+            del batch
+    finally:
+        del optimizer
+        model.zero_grad(set_to_none=True)
+        release_memory()
+    return soak_report(len(order), time.perf_counter() - t0, device, memory_fraction, search_memory_fraction)
 
 
 def describe_soak(report: dict) -> str:
@@ -167,8 +172,8 @@ def describe_soak(report: dict) -> str:
     if report.get("peak_allocated_bytes") is None:
         return line + " (no GPU: peaks not measured)"
     total = report["budget_bytes"] / report["memory_fraction"]
-    line += (f"; peak allocated {report['peak_allocated_bytes'] / 2**30:.1f} GiB, reserved "
-             f"{report['peak_reserved_bytes'] / 2**30:.1f} GiB of {total / 2**30:.1f} GiB "
+    line += (f"; peak allocated {report['peak_allocated_bytes'] / GiB:.1f} GiB, reserved "
+             f"{report['peak_reserved_bytes'] / GiB:.1f} GiB of {total / GiB:.1f} GiB "
              f"(limit {report['memory_fraction']:.0%} of the device)")
     if report.get("search_memory_fraction"):
         search_budget = report["search_memory_fraction"] * total

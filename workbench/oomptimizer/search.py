@@ -73,9 +73,6 @@ class SearchResult:
     def num_ooms(self) -> int:
         return sum(p.oom for p in self.probes)
 
-    def probes_of(self, bucket_index: int) -> list[ProbeRecord]:
-        return [p for p in self.probes if p.bucket_index == bucket_index]
-
 
 def search_batch_sizes(buckets, probe: Probe, *, budget_bytes: float | None = None, rel_gap: float = 0.05,
                        start_batch_size: int = 32, strategy: str = "predictive",

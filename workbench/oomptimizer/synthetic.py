@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-GiB = 1 << 30
+from workbench.oomptimizer.search import search_batch_sizes
+from workbench.units import GiB
+
 MODEL_KINDS = ("linear", "quadratic", "noisy", "step")
 
 
@@ -93,8 +95,6 @@ def compare_strategies(memory: SyntheticMemory, buckets, *, rel_gap: float = 0.0
                        strategies=("predictive", "bisect")) -> dict:
     """Each search strategy from scratch on the same ``buckets`` of ``memory``: {strategy: SearchResult}.
     The search is given the budget only when ``budget_known`` (else it learns it from OOMs)."""
-    from workbench.oomptimizer.search import search_batch_sizes
-
     return {strategy: search_batch_sizes(buckets, memory.probe, rel_gap=rel_gap, strategy=strategy,
                                          budget_bytes=memory.budget_bytes if budget_known else None)
             for strategy in strategies}

@@ -36,9 +36,9 @@ def train_figures(summary: dict[str, Any], records: list[dict[str, Any]]) -> dic
             "warnings": summary.get("warnings", [])}
 
 
-def summary_lines(record: dict[str, Any]) -> list[str]:
-    """Headline lines for benchmarks/SUMMARY.md."""
-    f = record["figures"]
+def summary_lines(figures: dict[str, Any]) -> list[str]:
+    """Headline lines for benchmarks/SUMMARY.md (from the record's ``figures``)."""
+    f = figures
     lines = []
     total = sum(c["seconds"] for c in f["commands"])
     lines.append(f"README flow: {len(f['commands'])} commands in {total:.0f} s; checks "

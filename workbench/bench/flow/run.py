@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         path = write_result("flow", what="the README's flow on this GPU: commands as typed, then the checks "
                             "a user makes", figures=figures, params={"commands": commands}, out_dir=args.out)
         record = json.loads(path.read_text())
-        print("\n".join(summary_lines(record)))
+        print("\n".join(summary_lines(record["figures"])))
         print(f"wrote {path}")
         return 1 if figures["failures"] else 0
     except FlowError as e:

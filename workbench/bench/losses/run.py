@@ -127,7 +127,7 @@ def chunked_steps(record: LossesRecord, step_shape, chunk_sizes, device, *, smok
                 record.failures.append(f"{name} joint_chunk_size={chunk}: {step.error}")
         record.chunked.append(step)
     model.zero_grad(set_to_none=True)
-    del model, batch
+    model = batch = None  # free the GPU memory before the next part
     release_memory()
 
 

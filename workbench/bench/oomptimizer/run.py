@@ -1,30 +1,21 @@
-"""OOMptimizer on the GPU: predictive vs bisect search, true maxima, soak, xl AED, two-GPU DDP.
+"""The OOMptimizer bench's CLI: predictive vs bisect search, true maxima, soak, xl AED, two-GPU DDP.
 
-    python3 -m workbench.bench.oomptimizer --out benchmarks/results   # both parts; one the time limit skips fails
+    python3 -m workbench.bench.oomptimizer --out benchmarks/results            # both parts, one GPU
     python3 -m workbench.bench.oomptimizer --out DIR --part rnnt               # GPU 0 ...
     python3 -m workbench.bench.oomptimizer --out DIR --part aed                # ... and GPU 1, at once
-    python3 -m workbench.bench.oomptimizer --out benchmarks/results --nproc 2  # two GPUs (torchrun), < 3 min
-
-One GPU, RNN-T part: large RNN-T, 2D 15 x 2 buckets up to 40 s (bins from estimate_2d_bins over
-synthetic_cut_arrays): predictive search on all 30 buckets (the profile); both strategies fresh on every
-fifth bucket, side by side (bisection on all 30 would not fit the time); for five of those buckets the
-true maximum by bisection to a gap of 1; a soak of the profile under training's limit (varied lengths,
-shuffled buckets); after the AED part, the one-GPU DDP gradient-bucket accounting. AED part: xl AED on
-8 x 1 buckets, predictive and bisect. ``--part all`` (default) runs both into oomptimizer.json; ``--part
-aed`` writes oomptimizer_aed.json. ``--time-limit-s`` (default 300): no new part starts after it (the
-JSON names what was skipped, and a skipped part fails the run, as true maxima not measured do). With --nproc 2 it relaunches under torchrun; each rank probes with DDP
-gradient all-reduce, the largest peak decides; writes oomptimizer_ddp.json.
-Fails (exit 1) when a returned size was not probed, predictive needs > 3 probes per bucket, a size is
-> 3 % (and > 1) below the true maximum, the soak OOMs, or memory is left allocated.
-
+    python3 -m workbench.bench.oomptimizer --out benchmarks/results --nproc 2  # two GPUs (torchrun)
     python3 -m workbench.bench.oomptimizer --smoke --out /tmp/smoke [--nproc 2]   # CPU, seconds
 
---smoke runs the same parts end to end with tiny-rnnt and tiny-aed on 4 and 2 short buckets. Without
-CUDA the probe is ModeledMemoryProbe: the real make_batch + training_step + AdamW step on the CPU, the
-peak modeled from the batch's element count (a CPU measures no allocator peak), DDP over gloo; with CUDA
-the real probe, batch sizes capped at 16. The JSON is marked "smoke": true, goes only to --out (required),
-and the checks are reported but do not set the exit code.
+RNN-T part: large RNN-T on 15 x 2 2D buckets up to 40 s: predictive search on all buckets (the profile),
+both strategies fresh on every fifth bucket, true maxima on five of them, a soak of the profile, then the
+one-GPU DDP gradient-bucket accounting. AED part: xl AED on 8 x 1 buckets, predictive and bisect.
+``--time-limit-s``: no new part starts after it; a skipped part fails the run. ``--nproc 2`` relaunches
+under torchrun and writes oomptimizer_ddp.json. Exit 1 when a returned size was not probed, predictive
+needs > 3 probes per bucket, a size is > 3 % (and > 1) below the true maximum, the soak OOMs, or memory
+is left allocated. --smoke: tiny models on a few short buckets; without CUDA the probe is
+``ModeledMemoryProbe`` (``modeled_probe.py``). ``record.py`` owns the record's fields.
 """
+
 
 from __future__ import annotations
 
@@ -35,6 +26,8 @@ import subprocess
 import sys
 import time
 import traceback
+from dataclasses import dataclass
+from pathlib import Path
 
 from workbench.memory import configure_allocator
 
@@ -42,12 +35,17 @@ configure_allocator()  # before CUDA is initialized
 
 import torch  # noqa: E402
 
-from workbench.bench.results import (bench_device, check_smoke_out, cpu_smoke_torch, cuda_missing,  # noqa: E402
-                                     report_failures, summarize, write_result)
+from workbench.bench.oomptimizer import record  # noqa: E402
+from workbench.bench.oomptimizer.modeled_probe import ModeledMemoryProbe  # noqa: E402
+from workbench.bench.results import (  # noqa: E402
+    bench_device, check_smoke_out, cpu_smoke_torch, cuda_missing, report_failures, summarize, write_result)
+from workbench.bucketing import estimate_2d_bins  # noqa: E402
 from workbench.bucketing.profile import BucketProfile  # noqa: E402
-from workbench.oomptimizer.cli import without_option  # noqa: E402
+from workbench.data.synthetic import synthetic_cut_arrays  # noqa: E402
 from workbench.memory.oom import release_memory  # noqa: E402
-from workbench.oomptimizer.probe import ModeledMemoryProbe, TrainingStepProbe  # noqa: E402
+from workbench.models import build_model  # noqa: E402
+from workbench.oomptimizer.cli import without_option  # noqa: E402
+from workbench.oomptimizer.probe import TrainingStepProbe  # noqa: E402
 from workbench.oomptimizer.run import soak  # noqa: E402
 from workbench.oomptimizer.search import search_batch_sizes  # noqa: E402
 from workbench.oomptimizer.synthetic import demo_buckets  # noqa: E402
@@ -65,8 +63,6 @@ def build(name: str) -> torch.nn.Module:
     if ":" in name:
         module, attr = name.split(":")
         return getattr(importlib.import_module(module), attr)().to(bench_device())
-    from workbench.models import build_model
-
     with bench_device():
         return build_model(name)
 
@@ -89,9 +85,6 @@ def allocated_bytes() -> int | None:
 def rnnt_bins(num_buckets: int = 15, num_subbuckets: int = 2, max_duration: float = 40.0,
               num_cuts: int = 200_000):
     """(bins, source): 2D bins estimated on the synthetic corpus."""
-    from workbench.bucketing import estimate_2d_bins
-    from workbench.data.synthetic import synthetic_cut_arrays
-
     arrays = synthetic_cut_arrays(num_cuts, seed=0)
     keep = arrays.durations <= max_duration
     est = estimate_2d_bins(arrays.durations[keep], arrays.num_tokens[keep], num_buckets, num_subbuckets)
@@ -136,98 +129,139 @@ def aed_buckets(args) -> list[tuple[float, float]]:
     return demo_buckets(2, 1, 2.0) if args.smoke else demo_buckets(8, 1, 40.0)
 
 
-def main_single(args) -> int:
-    """The one-GPU run. Each part that raises is a failure and the later parts still run; the JSON is
-    rewritten after every part ("complete": false until the end), so a stage timeout keeps what ran."""
-    t0 = time.perf_counter()
-    failures: list[str] = []
-    figures: dict = {"smoke": bool(args.smoke), "complete": False}
-    dtype = torch.bfloat16
-    what = {"all": f"OOMptimizer: predictive vs bisect probes and wall time, true maxima, soak, DDP accounting; "
-                   f"{args.rnnt} 2D and {args.aed} on one GPU",
-            "rnnt": f"OOMptimizer: predictive vs bisect probes and wall time, true maxima, soak, DDP accounting; "
-                    f"{args.rnnt} 2D on one GPU",
-            "aed": f"OOMptimizer: predictive vs bisect probes and wall time; {args.aed} on one GPU"}[args.part]
+@dataclass
+class Parts:
+    """What the parts of the one-GPU run share: the options, the start time, the dtype of the steps, the
+    record's figures and failures so far, and where the record goes."""
+    args: argparse.Namespace
+    t0: float  # time.perf_counter() at the start, seconds
+    dtype: torch.dtype
+    figures: dict
+    failures: list[str]
+    name: str  # the record's name: oomptimizer or oomptimizer_aed
+    what: str
 
-    name = "oomptimizer_aed" if args.part == "aed" else "oomptimizer"
+    @property
+    def rnnt(self) -> dict:
+        return self.figures["rnnt"]
 
-    def save():
-        figures["wall_seconds"] = time.perf_counter() - t0
-        figures["failures"] = failures
-        return write_result(name, what=smoke_what(args, what), figures=figures, out_dir=args.out,
+    @property
+    def aed(self) -> dict:
+        return self.figures["aed"]
+
+    @property
+    def buckets(self) -> list:
+        return self.rnnt["buckets"]
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def say(self, message: str) -> None:
+        print(f"[{self.elapsed():5.0f} s] {message}", flush=True)
+
+    def save(self) -> Path:
+        """Rewrite the record with what ran so far ("complete" stays false until the end)."""
+        args = self.args
+        self.figures["wall_seconds"] = self.elapsed()
+        self.figures["failures"] = self.failures
+        return write_result(self.name, what=smoke_what(args, self.what), figures=self.figures, out_dir=args.out,
                             params={"dtype": "bf16", "memory_fraction": args.memory_fraction, "rel_gap": 0.05,
                                     "max_batch_size": args.max_batch_size, "smoke": bool(args.smoke),
                                     "part": args.part, "time_limit_s": args.time_limit_s})
 
-    def say(message: str) -> None:
-        print(f"[{time.perf_counter() - t0:5.0f} s] {message}", flush=True)
 
+WHAT = {"all": "OOMptimizer: predictive vs bisect probes and wall time, true maxima, soak, DDP accounting; "
+               "{rnnt} 2D and {aed} on one GPU",
+        "rnnt": "OOMptimizer: predictive vs bisect probes and wall time, true maxima, soak, DDP accounting; "
+                "{rnnt} 2D on one GPU",
+        "aed": "OOMptimizer: predictive vs bisect probes and wall time; {aed} on one GPU"}
+
+
+def start_parts(args) -> Parts:
     buckets, bins_source = rnnt_buckets(args) if args.part != "aed" else ([], "not used by --part aed")
-    figures["part"] = args.part
-    figures["rnnt"] = rnnt = {"model": args.rnnt, "buckets": buckets, "bins_source": bins_source}
     aed_bins = aed_buckets(args)
-    figures["aed"] = aed = {"model": args.aed, "buckets": aed_bins,
-                            "note": f"{len(aed_bins)} x 1 buckets (fewer than RNN-T to bound the run time)"}
+    figures = {"smoke": bool(args.smoke), "complete": False, "part": args.part,
+               "rnnt": {"model": args.rnnt, "buckets": buckets, "bins_source": bins_source},
+               "aed": {"model": args.aed, "buckets": aed_bins,
+                       "note": f"{len(aed_bins)} x 1 buckets (fewer than RNN-T to bound the run time)"}}
+    return Parts(args=args, t0=time.perf_counter(), dtype=torch.bfloat16, figures=figures, failures=[],
+                 name="oomptimizer_aed" if args.part == "aed" else "oomptimizer",
+                 what=WHAT[args.part].format(rnnt=args.rnnt, aed=args.aed))
+
+
+def main_single(args) -> int:
+    """The one-GPU run. Each part that raises is a failure and the later parts still run; the JSON is
+    rewritten after every part, so a stage timeout keeps what ran."""
+    parts = start_parts(args)
     if args.part in ("all", "rnnt"):
-        rnnt_part(args, buckets, rnnt, failures, say, save, t0, dtype)
+        rnnt_part(parts)
     else:
-        rnnt["skipped"] = "--part aed (the RNN-T part writes oomptimizer.json)"
+        parts.rnnt["skipped"] = "--part aed (the RNN-T part writes oomptimizer.json)"
     if args.part in ("all", "aed"):
-        aed_part(args, aed, failures, say, t0, dtype)
+        aed_part(parts)
     else:
-        aed["skipped"] = "--part rnnt (the AED part writes oomptimizer_aed.json)"
-    save()
+        parts.aed["skipped"] = "--part rnnt (the AED part writes oomptimizer_aed.json)"
+    parts.save()
     if args.part in ("all", "rnnt"):
-        ddp_accounting_part(args, buckets, rnnt, failures, say, t0, dtype)
-    figures["complete"] = True
-    path = save()
-    print_table(figures)
+        ddp_accounting_part(parts)
+    parts.figures["complete"] = True
+    path = parts.save()
+    print("\n".join(record.table_lines(parts.figures)))
     print(f"wrote {path}")
-    return report_failures(failures, smoke=args.smoke)
+    return report_failures(parts.failures, smoke=args.smoke)
 
 
-def rnnt_part(args, buckets, rnnt, failures, say, save, t0, dtype) -> None:
+def check_search(parts: Parts, label: str, result: dict) -> None:
+    """A search's failures: a returned size not probed, bytes left allocated."""
+    if not result["all_returned_probed"]:
+        parts.failures.append(f"{label}: a returned batch size was not probed successfully")
+    if result["leftover_bytes"] not in (0, None):
+        parts.failures.append(f"{label}: {result['leftover_bytes']} bytes left allocated after search")
+
+
+def rnnt_part(parts: Parts) -> None:
     """Predictive search over every bucket (the profile), then the comparison, true maxima and soak."""
+    args, rnnt = parts.args, parts.rnnt
     model = probe = None
     try:
         model = build(args.rnnt)
-        probe = make_probe(model, dtype, args)
+        probe = make_probe(model, parts.dtype, args)
         rnnt["probe"] = type(probe).__name__
-        say(f"{args.rnnt}: predictive over {len(buckets)} buckets")
-        rnnt["predictive"] = pred = run_search(probe, buckets, "predictive", args.max_batch_size)
+        parts.say(f"{args.rnnt}: predictive over {len(parts.buckets)} buckets")
+        rnnt["predictive"] = pred = run_search(probe, parts.buckets, "predictive", args.max_batch_size)
         rnnt["probe_seconds"] = pred["probe_seconds"]
-        if not pred["all_returned_probed"]:
-            failures.append("rnnt predictive: a returned batch size was not probed successfully")
-        if pred["leftover_bytes"] not in (0, None):
-            failures.append(f"rnnt predictive: {pred['leftover_bytes']} bytes left allocated after search")
+        check_search(parts, "rnnt predictive", pred)
         if pred["probes_per_bucket"] > 3:
-            failures.append(f"rnnt predictive: {pred['probes_per_bucket']:.2f} probes per bucket > 3")
+            parts.failures.append(f"rnnt predictive: {pred['probes_per_bucket']:.2f} probes per bucket > 3")
     except Exception as e:  # noqa: BLE001 - without the profile nothing else of the RNN-T part can run
-        part_failed(failures, f"{args.rnnt} predictive search", e)
+        part_failed(parts.failures, f"{args.rnnt} predictive search", e)
         pred = None
-    save()
+    parts.save()
     if pred is not None:
-        rnnt_comparison(args, model, probe, buckets, pred, rnnt, failures, say, t0, dtype)
-        save()
+        subset = rnnt_comparison(parts, probe)
+        rnnt_true_maxima(parts, probe, pred, subset)
+        rnnt_soak(parts, model, pred)
+        parts.save()
     del model, probe
     release_memory()
 
 
-def ddp_accounting_part(args, buckets, rnnt, failures, say, t0, dtype) -> None:
+def ddp_accounting_part(parts: Parts) -> None:
     """Predictive search with one DDP gradient bucket's worth of memory held (one-GPU DDP accounting)."""
-    if time.perf_counter() - t0 >= args.time_limit_s - 60:
+    args, rnnt = parts.args, parts.rnnt
+    if parts.elapsed() >= args.time_limit_s - 60:
         rnnt["ddp_accounting"] = {"skipped": "time limit"}
-        failures.append("ddp accounting: not measured (time limit; run --part rnnt with more --time-limit-s)")
+        parts.failures.append("ddp accounting: not measured (time limit; run --part rnnt with more --time-limit-s)")
         return
-    say("one-GPU DDP gradient-bucket accounting")
+    parts.say("one-GPU DDP gradient-bucket accounting")
     model = ddp_probe = None
     try:
         model = build(args.rnnt)
-        ddp_probe = make_probe(model, dtype, args, ddp_gradient_buckets=True)
-        rnnt["ddp_accounting"] = run_search(ddp_probe, buckets, "predictive", args.max_batch_size)
+        ddp_probe = make_probe(model, parts.dtype, args, ddp_gradient_buckets=True)
+        rnnt["ddp_accounting"] = run_search(ddp_probe, parts.buckets, "predictive", args.max_batch_size)
     except Exception as e:  # noqa: BLE001
         rnnt["ddp_accounting"] = {"error": f"{type(e).__name__}: {e}"}
-        part_failed(failures, "one-GPU DDP accounting", e)
+        part_failed(parts.failures, "one-GPU DDP accounting", e)
     del model, ddp_probe
     release_memory()
 
@@ -239,41 +273,44 @@ def part_failed(failures: list[str], part: str, error: BaseException) -> None:
     failures.append(f"{part}: {type(error).__name__}: {first_line}")
 
 
-def rnnt_comparison(args, model, probe, buckets, pred, rnnt, failures, say, t0, dtype) -> None:
-    """Predictive vs bisect on every fifth bucket, true maxima, soak."""
-    # Side by side in the same run on every fifth bucket (bisection on all 30 would not fit the time).
+def rnnt_comparison(parts: Parts, probe) -> list[int]:
+    """Predictive vs bisect, each fresh, on every fifth bucket (bisection on all 30 would not fit the time);
+    returns those buckets' indices."""
+    args, rnnt, buckets = parts.args, parts.rnnt, parts.buckets
     subset = list(range(0, len(buckets), max(1, min(5, len(buckets) // 2))))  # >= 2 buckets, <= every fifth
-    sub_buckets = [buckets[i] for i in subset]
     rnnt["comparison"] = comp = {"bucket_indices": subset,
                                  "note": "predictive and bisect each run fresh on every fifth bucket"}
     try:
         for strategy in ("predictive", "bisect"):
-            say(f"{args.rnnt}: {strategy} over {len(subset)} buckets")
-            comp[strategy] = run_search(probe, sub_buckets, strategy, args.max_batch_size)
-            if not comp[strategy]["all_returned_probed"]:
-                failures.append(f"rnnt {strategy} (subset): a returned batch size was not probed successfully")
-            if comp[strategy]["leftover_bytes"] not in (0, None):
-                failures.append(f"rnnt {strategy} (subset): {comp[strategy]['leftover_bytes']} bytes left allocated")
+            parts.say(f"{args.rnnt}: {strategy} over {len(subset)} buckets")
+            comp[strategy] = run_search(probe, [buckets[i] for i in subset], strategy, args.max_batch_size)
+            check_search(parts, f"rnnt {strategy} (subset)", comp[strategy])
         rnnt["bisect"] = bis = comp["bisect"]
         rnnt["ratios"] = {"probes_bisect_over_predictive": bis["probes"] / comp["predictive"]["probes"],
                           "seconds_bisect_over_predictive": bis["seconds"] / max(comp["predictive"]["seconds"], 1e-9)}
     except Exception as e:  # noqa: BLE001
-        part_failed(failures, f"{args.rnnt} predictive vs bisect", e)
+        part_failed(parts.failures, f"{args.rnnt} predictive vs bisect", e)
+    return subset
+
+
+def rnnt_true_maxima(parts: Parts, probe, pred: dict, subset: list[int]) -> None:
+    """True maxima (bisection to a gap of 1) for five of the compared buckets, spread over the range."""
+    args, rnnt, buckets = parts.args, parts.rnnt, parts.buckets
+    comp = rnnt["comparison"]
     bisect_full = [None] * len(buckets)
     for k, i in enumerate(subset):
         if "bisect" in comp:
             bisect_full[i] = comp["bisect"]["batch_sizes"][k]
-    # True maxima for five buckets spread over the range.
     idx = sorted({subset[round(k * (len(subset) - 1) / 4)] for k in range(5)})
     truth = {}
-    if time.perf_counter() - t0 < args.time_limit_s:
-        say(f"true maxima for buckets {idx}")
+    if parts.elapsed() < args.time_limit_s:
+        parts.say(f"true maxima for buckets {idx}")
         try:
             truth = true_maxima(probe, buckets, idx, pred["batch_sizes"], args.max_batch_size)
         except Exception as e:  # noqa: BLE001
-            part_failed(failures, "true maxima", e)
+            part_failed(parts.failures, "true maxima", e)
     else:
-        failures.append("true maxima: not measured (time limit)")
+        parts.failures.append("true maxima: not measured (time limit)")
     rnnt["true_max"] = {str(i): {"bucket": buckets[i], "true_max": t, "predictive": pred["batch_sizes"][i],
                                  "bisect": bisect_full[i],
                                  "predictive_below_true": (t - pred["batch_sizes"][i]) / t}
@@ -281,39 +318,44 @@ def rnnt_comparison(args, model, probe, buckets, pred, rnnt, failures, say, t0, 
     for i, t in truth.items():
         got = pred["batch_sizes"][i]
         if got < t - max(1, int(0.03 * t)):
-            failures.append(f"rnnt bucket {i}: predictive {got} is > 3% below the true maximum {t}")
-    say("soak")
-    profile = BucketProfile([list(b) for b in buckets], list(pred["batch_sizes"]))
+            parts.failures.append(f"rnnt bucket {i}: predictive {got} is > 3% below the true maximum {t}")
+
+
+def rnnt_soak(parts: Parts, model, pred: dict) -> None:
+    """Training steps on the profile under training's memory limit."""
+    parts.say("soak")
+    profile = BucketProfile([list(b) for b in parts.buckets], list(pred["batch_sizes"]))
     try:
-        rnnt["soak"] = soak(model, profile, dtype=dtype, search_memory_fraction=args.memory_fraction,
-                            steps_per_bucket=2, progress=False)
+        parts.rnnt["soak"] = soak(model, profile, dtype=parts.dtype, search_memory_fraction=parts.args.memory_fraction,
+                                  steps_per_bucket=2, progress=False)
     except Exception as e:  # noqa: BLE001 - an OOM in the soak is a RuntimeError naming the step
-        rnnt["soak"] = {"error": f"{type(e).__name__}: {e}"}
-        part_failed(failures, "soak", e)
+        parts.rnnt["soak"] = {"error": f"{type(e).__name__}: {e}"}
+        part_failed(parts.failures, "soak", e)
     release_memory()
 
 
-def aed_part(args, aed, failures, say, t0, dtype) -> None:
+def aed_part(parts: Parts) -> None:
     """Predictive and bisect for the AED model on its few buckets."""
-    if time.perf_counter() - t0 >= args.time_limit_s - 60:
+    args, aed = parts.args, parts.aed
+    if parts.elapsed() >= args.time_limit_s - 60:
         aed["skipped"] = "time limit"
-        failures.append("aed: not measured (time limit; run --part aed on its own)")
+        parts.failures.append("aed: not measured (time limit; run --part aed on its own)")
         return
     model = probe = None
     try:
         model = build(args.aed)
-        probe = make_probe(model, dtype, args)
+        probe = make_probe(model, parts.dtype, args)
         for strategy in ("predictive", "bisect"):
-            if time.perf_counter() - t0 > args.time_limit_s:
+            if parts.elapsed() > args.time_limit_s:
                 aed[strategy] = {"skipped": "time limit"}
-                failures.append(f"aed {strategy}: not measured (time limit)")
+                parts.failures.append(f"aed {strategy}: not measured (time limit)")
                 continue
-            say(f"{args.aed}: {strategy}")
+            parts.say(f"{args.aed}: {strategy}")
             aed[strategy] = run_search(probe, aed["buckets"], strategy, args.max_batch_size)
             if not aed[strategy]["all_returned_probed"]:
-                failures.append(f"aed {strategy}: a returned batch size was not probed successfully")
+                parts.failures.append(f"aed {strategy}: a returned batch size was not probed successfully")
     except Exception as e:  # noqa: BLE001
-        part_failed(failures, f"{args.aed} search", e)
+        part_failed(parts.failures, f"{args.aed} search", e)
     del model, probe
     release_memory()
 
@@ -362,30 +404,6 @@ def main_ddp(args) -> int:
         print(f"wrote {path}")
     torch.distributed.destroy_process_group()
     return report_failures(failures, smoke=args.smoke)
-
-
-def print_table(figures: dict) -> None:
-    print("\nmodel                 run                    buckets  probes  per-bucket  OOMs  seconds")
-    rnnt, aed = figures["rnnt"], figures["aed"]
-    rows = [(rnnt["model"], "predictive (profile)", rnnt.get("predictive")),
-            (rnnt["model"], "predictive (subset)", rnnt.get("comparison", {}).get("predictive")),
-            (rnnt["model"], "bisect (subset)", rnnt.get("comparison", {}).get("bisect")),
-            (rnnt["model"], "predictive + DDP acct", rnnt.get("ddp_accounting")),
-            (aed["model"], "predictive", aed.get("predictive")), (aed["model"], "bisect", aed.get("bisect"))]
-    for model, name, r in rows:
-        if r and "probes" in r:
-            print(f"{model[-21:]:21s} {name:22s} {len(r['batch_sizes']):7d}  {r['probes']:6d}  "
-                  f"{r['probes_per_bucket']:10.2f}  {r['ooms']:4d}  {r['seconds']:7.1f}")
-        else:
-            why = (r or {}).get("skipped") or (r or {}).get("error") or "not run"
-            print(f"{model[-21:]:21s} {name:22s} SKIPPED ({why})")
-    ratios = figures["rnnt"].get("ratios", {})
-    if ratios:
-        print(f"bisect / predictive: {ratios['probes_bisect_over_predictive']:.2f}x probes, "
-              f"{ratios['seconds_bisect_over_predictive']:.2f}x wall time")
-    for i, t in figures["rnnt"].get("true_max", {}).items():
-        print(f"  bucket {i:>3} {t['bucket']}: true max {t['true_max']}, predictive {t['predictive']} "
-              f"({100 * t['predictive_below_true']:.1f}% below), bisect {t['bisect']}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,67 +1,16 @@
-"""Expandable segments vs the plain caching allocator, with dynamic batch shapes near the memory limit.
+"""The allocator bench's CLI: expandable segments vs the plain caching allocator with dynamic batch shapes
+near the memory limit (protocol and timings: benchmarks/NOTES.md, "Allocator bench").
 
-    python3 -m workbench.bench.allocator --out benchmarks/results                # two rounds, ~8 min on an H200
-    python3 -m workbench.bench.allocator --out DIR --headroom 0.08 0.15           # one round of each, ~8 min
+    python3 -m workbench.bench.allocator --out benchmarks/results            # GPU
+    python3 -m workbench.bench.allocator --out DIR --headroom 0.08 0.15       # a headroom sweep
+    python3 -m workbench.bench.allocator --smoke --out /tmp/smoke            # CPU dry run, seconds
 
-What runs: training steps (forward, loss, backward, optimizer step) of ``workbench.models`` 'large-rnnt'
-in worker subprocesses (``workbench.bench.allocator_worker``). 64 batch shapes (batch size, padded
-duration, padded tokens; 200 s of padded audio per batch) come from lhotse's DynamicBucketingSampler built
-by ``workbench.bucketing.make_sampler`` on a synthetic corpus. On a GPU host without lhotse, ``--shapes-file`` takes the shapes written
-beforehand on a CPU machine with ``--write-shapes PATH``. A calibration subprocess measures each shape's
-peak; the largest goes first, and a per-process memory fraction puts the limit ``--headroom`` above the
-largest peak, so the caching allocator cannot keep blocks for every shape.
-
-Protocol. Four configurations, {dynamic, static} x {plain allocator, expandable segments}, measured inside
-one process per round, so that they share its clocks, CPU placement and model state (fresh subprocesses of
-the same configuration differed 10-15 % in step time on the H200, more than the effect measured). A round
-is one fresh subprocess: one unrecorded prime step (the cheapest shape: the optimizer state exists before
-the first block, as in training), then the blocks of ``--blocks`` (default PEEP: P plain, E expandable
-segments, in ABBA order so a linear drift cancels). Each block switches the allocator
-(``workbench.memory.switch_expandable_segments``: settings set at runtime, cached blocks released, so the
-block's activations live in segments of its kind; weights and optimizer state stay where the prime put
-them), runs a warm-up pass over every shape (largest first, so the allocator sees every shape; the first
-block's warm-up also pays the per-shape first-time costs such as kernel plans), then ``--passes`` measured passes that run every shape twice in a row. The
-first occurrence follows a different shape: a dynamic step. The repeat has exactly the shape of the step
-before it, so the allocator has nothing to do: the same step with static shapes. Dynamic and static steps
-are thus paired one by one under the same allocator. Rounds repeat (up to ``--rounds``, default 4) while
-``--budget-s`` (default 500 s) allows, the first always, every headroom once per round. Figures: per
-configuration, the median of per-round median step times with their spread across rounds; ratios of the
-total time of the same steps computed within each round (paired), with their median and range over rounds.
-Each headroom has its own section under ``figures["headrooms"]``. Every step after the warm-up that allocates
-device memory (or retries, or OOMs) is listed with its shape, the shape before it, reserved bytes before
-and after, and a reason (``workbench.memory.device_alloc_events``: OOM-retry, peak above warm-up,
-re-allocated after frees, cache miss), so a missed allocation target says why. Each block's settings and
-segment bytes by kind (torch's memory snapshot, after the switch and at the end) are kept in
-``params["block_settings"]``; a block in which segments of the other kind grew fails the run.
-
-Time (estimates; each record's ``params["run_order"]`` and ``calibration_wall_s`` give the real ones): a
-worker starts in ~8-10 s; a round of 64 shapes runs 4 blocks x 3 x 64 steps of large-rnnt at 200 s of audio
-per batch, ~0.26 s each, ~210 s in all; the shapes and the calibration take ~40-60 s before the first
-round. So two rounds need a budget of ~490 s: the default 500 s just fits them. ``scripts/gpu_run.sh``
-gives a stage its deadline minus 60 s (500 s with the default ``DEADLINE_S=560``); ``DEADLINE_S=590``
-leaves a margin. The budget is checked against the longest round so far, so slower steps give fewer
-rounds, not a longer run. The JSON is rewritten after every round (``figures["complete"]`` false until
-the end), so a run killed by an outer time limit keeps the rounds it finished.
-
-Targets (checked for every headroom, non-zero exit when missed): with expandable segments, no device
-allocation per step in the measured passes, and total step time within 5 % of static shapes: with the
-plain allocator, or with expandable segments where the plain allocator cannot run the static steps at
-this limit (an OOM or allocations in repeated steps; a warning says so). Median of the per-round paired
-ratios; ``time_target`` says "met"/"missed" when every round falls on one side of 1.05, "inconclusive"
-when they straddle it; "conclusive" needs >= 2 rounds on one side. Must hold or the run fails: with
-expandable segments no OOM and no allocation in repeated-shape steps either, and every allocator switch
-took.
-
-    python3 -m workbench.bench.allocator --smoke --out /tmp/smoke     # ~15 s on a 2-core CPU
-
---smoke: the same parent and worker subprocesses with tiny-rnnt, 4 sampler-drawn shapes from a 400-cut
-synthetic corpus (utterances up to 3 s), one round (--rounds/--headroom still work), and no memory limit
-(a tiny model's peak is below the allocator's segment granularity). Without CUDA the worker runs on the
-CPU, where there is no allocator to measure or switch: the memory counters are zero and the calibration
-"peaks" are the batch's bytes. The
-JSON is marked "smoke": true and goes only to --out (required); the targets are reported but do not set
-the exit code.
+Steps: parse the options, draw the batch shapes from lhotse's sampler, calibrate each shape's peak in a
+worker subprocess (``worker.py``), run rounds of worker subprocesses while the budget allows, and write
+``<out>/<name>.json`` after every round (``record.py`` owns its fields). Exit code 1 when a target is missed
+outside --smoke, 2 without CUDA and without --smoke.
 """
+
 
 from __future__ import annotations
 
@@ -72,15 +21,25 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import lhotse
 import numpy as np
+import pandas as pd
+import torch
 
-from workbench.bench.allocator_worker import parse_blocks, worker
+from workbench.bench.allocator import record
+from workbench.bench.allocator.worker import parse_blocks
 from workbench.bench.results import check_smoke_out, cuda_missing, report_failures, summarize, write_result
+from workbench.bucketing import close_sampler, cut_num_tokens, estimate_2d_bins, make_sampler
+from workbench.bucketing.profile import BucketProfile
+from workbench.data.synthetic import synthetic_cut_arrays, write_synthetic_corpus
+from workbench.memory.telemetry import device_alloc_events, summarize_steps
+from workbench.units import GiB, MiB
 
 FRAME_S = 0.08  # encoder frame after subsampling, seconds (for the joint-size cost of a shape)
-TARGET_TIME_RATIO = 1.05
+TARGET_TIME_RATIO = record.TARGET_TIME_RATIO
 
 
 # ---------------------------------------------------------------- batch shapes (CPU, parent process)
@@ -91,12 +50,6 @@ def sampler_shapes(num_steps: int, *, batch_audio_s: float, num_buckets: int, se
     """Batch shapes (batch size, max duration s, max tokens) from a real bucketed lhotse sampler over a
     synthetic corpus of ``num_cuts`` (default max(4000, 200 x num_steps)) utterances up to
     ``max_duration_s`` seconds. Returns (shapes, source)."""
-    import lhotse
-
-    from workbench.bucketing import close_sampler, cut_num_tokens, estimate_2d_bins, make_sampler
-    from workbench.bucketing.profile import BucketProfile
-    from workbench.data.synthetic import write_synthetic_corpus
-
     path = write_synthetic_corpus(work_dir, num_cuts=num_cuts or max(4000, num_steps * 200), seed=seed,
                                   progress=False, max_duration_s=max_duration_s)
     cuts = lhotse.CutSet.from_file(path)
@@ -125,8 +78,6 @@ def drawn_shapes(num_steps: int, *, batch_audio_s: float, num_buckets: int, seed
     """What a bucketing sampler yields, drawn directly: pick a bucket (weighted by its share of cuts),
     fill it up to ``batch_audio_s`` of padded audio, pad to the batch's longest cut and transcript. Fast:
     the tests use it in place of :func:`sampler_shapes`."""
-    from workbench.data.synthetic import synthetic_cut_arrays
-
     arrays = synthetic_cut_arrays(20_000, seed=seed)
     dur, tok = arrays.durations, arrays.num_tokens
     order = np.argsort(dur, kind="stable")
@@ -159,7 +110,7 @@ def largest_first(shapes: list[tuple[int, float, int]], costs: list[float] | Non
 # ABBA order cancels a linear drift within the round; each block's static-mode passes pair every dynamic
 # step (first occurrence) with a static one (the repeat) in the same block.
 BLOCKS = "PEEP"
-CONFIG_NAMES = ["static_plain", "dynamic_expandable", "static_expandable", "dynamic_plain"]
+CONFIG_NAMES = record.CONFIG_NAMES
 PAIRS = {  # figure name -> (numerator, denominator), ratios of per-round total time of the same steps
     "dynamic_expandable/static_plain": ("dynamic_expandable", "static_plain"),  # the target
     "dynamic_expandable/static_expandable": ("dynamic_expandable", "static_expandable"),  # the fallback target
@@ -170,6 +121,7 @@ TARGET_PAIRS = ("dynamic_expandable/static_plain", "dynamic_expandable/static_ex
 SMOKE_DEFAULTS = dict(model="tiny-rnnt", steps=4, batch_audio_s=6.0, buckets=2, worker_timeout_s=120, rounds=1,
                       budget_s=120.0)
 SMOKE_CORPUS = dict(num_cuts=400, max_duration_s=3.0)
+SHAPE_COLUMNS = ("batch_size", "duration_s", "num_tokens")  # the worker's tags that make a step's shape
 MAX_EVENTS = 40  # allocation events kept per configuration and headroom
 SWITCH_TOLERANCE_BYTES = 64 << 20  # segments of the other kind a block may add before its switch counts as failed
 
@@ -179,13 +131,13 @@ def headroom_label(headroom: float) -> str:
 
 
 def run_worker(mode: str, tmp: Path, shapes_path: Path, args, fraction: float = 0.0) -> dict:
-    """One worker subprocess: ``mode`` "calibrate" or "interleaved" (the blocks of ``args.blocks``)."""
+    """One worker subprocess (``worker.py``): ``mode`` "calibrate" or "interleaved" (the blocks of
+    ``args.blocks``) under the memory ``fraction`` of the device (0: no limit). Returns its JSON."""
     out = tmp / f"{mode}_{time.monotonic_ns()}.json"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
-    cmd = [sys.executable, "-m", "workbench.bench.allocator", "--worker", "--mode", mode, "--shapes",
-           str(shapes_path), "--rows", str(out), "--model", args.model, "--dtype", args.dtype,
-           "--fraction", str(fraction), "--device", args.device, "--passes", str(args.passes),
-           "--blocks", args.blocks]
+    cmd = [sys.executable, "-m", "workbench.bench.allocator.worker", "--mode", mode, "--shapes", str(shapes_path),
+           "--rows", str(out), "--model", args.model, "--dtype", args.dtype, "--fraction", str(fraction),
+           "--device", args.device, "--passes", str(args.passes), "--blocks", args.blocks]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=args.worker_timeout_s)
     if proc.returncode != 0:
@@ -202,10 +154,6 @@ def split_round(result: dict, num_shapes: int) -> dict[str, dict]:
     occurrences (each after a different shape), "static" the repeats. ``events`` are the measured steps that
     touched device memory (``workbench.memory.device_alloc_events``, found per allocator block in run order,
     so each names the step really before it); ``plot_rows`` the first block of the allocator alone."""
-    import pandas as pd
-
-    from workbench.memory.telemetry import device_alloc_events
-
     frame = pd.DataFrame(result["rows"])
     done = {}
     for allocator in ("plain", "expandable"):
@@ -215,7 +163,8 @@ def split_round(result: dict, num_shapes: int) -> dict[str, dict]:
         if len(warm) != num_shapes * len(blocks):
             raise ValueError(f"round rows: {len(warm)} warm-up steps for {allocator}, want {num_shapes} per block")
         events = [e for b in blocks
-                  for e in device_alloc_events(mine[mine["block"] == b["block"]], start=num_shapes)]
+                  for e in device_alloc_events(mine[mine["block"] == b["block"]], start=num_shapes,
+                                               shape_columns=SHAPE_COLUMNS)]
         first_block = mine[mine["block"] == blocks[0]["block"]]
         for kind, repeat in (("dynamic", False), ("static", True)):
             def keep(f):  # warm-up steps and this kind's measured steps
@@ -234,7 +183,7 @@ def switch_failures(result: dict) -> list[str]:
         other = "plain" if b["allocator"] == "expandable" else "expandable"
         grew = b["segments_end"][other] - b["segments_after_switch"][other]
         if grew > SWITCH_TOLERANCE_BYTES:
-            failures.append(f"block {b['block']} ({b['allocator']}): {other} segments grew by {grew / 2**20:.0f} MiB "
+            failures.append(f"block {b['block']} ({b['allocator']}): {other} segments grew by {grew / MiB:.0f} MiB "
                             f"after switching to {b['settings']!r}: the switch did not take")
     return failures
 
@@ -242,10 +191,6 @@ def switch_failures(result: dict) -> list[str]:
 def round_figures(frame, warmup: int, passes: int) -> dict:
     """One configuration's figures in one round: ``frame`` holds its ``warmup`` warm-up steps, then its
     measured steps, ``passes`` passes over the shapes (:func:`split_round`)."""
-    import pandas as pd
-
-    from workbench.memory.telemetry import summarize_steps
-
     frame = pd.DataFrame(frame)
     measured = frame.iloc[warmup:]
     return dict(summarize_steps(frame, warmup=warmup), median_step_s=float(measured["time_s"].median()),
@@ -258,8 +203,6 @@ def headroom_figures(rounds: list[dict], warmup: int, passes: int) -> tuple[dict
     """Figures of one headroom over its rounds: ``rounds`` is a list of {config name: rows, events, settings}
     (:func:`split_round`). Returns (figures, series of the first round's first block of each configuration
     for plots, per-round measured step times)."""
-    import pandas as pd
-
     per_round = [{name: round_figures(r["rows"], warmup, passes) for name, r in rnd.items()} for rnd in rounds]
     names = list(per_round[0])
     figures = {}
@@ -305,11 +248,10 @@ def headroom_figures(rounds: list[dict], warmup: int, passes: int) -> tuple[dict
     return figures, series, step_times
 
 
-def check_headroom(label: str, figures: dict, rounds_run: int) -> tuple[list[str], list[str]]:
-    """(failures, warnings) of one headroom; the target verdict goes into figures["time_target"]."""
-    failures, warnings_ = [], []
-    tag = f"[headroom {label}]"
-    invalid = {}  # static configuration -> why it is no reference for static shapes
+def invalid_references(figures: dict) -> dict[str, str]:
+    """Static configuration -> why it is no reference for static shapes (allocations in its repeated-shape
+    steps, or OOMs after warm-up); the valid ones are left out."""
+    invalid = {}
     for name in ("static_plain", "static_expandable"):
         why = []
         if figures[name]["device_allocs_per_step"] != 0:
@@ -320,6 +262,14 @@ def check_headroom(label: str, figures: dict, rounds_run: int) -> tuple[list[str
             why.append(f"{figures[name]['ooms']} OOM(s) after warm-up")
         if why:
             invalid[name] = " and ".join(why)
+    return invalid
+
+
+def check_headroom(label: str, figures: dict, rounds_run: int) -> tuple[list[str], list[str]]:
+    """(failures, warnings) of one headroom; the target verdict goes into figures["time_target"]."""
+    failures, warnings_ = [], []
+    tag = f"[headroom {label}]"
+    invalid = invalid_references(figures)
     if "static_expandable" in invalid:  # expandable segments must not allocate once warm, static shapes least of all
         failures.append(f"{tag} static_expandable: {invalid['static_expandable']}")
     if figures["dynamic_expandable"]["ooms"]:
@@ -369,7 +319,36 @@ def check_headroom(label: str, figures: dict, rounds_run: int) -> tuple[list[str
     return failures, warnings_
 
 
-def main(argv=None) -> int:
+@dataclass
+class AllocatorRun:
+    """One run of the bench: its options, its calibrated shapes and limits, and the rounds so far."""
+    args: argparse.Namespace
+    shapes: list[tuple[int, float, int]]  # (batch size, padded duration s, padded tokens), largest peak first
+    shape_source: str
+    calibration: dict  # the calibrate worker's JSON: peak_allocated_bytes, peaks, total_bytes, model, wall_s
+    limits: dict[str, float]  # headroom label -> memory limit, bytes
+    fractions: dict[str, float]  # headroom label -> per-process memory fraction (0: no limit)
+    t_start: float  # time.perf_counter() at the start, seconds
+    results: dict[str, list] = field(default_factory=dict)  # headroom -> rounds, each {config: split_round()}
+    switches: dict[str, list] = field(default_factory=dict)  # headroom -> per round: failed allocator switches
+    block_settings: dict[str, list] = field(default_factory=dict)  # headroom -> per round: each block's settings
+    order: list[dict] = field(default_factory=list)  # one entry per worker call, in run order
+    failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    stopped: str | None = None  # why rounds stopped before --rounds
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.limits)
+
+    @property
+    def blocks_per_allocator(self) -> int:
+        return len(self.args.blocks) // 2
+
+
+def parse_args(argv=None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The options, with --smoke's defaults applied where the command line kept the default; ValueError
+    for a bad value."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="folder for allocator.json (default benchmarks/results)")
     p.add_argument("--steps", type=int, default=64, help="batch shapes in the sequence (a warm-up pass over them, "
@@ -396,16 +375,7 @@ def main(argv=None) -> int:
                    "round), seconds")
     p.add_argument("--smoke", action="store_true", help="tiny-rnnt, 4 short shapes, one round, seconds (CPU without "
                    "CUDA); needs --out (never benchmarks/results)")
-    p.add_argument("--device", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--mode", default="interleaved", choices=["interleaved", "calibrate"], help=argparse.SUPPRESS)
-    p.add_argument("--shapes", help=argparse.SUPPRESS)
-    p.add_argument("--rows", help=argparse.SUPPRESS)
-    p.add_argument("--fraction", type=float, default=0.0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.worker:
-        return worker(args)
-
     if args.smoke:
         check_smoke_out(p, args.out)
         for name, value in SMOKE_DEFAULTS.items():  # only where the command line kept the default
@@ -419,154 +389,156 @@ def main(argv=None) -> int:
     if sum(blocks) * 2 != len(blocks):
         raise ValueError(f"--blocks: want as many P as E blocks (the configurations are compared per pass), "
                          f"got {args.blocks!r}")
-    blocks_per_allocator = len(blocks) // 2
     if any(h < 0 for h in args.headroom) or len(set(args.headroom)) != len(args.headroom):
         raise ValueError(f"--headroom: want distinct values >= 0, got {args.headroom}")
-    if args.device is None:  # the workers' device: the GPU, except for a smoke run without one
-        import torch
+    # the workers' device: the GPU, except for a smoke run without one
+    args.device = "cpu" if args.smoke and not torch.cuda.is_available() else "cuda"
+    return p, args
 
-        args.device = "cpu" if args.smoke and not torch.cuda.is_available() else "cuda"
+
+def write_shapes_only(args) -> int:
+    """--write-shapes: the sampler's shapes as JSON, for a GPU host without lhotse."""
+    with tempfile.TemporaryDirectory() as tmp_name:
+        shapes, source = sampler_shapes(args.steps, batch_audio_s=args.batch_audio_s, num_buckets=args.buckets,
+                                        seed=args.seed, work_dir=Path(tmp_name))
+    Path(args.write_shapes).write_text(json.dumps(dict(shapes=shapes, source=source)))
+    print(f"wrote {len(shapes)} shapes ({source}) to {args.write_shapes}")
+    return 0
+
+
+def load_shapes(args, tmp: Path) -> tuple[list[tuple[int, float, int]], str]:
+    """(shapes, where they come from): the --shapes-file, else lhotse's sampler over a synthetic corpus."""
+    if args.shapes_file:
+        loaded = json.loads(Path(args.shapes_file).read_text())
+        source = f"{loaded['source']} (from {Path(args.shapes_file).name}, written with --write-shapes)"
+        return [tuple(x) for x in loaded["shapes"]], source
+    return sampler_shapes(args.steps, batch_audio_s=args.batch_audio_s, num_buckets=args.buckets, seed=args.seed,
+                          work_dir=tmp / "corpus", **(SMOKE_CORPUS if args.smoke else {}))
+
+
+def calibrate(args, tmp: Path, shapes_path: Path, t_start: float) -> AllocatorRun:
+    """Measure each shape's peak in a worker, put the largest first and set each headroom's memory limit."""
+    shapes, source = load_shapes(args, tmp)
+    shapes_path.write_text(json.dumps(shapes))
+    cal = run_worker("calibrate", tmp, shapes_path, args)
+    shapes = largest_first(shapes, cal["peaks"])  # the warm-up pass starts with the largest peak
+    shapes_path.write_text(json.dumps(shapes))
+    print(f"[allocator] {len(shapes)} shapes ({source}); largest {shapes[0]}", flush=True)
+    labels = [headroom_label(h) for h in args.headroom]
+    limits = {label: cal["peak_allocated_bytes"] * (1 + h) for label, h in zip(labels, args.headroom)}
+    # A smoke run sets no limit: a tiny model's peak (tens of MiB) is below the allocator's segment
+    # granularity, so a limit a few per cent above it fails at the first step.
+    fractions = {label: 0.0 if args.smoke else min(0.95, limit / cal["total_bytes"]) for label, limit in limits.items()}
+    for label in labels:
+        print(f"[allocator] headroom {label}: largest batch peaks at {cal['peak_allocated_bytes'] / GiB:.2f} GiB; "
+              + (f"limit {limits[label] / GiB:.2f} GiB (fraction {fractions[label]:.4f})" if fractions[label]
+                 else "no memory limit (smoke run)"), flush=True)
+    return AllocatorRun(args=args, shapes=shapes, shape_source=source, calibration=cal, limits=limits,
+                        fractions=fractions, t_start=t_start, results={label: [] for label in labels},
+                        switches={label: [] for label in labels})
+
+
+def run_round(run: AllocatorRun, r: int, tmp: Path, shapes_path: Path) -> None:
+    """Round ``r`` (0-based): one worker subprocess per headroom; its rows join ``run``."""
+    for label in run.labels:
+        result = run_worker("interleaved", tmp, shapes_path, run.args, run.fractions[label])
+        run.results[label].append(split_round(result, len(run.shapes)))
+        run.switches[label].append(switch_failures(result))
+        run.block_settings.setdefault(label, []).append(result["blocks"])
+        run.order.append(dict(round=r + 1, headroom=label, blocks=run.args.blocks, wall_s=result["wall_s"],
+                              startup_s=result.get("startup_s"), steps_s=result.get("steps_s")))
+
+
+def run_rounds(run: AllocatorRun, tmp: Path, shapes_path: Path) -> None:
+    """Rounds while --rounds and --budget-s allow (the first always); the record is rewritten after each, so
+    a run killed later keeps the rounds so far. A failed round stops the run and is listed in failures."""
+    args, round_walls = run.args, []
+    for r in range(args.rounds):
+        elapsed = time.perf_counter() - run.t_start
+        if r and elapsed + max(round_walls) > args.budget_s:
+            run.stopped = (f"stopped after {r} round(s): the next would end near {elapsed + max(round_walls):.0f} s, "
+                           f"past --budget-s {args.budget_s:.0f}")
+            print(f"[allocator] {run.stopped}", flush=True)
+            return
+        t_round = time.perf_counter()
+        try:
+            run_round(run, r, tmp, shapes_path)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            run.failures.append(f"round {r + 1}: {type(exc).__name__}: {str(exc)[-1500:]}")
+            print(f"[allocator] round {r + 1} failed; keeping the complete rounds\n{exc}", flush=True)
+            return
+        round_walls.append(time.perf_counter() - t_round)
+        write_record(run, complete=False)
+
+
+def build_figures(run: AllocatorRun, complete: bool) -> tuple[dict, dict, dict]:
+    """(figures, series, step times) of the rounds so far, with every headroom's checks."""
+    rounds_run = min(len(v) for v in run.results.values())
+    failures, warnings_ = list(run.failures), list(run.warnings)
+    warmup = len(run.shapes) * run.blocks_per_allocator  # each configuration's warm-up passes come first
+    figures, series, step_times = {"headrooms": {}}, {}, {}
+    for label in run.labels if rounds_run else ():
+        # a headroom's extra round from a round cut short has no partner: dropped
+        block, series[label], step_times[label] = headroom_figures(run.results[label][:rounds_run], warmup,
+                                                                   run.args.passes * run.blocks_per_allocator)
+        block.update(headroom=float(label), memory_limit_bytes=int(run.limits[label]),
+                     memory_fraction=run.fractions[label])
+        block_failures, block_warnings = check_headroom(label, block, rounds_run)
+        failures += block_failures + [f"[headroom {label}] round {r + 1}: {f}"
+                                      for r, rnd in enumerate(run.switches[label]) for f in rnd]
+        warnings_ += block_warnings
+        figures["headrooms"][label] = block
+    if not rounds_run:
+        failures.append("no complete round: nothing measured")
+    if run.stopped:
+        warnings_.append(run.stopped)
+    if not complete:
+        failures.append(f"incomplete: written after round {rounds_run} of up to {run.args.rounds}")
+    figures.update(smoke=bool(run.args.smoke), complete=complete, rounds_run=rounds_run,
+                   rounds_planned=run.args.rounds, passes=run.args.passes, targets_met=not failures,
+                   targets_enforced=not run.args.smoke, failures=failures, warnings=warnings_)
+    return figures, series, step_times
+
+
+def write_record(run: AllocatorRun, complete: bool) -> tuple[Path, dict, dict]:
+    """Write the record of the rounds so far; returns (path, figures, params)."""
+    args, cal = run.args, run.calibration
+    figures, series, step_times = build_figures(run, complete)
+    params = dict(model=cal["model"], dtype=args.dtype, device=args.device, smoke=bool(args.smoke),
+                  steps=len(run.shapes), warmup_steps=len(run.shapes), passes=args.passes, rounds=args.rounds,
+                  budget_s=args.budget_s, blocks=args.blocks, block_settings=run.block_settings,
+                  batch_audio_s=args.batch_audio_s, buckets=args.buckets, headrooms=[float(h) for h in args.headroom],
+                  memory_limit_bytes={k: int(v) for k, v in run.limits.items()}, memory_fractions=run.fractions,
+                  largest_peak_allocated_bytes=cal["peak_allocated_bytes"], calibration_wall_s=cal["wall_s"],
+                  shape_source=run.shape_source, shapes=run.shapes, series=series, round_step_times_s=step_times,
+                  run_order=run.order, wall_s=time.perf_counter() - run.t_start)
+    what = ("training steps near the memory limit, dynamic vs static batch shapes, with and without expandable "
+            f"segments; rounds of one fresh subprocess each, allocator switched per block ({args.blocks}), "
+            "ratios paired per round")
+    if args.smoke:
+        what = (f"SMOKE RUN on {args.device} ({cal['model']}, {len(run.shapes)} short shapes, no memory limit; not a "
+                "measurement" + ("; no allocator on a CPU: memory counters are 0, calibration peaks are batch "
+                                 "bytes" if args.device == "cpu" else "") + f"): {what}")
+    path = write_result(args.name, what=what, figures=figures, params=params, out_dir=args.out)
+    return path, figures, params
+
+
+def main(argv=None) -> int:
+    parser, args = parse_args(argv)
     if args.write_shapes:
-        with tempfile.TemporaryDirectory() as tmp_name:
-            shapes, source = sampler_shapes(args.steps, batch_audio_s=args.batch_audio_s, num_buckets=args.buckets,
-                                            seed=args.seed, work_dir=Path(tmp_name))
-        Path(args.write_shapes).write_text(json.dumps(dict(shapes=shapes, source=source)))
-        print(f"wrote {len(shapes)} shapes ({source}) to {args.write_shapes}")
-        return 0
+        return write_shapes_only(args)
     if cuda_missing(args.smoke):
         return 2
-
     t_start = time.perf_counter()
-    labels = [headroom_label(h) for h in args.headroom]
-    results = {label: [] for label in labels}  # headroom -> list of rounds, each {config: worker result}
-    switches = {label: [] for label in labels}  # headroom -> per round: failed allocator switches
-    block_settings = {}  # headroom -> per round: each block's allocator settings and segment bytes
-    order, failures, warnings_, stopped = [], [], [], None
-
-    def write_record(complete: bool):
-        """Figures of the rounds so far, written to the JSON (after every round: a run cut short keeps them)."""
-        rounds_run = min(len(v) for v in results.values())
-        run_failures, run_warnings = list(failures), list(warnings_)
-        warmup = len(shapes) * blocks_per_allocator  # each configuration's warm-up passes come first
-        figures = {"headrooms": {}}
-        series, step_times = {}, {}
-        for label in labels:
-            if not rounds_run:
-                continue
-            # a headroom's extra round from a round cut short has no partner: dropped
-            block, series[label], step_times[label] = headroom_figures(results[label][:rounds_run], warmup,
-                                                                    args.passes * blocks_per_allocator)
-            block.update(headroom=float(label), memory_limit_bytes=int(limits[label]),
-                         memory_fraction=fractions[label])
-            block_failures, block_warnings = check_headroom(label, block, rounds_run)
-            block_failures += [f"[headroom {label}] round {r + 1}: {f}" for r, rnd in enumerate(switches[label])
-                               for f in rnd]
-            run_failures += block_failures
-            run_warnings += block_warnings
-            figures["headrooms"][label] = block
-        if not rounds_run:
-            run_failures.append("no complete round: nothing measured")
-        if stopped:
-            run_warnings.append(stopped)
-        if not complete:
-            run_failures.append(f"incomplete: written after round {rounds_run} of up to {args.rounds}")
-        figures.update(smoke=bool(args.smoke), complete=complete, rounds_run=rounds_run, rounds_planned=args.rounds,
-                       passes=args.passes, targets_met=not run_failures, targets_enforced=not args.smoke,
-                       failures=run_failures, warnings=run_warnings)
-        model = cal["model"]
-        params = dict(model=model, dtype=args.dtype, device=args.device, smoke=bool(args.smoke), steps=len(shapes),
-                      warmup_steps=len(shapes), passes=args.passes, rounds=args.rounds, budget_s=args.budget_s,
-                      blocks=args.blocks, block_settings=block_settings, batch_audio_s=args.batch_audio_s,
-                      buckets=args.buckets, headrooms=[float(h) for h in args.headroom],
-                      memory_limit_bytes={k: int(v) for k, v in limits.items()}, memory_fractions=fractions,
-                      largest_peak_allocated_bytes=cal["peak_allocated_bytes"], calibration_wall_s=cal["wall_s"],
-                      shape_source=shape_source, shapes=shapes, series=series, round_step_times_s=step_times,
-                      run_order=order, wall_s=time.perf_counter() - t_start)
-        what = ("training steps near the memory limit, dynamic vs static batch shapes, with and without expandable "
-                f"segments; rounds of one fresh subprocess each, allocator switched per block ({args.blocks}), "
-                "ratios paired per round")
-        if args.smoke:
-            what = (f"SMOKE RUN on {args.device} ({model}, {len(shapes)} short shapes, no memory limit; not a "
-                    "measurement" + ("; no allocator on a CPU: memory counters are 0, calibration peaks are batch "
-                                     "bytes" if args.device == "cpu" else "") + f"): {what}")
-        path = write_result(args.name, what=what, figures=figures, params=params, out_dir=args.out)
-        return path, figures, params
-
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        if args.shapes_file:
-            loaded = json.loads(Path(args.shapes_file).read_text())
-            shapes = [tuple(x) for x in loaded["shapes"]]
-            shape_source = f"{loaded['source']} (from {Path(args.shapes_file).name}, written with --write-shapes)"
-        else:
-            shapes, shape_source = sampler_shapes(args.steps, batch_audio_s=args.batch_audio_s,
-                                                  num_buckets=args.buckets, seed=args.seed, work_dir=tmp / "corpus",
-                                                  **(SMOKE_CORPUS if args.smoke else {}))
         shapes_path = tmp / "shapes.json"
-        shapes_path.write_text(json.dumps(shapes))
-        cal = run_worker("calibrate", tmp, shapes_path, args)
-        shapes = largest_first(shapes, cal["peaks"])  # the warm-up pass starts with the largest peak
-        shapes_path.write_text(json.dumps(shapes))
-        print(f"[allocator] {len(shapes)} shapes ({shape_source}); largest {shapes[0]}", flush=True)
-        limits = {label: cal["peak_allocated_bytes"] * (1 + h) for label, h in zip(labels, args.headroom)}
-        # A smoke run sets no limit: a tiny model's peak (tens of MiB) is below the allocator's segment
-        # granularity, so a limit a few per cent above it fails at the first step.
-        fractions = {label: 0.0 if args.smoke else min(0.95, limit / cal["total_bytes"])
-                     for label, limit in limits.items()}
-        for label in labels:
-            print(f"[allocator] headroom {label}: largest batch peaks at "
-                  f"{cal['peak_allocated_bytes'] / 2**30:.2f} GiB; "
-                  + (f"limit {limits[label] / 2**30:.2f} GiB (fraction {fractions[label]:.4f})" if fractions[label]
-                     else "no memory limit (smoke run)"), flush=True)
-        round_walls = []
-        for r in range(args.rounds):
-            elapsed = time.perf_counter() - t_start
-            if r and elapsed + max(round_walls) > args.budget_s:
-                stopped = (f"stopped after {r} round(s): the next would end near {elapsed + max(round_walls):.0f} s, "
-                           f"past --budget-s {args.budget_s:.0f}")
-                print(f"[allocator] {stopped}", flush=True)
-                break
-            t_round = time.perf_counter()
-            try:
-                for label in labels:
-                    result = run_worker("interleaved", tmp, shapes_path, args, fractions[label])
-                    results[label].append(split_round(result, len(shapes)))
-                    switches[label].append(switch_failures(result))
-                    block_settings.setdefault(label, []).append(result["blocks"])
-                    order.append(dict(round=r + 1, headroom=label, blocks=args.blocks, wall_s=result["wall_s"],
-                                      startup_s=result.get("startup_s"), steps_s=result.get("steps_s")))
-            except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                failures.append(f"round {r + 1}: {type(exc).__name__}: {str(exc)[-1500:]}")
-                print(f"[allocator] round {r + 1} failed; keeping the complete rounds\n{exc}", flush=True)
-                break
-            round_walls.append(time.perf_counter() - t_round)
-            write_record(complete=False)  # a run killed later keeps the rounds so far
-    path, figures, params = write_record(complete=True)
-    model, rounds_run, failures, warnings_ = (params['model'], figures['rounds_run'], figures['failures'],
-                                              figures['warnings'])
-
-    print(f"\nmodel: {model}; shapes: {len(shapes)} from {shape_source}; {rounds_run} round(s) x {args.passes} "
-          f"measured pass(es); {params['wall_s']:.0f} s; wrote {path}")
-    for label, block in figures["headrooms"].items():
-        print(f"\nheadroom {label}: " + (f"limit {limits[label] / 2**30:.2f} GiB" if fractions[label] else "no limit"))
-        print(f"{'config':<20} {'median ms':>10} {'round range ms':>15} {'vs static':>10} {'allocs/step':>12} "
-              f"{'frees/step':>11} {'retries':>8} {'OOMs':>5} {'peak res GiB':>13}")
-        for name in CONFIG_NAMES:
-            f = block[name]
-            st = f["step_time_s"]
-            print(f"{name:<20} {st['median'] * 1e3:>10.1f} {st['min'] * 1e3:>7.1f}-{st['max'] * 1e3:<7.1f} "
-                  f"{block['time_ratio_vs_static_plain'][name]:>10.3f} {f['device_allocs_per_step']:>12.2f} "
-                  f"{f['device_frees_per_step']:>11.2f} {f['alloc_retries']:>8d} {f['ooms']:>5d} "
-                  f"{f['peak_reserved_bytes'] / 2**30:>13.2f}")
-        for pair, ratio in block["paired_time_ratios"].items():
-            print(f"  paired per round {pair:<38} median {ratio['median']:.3f} (range {ratio['min']:.3f}-"
-                  f"{ratio['max']:.3f}; rounds {', '.join(f'{v:.3f}' for v in ratio['rounds'])})")
-        print(f"  time target ({block['time_target']['pair'] or 'no valid reference'} <= {TARGET_TIME_RATIO}): "
-              f"{block['time_target']['verdict']}"
-              + ("" if block["time_target"]["conclusive"] else " (not conclusive)"))
-    for w in warnings_:
-        print(f"WARNING: {w}")
-    return report_failures(failures, smoke=args.smoke)
+        run = calibrate(args, tmp, shapes_path, t_start)
+        run_rounds(run, tmp, shapes_path)
+    path, figures, params = write_record(run, complete=True)
+    print(f"\nwrote {path}")
+    print("\n".join(record.table_lines({"figures": figures, "params": params})))
+    return report_failures(figures["failures"], smoke=args.smoke)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,7 @@
 
     python -m workbench.bench.manifest_reading [--num-cuts 1000000] [--out benchmarks/results]
 
-Writes benchmarks/results/manifest_reading.json. A CPU benchmark (about 2 minutes on 2 cores at 1M cuts:
-lhotse's lazy iteration builds a MonoCut per line, which is the slow side).
+Writes <out>/manifest_reading.json (``record.py`` owns its fields). A CPU benchmark.
 """
 
 from __future__ import annotations
@@ -13,15 +12,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from lhotse import CutSet
+from tqdm.auto import tqdm
+
+from workbench.bench.manifest_reading import record
 from workbench.bench.results import summarize, write_result
 from workbench.data import read_cut_arrays, write_synthetic_corpus
 
 
 def lhotse_durations(path: Path, *, progress: bool = False) -> tuple[list[float], list[int]]:
     """Durations and custom num_tokens of every cut, by iterating lhotse's lazy CutSet (the peer path)."""
-    from lhotse import CutSet
-    from tqdm.auto import tqdm
-
     durations, tokens = [], []
     for cut in tqdm(CutSet.from_jsonl_lazy(path), desc="lhotse CutSet iteration", unit="cut", mininterval=2.0,
                     disable=not progress):
@@ -58,8 +58,7 @@ def main(argv: list[str] | None = None) -> None:
                         "lhotse .jsonl.gz: workbench.data.read_cut_arrays vs iterating CutSet.from_jsonl_lazy",
                         figures=figures, params={"num_cuts": args.num_cuts, "repeat": args.repeat},
                         out_dir=args.out)
-    print(f"{'reader':<28}{'seconds':>10}\n{'workbench':<28}{ours_s['median']:>10.2f}\n"
-          f"{'lhotse from_jsonl_lazy':<28}{lhotse_s:>10.2f}\nspeedup {figures['speedup_vs_lhotse']:.1f}x -> {path}")
+    print("\n".join(record.table_lines(figures)) + f"\nwrote {path}")
 
 
 if __name__ == "__main__":

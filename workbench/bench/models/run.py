@@ -7,7 +7,7 @@ Measures, on one GPU, for large-rnnt, large-tdt, large-aed and xl-aed at three w
 backward, after 1 warm-up; gradients zeroed between steps, no optimizer step) and the peak allocated
 memory. Ratios compare bf16 with fp32 on the same model and shape. Then it checks our pure-PyTorch RNN-T
 loss against torchaudio.functional.rnnt_loss (loss and gradients on the same logits) and times both.
-Writes <out>/models.json; takes about 2-3 minutes on an H200. Exits non-zero when a loss is not finite,
+Writes <out>/models.json (``record.py`` owns its fields). Exits non-zero when a loss is not finite,
 the torchaudio comparison disagrees or fails, or a step fails for any reason other than running out of
 memory (the other steps still run and the JSON is still written, with the error under "failures").
 
@@ -26,11 +26,13 @@ import time
 
 import torch
 
+from workbench.bench.models import record
 from workbench.bench.results import (bench_device, check_smoke_out, cpu_smoke_torch, cuda_missing, report_failures,
                                      timer_for, write_result)
+from workbench.memory.oom import is_oom_error, release_memory
 from workbench.models import build_model, count_parameters, rnnt_loss
 from workbench.models.model import DTYPES
-from workbench.memory.oom import is_oom_error, release_memory
+from workbench.units import GiB
 
 MODELS = ["large-rnnt", "large-tdt", "large-aed", "xl-aed"]
 SHAPES = [(32, 5.0, 40), (16, 15.0, 120), (8, 30.0, 240)]  # (batch, seconds, tokens): worst case of a bucket
@@ -88,7 +90,7 @@ def measure_model(name: str, shapes, failures: list[str], *, device: torch.devic
             release_memory()
             rows.append(row)
             ms = row.get("step_s", {}).get("median", float("nan")) * 1e3
-            peak = "-" if row.get("peak_bytes") is None else f"{row['peak_bytes'] / 2**30:.1f} GiB"
+            peak = "-" if row.get("peak_bytes") is None else f"{row['peak_bytes'] / GiB:.1f} GiB"
             flag = " OOM" if row.get("oom") else (" ERROR" if row.get("error") else "")
             print(f"  {name} {dtype_name} B={batch_size} {seconds:g}s U={tokens}: {ms:.1f} ms, {peak}{flag}",
                   flush=True)
@@ -122,7 +124,7 @@ def torchaudio_check(failures: list[str], *, device: torch.device, shape=LOSS_SH
     out["losses_ours"] = our_loss.tolist()
     if not (torch.isfinite(our_loss).all() and torch.isfinite(our_grad).all()):
         failures.append("our rnnt_loss: loss or gradient not finite")
-    try:
+    try:  # optional dependency: torchaudio is on the GPU machines, not in pyproject.toml
         import torchaudio.functional as taf
 
         reference = taf.rnnt_loss
@@ -226,24 +228,8 @@ def run(args, device: torch.device) -> int:
     path = save(complete=True)
     total_s = time.perf_counter() - started
     print(f"\nwrote {path} in {total_s:.0f} s")
-    print(f"{'model':<11} {'params':>8} {'B':>3} {'sec':>5} {'U':>4} {'bf16 ms':>9} {'fp32 ms':>9} "
-          f"{'fp32/bf16':>9} {'bf16 GiB':>9} {'fp32 GiB':>9}")
-    for r in ratios:
-        b = next(x for x in rows if x["model"] == r["model"] and x["batch_size"] == r["batch_size"]
-                 and x["duration_s"] == r["duration_s"] and x["dtype"] == "bf16")
-        f = next(x for x in rows if x["model"] == r["model"] and x["batch_size"] == r["batch_size"]
-                 and x["duration_s"] == r["duration_s"] and x["dtype"] == "fp32")
-        gib = (lambda x: "-" if x is None else f"{x / 2**30:.1f}")
-        print(f"{r['model']:<11} {params[r['model']] / 1e6:>7.1f}M {r['batch_size']:>3} {r['duration_s']:>5g} "
-              f"{b['num_tokens']:>4} {b['step_s']['median'] * 1e3:>9.1f} {f['step_s']['median'] * 1e3:>9.1f} "
-              f"{r['fp32_over_bf16_time']:>9.2f} {gib(b['peak_bytes']):>9} {gib(f['peak_bytes']):>9}")
-    for r in rows:
-        if r.get("oom"):
-            print(f"OOM: {r['model']} {r['dtype']} B={r['batch_size']} {r['duration_s']}s")
-    if loss_check.get("ran"):
-        print(f"rnnt_loss vs torchaudio: max rel loss diff {loss_check['max_rel_loss_diff']:.2e}, max grad diff "
-              f"{loss_check['max_abs_grad_diff']:.2e}, ours/torchaudio time "
-              f"{loss_check['ours_over_torchaudio_time']:.2f}x")
+    print("\n".join(record.table_lines({"steps": rows, "bf16_vs_fp32": ratios, "parameters": params,
+                                        "rnnt_loss_vs_torchaudio": loss_check})))
     return report_failures(failures)  # a smoke run's checks (finite losses, loss vs torchaudio) hold too
 
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from workbench.atomic import atomic_path
+from workbench.data.tokenizer import train_tokenizer
+from workbench.units import SAMPLE_RATE
 
-SAMPLE_RATE = 16_000
 LETTERS = "abcdefgh"
 TONE_S, GAP_S = 0.16, 0.08
 
@@ -68,7 +69,5 @@ def write_tone_corpus(out_dir: str | os.PathLike, num_cuts: int, *, seed: int = 
 
 def train_letter_tokenizer(out_prefix: str | os.PathLike) -> Path:
     """A sentencepiece character model over a..h (plus its word-boundary and unk pieces); returns .model."""
-    from workbench.data.tokenizer import train_tokenizer
-
     texts = [" ".join(LETTERS[i:] + LETTERS[:i] for _ in range(3)) for i in range(len(LETTERS))]
     return train_tokenizer(texts, out_prefix, len(LETTERS) + 2, model_type="char", progress=False)

@@ -2,8 +2,9 @@
 
 import pytest
 
-from workbench.bench.allocator import drawn_shapes, largest_first
-from workbench.bench.allocator_worker import block_plan, parse_blocks
+from workbench.bench.allocator.run import drawn_shapes, largest_first
+from workbench.bench.allocator.worker import block_plan, parse_blocks
+from workbench.units import GiB
 
 
 def test_drawn_shapes_fill_the_batch_budget_and_vary():
@@ -36,9 +37,6 @@ def test_blocks_are_letters_p_and_e():
             parse_blocks(bad)
 
 
-GIB = 1 << 30
-
-
 def fake_worker(calls, *, dyn_exp_allocs=0, slow_expandable=1.0, drift=(1.0,), retry_at=None, static_plain_oom=False,
                 static_expandable_allocs=0, switch_leak=0, block_drift=0.0):
     """Stands in for the GPU subprocess of a round: rows shaped like the worker's (every step in run order,
@@ -50,11 +48,9 @@ def fake_worker(calls, *, dyn_exp_allocs=0, slow_expandable=1.0, drift=(1.0,), r
     def run(mode, tmp, shapes_path, args, fraction=0.0):
         import json
 
-        from workbench.bench.allocator_worker import block_plan, parse_blocks
-
         shapes = json.loads(shapes_path.read_text())
         if mode == "calibrate":
-            return dict(peak_allocated_bytes=10 * GIB, peaks=[GIB] * len(shapes), total_bytes=100 * GIB, model="fake",
+            return dict(peak_allocated_bytes=10 * GiB, peaks=[GiB] * len(shapes), total_bytes=100 * GiB, model="fake",
                         wall_s=1.0)
         r = len(calls)  # this call's round (one headroom), 0-based
         calls.append((mode, fraction))
@@ -62,8 +58,8 @@ def fake_worker(calls, *, dyn_exp_allocs=0, slow_expandable=1.0, drift=(1.0,), r
         for block, expandable in enumerate(parse_blocks(args.blocks)):
             allocator = "expandable" if expandable else "plain"
             blocks.append(dict(block=block, allocator=allocator, settings=f"expandable_segments:{expandable}",
-                               segments_after_switch=dict(plain=GIB, expandable=0),
-                               segments_end=dict(plain=GIB + (switch_leak if expandable else 0), expandable=0)))
+                               segments_after_switch=dict(plain=GiB, expandable=0),
+                               segments_end=dict(plain=GiB + (switch_leak if expandable else 0), expandable=0)))
             for pass_, i, repeat in block_plan(len(shapes), args.passes):
                 b, d, u = shapes[i]
                 measured_first = pass_ > 1 and not repeat
@@ -81,9 +77,9 @@ def fake_worker(calls, *, dyn_exp_allocs=0, slow_expandable=1.0, drift=(1.0,), r
                     allocs = static_expandable_allocs
                 factor = 1.0 if pass_ == 1 or repeat else (slow_expandable if expandable else 1.3)
                 factor *= drift[r % len(drift)] * (1 + block_drift * block)
-                row = dict(time_s=(0.1 + 0.01 * b) * factor, allocated_bytes=GIB,
-                           reserved_bytes=(4 + block) * GIB, peak_allocated_bytes=3 * GIB, peak_reserved_bytes=4 * GIB,
-                           device_allocs=allocs, device_frees=retries, device_alloc_bytes=allocs * GIB,
+                row = dict(time_s=(0.1 + 0.01 * b) * factor, allocated_bytes=GiB,
+                           reserved_bytes=(4 + block) * GiB, peak_allocated_bytes=3 * GiB, peak_reserved_bytes=4 * GiB,
+                           device_allocs=allocs, device_frees=retries, device_alloc_bytes=allocs * GiB,
                            alloc_retries=retries, ooms=ooms, oom_raised=bool(ooms), block=block, allocator=allocator,
                            pass_=pass_, index=i, repeat=repeat, batch_size=b, duration_s=d, num_tokens=u)
                 for k, v in row.items():
@@ -95,7 +91,7 @@ def fake_worker(calls, *, dyn_exp_allocs=0, slow_expandable=1.0, drift=(1.0,), r
 def run_bench_with(monkeypatch, tmp_path, capsys, args=(), **kwargs):
     import json
 
-    from workbench.bench import allocator as bench
+    from workbench.bench.allocator import run as bench
 
     calls = []
     monkeypatch.setattr(bench, "run_worker", fake_worker(calls, **kwargs))
@@ -154,7 +150,7 @@ def test_headroom_sweep_gives_one_block_per_headroom(monkeypatch, tmp_path, caps
                                             args=["--rounds", "2", "--headroom", "0.08", "0.25"])
     blocks = record["figures"]["headrooms"]
     assert set(blocks) == {"0.08", "0.25"}
-    assert blocks["0.08"]["memory_limit_bytes"] == int(10 * GIB * 1.08)
+    assert blocks["0.08"]["memory_limit_bytes"] == int(10 * GiB * 1.08)
     assert blocks["0.25"]["memory_fraction"] == pytest.approx(12.5 / 100)
     # per round: every headroom once
     assert [f for _, f in calls] == [pytest.approx(0.108), pytest.approx(0.125)] * 2
@@ -183,7 +179,7 @@ def test_bench_fails_loudly_and_says_why_when_targets_are_missed(monkeypatch, tm
     assert events[0]["reason"].startswith("OOM-retry")
     assert "OOM-retry" in out and f"after {list(shapes[0])}" in out  # the failure line says why
     # the step before each event is the one before it in its own block: reserved bytes of that block (4 + block GiB)
-    assert [e["reserved_before_bytes"] for e in events] == [(4 + e["block"]) * GIB for e in events]
+    assert [e["reserved_before_bytes"] for e in events] == [(4 + e["block"]) * GiB for e in events]
     assert figures["headrooms"]["0.08"]["time_target"]["verdict"] == "missed"
 
 
@@ -236,7 +232,7 @@ def test_a_switch_that_did_not_take_fails_the_run(monkeypatch, tmp_path, capsys)
 
 
 def test_unequal_blocks_are_refused(monkeypatch, tmp_path, capsys):
-    from workbench.bench import allocator as bench
+    from workbench.bench.allocator import run as bench
 
     with pytest.raises(ValueError, match="as many P as E"):
         bench.main(["--out", str(tmp_path), "--blocks", "PEE"])
@@ -244,7 +240,7 @@ def test_unequal_blocks_are_refused(monkeypatch, tmp_path, capsys):
 
 def test_straddling_rounds_are_inconclusive(monkeypatch, tmp_path, capsys):
     # dynamic_expandable is 1.04x static in round 1 and 1.04 * 1.03 in round 2: the rounds straddle 1.05
-    from workbench.bench import allocator as bench
+    from workbench.bench.allocator import run as bench
 
     calls = []
     base = fake_worker(calls, slow_expandable=1.04)
@@ -273,7 +269,7 @@ def test_straddling_rounds_are_inconclusive(monkeypatch, tmp_path, capsys):
 def test_a_failed_round_keeps_the_rounds_before_it_on_disk(monkeypatch, tmp_path, capsys):
     import json
 
-    from workbench.bench import allocator as bench
+    from workbench.bench.allocator import run as bench
 
     calls, seen_on_disk = [], []
     base = fake_worker(calls)

@@ -1,4 +1,4 @@
-"""Bucketing benchmarks (CPU only; about 4-8 minutes on 2 cores for 1M utterances, most of it in lhotse).
+"""The bucketing benches' CLI (CPU only): `workbench bins` on 1M utterances, and time to the first batch.
 
     python3 -m workbench.bench.bucketing --out benchmarks/results [--num-cuts 1000000]
 
@@ -10,20 +10,38 @@
    lazily, with concurrent bucketing and without, for two buffer sizes.
 
 Exits non-zero when the two ways disagree, a batch breaks its bucket's batch size, or the 1M target
-(<= 10 s end to end) is missed.
+(<= 10 s end to end) is missed. ``record.py`` owns the records' fields.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from lhotse import CutSet
+
+from workbench.bench.bucketing import record
+from workbench.bench.manifest_reading.run import lhotse_durations
 from workbench.bench.results import report_failures, summarize, write_result
+from workbench.bucketing import (
+    BucketProfile,
+    close_sampler,
+    estimate_2d_bins,
+    estimate_duration_bins,
+    load_profile,
+    make_fitter,
+    make_sampler,
+    padding_comparison,
+)
 from workbench.bucketing.reference import loop_2d
+from workbench.data.manifest import read_cut_arrays
+from workbench.data.synthetic import write_synthetic_corpus
+from workbench.data.tokenizer import count_tokens, load_tokenizer, train_tokenizer
 
 TARGET_BINS_S = 10.0
 TARGET_BINS_TOKENIZED_S = 30.0
@@ -44,9 +62,6 @@ def _time_bins_cli(args: list[str], repeat: int) -> tuple[list[float], str | Non
 
 def _in_process_breakdown(manifest: Path) -> dict:
     """Seconds of each stage of `workbench bins`, in this process: read, 1D + 2D bins, padding summary."""
-    from workbench.bucketing import estimate_2d_bins, estimate_duration_bins, padding_comparison
-    from workbench.data.manifest import read_cut_arrays
-
     t0 = time.perf_counter()
     arrays = read_cut_arrays(manifest, progress=False)
     t1 = time.perf_counter()
@@ -60,9 +75,6 @@ def _in_process_breakdown(manifest: Path) -> dict:
 
 
 def bench_bins(manifest: Path, work: Path, repeat: int) -> tuple[dict, list[str]]:
-    from workbench.bench.manifest_reading import lhotse_durations
-    from workbench.bucketing import load_profile
-
     failures: list[str] = []
     out = work / "profile.yaml"
     samples, error = _time_bins_cli([str(manifest), "--out", str(out)], repeat)
@@ -93,10 +105,6 @@ def bench_bins(manifest: Path, work: Path, repeat: int) -> tuple[dict, list[str]
 
 def bench_bins_tokenized(manifest: Path, work: Path, repeat: int) -> tuple[dict, list[str]]:
     """`workbench bins --tokenizer`: every transcript tokenized by a sentencepiece BPE model (1024)."""
-    from workbench.bucketing import load_profile
-    from workbench.data.manifest import read_cut_arrays
-    from workbench.data.tokenizer import count_tokens, load_tokenizer, train_tokenizer
-
     failures: list[str] = []
     model = work / "bpe1024.model"
     arrays = read_cut_arrays(manifest, with_texts=True, progress=False)  # read once: training and the check
@@ -110,7 +118,6 @@ def bench_bins_tokenized(manifest: Path, work: Path, repeat: int) -> tuple[dict,
     t0 = time.perf_counter()
     counts = count_tokens(load_tokenizer(model), arrays.texts)
     t_count = time.perf_counter() - t0
-    from workbench.bucketing import estimate_2d_bins
 
     expected = [tuple(b) for b in estimate_2d_bins(arrays.durations, counts, 30, 2).bins]
     if [tuple(b) for b in load_profile(out).bucket_duration_bins] != expected:
@@ -124,10 +131,8 @@ def bench_bins_tokenized(manifest: Path, work: Path, repeat: int) -> tuple[dict,
 
 
 def bench_first_batch(manifest: Path, work: Path, repeat: int) -> tuple[dict, list[str]]:
-    from lhotse import CutSet
-
-    from workbench.bucketing import BucketProfile, close_sampler, load_profile, make_fitter, make_sampler
-
+    """Seconds to the first batch of make_sampler on the lazily read manifest, with concurrent bucketing
+    and without, per buffer size; failures when a batch breaks its bucket's batch size."""
     failures: list[str] = []
     base = load_profile(work / "profile.yaml")
     bins = [tuple(b) for b in base.bucket_duration_bins]
@@ -168,14 +173,7 @@ def _bins_and_first_batch(manifest: Path, work: Path, args, params: dict) -> lis
         write_result("bucketing_first_batch", what="time to first batch of make_sampler on a lazily read "
                      "manifest: concurrent bucketing vs not (CPU)", figures=fb_fig, params=params, out_dir=args.out)
 
-        print(f"\n{'measure':<48}{'seconds':>10}")
-        print(f"{'workbench bins, end to end (median)':<48}{bins_fig['workbench_bins_end_to_end_s']['median']:>10.2f}")
-        print(f"{'lhotse CutSet iteration + loop estimate':<48}{bins_fig['lhotse_total_s']:>10.2f}")
-        print(f"{'  ratio (lhotse / ours)':<48}{bins_fig['speedup_vs_lhotse']:>10.1f}x")
-        for k in ("stage_read_manifest_s", "stage_bins_1d_2d_s", "stage_padding_summary_s"):
-            print(f"{'  ours, in process: ' + k:<48}{bins_fig[k]:>10.2f}")
-        for k, v in fb_fig.items():
-            print(f"{k:<48}{(v['median'] if isinstance(v, dict) else v):>10.2f}{'x' if 'speedup' in k else ''}")
+        print("\n".join(record.table_lines(bins_fig) + record.table_lines(fb_fig)))
     return failures
 
 
@@ -189,9 +187,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="run one part: bins (+ first batch) or the tokenizer timing")
     args = parser.parse_args(argv)
 
-    import logging
-
-    from workbench.data.synthetic import write_synthetic_corpus
 
     logging.getLogger("workbench.bucketing.sampler").setLevel(logging.ERROR)  # unfit cuts are expected here
 
@@ -214,8 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             write_result("bucketing_bins_1m_tokenizer", what="`workbench bins --tokenizer` end to end: every "
                          "transcript tokenized with a sentencepiece BPE-1024 model (CPU)", figures=tok_fig,
                          params=params, out_dir=args.out)
-            print(f"{'workbench bins --tokenizer, end to end (median)':<48}"
-                  f"{tok_fig['workbench_bins_tokenized_end_to_end_s']['median']:>10.2f}")
+            print("\n".join(record.table_lines(tok_fig)))
     return report_failures(failures)
 
 

@@ -1,0 +1,5 @@
+import sys
+
+from workbench.bench.bucketing.run import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The decoding bench: greedy transducer decoding speed with and without CUDA graphs."""

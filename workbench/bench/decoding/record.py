@@ -1,0 +1,206 @@
+"""The decoding record (``benchmarks/results/decoding*.json``): its fields and every reading of them.
+
+``figures["rows"]``: one row per (model, dtype, B, T, method) with ``time_s`` (seconds per batch: median,
+min, max, p25, p75, n), audio seconds per second, speedup over RNN-T frame-looping off, label-looping
+iteration counts, labels per frame and agreement with label-looping off. ``figures["targets"]``: the
+B=16, 12 s, fp32 figures against ``nemo_reference`` (NeMo 3.0.0's published seconds).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, TypedDict
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from workbench.bench.results import times_faster
+
+NAME = "decoding"  # decoding.json and decoding_quick.json
+
+
+class DecodingTargets(TypedDict, total=False):
+    rnnt_full_s: float | None  # our RNN-T full graph, B=16, 12 s, fp32, seconds per batch
+    tdt_full_s: float | None
+    full_speedup_vs_frame_looping_off_rnnt: float | None
+    speedup_vs_nemo_full_rnnt: float | None  # NeMo's seconds over ours: > 1 means we are faster
+    speedup_vs_nemo_full_tdt: float | None
+    speedup_vs_nemo_no_graphs_rnnt: float | None
+    goal: str
+
+
+class DecodingFigures(TypedDict, total=False):
+    rows: list[dict[str, Any]]
+    empty_while_iteration: dict[str, float]  # seconds_per_iteration of an empty conditional WHILE node
+    calibration: dict[str, dict]  # row tag -> blank_bias, labels_per_frame
+    nemo_reference: dict[str, Any]
+    targets: DecodingTargets
+    failures: list[str]
+    skipped_for_time: list[str]
+
+
+METHOD_ORDER = ["frame-looping off", "label-looping off", "label-looping partial", "label-looping full window 1",
+                "label-looping full", "torchaudio RNNTBeamSearch beam 1"]
+
+
+def speed_table(record: dict[str, Any]) -> pd.DataFrame:
+    """One row per (model, dtype, B, T, method): milliseconds, audio s/s, speedup, time per outer iteration."""
+    rows = []
+    for r in record["figures"]["rows"]:
+        if "time_s" not in r:
+            continue
+        rows.append({"model": r["model"], "dtype": r["dtype"], "B": r["batch"], "audio_s": r["audio_seconds"],
+                     "method": r["method"], "ms": r["time_s"]["median"] * 1e3,
+                     "ms_p25": r["time_s"]["p25"] * 1e3, "ms_p75": r["time_s"]["p75"] * 1e3,
+                     "audio_s_per_s": r["audio_s_per_s"],
+                     "x_frame_looping_off": r.get("speedup_vs_frame_looping_off"),
+                     "outer_iterations": r.get("outer_iterations"),
+                     "inner_iterations": r.get("inner_iterations"),
+                     "us_per_outer_iteration": (r["seconds_per_outer_iteration"] * 1e6
+                                                if r.get("seconds_per_outer_iteration") else None),
+                     "labels_per_frame": r.get("labels_per_frame")})
+    df = pd.DataFrame(rows)
+    if not df.empty:
+        df["method"] = pd.Categorical(df["method"], [m for m in METHOD_ORDER if m in set(df["method"])], ordered=True)
+        df = df.sort_values(["model", "dtype", "audio_s", "B", "method"]).reset_index(drop=True)
+    return df
+
+
+def speed_pivot(table: pd.DataFrame, value: str = "ms") -> pd.DataFrame:
+    """The speed table as a reader scans it: one row per (model, dtype, audio s, method), one column per
+    batch size, ``value`` (default milliseconds per batch) rounded to 3 significant digits."""
+    if table.empty:
+        return table
+    pivot = table.pivot_table(index=["model", "dtype", "audio_s", "method"], columns="B", values=value,
+                              observed=True, aggfunc="first")
+    pivot.columns = [f"B={b}" for b in pivot.columns]
+    return pivot.map(lambda v: v if pd.isna(v) else float(f"{v:.3g}"))
+
+
+def empty_iteration_seconds(record: dict[str, Any]) -> float | None:
+    """Seconds of one empty conditional-while iteration, None when it was not measured."""
+    value = record["figures"]["empty_while_iteration"].get("seconds_per_iteration")
+    return None if value is None or math.isnan(value) else value
+
+
+def speed_bars(table: pd.DataFrame, *, model: str = "rnnt", dtype: str = "float32", audio_s: float = 12.0):
+    """Bar chart: milliseconds per batch for each method and batch size (log scale), with IQR whiskers."""
+    sub = table[(table["model"] == model) & (table["dtype"] == dtype) & (table["audio_s"].round(1) == audio_s)]
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    methods = [m for m in METHOD_ORDER if m in set(sub["method"])]
+    batches = sorted(sub["B"].unique())
+    width = 0.8 / max(1, len(methods))
+    for i, method in enumerate(methods):
+        m = sub[sub["method"] == method].set_index("B").reindex(batches)
+        xs = [j + i * width for j in range(len(batches))]
+        err = [m["ms"] - m["ms_p25"], m["ms_p75"] - m["ms"]]
+        ax.bar(xs, m["ms"], width, yerr=err, label=method)
+    ax.set_xticks([j + width * (len(methods) - 1) / 2 for j in range(len(batches))], [f"B={b}" for b in batches])
+    return _finish(fig, ax, ylabel="ms per batch (median)",
+                   title=f"{model.upper()} only, {dtype}, {audio_s:g} s utterances: ms per batch")
+
+
+def _finish(fig, ax, *, ylabel: str, title: str):
+    """Log y axis, labels and a small legend: the common end of the speed figures."""
+    ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def iteration_breakdown(table: pd.DataFrame, empty_iteration_s: float | None, *, dtype: str = "float32",
+                        audio_s: float = 12.0):
+    """Microseconds per outer label-looping iteration for each mode and B, against an empty while-node iteration."""
+    sub = table[(table["dtype"] == dtype) & (table["audio_s"].round(1) == audio_s)
+                & table["us_per_outer_iteration"].notna()]
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    for (model, method), g in sub.groupby(["model", "method"], observed=True):
+        ax.plot(g["B"], g["us_per_outer_iteration"], marker="o", label=f"{model} {method}")
+    if empty_iteration_s and not math.isnan(empty_iteration_s):
+        ax.axhline(empty_iteration_s * 1e6, color="k", linestyle="--", label="empty while iteration")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    return _finish(fig, ax, ylabel="us per outer iteration",
+                   title=f"Time per outer iteration, label-looping rows only ({dtype}, {audio_s:g} s)")
+
+
+def frame_looping_speedup_line(record: dict[str, Any]) -> str:
+    """Ours and NeMo's full graph over frame-looping without graphs (B=16, 12 s, fp32), from the record."""
+    t, nemo = record["figures"]["targets"], record["figures"]["nemo_reference"]
+    ours = t.get("full_speedup_vs_frame_looping_off_rnnt")
+    theirs = nemo["rnnt_frame_looping_no_graphs_s"] / nemo["rnnt_full_graph_s"]
+    return (f"RNN-T full graph vs frame-looping off: {'not measured' if ours is None else f'{ours:.1f}x faster'} "
+            f"(NeMo 3.0.0: {theirs:.1f}x faster; goal: {t['goal']})")
+
+
+def targets_table(record: dict[str, Any]) -> pd.DataFrame:
+    """Our full graph at B=16, 12 s, fp32 against NeMo 3.0.0's published numbers (ratios > 1: we are faster)."""
+    f = record["figures"]
+    nemo, t = f["nemo_reference"], f["targets"]
+    rows = [
+        {"what": "RNN-T full graph (s)", "ours": t.get("rnnt_full_s"), "NeMo": nemo["rnnt_full_graph_s"]},
+        {"what": "TDT full graph (s)", "ours": t.get("tdt_full_s"), "NeMo": nemo["tdt_full_graph_s"]},
+    ]
+    df = pd.DataFrame(rows)
+    df["NeMo / ours"] = df["NeMo"] / df["ours"]
+    df.attrs["source"] = nemo["source"]
+    return df
+
+
+def _spread(s: dict[str, float], scale: float = 1.0, unit: str = "s") -> str:
+    """'6.24 s (6.23-6.46, n=3)' from a results.summarize() dict."""
+    return (f"{s['median'] * scale:.4g} {unit} ({s['min'] * scale:.4g}-{s['max'] * scale:.4g}, "
+            f"n={s.get('n', '?')})")
+
+
+def summary_lines(figures: dict[str, Any]) -> list[str]:
+    """The record's lines in benchmarks/SUMMARY.md."""
+    t = figures["targets"]
+    out = []
+    if None not in (t.get("rnnt_full_s"), t.get("tdt_full_s"), t.get("full_speedup_vs_frame_looping_off_rnnt")):
+        rnnt = times_faster(t["speedup_vs_nemo_full_rnnt"], "NeMo's full graph")
+        tdt = times_faster(t["speedup_vs_nemo_full_tdt"], "NeMo's")
+        frame = times_faster(t["full_speedup_vs_frame_looping_off_rnnt"], "frame-looping off")
+        out.append(f"- B=16, 12 s, fp32: RNN-T full graph {t['rnnt_full_s'] * 1e3:.2f} ms ({rnnt}), TDT full graph "
+                   f"{t['tdt_full_s'] * 1e3:.2f} ms ({tdt}); RNN-T full graph {frame}")
+    for r in figures["rows"]:
+        if r.get("batch") == 16 and r.get("frames") == 150 and "time_s" in r:
+            extra = f", token disagreement {r['token_disagreement']:.3f}" if "token_disagreement" in r else ""
+            out.append(f"  - {r['model']} {r['dtype']} {r['method']}: {_spread(r['time_s'], 1e3, 'ms')}, "
+                       f"{r['labels_per_frame']:.3f} labels/frame{extra}")
+    for r in figures["rows"]:
+        if r.get("method", "").startswith("torchaudio") and "time_s" in r:
+            out.append(f"  - torchaudio RNNTBeamSearch beam 1, B=1, {r['frames']} frames: "
+                       f"{_spread(r['time_s'], 1e3, 'ms')}")
+    out.append(f"- empty conditional-while iteration: {figures['empty_while_iteration']['seconds_per_iteration'] * 1e6:.2f}"
+               f" us; failures: {figures['failures'] or 'none'}; skipped: {figures['skipped_for_time'] or 'none'}")
+    return out
+
+
+def table_lines(figures: dict[str, Any]) -> list[str]:
+    """The bench's stdout table: one line per timed row, then the empty iteration and the targets."""
+    out = [f"\n{'model':5} {'dtype':8} {'B':>4} {'T':>4} {'method':28} {'ms':>9} {'audio s/s':>10} {'x frame':>8} "
+           f"{'us/outer':>9} {'outer':>6} {'inner':>6} {'lab/fr':>6} {'tok dis':>7}"]
+    for r in figures["rows"]:
+        if "time_s" not in r:
+            continue
+        per = r.get("seconds_per_outer_iteration")
+        out.append(f"{r['model']:5} {r['dtype']:8} {r['batch']:>4} {r['frames']:>4} {r['method']:28} "
+                   f"{r['time_s']['median'] * 1e3:9.2f} {r['audio_s_per_s']:10.0f} "
+                   f"{r.get('speedup_vs_frame_looping_off', float('nan')):8.1f} "
+                   f"{'' if per is None else f'{per * 1e6:9.1f}'} "
+                   f"{r.get('outer_iterations', ''):>6} {r.get('inner_iterations', ''):>6} "
+                   f"{r.get('labels_per_frame', float('nan')):6.3f} {r.get('token_disagreement', float('nan')):7.3f}")
+    targets = figures["targets"]
+    out.append(f"empty while iteration: {figures['empty_while_iteration']['seconds_per_iteration'] * 1e6:.2f} us; "
+               "targets: " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                                       for k, v in targets.items() if k != "goal"))
+    return out
+
+
+def describe_targets(name: str, record: dict[str, Any]) -> str:
+    """What the notebook prints above the targets table: the record, NeMo's source, the failed checks."""
+    return (f"{name}.json (commit {record['git_commit'][:8]}): {record['figures']['nemo_reference']['source']}\n"
+            f"{frame_looping_speedup_line(record)}\nfailed checks: {record['figures']['failures'] or 'none'}")

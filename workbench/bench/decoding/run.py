@@ -1,0 +1,493 @@
+"""The decoding bench's CLI: greedy RNN-T / TDT decoding speed, frame-looping vs label-looping with CUDA graphs
+off / partial / full, against torchaudio's RNNTBeamSearch and NeMo's published full-graph times.
+
+    python3 -m workbench.bench.decoding --out DIR [--quick]      # GPU; --smoke: CPU dry run, seconds
+
+Decoding loop only (encoder outputs given; random weights; vocabulary 1024, predictor, joint and encoder
+width 640): 12 s and 30 s at 80 ms frames, B in {1, 16, 64, 128}, fp32 and bf16 (--quick: B in {1, 16},
+12 s, fp32). Each row's blank bias is bisected on its own input towards 1/3 labels per frame. Checks:
+label-looping off / partial / full give identical tokens and timestamps; frame-looping and window 1 match
+them in fp32, and in bf16 their token disagreement is at most ``MAX_BF16_DISAGREEMENT``. Targets (exit 1
+when missed): full graph >= ``MIN_SPEEDUP_OVER_FRAME_LOOPING`` x frame-looping off at B=16, 12 s, fp32, and
+faster than NeMo's full graph. ``record.py`` owns the record's fields. More in benchmarks/NOTES.md.
+"""
+
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import torch
+
+from workbench.bench.decoding import record
+from workbench.bench.results import (
+    bench_device,
+    check_smoke_out,
+    cuda_missing,
+    report_failures,
+    timer_for,
+    write_result,
+)
+from workbench.decoding import GreedyTransducerDecoder, make_toy_transducer
+from workbench.decoding.cuda_graphs import DriverGraph, capture_partial_graphs
+from workbench.decoding.greedy import DEFAULT_BLANK_WINDOW
+from workbench.decoding.toy_models import set_blank_bias
+
+VOCAB, PRED, JOINT, ENC = 1024, 640, 640, 640
+BLANK = VOCAB
+FRAME_S = 0.08
+TDT_DURATIONS = [0, 1, 2, 3, 4]
+NEMO_REFERENCE = {
+    "source": "DESIGN.md: NeMo 3.0.0 on an H200; vocabulary 1024, predictor and joint 640, 16 utterances "
+              "of 12 s, about one label per 3 frames, fp32",
+    "rnnt_full_graph_s": 0.047, "tdt_full_graph_s": 0.021, "rnnt_no_graphs_s": 0.216,
+    "tdt_no_graphs_s": 0.102, "rnnt_frame_looping_no_graphs_s": 0.665,
+}
+W = DEFAULT_BLANK_WINDOW
+MIN_SPEEDUP_OVER_FRAME_LOOPING = 10.0  # the issue's target: full graph vs frame-looping off, B=16, 12 s, fp32
+# bf16 frame-looping vs label-looping: one near-tie flips the rest of an utterance (benchmarks/NOTES.md
+# gives the disagreement measured); a wrong decision rule disagrees far more.
+MAX_BF16_DISAGREEMENT = 0.25
+# (algorithm, graph mode, blank window); the window applies to label-looping (RNN-T and TDT). Window 1
+# (one frame per search step) runs in fp32 only, to show what the window buys.
+METHODS = [("frame_looping", "off", W), ("label_looping", "off", W), ("label_looping", "partial", W),
+           ("label_looping", "full", W), ("label_looping", "full", 1)]
+
+
+def timed(fn, repeat: int, warmup: int, device: torch.device) -> dict[str, float]:
+    return timer_for(device)(fn, repeat=repeat, warmup=warmup)
+
+
+def method_name(algorithm: str, mode: str, window: int = W) -> str:
+    suffix = " window 1" if window == 1 else ""
+    return f"{'frame' if algorithm == 'frame_looping' else 'label'}-looping {mode}{suffix}"
+
+
+def calibrate_blank_bias(decoder: GreedyTransducerDecoder, enc: torch.Tensor, lengths: torch.Tensor,
+                         target: float = 1 / 3, steps: int = 11) -> tuple[float, float]:
+    """Bisect the blank bias of ``decoder``'s joint so labels per frame on this very input is about
+    ``target``; returns (bias, labels per frame). Each row of the table is calibrated on its own input:
+    the rate of a random model at one fixed bias varies a lot between random inputs."""
+    frames = float(lengths.sum())
+    low, high = -10.0, 10.0
+    for _ in range(steps):
+        mid = (low + high) / 2
+        set_blank_bias(decoder.joint, BLANK, mid)
+        rate = sum(len(h.tokens) for h in decoder(enc, lengths)) / frames
+        low, high = (mid, high) if rate > target else (low, mid)
+    bias = (low + high) / 2
+    set_blank_bias(decoder.joint, BLANK, bias)
+    return bias, sum(len(h.tokens) for h in decoder(enc, lengths)) / frames
+
+
+def token_disagreement(hyps: list[list[int]], reference: list[list[int]]) -> float:
+    """Edit distance between two decodings of the same utterances, over the longer sequence of each
+    pair: 0 when equal, 1 when nothing matches (two empty decodings agree: 0)."""
+    if len(hyps) != len(reference):
+        raise ValueError(f"token_disagreement: {len(hyps)} hypotheses for {len(reference)} references")
+    errors = total = 0
+    for h, r in zip(hyps, reference):
+        row = list(range(len(r) + 1))
+        for i, a in enumerate(h, 1):
+            prev, row[0] = row[0], i
+            for j, b in enumerate(r, 1):
+                prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (a != b))
+        errors += row[-1]
+        total += max(len(h), len(r))
+    return errors / max(total, 1)
+
+
+def torchaudio_reference(frames_list: list[int], device: torch.device) -> list[dict[str, Any]]:
+    """torchaudio RNNTBeamSearch, beam 1, B=1, fp32, on an equal-sized torchaudio RNN-T (encoder given)."""
+    try:  # optional dependency: torchaudio is on the GPU machines, not in pyproject.toml
+        from torchaudio.models import RNNT, RNNTBeamSearch
+        from torchaudio.models.rnnt import _Joiner, _Predictor
+    except ImportError as e:  # torchaudio missing or the API removed
+        print(f"torchaudio reference unavailable: {e}")
+        return [{"method": "torchaudio RNNTBeamSearch beam 1", "unavailable": str(e)}]
+
+    class PassThrough(torch.nn.Module):
+        def forward(self, x, lengths):
+            return x, lengths
+
+        def infer(self, x, lengths, states):
+            return x, lengths, []
+
+    torch.manual_seed(0)
+    predictor = _Predictor(num_symbols=VOCAB + 1, output_dim=JOINT, symbol_embedding_dim=PRED,
+                           num_lstm_layers=1, lstm_hidden_dim=PRED)
+    model = RNNT(PassThrough(), predictor, _Joiner(JOINT, VOCAB + 1)).to(device).eval()
+    search = RNNTBeamSearch(model, BLANK, step_max_tokens=10)
+    rows = []
+    with torch.inference_mode():
+        short = torch.randn(1, 50, JOINT, device=device)
+        low, high = -20.0, 20.0
+        for _ in range(8):  # coarse blank-bias bisection towards 1 label per 3 frames
+            mid = (low + high) / 2
+            model.joiner.linear.bias[BLANK] = mid
+            rate = (len(search(short, torch.tensor([50], device=device), 1)[0][0]) - 1) / 50
+            low, high = (mid, high) if rate > 1 / 3 else (low, mid)
+        model.joiner.linear.bias[BLANK] = (low + high) / 2
+        for frames in frames_list:
+            enc = torch.randn(1, frames, JOINT, device=device)
+            length = torch.tensor([frames], device=device)
+            labels = len(search(enc, length, 1)[0][0]) - 1
+            t = timed(lambda: search(enc, length, 1), device=device, repeat=3 if frames <= 150 else 1,
+                          warmup=1 if frames <= 150 else 0)
+            rows.append({"model": "rnnt", "dtype": "float32", "batch": 1, "frames": frames,
+                         "audio_seconds": frames * FRAME_S, "method": "torchaudio RNNTBeamSearch beam 1",
+                         "time_s": t, "audio_s_per_s": frames * FRAME_S / t["median"],
+                         "labels_per_frame": labels / frames})
+    return rows
+
+
+@dataclass
+class Grid:
+    """What one run measures: batch sizes, encoder frames per utterance, dtypes."""
+    batches: list[int]
+    frame_counts: list[int]
+    dtypes: list[torch.dtype]
+
+    @classmethod
+    def of(cls, quick: bool, smoke: bool) -> "Grid":
+        if smoke:  # CPU dry run of every code path (off modes only): seconds
+            return cls([1, 3], [20], [torch.float32, torch.bfloat16])
+        if quick:
+            return cls([1, 16], [150], [torch.float32])
+        return cls([1, 16, 64, 128], [150, 375], [torch.float32, torch.bfloat16])
+
+
+@dataclass
+class Case:
+    """One row group of the table: a model in a dtype on one random input of B utterances x T frames."""
+    model: str
+    dtype: torch.dtype
+    predictor: torch.nn.Module
+    joint: torch.nn.Module
+    durations: list[int] | None
+    enc: torch.Tensor  # [B, T, ENC]
+    lengths: torch.Tensor  # [B]
+    device: torch.device
+
+    @property
+    def batch(self) -> int:
+        return self.enc.shape[0]
+
+    @property
+    def frames(self) -> int:
+        return self.enc.shape[1]
+
+    @property
+    def tag(self) -> str:
+        return f"{self.model} {str(self.dtype)[6:]} B={self.batch} T={self.frames}"
+
+    def decoder(self, **kw) -> GreedyTransducerDecoder:
+        return GreedyTransducerDecoder(self.predictor, self.joint, blank_id=BLANK, durations=self.durations, **kw)
+
+
+@dataclass
+class Outcome:
+    """What the run has found so far."""
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    calibration: dict[str, dict] = field(default_factory=dict)
+
+
+def empty_while_iteration_seconds(iterations: int = 2000, repeat: int = 10,
+                                  device: torch.device | None = None) -> dict[str, float]:
+    """Seconds of one iteration of a conditional WHILE node whose body is only its condition kernel (median
+    over ``repeat`` replays; built as the decoders' full graph is), and of a replay with zero iterations."""
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    remaining = torch.zeros((), dtype=torch.int32, device=device)
+    count = torch.zeros((), dtype=torch.int32, device=device)
+    start = capture_partial_graphs({"start": lambda: remaining.copy_(count)}, device)["start"]
+    graph = DriverGraph(device)
+    loop = graph.conditional_handle()
+    node = graph.child(graph.root, [], start, "start")
+    node = graph.condition(graph.root, [node], "while_count_down", loop, remaining)
+    _, body = graph.while_loop(graph.root, [node], loop)
+    graph.condition(body, [], "while_count_down", loop, remaining)
+    graph.instantiate()
+
+    def replay_seconds(n: int) -> float:
+        count.fill_(n)
+        samples = []
+        for _ in range(repeat + 2):
+            start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start_event.record()
+            graph.replay()
+            end_event.record()
+            end_event.synchronize()
+            samples.append(start_event.elapsed_time(end_event) / 1000.0)
+        if int(remaining) != 0:
+            raise RuntimeError(f"count-down loop did not run to 0 (left {int(remaining)})")
+        return float(np.median(samples[2:]))
+
+    zero, many = replay_seconds(0), replay_seconds(iterations)
+    return {"seconds_per_iteration": (many - zero) / iterations, "replay_seconds_zero_iterations": zero,
+            "iterations": iterations}
+
+
+def build_models(device: torch.device) -> dict[str, tuple]:
+    """model name -> (predictor, joint, durations) in fp32, seeded."""
+    models = {}
+    for name, durations in (("rnnt", None), ("tdt", TDT_DURATIONS)):
+        predictor, joint = make_toy_transducer(vocab_size=VOCAB, enc_dim=ENC, pred_dim=PRED, joint_dim=JOINT,
+                                               durations=durations, seed=0, device=device)
+        models[name] = (predictor, joint, durations)
+    return models
+
+
+def in_dtype(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    return module if dtype == torch.float32 else copy.deepcopy(module).to(dtype)
+
+
+def methods_for(case: Case) -> list[tuple[str, str, int]]:
+    """The METHODS that apply: frame-looping is RNN-T only, graphs need CUDA, window 1 runs in fp32."""
+    return [(algorithm, mode, window) for algorithm, mode, window in METHODS
+            if not ((algorithm == "frame_looping" and case.durations is not None)
+                    or (case.device.type != "cuda" and mode != "off")
+                    or (window == 1 and case.dtype != torch.float32))]
+
+
+def measure_method(case: Case, algorithm: str, mode: str, window: int, outcome: Outcome) -> dict | None:
+    """One row: time one method on the case's input (None, with a failure listed, when it raises)."""
+    dec = case.decoder(algorithm=algorithm, cuda_graphs=mode, blank_window=window)
+    name = method_name(algorithm, mode, window)
+    try:
+        hyps = dec(case.enc, case.lengths)  # also the warm-up (and the graph capture)
+        timing = timed(lambda: dec(case.enc, case.lengths), device=case.device,
+                       repeat=5 if mode == "full" else 3, warmup=0)
+    except Exception as e:  # noqa: BLE001 - keep measuring the rest; the failure is reported
+        outcome.failures.append(f"{case.tag}: {name} raised {type(e).__name__}: {e}")
+        print(f"FAIL: {outcome.failures[-1]}", flush=True)
+        return None
+    stats = dict(dec.last_stats)
+    if algorithm == "label_looping" and window == 1:  # its iteration counts, from an eager run
+        probe = case.decoder(cuda_graphs="off", blank_window=1)
+        probe(case.enc, case.lengths)
+        stats = dict(probe.last_stats)
+    key = ([h.tokens for h in hyps], [h.timestamps for h in hyps])
+    b, t = case.batch, case.frames
+    return {"model": case.model, "dtype": str(case.dtype)[6:], "batch": b, "frames": t,
+            "audio_seconds": t * FRAME_S, "method": name, "time_s": timing,
+            "audio_s_per_s": b * t * FRAME_S / timing["median"],
+            "labels_per_frame": sum(len(k) for k in key[0]) / (b * t), "mode_used": dec.mode_used,
+            "_key": key, "_stats": stats}
+
+
+def check_row(case: Case, row: dict, reference, outcome: Outcome) -> None:
+    """Compare a row's tokens with label-looping off's. The same stages (off/partial/full) must agree
+    exactly in every dtype. Frame-looping and window 1 run the joint on other GEMM shapes: exactly in fp32;
+    in bf16 a near-tie can round either way and the rest of that utterance then follows another path, so
+    there the token disagreement (edit distance) is reported and checked instead."""
+    key = row.pop("_key")
+    same_math = row["method"] in ("label-looping off", "label-looping partial", "label-looping full")
+    differing = sum(a != b for a, b in zip(zip(*key), zip(*reference))) if reference else case.batch
+    row["utterances_differing_from_label_looping_off"] = differing
+    row["equal_to_label_looping_off"] = differing == 0
+    if reference is not None and not same_math and case.dtype != torch.float32:
+        row["token_disagreement"] = token_disagreement(key[0], reference[0])
+        if row["token_disagreement"] > MAX_BF16_DISAGREEMENT:
+            outcome.failures.append(f"{case.tag}: {row['method']}: token disagreement {row['token_disagreement']:.3f} "
+                                    f"with label-looping off (allowed {MAX_BF16_DISAGREEMENT} in bf16)")
+    elif differing:
+        outcome.failures.append(f"{case.tag}: {row['method']}: {differing} of {case.batch} utterances differ from "
+                                "label-looping off")
+
+
+def add_iteration_counts(row: dict, stats: dict | None) -> None:
+    """Outer and inner label-looping iterations, and seconds per iteration, on a label-looping row."""
+    if row["method"].startswith("label") and stats is not None and "outer_iterations" in stats:
+        outer, inner, seconds = stats["outer_iterations"], stats["inner_iterations"], row["time_s"]["median"]
+        row.update(outer_iterations=outer, inner_iterations=inner,
+                   seconds_per_outer_iteration=seconds / max(1, outer),
+                   seconds_per_iteration=seconds / max(1, outer + inner))
+
+
+def measure_case(case: Case, calibrator: GreedyTransducerDecoder, outcome: Outcome, smoke: bool) -> list[dict]:
+    """Calibrate the blank bias on the case's input, then time and check every method on it."""
+    with torch.inference_mode():
+        bias, rate = calibrate_blank_bias(calibrator, case.enc, case.lengths, steps=11 if not smoke else 8)
+    outcome.calibration[case.tag] = {"blank_bias": bias, "labels_per_frame": rate}
+    if abs(rate - 1 / 3) > 0.1 and not smoke:
+        outcome.failures.append(f"{case.tag}: blank-bias calibration reached {rate:.3f} labels per frame, not "
+                                "about 1/3")
+    group = [row for method in methods_for(case) if (row := measure_method(case, *method, outcome)) is not None]
+    off = next((r for r in group if r["method"] == "label-looping off"), None)
+    reference, off_stats = (off["_key"], off["_stats"]) if off else (None, None)
+    for row in group:
+        stats = row.pop("_stats")
+        check_row(case, row, reference, outcome)
+        row["blank_bias"] = bias
+        add_iteration_counts(row, stats if row["method"].endswith("window 1") else off_stats)
+    return group
+
+
+def add_speedups(group: list[dict], base_by_shape: dict[tuple, float]) -> None:
+    """Speedup over RNN-T frame-looping off of the same B and T (TDT rows use the RNN-T baseline too)."""
+    base = next((r for r in group if r["method"] == "frame-looping off"), None)
+    if base is not None:
+        base_by_shape[(base["batch"], base["frames"])] = base["time_s"]["median"]
+    for row in group:
+        if (row["batch"], row["frames"]) in base_by_shape:
+            row["speedup_vs_frame_looping_off"] = base_by_shape[(row["batch"], row["frames"])] / row["time_s"]["median"]
+
+
+def measure_grid(grid: Grid, device: torch.device, outcome: Outcome, *, t_start: float, budget_s: float,
+                 smoke: bool) -> None:
+    """Every (dtype, model, T, B) of the grid while the budget lasts; the rest is listed as skipped."""
+    models = build_models(device)
+    for dtype in grid.dtypes:
+        base_by_shape: dict[tuple, float] = {}
+        for model_name, (predictor32, joint32, durations) in models.items():
+            predictor, joint = in_dtype(predictor32, dtype), in_dtype(joint32, dtype)
+            predictor.lstm.flatten_parameters()
+            # One decoder calibrates every row of this model and dtype (graphs captured once, reused).
+            calibrator = GreedyTransducerDecoder(predictor, joint, blank_id=BLANK, durations=durations,
+                                                 cuda_graphs="auto")
+            for frames in grid.frame_counts:
+                for batch in grid.batches:
+                    gen = torch.Generator(device=device).manual_seed(batch * 1000 + frames)
+                    case = Case(model_name, dtype, predictor, joint, durations,
+                                torch.randn(batch, frames, ENC, device=device, generator=gen),
+                                torch.full((batch,), frames, device=device), device)
+                    if time.perf_counter() - t_start > budget_s:
+                        outcome.skipped.append(case.tag)
+                        continue
+                    group = measure_case(case, calibrator, outcome, smoke)
+                    add_speedups(group, base_by_shape)
+                    outcome.rows += group
+                    print(f"{case.tag}: " + ", ".join(f"{r['method']} {r['time_s']['median'] * 1e3:.2f} ms"
+                                                      for r in group), flush=True)
+
+
+def targets_of(rows: list[dict], failures: list[str]) -> dict[str, Any]:
+    """The targets at B=16, 12 s, fp32; a missed one is added to ``failures``."""
+    def median(model, method):
+        r = next((r for r in rows if r.get("model") == model and r.get("dtype") == "float32" and r.get("batch") == 16
+                  and r.get("frames") == 150 and r.get("method") == method), None)
+        return None if r is None else r["time_s"]["median"]
+
+    rnnt_full, tdt_full = median("rnnt", "label-looping full"), median("tdt", "label-looping full")
+    rnnt_frame = median("rnnt", "frame-looping off")
+    targets = {
+        "full_speedup_vs_frame_looping_off_rnnt": None if not (rnnt_full and rnnt_frame) else rnnt_frame / rnnt_full,
+        "rnnt_full_s": rnnt_full, "tdt_full_s": tdt_full,
+        "speedup_vs_nemo_full_rnnt": None if not rnnt_full else NEMO_REFERENCE["rnnt_full_graph_s"] / rnnt_full,
+        "speedup_vs_nemo_full_tdt": None if not tdt_full else NEMO_REFERENCE["tdt_full_graph_s"] / tdt_full,
+        "speedup_vs_nemo_no_graphs_rnnt": None if not rnnt_full else NEMO_REFERENCE["rnnt_no_graphs_s"] / rnnt_full,
+        "goal": f"full >= {MIN_SPEEDUP_OVER_FRAME_LOOPING:g}x frame-looping off; faster than NeMo full graph "
+                "(goal 1.5x)",
+    }
+    speedup = targets["full_speedup_vs_frame_looping_off_rnnt"]
+    if speedup is None or speedup < MIN_SPEEDUP_OVER_FRAME_LOOPING:
+        failures.append(f"full graph is not >= {MIN_SPEEDUP_OVER_FRAME_LOOPING:g}x frame-looping off at B=16, 12 s, "
+                        f"fp32: {speedup}")
+    if rnnt_full is None or rnnt_full >= NEMO_REFERENCE["rnnt_full_graph_s"]:
+        failures.append(f"RNN-T full graph {rnnt_full} s is not below NeMo's {NEMO_REFERENCE['rnnt_full_graph_s']} s")
+    if tdt_full is None or tdt_full >= NEMO_REFERENCE["tdt_full_graph_s"]:
+        failures.append(f"TDT full graph {tdt_full} s is not below NeMo's {NEMO_REFERENCE['tdt_full_graph_s']} s")
+    return targets
+
+
+def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke: bool = False) -> int:
+    t_start = time.perf_counter()
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32
+    torch.backends.cudnn.allow_tf32 = False
+    grid, outcome = Grid.of(quick, smoke), Outcome()
+    if device.type == "cuda":
+        empty = empty_while_iteration_seconds(iterations=2000, repeat=10)
+    else:
+        empty = {"seconds_per_iteration": float("nan"), "note": "not measured on CPU"}
+    print(f"empty conditional-while iteration: {empty['seconds_per_iteration'] * 1e6:.2f} us")
+    measure_grid(grid, device, outcome, t_start=t_start, budget_s=budget_s, smoke=smoke)
+    if smoke:
+        outcome.skipped.append("torchaudio reference (smoke)")
+    elif time.perf_counter() - t_start < budget_s:
+        outcome.rows += torchaudio_reference(grid.frame_counts, device)
+    else:
+        outcome.skipped.append("torchaudio reference")
+    targets = targets_of(outcome.rows, outcome.failures)
+    figures = {"smoke": smoke, "rows": outcome.rows, "empty_while_iteration": empty,
+               "calibration": outcome.calibration, "nemo_reference": NEMO_REFERENCE, "targets": targets,
+               "failures": outcome.failures, "skipped_for_time": outcome.skipped,
+               "elapsed_s": time.perf_counter() - t_start}
+    path = write_result(
+        "decoding" if not quick else "decoding_quick", out_dir=out_dir,
+        what=("SMOKE RUN (off modes, tiny shapes; not a measurement): " if smoke else "")
+        + "greedy RNN-T/TDT decoding loop (encoder output given): seconds per batch, audio s/s, speedups",
+        params={"vocab": VOCAB, "predictor": PRED, "joint": JOINT, "encoder_dim": ENC, "frame_s": FRAME_S,
+                "tdt_durations": TDT_DURATIONS, "batches": grid.batches, "frames": grid.frame_counts,
+                "dtypes": [str(d)[6:] for d in grid.dtypes], "max_symbols": 10, "quick": quick,
+                "tf32": False, "smoke": smoke, "blank_window": W,
+                "calibration": "blank bias bisected per row (model, dtype, B, T) on that row's own input, "
+                               "towards 1/3 labels per frame",
+                "speedup_note": "TDT rows are compared with RNN-T frame-looping off of the same batch and length"},
+        figures=figures)
+    print("\n".join(record.table_lines(figures)))
+    print(f"wrote {path} in {time.perf_counter() - t_start:.0f} s")
+    if outcome.skipped:
+        print(f"SKIPPED for time: {outcome.skipped}")
+    return report_failures(outcome.failures, smoke=smoke)
+
+
+def live_speed_record(batches=(1, 4), frames: int = 20, repeat: int = 2, blank_bias: float = 4.0) -> dict[str, Any]:
+    """A small measurement of the decoding table on this machine (CPU: eager modes only), in the record's
+    shape: toy models (vocabulary 64), ``frames`` encoder frames per utterance, ``repeat`` timed calls."""
+    device = bench_device()
+    modes = ["off", "partial", "full"] if device.type == "cuda" else ["off"]
+    rows = []
+    for model, durations in (("rnnt", None), ("tdt", [0, 1, 2, 3, 4])):
+        predictor, joint = make_toy_transducer(vocab_size=64, enc_dim=32, pred_dim=64, joint_dim=64,
+                                               durations=durations, blank_bias=blank_bias, logit_scale=4.0,
+                                               device=device)
+        for b in batches:
+            enc = torch.randn(b, frames, 32, device=device)
+            lengths = torch.full((b,), frames, device=device)
+            methods = [("frame_looping", "off")] if durations is None else []
+            base = None
+            for algorithm, mode in methods + [("label_looping", m) for m in modes]:
+                dec = GreedyTransducerDecoder(predictor, joint, blank_id=64, durations=durations,
+                                              algorithm=algorithm, cuda_graphs=mode)
+                hyps = dec(enc, lengths)  # also the warm-up (and the graph capture)
+                stats = dict(dec.last_stats)
+                t = timed(lambda: dec(enc, lengths), repeat=repeat, warmup=0, device=device)
+                base = t["median"] if algorithm == "frame_looping" else base
+                row = {"model": model, "dtype": "float32", "batch": b, "audio_seconds": frames * FRAME_S,
+                       "method": method_name(algorithm, mode), "time_s": t,
+                       "audio_s_per_s": b * frames * FRAME_S / t["median"],
+                       "speedup_vs_frame_looping_off": None if base is None else base / t["median"],
+                       "labels_per_frame": sum(len(h.tokens) for h in hyps) / (b * frames)}
+                if "outer_iterations" in stats:
+                    row["seconds_per_outer_iteration"] = t["median"] / max(1, stats["outer_iterations"])
+                    row["outer_iterations"] = stats["outer_iterations"]
+                rows.append(row)
+    return {"figures": {"rows": rows, "empty_while_iteration": {"seconds_per_iteration": None}}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for decoding.json")
+    parser.add_argument("--quick", action="store_true", help="B in {1, 16}, 12 s, fp32 only")
+    parser.add_argument("--budget-s", type=float, default=300.0, help="skip remaining configs after this")
+    parser.add_argument("--smoke", action="store_true", help="B in {1, 3}, 20 frames, off modes, on the CPU "
+                        "when there is no CUDA: every code path in seconds, nothing measured")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        check_smoke_out(parser, args.out)
+    if cuda_missing(args.smoke):
+        return 2
+    return run(args.out, args.quick, args.budget_s, bench_device(), smoke=args.smoke)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from workbench.bench.models.run import main
+
+sys.exit(main())

@@ -1,0 +1,174 @@
+"""The OOMptimizer records (``benchmarks/results/oomptimizer*.json``): their fields and every reading of them.
+
+``oomptimizer.json`` and ``oomptimizer_aed.json``: ``figures["rnnt"]`` and ``figures["aed"]``, each with
+the model, its buckets ``[(duration s, tokens)]`` and per search (``predictive``, ``bisect``,
+``comparison``, ``ddp_accounting``) a :class:`SearchFigures`; RNN-T also ``true_max`` per bucket index and
+the ``soak`` report. ``oomptimizer_ddp.json``: ``figures["predictive"]`` of a torchrun run on
+``world_size`` GPUs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, TypedDict
+
+import pandas as pd
+
+from workbench.oomptimizer.plots import plot_batch_sizes, plot_probe_trace, plot_strategy_comparison, strategy_table
+from workbench.oomptimizer.run import describe_soak
+
+NAME = "oomptimizer"  # oomptimizer.json, oomptimizer_aed.json, oomptimizer_ddp.json
+
+
+class SearchFigures(TypedDict, total=False):
+    batch_sizes: list[int]  # one per bucket, each probed successfully
+    probes: int
+    ooms: int
+    probes_per_bucket: float
+    seconds: float  # wall time of the search
+    all_returned_probed: bool
+    leftover_bytes: int | None  # allocated bytes after the search minus before (None: not measurable)
+    probe_seconds: dict[str, float]  # results.summarize() of one probe's seconds
+    trace: list[list]  # [bucket index, batch size, peak bytes or None for an OOM, predicted bytes]
+
+
+def _search_line(label: str, r: Mapping[str, Any]) -> str:
+    return (f"- {label}: {len(r['batch_sizes'])} buckets, {r['probes']} probes ({r['probes_per_bucket']:.2f} per "
+            f"bucket), {r['ooms']} OOMs, {r['seconds']:.0f} s")
+
+
+def part_runs(part: Mapping[str, Any]) -> dict[str, dict]:
+    """label -> search figures of one model's part, those that ran: the profile's predictive search, both
+    strategies on the compared buckets (or on all of them in records without a comparison), and the DDP
+    accounting."""
+    comparison = part.get("comparison", {})
+    runs = {"predictive, all buckets": part.get("predictive")}
+    if comparison:  # both strategies fresh on a subset of the buckets
+        runs.update({"predictive, compared buckets": comparison.get("predictive"),
+                     "bisect, compared buckets": comparison.get("bisect")})
+    else:
+        runs["bisect, all buckets"] = part.get("bisect")
+    runs["predictive with DDP gradient buckets"] = part.get("ddp_accounting")
+    return {label: r for label, r in runs.items() if r and "probes" in r}
+
+
+def summary_lines(figures: Mapping[str, Any]) -> list[str]:
+    """The record's lines in benchmarks/SUMMARY.md."""
+    out = []
+    for name in ("rnnt", "aed"):
+        p = figures.get(name, {})
+        if "skipped" in p and "predictive" not in p:
+            continue
+        out += [_search_line(f"{p['model']} {label}", r) for label, r in part_runs(p).items()]
+        for i, t in p.get("true_max", {}).items():
+            out.append(f"  - bucket {i} {t['bucket']}: true maximum {t['true_max']}, predictive {t['predictive']} "
+                       f"({t['predictive_below_true']:.1%} below), bisect {t['bisect']}")
+        if soak_line(p):
+            out.append(f"- {soak_line(p)}")
+    if "world_size" in figures:
+        out.append(_search_line(f"{figures['model']} DDP on {figures['world_size']} GPUs", figures["predictive"]))
+    out.append(f"- failures: {figures.get('failures') or 'none'}")
+    return out
+
+
+def table_lines(figures: Mapping[str, Any]) -> list[str]:
+    """The one-GPU bench's stdout table: one line per search, the bisect/predictive ratios, true maxima."""
+    out = ["\nmodel                 run                    buckets  probes  per-bucket  OOMs  seconds"]
+    rnnt, aed = figures["rnnt"], figures["aed"]
+    rows = [(rnnt["model"], "predictive (profile)", rnnt.get("predictive")),
+            (rnnt["model"], "predictive (subset)", rnnt.get("comparison", {}).get("predictive")),
+            (rnnt["model"], "bisect (subset)", rnnt.get("comparison", {}).get("bisect")),
+            (rnnt["model"], "predictive + DDP acct", rnnt.get("ddp_accounting")),
+            (aed["model"], "predictive", aed.get("predictive")), (aed["model"], "bisect", aed.get("bisect"))]
+    for model, name, r in rows:
+        if r and "probes" in r:
+            out.append(f"{model[-21:]:21s} {name:22s} {len(r['batch_sizes']):7d}  {r['probes']:6d}  "
+                       f"{r['probes_per_bucket']:10.2f}  {r['ooms']:4d}  {r['seconds']:7.1f}")
+        else:
+            why = (r or {}).get("skipped") or (r or {}).get("error") or "not run"
+            out.append(f"{model[-21:]:21s} {name:22s} SKIPPED ({why})")
+    ratios = rnnt.get("ratios", {})
+    if ratios:
+        out.append(f"bisect / predictive: {ratios['probes_bisect_over_predictive']:.2f}x probes, "
+                   f"{ratios['seconds_bisect_over_predictive']:.2f}x wall time")
+    for i, t in rnnt.get("true_max", {}).items():
+        out.append(f"  bucket {i:>3} {t['bucket']}: true max {t['true_max']}, predictive {t['predictive']} "
+                   f"({100 * t['predictive_below_true']:.1f}% below), bisect {t['bisect']}")
+    return out
+
+
+def buckets(part: Mapping[str, Any]) -> list[tuple[float, float]]:
+    """A part's buckets as (duration s, tokens) tuples."""
+    return [tuple(b) for b in part["buckets"]]
+
+
+def search_budget_bytes(record: Mapping[str, Any]) -> float:
+    """The bytes the one-GPU search had: its memory fraction of the device's memory."""
+    return record["params"]["memory_fraction"] * record["device"]["gpu_memory_bytes"]
+
+
+def true_max_table(part: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per bucket whose true maximum was probed: bucket, true maximum, each search's size, and how
+    far predictive is below the true maximum (a share)."""
+    return pd.DataFrame(part.get("true_max", {})).T
+
+
+def aed_part(record: Mapping[str, Any] | None, aed_record: Mapping[str, Any] | None) -> dict | None:
+    """The AED part with both searches' traces: from oomptimizer_aed.json when it ran on its own GPU, else
+    from oomptimizer.json; None when neither has it."""
+    aed = (aed_record or record or {}).get("figures", {}).get("aed", {})
+    ok = "trace" in aed.get("predictive", {}) and "trace" in aed.get("bisect", {})
+    return aed if ok else None
+
+
+def ddp_lines(ddp_record: Mapping[str, Any], record: Mapping[str, Any] | None) -> list[str]:
+    """The DDP run's batch sizes, beside the one-GPU DDP accounting's when the one-GPU record has it."""
+    f = ddp_record["figures"]
+    out = [f"{f['model']} on {f['world_size']} GPUs: {f['predictive']['probes']} probes, "
+           f"batch sizes {f['predictive']['batch_sizes']}"]
+    one = (record or {}).get("figures", {}).get("rnnt", {}).get("ddp_accounting", {})
+    if "batch_sizes" in one:
+        out.append(f"one GPU with DDP accounting: {one['batch_sizes']}")
+    return out
+
+
+def soak_line(part: Mapping[str, Any]) -> str | None:
+    """The soak of a part in one line, None when it did not run."""
+    return describe_soak(part["soak"]) if "soak" in part else None
+
+
+def rnnt_lines(record: Mapping[str, Any]) -> list[str]:
+    """What the notebook prints for the RNN-T part: the model and its soak."""
+    part = record["figures"]["rnnt"]
+    return [part["model"]] + ([soak_line(part)] if soak_line(part) else [])
+
+
+def rnnt_tables(record: Mapping[str, Any]) -> dict[str, pd.DataFrame]:
+    """The RNN-T part's tables: the searches side by side, and the true maxima where they were probed."""
+    part = record["figures"]["rnnt"]
+    tables = {"searches": strategy_table({k: v for k, v in part_runs(part).items() if "DDP" not in k})}
+    if part.get("true_max"):
+        tables["true maxima (probed upwards until OOM) against each search, by bucket"] = true_max_table(part)
+    return tables
+
+
+def rnnt_figures(record: Mapping[str, Any]) -> list:
+    """The RNN-T part's figures: batch size per bucket, the predictive search's probes, and the two
+    strategies on the compared buckets (each title says which buckets)."""
+    part = record["figures"]["rnnt"]
+    model, bs = part["model"], buckets(part)
+    comparison = part["comparison"]
+    return [plot_batch_sizes(bs, part["predictive"]["batch_sizes"], title=f"{model}: all buckets"),
+            plot_probe_trace(part["predictive"], bs, search_budget_bytes(record),
+                             title=f"{model}: predictive, all buckets"),
+            plot_strategy_comparison({k: comparison[k] for k in ("predictive", "bisect")},
+                                     title=f"{model}: {len(comparison['bucket_indices'])} of {len(bs)} buckets")]
+
+
+def aed_outputs(record: Mapping[str, Any] | None, aed_record: Mapping[str, Any] | None):
+    """(line, table, figure) of the AED part (:func:`aed_part`), or None when no record has it."""
+    aed = aed_part(record, aed_record)
+    if aed is None:
+        return None
+    runs = {k: aed[k] for k in ("predictive", "bisect")}
+    return (f"{aed['model']} batch sizes (predictive): {aed['predictive']['batch_sizes']}", strategy_table(runs),
+            plot_strategy_comparison(runs, title=f"{aed['model']}: all {len(aed['buckets'])} buckets"))
