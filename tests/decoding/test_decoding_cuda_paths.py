@@ -12,7 +12,6 @@ import torch
 
 from workbench.decoding import GreedyTransducerDecoder, cuda_graphs, make_toy_transducer
 from workbench.decoding import greedy as greedy_module
-from workbench.decoding import label_looping
 
 
 class GraphWithRawHandle:
@@ -260,7 +259,7 @@ def test_gpu_nvrtc_failure_carries_the_compiler_log(monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_live_speed_table_measures_every_graph_mode_with_equal_hypotheses():
-    from workbench.decoding.plots import live_speed_record
+    from workbench.bench.decoding.run import live_speed_record
 
     rows = live_speed_record(batches=(2,), frames=8, repeat=1)["figures"]["rows"]
     methods = {(r["model"], r["method"]) for r in rows}

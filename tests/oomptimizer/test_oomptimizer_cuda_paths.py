@@ -134,7 +134,7 @@ def test_probe_failing_after_the_step_is_an_oom_only_when_it_is_one(monkeypatch,
 
 
 def test_ddp_gradient_buffer_round_trips_the_gradients(monkeypatch):
-    alloc = FakeAllocator(monkeypatch)
+    FakeAllocator(monkeypatch)
     model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2, bias=False)).to(torch.float64)
     model[1].weight.requires_grad_(True)
     probe = TrainingStepProbe(model, ddp_gradient_buckets=True)
@@ -213,11 +213,10 @@ def _bins(tmp_path):
 
 
 def test_cli_nproc_beyond_the_gpus_is_one_line_and_relaunches_otherwise(monkeypatch, tmp_path, capsys):
-    from workbench import memory
     from workbench.cli import main
 
     configured, relaunched = [], []
-    monkeypatch.setattr(memory, "configure_allocator", lambda: configured.append(1))
+    monkeypatch.setattr(cli, "configure_allocator", lambda: configured.append(1))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(cli, "_relaunch_under_torchrun", lambda n: relaunched.append(n) or 0)
