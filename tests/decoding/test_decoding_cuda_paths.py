@@ -245,12 +245,6 @@ def test_reset_releases_the_graphs_and_waits_for_the_device(stand_in_graphs, mon
 
 
 @pytest.mark.gpu
-def test_gpu_conditional_handle_needs_a_capturing_stream():
-    with pytest.raises(RuntimeError, match="needs a stream that is capturing"):
-        cuda_graphs.create_conditional_handle(torch.cuda.Stream())
-
-
-@pytest.mark.gpu
 def test_gpu_nvrtc_failure_carries_the_compiler_log(monkeypatch):
     monkeypatch.setattr(cuda_graphs, "CONDITION_KERNELS_SOURCE", 'extern "C" __global__ void k() { undeclared(); }')
     with pytest.raises(RuntimeError, match=r"(?s)^NVRTC: .*undeclared"):

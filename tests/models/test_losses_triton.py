@@ -227,6 +227,23 @@ def test_past_two_to_the_31_logit_elements():
     assert torch.equal(x.grad[2], last.grad[0])
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="device memory accounting needs a GPU")
+def test_a_loss_step_leaves_nothing_allocated_on_the_device():
+    # the OOMptimizer refuses probes that leave memory behind, so the loss keeps no device caches
+    logits = torch.randn(2, 6, 4, 9, device="cuda", requires_grad=True)
+    targets = torch.randint(0, 8, (2, 3), device="cuda")
+    lengths = torch.tensor([6, 4], device="cuda"), torch.tensor([3, 2], device="cuda")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for fn, kw in ((rnnt_loss_triton, {}), (tdt_loss_triton, {"durations": [0, 1, 2]})):
+        x = torch.randn(2, 6, 4, 9 + len(kw.get("durations", [])), device="cuda", requires_grad=True)
+        fn(x, targets, *lengths, blank=8, reduction="sum", **kw).backward()
+        del x
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+    del logits
+
+
 def test_beta_runs_alongside_alpha_only_when_a_gradient_is_wanted(monkeypatch):
     grids = []
     kernel = losses_triton._lattice_kernel
