@@ -246,14 +246,14 @@ def test_oomptimize_refuses_a_folder_as_profile(tmp_path, capsys):
 
 @pytest.mark.parametrize("fields,needle", [
     ({"bucket_duration_bins": [2.0, 1.0, 3.0]}, "bucket_duration_bins[1] = 1.0 comes after 2.0"),
-    ({"bucket_duration_bins": [1.0, 1.0, 3.0]}, "bucket_duration_bins[1] = 1.0 repeats the bin before it"),
+    ({"bucket_duration_bins": [1.0, 2.0], "bucket_batch_size": 32}, "'bucket_batch_size' must be a list"),
+    ({"bucket_duration_bins": [1.0, 2.0], "bucket_batch_size": [4, True]}, "bucket_batch_size[1] = True"),
+    ({"bucket_duration_bins": [[1.0, 2.5], [2.0, 3]]}, "max_tokens must be a whole number"),
     ({"bucket_duration_bins": [[1.0, 5], [1.0, 3], [3.0, 9]]}, "bucket_duration_bins[1] = [1.0, 3] comes after"),
     ({"bucket_duration_bins": [[2.0, 5], [1.0, 8]]}, "bucket_duration_bins[1] = [1.0, 8] comes after"),
-    ({"bucket_duration_bins": [[1.0, 3], [1.0, 3]]}, "bucket_duration_bins[1] = [1.0, 3] repeats"),
     ({"bucket_duration_bins": [[1.0, 3], [2.0, 3]], "max_tps": ["fast", 4.0]}, "max_tps[0] = 'fast'"),
     ({"bucket_duration_bins": [[1.0, 3], [2.0, 3]], "max_tps": "4"}, "max_tps = '4'"),
     ({"bucket_duration_bins": [[1.0, 3], [2.0, 3]], "max_tps": [4.0, float("inf")]}, "max_tps[1] = inf"),
-    ({"bucket_duration_bins": [1.0, 2.0], "max_tps": [4.0, 5.0]}, "'max_tps' needs 2D bins"),
     ({"bucket_duration_bins": [1.0, 2.0], "metadata": [1]}, "'metadata' must be a mapping")])
 def test_load_profile_refuses_what_train_would(tmp_path, capsys, fields, needle):
     path = tmp_path / "profile.yaml"
@@ -301,3 +301,15 @@ def test_corpus_tts_failing_midway_leaves_nothing(tmp_path, capsys, monkeypatch)
     _one_line_error(capsys, main(["corpus", "tts", "--out", str(out), "--num-utterances", "3", "--workers", "1"]),
                     "tts-000001.flac", "No space left on device", "free some space")
     assert _tree(tmp_path) == []
+
+
+def test_repeated_bins_as_lhotse_and_nemo_write_them_load_and_stay_empty(tmp_path):
+    # lhotse's 1D rule repeats a boundary that many utterances share; such profiles are users' files
+    from workbench.bucketing.fit import make_fitter
+
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump({"bucket_duration_bins": [1.0, 1.0, 3.0], "max_tps": 6.0,
+                                    "bucket_batch_size": [8, 8, 4]}))
+    profile = load_profile(path)
+    fitter = make_fitter(profile.bucket_duration_bins, profile.max_tps)
+    assert [fitter.select(d, 2)[0] for d in (0.5, 1.0, 2.0, 3.0)] == [0, 0, 2, 2]  # bucket 1 never chosen

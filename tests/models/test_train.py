@@ -184,6 +184,13 @@ def test_train_bad_options_and_inputs_are_one_line_errors_that_name_them(corpus,
     if not torch.cuda.is_available():
         err = _train_error(capsys, *[a if a != "cpu" else "cuda" for a in _train_args(corpus, out)])
         assert "--device cuda: this machine has no CUDA GPU" in err and "--device cpu" in err
+    assert "--device: expected cuda, cuda:N or cpu, got 'foo'" in _train_error(
+        capsys, *[a if a != "cpu" else "foo" for a in _train_args(corpus, out)])
+    assert "--num-buckets 20: " in _train_error(capsys, *_train_args(corpus, out, "--num-buckets", "20"))
+    assert "model name" in _train_error(capsys, *_train_args(corpus, out, "--model", "huge-rnnt"))
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    assert "is a file, not a folder" in _train_error(capsys, *_train_args(corpus, a_file / "run"))
     synthetic = write_synthetic_corpus(tmp_path / "synthetic", 20, seed=0)
     capsys.readouterr()  # its progress bar
     args = _train_args(corpus, out)
@@ -218,3 +225,19 @@ def test_train_warns_at_start_and_end_when_the_profile_drops_much_of_the_corpus(
     err = _train_error(capsys, *_train_args(corpus, tmp_path / "strict", "--steps", "2", "--profile", str(profile),
                                             "--strict"))
     assert "(--strict)" in err and not (tmp_path / "strict").exists()
+
+
+def test_an_error_in_a_data_loader_worker_is_one_line(corpus, tmp_path, capsys):
+    import gzip
+
+    cuts_path, _ = corpus
+    lines = gzip.open(cuts_path, "rt").read().splitlines()
+    broken = json.loads(lines[1])
+    broken["recording"]["sources"][0]["source"] = str(tmp_path / "gone.flac")  # the first cut still has audio
+    damaged = tmp_path / "cuts.jsonl.gz"
+    with gzip.open(damaged, "wt") as f:
+        f.write("\n".join([lines[0], json.dumps(broken), *lines[2:]]) + "\n")
+    args = _train_args(corpus, tmp_path / "run", "--num-workers", "1", "--steps", "20")
+    args[args.index("--cuts") + 1] = str(damaged)
+    err = _train_error(capsys, *args)
+    assert "reading a batch: cut" in err and "has no audio" in err and "worker" not in err

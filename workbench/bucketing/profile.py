@@ -95,28 +95,29 @@ def validate_profile(profile: BucketProfile, source: str = "profile") -> None:
     if profile.is_2d != all(isinstance(b, (list, tuple)) for b in bins):
         raise ValueError(f"{source}: field 'bucket_duration_bins' mixes 1D and 2D entries")
     keys = [tuple(b) if profile.is_2d else (b,) for b in bins]
-    for i in range(1, len(keys)):
-        if keys[i] == keys[i - 1]:
-            raise ValueError(f"{source}: bucket_duration_bins[{i}] = {bins[i]!r} repeats the bin before it "
-                             "(its bucket would always be empty); remove it")
-        if keys[i][0] < keys[i - 1][0] or keys[i] < keys[i - 1]:
+    for i, b in enumerate(bins):
+        if profile.is_2d and b[1] != int(b[1]):
+            raise ValueError(f"{source}: bucket_duration_bins[{i}] = {b!r}: max_tokens must be a whole number")
+    for i in range(1, len(keys)):  # a repeated bin (lhotse's and NeMo's estimators make them) stays empty
+        if keys[i] < keys[i - 1]:
             order = "by duration, then by max_tokens within one duration" if profile.is_2d else "ascending"
             raise ValueError(f"{source}: bucket_duration_bins[{i}] = {bins[i]!r} comes after {bins[i - 1]!r}; "
                              f"bins must be sorted {order}")
     bs = profile.bucket_batch_size
     if bs is not None:
+        if not isinstance(bs, list):
+            raise ValueError(f"{source}: field 'bucket_batch_size' must be a list of one batch size per bucket, "
+                             f"got {bs!r}")
         if len(bs) != len(bins):
             raise ValueError(f"{source}: field 'bucket_batch_size' has {len(bs)} entries, "
                              f"'bucket_duration_bins' has {len(bins)}")
         for i, b in enumerate(bs):
-            if not isinstance(b, int) or b < 1:
+            if not isinstance(b, int) or isinstance(b, bool) or b < 1:
                 raise ValueError(f"{source}: bucket_batch_size[{i}] = {b!r} must be a positive integer")
     tps = profile.max_tps
     if isinstance(tps, list) and len(tps) != len(bins):
         raise ValueError(f"{source}: field 'max_tps' has {len(tps)} entries, "
                          f"'bucket_duration_bins' has {len(bins)}")
-    if tps is not None and not profile.is_2d:
-        raise ValueError(f"{source}: field 'max_tps' needs 2D bins ([max_duration, max_tokens] pairs)")
     for i, v in enumerate(tps if isinstance(tps, list) else [] if tps is None else [tps]):
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < float("inf"):
             where = f"max_tps[{i}]" if isinstance(tps, list) else "max_tps"

@@ -61,5 +61,6 @@ def register(subparsers) -> None:
                    help="transducers: joint and loss over chunks of this many utterances, never the whole "
                         "[B, T, U+1, V] joint at once (0: off; use the value the profile was made with)")
     p.add_argument("--log-cut-ids", action="store_true", default=None,
-                   help="list every rank's cut ids in each train_log.jsonl record")
+                   help="list every rank's cut ids in each train_log.jsonl record (under torchrun a gather per "
+                        "step, which waits for the GPU: for checks, not for speed)")
     p.set_defaults(func=_train)

@@ -30,6 +30,7 @@ DDP all-reduces the gradients; rank 0 logs and saves. A profile for DDP comes fr
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -43,15 +44,16 @@ from lhotse import CutSet
 from lhotse.dataset import DynamicBucketingSampler
 from tqdm.auto import tqdm
 
-from workbench.atomic import atomic_path, write_text_atomically
+from workbench.atomic import atomic_path, check_writable, write_text_atomically
 from workbench.bucketing import (BucketProfile, close_sampler, load_profile, load_sampler_state_dict, make_sampler,
                                  sampler_state_dict)
 from workbench.bucketing.fit import FITS, REASONS, make_fitter
 from workbench.data.tokenizer import load_tokenizer, tokenized_cut_arrays
 from workbench.models.collate import CutBatchDataset, cut_has_audio, cut_text
-from workbench.models.config import ModelConfig
+from workbench.models.config import ModelConfig, config_from_name
 from workbench.models.distributed import (Ranks, destroy_process_group, gather_objects, init_process_group,
                                           local_world_size, ranks_from_env, sum_over_ranks, weights_digest)
+from workbench.models.losses import loss_backend
 from workbench.models.model import DTYPES, ASRModel, build_model
 from workbench.options import dropped_data_line
 from workbench.plain import to_plain
@@ -123,12 +125,18 @@ def check_config(config: TrainConfig) -> None:
             raise ValueError(f"--{name.replace('_', '-')}: must be > 0, got {getattr(config, name)!r}")
     if not Path(config.cuts).is_file():
         raise FileNotFoundError(f"--cuts: manifest {config.cuts!r} does not exist")
+    config_from_name(config.model)  # a wrong --model is one line now, not after the corpus is read
+    for name in ("model.pt", "train_log.jsonl", "train_summary.json", *([STATE_FILE] if config.save_every else [])):
+        check_writable(Path(config.out_dir) / name)  # refused now, not after hours of training
 
 
 def resolve_device(name: str | None, ranks: Ranks) -> torch.device:
     """The device this rank trains on: cuda:LOCAL_RANK under torchrun; a one-line error without CUDA."""
     name = name or ("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device: expected cuda, cuda:N or cpu, got {name!r}") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"--device {name}: this machine has no CUDA GPU that torch can use; "
@@ -190,14 +198,15 @@ def corpus_fit(config: TrainConfig, profile: BucketProfile) -> dict:
     return {"cuts": int(len(reason)), "unfit": int((reason != FITS).sum()), "reasons": counts}
 
 
-def report_dropped(fit: dict, config: TrainConfig, *, when: str) -> str | None:
-    """A message when more than DROP_NOTICE_SHARE of the cuts fit no bucket (ValueError with --strict)."""
+def report_dropped(fit: dict, config: TrainConfig, *, when: str, strict: bool | None = None) -> str | None:
+    """A message when more than DROP_NOTICE_SHARE of the cuts fit no bucket (ValueError when ``strict``,
+    which defaults to --strict)."""
     line = dropped_data_line(fit["cuts"], fit["reasons"], what="cuts")
     if line is None:
         return None
     message = (f"--profile {config.profile}: {line} {when}, fitting no bucket; make bins from this corpus with "
                "`workbench bins`")
-    if config.strict:
+    if config.strict if strict is None else strict:
         raise ValueError(message + " (--strict)")
     log.warning(message)
     return message
@@ -215,6 +224,10 @@ def make_batches(cuts: CutSet, config: TrainConfig, tokenizer, profile: BucketPr
         return make_sampler(cuts, profile, shuffle=True, seed=config.seed, num_tokens_fn=num_tokens,
                             concurrent=config.concurrent and not ranks.distributed,
                             world_size=ranks.world_size, rank=ranks.rank)
+    num_cuts = sum(1 for _ in itertools.islice(iter(cuts), config.num_buckets))
+    if num_cuts < config.num_buckets:
+        raise ValueError(f"--num-buckets {config.num_buckets}: {config.cuts} has only {num_cuts} cuts; "
+                         f"pass --num-buckets {num_cuts} or fewer")
     return DynamicBucketingSampler(cuts, max_duration=config.max_duration, num_buckets=config.num_buckets,
                                    shuffle=True, seed=config.seed, world_size=ranks.world_size, rank=ranks.rank)
 
@@ -225,7 +238,10 @@ def make_loader(sampler, config: TrainConfig, device: torch.device) -> torch.uti
     return torch.utils.data.DataLoader(CutBatchDataset(config.tokenizer), sampler=sampler, batch_size=None,
                                        num_workers=workers, pin_memory=device.type == "cuda",
                                        prefetch_factor=config.prefetch_factor if workers else None,
-                                       persistent_workers=workers > 0)
+                                       persistent_workers=workers > 0,
+                                       # the workers' base seed: drawn from this, not the global RNG a
+                                       # resume restores, so a resumed run's dropout masks are the same
+                                       generator=torch.Generator().manual_seed(config.seed))
 
 
 @dataclass
@@ -244,6 +260,7 @@ class Run:
     epoch_batches: int = 0  # batches of the current epoch trained on (the sampler may have drawn more)
     records: list = field(default_factory=list)
     last_end_event: object = None  # CUDA event at the end of the last launched step
+    loss_backend: str | None = None  # transducers: which loss runs, and why
 
 
 def train(config: TrainConfig) -> dict:
@@ -287,6 +304,10 @@ def start_run(config: TrainConfig, ranks: Ranks, device: torch.device, tokenizer
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     sampler = make_batches(cuts, config, tokenizer, profile, ranks)
     run = Run(config, ranks, device, model, model, optimizer, sampler)
+    if model.config.head in ("rnnt", "tdt"):
+        dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
+        run.loss_backend = loss_backend(torch.empty(0, device=device, dtype=dtype))[1]
+        log.info("transducer loss: %s", run.loss_backend)
     if config.resume:
         load_training_state(Path(config.out_dir) / STATE_FILE, run)
         log.info("resumed from %s at step %d (epoch %d)", Path(config.out_dir) / STATE_FILE, run.step, run.epoch)
@@ -301,7 +322,7 @@ def train_steps(run: Run) -> None:
     config, out = run.config, Path(run.config.out_dir)
     loader = make_loader(run.sampler, config, run.device)
     progress = tqdm(total=config.steps, initial=run.step, desc=f"train {config.model}", unit="step",
-                    disable=not run.ranks.is_main)
+                    disable=None if run.ranks.is_main else True)  # None: off when stderr is no terminal
     resumed_mid_epoch = config.resume  # the restored sampler may have nothing left of its epoch
     pending = None  # the step launched last, finished (loss read) after the next one is launched
     while run.step < config.steps:
@@ -314,6 +335,9 @@ def train_steps(run: Run) -> None:
                 host_batch = next(batches)
             except StopIteration:
                 break
+            except Exception as e:  # noqa: BLE001 - a worker's error arrives wrapped, with its traceback as text
+                progress.close()
+                raise worker_error(e) from None
             launched = train_one_step(run, host_batch, data_s=time.perf_counter() - waited)
             drawn += 1
             if pending is not None:  # the step before is done on the device by now, or nearly
@@ -323,6 +347,7 @@ def train_steps(run: Run) -> None:
                 log_step(run, finish_step(pending), progress)
                 pending = None
                 save_training_state(out / STATE_FILE, run)
+                run.last_end_event = None  # the next step's data_s is the host's wait, not the save
         if pending is not None:
             log_step(run, finish_step(pending), progress)
             pending = None
@@ -349,6 +374,19 @@ class LaunchedStep:
     loss: torch.Tensor                 # on the host (pinned, filled asynchronously) or the CPU loss
     events: list                       # CUDA: start, backward done, end (after the loss copy); else []
     previous_end: object = None        # the end event of the step before (the device's idle gap)
+
+
+def worker_error(e: Exception) -> Exception:
+    """A DataLoader worker's exception as its own type with its last line (torch adds the worker's
+    traceback to the message); exceptions that cannot be rebuilt from a message become RuntimeError."""
+    lines = [line for line in str(e).strip().splitlines() if line.strip()]
+    message = lines[-1] if lines else type(e).__name__
+    prefix = f"{type(e).__name__}: "
+    message = message[len(prefix):] if message.startswith(prefix) else message
+    try:
+        return type(e)(f"reading a batch: {message}")
+    except Exception:  # noqa: BLE001 - exception types whose constructor takes other arguments
+        return RuntimeError(f"reading a batch: {message}")
 
 
 def train_one_step(run: Run, host_batch: dict, *, data_s: float) -> LaunchedStep:
@@ -408,7 +446,7 @@ def finish_step(step: LaunchedStep) -> dict:
         record["step_s"] = start.elapsed_time(end) / 1e3
         if step.previous_end is not None:
             record["data_s"] = step.previous_end.elapsed_time(start) / 1e3
-        record["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+        record["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())  # the run's so far
     record["loss"] = float(step.loss)
     return record
 
@@ -442,7 +480,7 @@ def finish_run(run: Run, fit: dict | None, warnings: list[str]) -> dict:
     unfit = getattr(run.sampler, "unfit_report", None)
     if unfit is not None and fit is not None:
         seen = {"cuts": unfit.seen, "unfit": unfit.total_unfit, "reasons": dict(unfit.counts)}
-        message = report_dropped(seen, config, when="in training")
+        message = report_dropped(seen, config, when="in training", strict=False)  # --strict acted at the start
         warnings = warnings + ([message] if message else [])
     wall = (data_s + step_s) / ranks.world_size  # per-rank seconds; ranks run side by side
     summary = {"model": config.model, "steps": run.step, "world_size": ranks.world_size,
@@ -450,7 +488,7 @@ def finish_run(run: Run, fit: dict | None, warnings: list[str]) -> dict:
                "audio_seconds_per_second": audio_s / wall if wall else 0.0,
                "data_wait_share": data_s / (data_s + step_s) if data_s + step_s else 0.0,
                "num_workers": config.num_workers, "corpus_fit": fit, "warnings": warnings,
-               "weights_digests": digests, "checkpoint": None}
+               "weights_digests": digests, "loss_backend": run.loss_backend, "checkpoint": None}
     if run.device.type == "cuda":
         summary["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated(run.device))
     if ranks.is_main:
