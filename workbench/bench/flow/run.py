@@ -129,7 +129,8 @@ def check_outputs(run: FlowRun, commands: list[str]) -> dict[str, Any]:
         folder = workdir / option_value(command, "--out")
         summary = json.loads((folder / "train_summary.json").read_text())
         records = [json.loads(line) for line in (folder / "train_log.jsonl").read_text().splitlines()]
-        figures[key] = train_figures(summary, records)
+        figures[key] = {**train_figures(summary, records), "max_duration": float(option_value(command, "--max-duration"))
+                        if key == "train_max_duration" else None}
         losses = [r["loss"] for r in records]
         checks[f"{key}_loss_falls"] = sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
         checks[f"{key}_batch_sizes_positive"] = all(r["batch_size"] > 0 for r in records)
@@ -137,7 +138,9 @@ def check_outputs(run: FlowRun, commands: list[str]) -> dict[str, Any]:
     figures["decode"] = decode_a_few(workdir / option_value(trained, "--out") / "model.pt",
                                      workdir / option_value(trained, "--cuts"),
                                      workdir / option_value(trained, "--tokenizer"))
-    checks["decoded_hypotheses_are_valid"] = figures["decode"]["valid"]
+    # a model trained for a few steps mostly emits blanks: the check is that decoding runs and its
+    # hypotheses are well formed; how many are non-empty is recorded, not required
+    checks["decoder_runs_with_well_formed_hypotheses"] = figures["decode"]["valid"]
     figures["checks"] = checks
     figures["failures"] = [name for name, ok in checks.items() if not ok]
     return figures
@@ -168,6 +171,7 @@ def decode_a_few(checkpoint: Path, cuts_path: Path, tokenizer_path: Path, num_cu
         and all(0 <= s < int(n) for s in h.timestamps) and list(h.timestamps) == sorted(h.timestamps)
         for h, n in zip(hyps, enc_lens.tolist()))
     return {"utterances": len(hyps), "tokens": [len(h.tokens) for h in hyps],
+            "non_empty": sum(1 for h in hyps if len(h.tokens)),
             "texts": [tokenizer.decode(list(h.tokens)) for h in hyps[:3]],
             "graph_mode": getattr(decoder, "mode_used", "off"),
             "valid": bool(valid)}
