@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.decoding import label_looping
+import workbench.decoding.label_looping as label_looping
 from workbench.decoding.label_looping import LoopBuffers, decide
 
 

@@ -29,7 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.models.losses import LOG_ZERO, _check_inputs, _reduce, check_durations
+from workbench.models.loss_inputs import LOG_ZERO, check_durations
+from workbench.models.loss_inputs import check_inputs as _check_inputs
+from workbench.models.loss_inputs import reduce_losses as _reduce
 
 _LOG_ZERO = tl.constexpr(LOG_ZERO)
 _MAX_BLOCK_V = 4096  # vocabulary block of the per-node kernels (larger vocabularies loop)

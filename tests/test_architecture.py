@@ -1,0 +1,42 @@
+"""The layering rules of docs/ARCHITECTURE.md, checked over the source: no two modules import each other,
+and no library package imports the benches."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "workbench"
+LIBRARY_PACKAGES = ("data", "bucketing", "oomptimizer", "memory", "models", "decoding")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports() -> dict[str, set[str]]:
+    """Every workbench module -> the workbench modules it imports (anywhere in the file)."""
+    modules = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module)
+                found |= {f"{node.module}.{a.name}" for a in node.names}
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def test_no_two_modules_import_each_other():
+    graph = _imports()
+    mutual = sorted({tuple(sorted((a, b))) for a, deps in graph.items() for b in deps
+                     if a in graph.get(b, set()) and not (a.startswith(b + ".") or b.startswith(a + "."))})
+    assert mutual == []  # a package's __init__ importing its own modules is not a circle
+
+
+def test_no_library_package_imports_the_benches():
+    offenders = sorted(f"{a} -> {b}" for a, deps in _imports().items() for b in deps
+                       if a.split(".")[1] in LIBRARY_PACKAGES and b.startswith("workbench.bench"))
+    assert offenders == []
