@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workbench.bucketing import estimate_2d_bins, load_profile
+from workbench.bucketing import BucketProfile, estimate_2d_bins, load_profile, save_profile
 from workbench.cli import main
 from workbench.data import read_cut_arrays, write_synthetic_corpus
 from workbench.data.tokenizer import add_token_counts
@@ -313,3 +313,15 @@ def test_repeated_bins_as_lhotse_and_nemo_write_them_load_and_stay_empty(tmp_pat
     profile = load_profile(path)
     fitter = make_fitter(profile.bucket_duration_bins, profile.max_tps)
     assert [fitter.select(d, 2)[0] for d in (0.5, 1.0, 2.0, 3.0)] == [0, 0, 2, 2]  # bucket 1 never chosen
+
+
+@pytest.mark.parametrize("option,value,needle", [
+    ("--rel-gap", "0", "--rel-gap: must be in (0, 1), got 0.0"),
+    ("--start-batch-size", "0", "--start-batch-size: must be >= 1, got 0"),
+    ("--nproc", "0", "--nproc: must be >= 1 GPUs, got 0")])
+def test_oomptimize_search_options_are_checked_before_any_work(tmp_path, capsys, option, value, needle):
+    bins = save_profile(tmp_path / "bins.yaml", BucketProfile([2.0, 4.0]))
+    before = bins.read_text()
+    _one_line_error(capsys, main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(bins), option, value]),
+                    needle)
+    assert bins.read_text() == before

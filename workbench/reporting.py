@@ -164,20 +164,24 @@ def run_notebooks(out_dir: str | os.PathLike = "reports", *, smoke: bool = False
 
     out = Path(out_dir)
     check_writable(out / "index.html")  # before minutes of notebooks
-    (out / "executed").mkdir(parents=True, exist_ok=True)
     notebooks = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
     if only:
         notebooks = [nb for nb in notebooks if any(o in nb.name for o in only)]
     if not notebooks:
         raise FileNotFoundError(f"no notebooks found in {NOTEBOOK_DIR}"
                                 + (f" whose name contains one of {only}" if only else ""))
+    (out / "executed").mkdir(parents=True, exist_ok=True)
     rows = []
     for nb_path in notebooks:
         t0 = time.perf_counter()
         print(f"[report] {nb_path.name} ...", flush=True)
         executed = out / "executed" / nb_path.name
-        pm.execute_notebook(str(nb_path), str(executed), parameters={"smoke": smoke, "interactive": False},
-                            cwd=str(NOTEBOOK_DIR), kernel_name="python3", progress_bar=False)
+        try:
+            pm.execute_notebook(str(nb_path), str(executed), parameters={"smoke": smoke, "interactive": False},
+                                cwd=str(NOTEBOOK_DIR), kernel_name="python3", progress_bar=False)
+        except pm.PapermillExecutionError as e:  # the cell's traceback is in the executed notebook
+            raise ValueError(f"{nb_path.name}: cell {e.exec_count} failed ({e.ename}: "
+                               f"{str(e.evalue).splitlines()[0] if e.evalue else ''}); see {executed}") from None
         page = write_text_atomically(out / (nb_path.stem + ".html"), render_html(executed, show_code=show_code))
         rows.append((page.name, *notebook_title_and_summary(nb_path), time.perf_counter() - t0))
         print(f"[report] {nb_path.name} done in {rows[-1][3]:.1f} s -> {page}", flush=True)

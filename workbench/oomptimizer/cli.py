@@ -41,6 +41,12 @@ def run_oomptimize(args) -> int:
         raise ValueError(f"--joint-chunk-size: must be >= 0 (0: off), got {args.joint_chunk_size}")
     if not 0 < args.memory_fraction <= 1:
         raise ValueError(f"--memory-fraction: must be in (0, 1], got {args.memory_fraction}")
+    if not 0 < args.rel_gap < 1:
+        raise ValueError(f"--rel-gap: must be in (0, 1), got {args.rel_gap}")
+    if args.start_batch_size < 1:
+        raise ValueError(f"--start-batch-size: must be >= 1, got {args.start_batch_size}")
+    if args.nproc is not None and args.nproc < 1:
+        raise ValueError(f"--nproc: must be >= 1 GPUs, got {args.nproc}")
     bins_path = Path(args.bins)
     if not bins_path.exists():
         raise FileNotFoundError(f"{bins_path}: no such profile file")
