@@ -195,3 +195,45 @@ def allocation_events_table(block: Mapping[str, Any]) -> pd.DataFrame:
 def dynamic_series(block: Mapping[str, Any]) -> dict[str, dict]:
     """The dynamic-shape configurations' per-step columns of a :func:`blocks` entry."""
     return {k: v for k, v in block["series"].items() if k.startswith("dynamic")}
+
+
+def show_tables(name: str, record: Mapping[str, Any], display) -> None:
+    """The record's description and, per headroom, its step-time, paired-ratio and allocation-event tables,
+    through ``display`` (IPython's in a notebook)."""
+    print("\n" + describe(name, record))
+    for label, block in blocks(record).items():
+        print(f"headroom {label}:")
+        display(step_time_table(block["figures"]))
+        paired = paired_ratio_table(block["figures"])
+        if not paired.empty:
+            display(paired)
+        events = allocation_events_table(block["figures"])
+        if not events.empty:
+            print(f"{len(events)} steps after warm-up touched device memory (first 10):")
+            display(events.head(10))
+
+
+def draw_block(label: str, block: Mapping[str, Any]) -> None:
+    """Memory curves of the dynamic-shape configurations and device allocations per step, for one
+    :func:`blocks` entry."""
+    from workbench.memory.plots import plot_device_allocs, plot_memory_curves  # matplotlib: figures only
+
+    plot_memory_curves(dynamic_series(block), warmup_steps=block["warmup_steps"],
+                       title=f"Headroom {label}, dynamic shapes only: peak allocated (solid) and reserved "
+                             "(dashed) per step")
+    plot_device_allocs(block["series"], warmup_steps=block["warmup_steps"],
+                       title=f"Headroom {label}: device allocations per step")
+
+
+def explore_block(label: str, block: Mapping[str, Any]):
+    """An ipywidgets panel choosing which configurations' memory curves to draw."""
+    from workbench.memory.plots import plot_memory_curves  # matplotlib: figures only
+    from workbench.panel import widget_panel  # ipywidgets: the optional panel
+
+    series = block["series"]
+    choices = {"dynamic shapes": [k for k in series if k.startswith("dynamic")],
+               "static shapes": [k for k in series if k.startswith("static")], "all": list(series)}
+    return widget_panel(lambda configs: plot_memory_curves({k: series[k] for k in configs},
+                                                           warmup_steps=block["warmup_steps"],
+                                                           title=f"Headroom {label}: " + ", ".join(configs)),
+                        configs=choices)

@@ -63,3 +63,8 @@ def table_lines(figures: Mapping[str, Any]) -> list[str]:
                 + [f"{'  ours, in process: ' + k:<48}{figures[k]:>10.2f}" for k in STAGES])
     return [f"{k:<48}{(v['median'] if isinstance(v, dict) else v):>10.2f}{'x' if 'speedup' in k else ''}"
             for k, v in figures.items()]
+
+
+def describe(record: dict) -> str:
+    """The record's summary lines as one text (what notebook 01 prints)."""
+    return "\n".join(summary_lines(record["figures"]))
