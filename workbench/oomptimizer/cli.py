@@ -36,7 +36,8 @@ def register(sub) -> None:
     p.set_defaults(func=run_oomptimize)
 
 
-def run_oomptimize(args) -> int:
+def check_options(args) -> None:
+    """One-line ValueErrors naming the option, before any file is read or GPU work starts."""
     if args.joint_chunk_size < 0:
         raise ValueError(f"--joint-chunk-size: must be >= 0 (0: off), got {args.joint_chunk_size}")
     if not 0 < args.memory_fraction <= 1:
@@ -47,6 +48,10 @@ def run_oomptimize(args) -> int:
         raise ValueError(f"--start-batch-size: must be >= 1, got {args.start_batch_size}")
     if args.nproc is not None and args.nproc < 1:
         raise ValueError(f"--nproc: must be >= 1 GPUs, got {args.nproc}")
+
+
+def run_oomptimize(args) -> int:
+    check_options(args)
     bins_path = Path(args.bins)
     if not bins_path.exists():
         raise FileNotFoundError(f"{bins_path}: no such profile file")
