@@ -65,3 +65,11 @@ def test_readme_flow_on_the_gpu(tmp_path):
     f = json.loads((out / "flow.json").read_text())["figures"]
     assert f["failures"] == []
     assert f["profile"]["soak_ooms"] == 0 and min(f["profile"]["batch_sizes"]) > 0
+
+
+def test_readme_block_parsing_keeps_quoted_hashes_and_skips_comments_in_continuations(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- flow -->\n```sh\n# title\nworkbench corpus stats a.jsonl \\\n"
+                      "    # a note inside the continuation\n    --tokenizer t.model\n\n"
+                      'echo "a #b"\n```\nafter\n')
+    assert readme_flow_commands(readme) == ["workbench corpus stats a.jsonl --tokenizer t.model", 'echo "a #b"']

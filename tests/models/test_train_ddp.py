@@ -67,6 +67,10 @@ def test_two_ranks_resume_each_where_its_sampler_stood(corpus, tmp_path):
     assert [r["cut_ids"] for r in logs["split"]] == [r["cut_ids"] for r in logs["straight"]]
     summary = json.loads((tmp_path / "split" / "train_summary.json").read_text())
     assert len(set(summary["weights_digests"])) == 1
+    # the totals sum each rank's own steps, restored ones included: both runs saw the same audio
+    unbroken = json.loads((tmp_path / "straight" / "train_summary.json").read_text())
+    assert summary["audio_seconds_per_second"] > 0 and unbroken["audio_seconds_per_second"] > 0
+    assert summary["audio_seconds"] == pytest.approx(unbroken["audio_seconds"])
 
 
 def _config(**kw):

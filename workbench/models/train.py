@@ -483,7 +483,7 @@ def finish_run(run: Run, fit: dict | None, warnings: list[str]) -> dict:
         message = report_dropped(seen, config, when="in training", strict=False)  # --strict acted at the start
         warnings = warnings + ([message] if message else [])
     wall = (data_s + step_s) / ranks.world_size  # per-rank seconds; ranks run side by side
-    summary = {"model": config.model, "steps": run.step, "world_size": ranks.world_size,
+    summary = {"model": config.model, "steps": run.step, "world_size": ranks.world_size, "audio_seconds": audio_s,
                "losses": [r["loss"] for r in records],
                "audio_seconds_per_second": audio_s / wall if wall else 0.0,
                "data_wait_share": data_s / (data_s + step_s) if data_s + step_s else 0.0,
@@ -506,6 +506,7 @@ def save_training_state(path: Path, run: Run) -> Path | None:
     """Everything a resumed run needs, atomically, in plain types (torch.load(weights_only=True)).
     Every rank takes part (each rank's sampler and RNG states); rank 0 writes."""
     rank_state = {"sampler": sampler_state_dict(run.sampler, batches_consumed=run.epoch_batches),
+                  "records": run.records,  # each rank's own: the run's totals sum over ranks
                   "cpu_rng": torch.get_rng_state(),
                   "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
     per_rank = gather_objects(rank_state, run.ranks)
@@ -547,7 +548,7 @@ def load_training_state(path: Path, run: Run) -> None:
     if mine["cuda_rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(mine["cuda_rng"])
     run.step, run.epoch, run.epoch_batches = step, epoch, epoch_batches
-    run.records = list(state["records"])
+    run.records = list(mine.get("records", state["records"]))
 
 
 def save_checkpoint(path: str | os.PathLike, model: ASRModel, *, extra: dict | None = None) -> Path:

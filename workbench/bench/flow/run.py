@@ -31,23 +31,24 @@ class FlowError(RuntimeError):
 
 
 def readme_flow_commands(readme: str | os.PathLike = REPO / "README.md") -> list[str]:
-    """The commands of the first fenced block after ``<!-- flow -->`` (comments and blank lines dropped,
-    backslash continuations joined)."""
+    """The commands of the first fenced block after ``<!-- flow -->``: whole-line comments and blank lines
+    dropped (also inside a continuation), backslash continuations joined; text after a ``#`` within a
+    command line is kept (it may be inside quotes)."""
     lines = Path(readme).read_text().splitlines()
     if FLOW_MARKER not in lines:
         raise ValueError(f"{readme}: no '{FLOW_MARKER}' line before the flow's shell block")
     start = next(i for i in range(lines.index(FLOW_MARKER), len(lines)) if lines[i].startswith("```"))
-    commands, pending = [], ""
+    commands, pending = [], []
     for line in lines[start + 1:]:
         if line.startswith("```"):
             break
-        text = line.split(" #")[0].rstrip() if not line.lstrip().startswith("#") else ""
-        if not text and not pending:
+        text = line.strip()
+        if not text or text.startswith("#"):
             continue
-        pending += text.rstrip("\\").strip() + " " if text.endswith("\\") else text.strip()
+        pending.append(text[:-1].strip() if text.endswith("\\") else text)
         if not text.endswith("\\"):
-            commands.append(pending.strip())
-            pending = ""
+            commands.append(" ".join(pending))
+            pending = []
     if not commands:
         raise ValueError(f"{readme}: the block after '{FLOW_MARKER}' has no commands")
     return commands
