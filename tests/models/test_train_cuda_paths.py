@@ -44,11 +44,9 @@ def test_resolve_device_under_torchrun_takes_the_local_rank_gpu(monkeypatch):
 
 @pytest.mark.parametrize("device, configures", [("cuda", True), ("cpu", False)])
 def test_train_configures_the_allocator_before_cuda_work_only_on_cuda(monkeypatch, tmp_path, device, configures):
-    from workbench import memory
-
     calls = []
     monkeypatch.setattr(recipe, "resolve_device", lambda name, ranks: torch.device(device))
-    monkeypatch.setattr(memory, "configure_allocator", lambda: calls.append("configure_allocator"))
+    monkeypatch.setattr(recipe, "configure_allocator", lambda: calls.append("configure_allocator"))
     monkeypatch.setattr(recipe, "init_process_group", lambda ranks, dev: calls.append(("init", dev.type)))
     monkeypatch.setattr(recipe, "_train", lambda config, ranks, dev: calls.append("train") or {"ok": 1})
     monkeypatch.setattr(recipe, "destroy_process_group", lambda: calls.append("destroy"))

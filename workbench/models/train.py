@@ -9,7 +9,9 @@ its per-bucket batch sizes; without one, from lhotse's DynamicBucketingSampler w
 seconds of audio per batch. The sampler runs in the main process and feeds a DataLoader whose
 --num-workers processes read, resample and collate the audio; features are computed on the device.
 
-Each step is queued without waiting for the device, so the next batch is fetched while the GPU works.
+Each step is queued without waiting for the one before (its loss is read after the next launch), so
+the next batch is fetched while the GPU works; the transducer losses' input check still waits for the
+forward pass (a host copy of a few counts).
 Per step the log records the loss, batch size, audio seconds, padding, the time the device waited for
 data (data_s: on CUDA the GPU's idle gap between the end of one step and the start of the next) and
 the step's own device time (step_s, split into forward_backward_s and optimizer_s). Writes
@@ -49,6 +51,7 @@ from workbench.bucketing import (BucketProfile, close_sampler, load_profile, loa
                                  sampler_state_dict)
 from workbench.bucketing.fit import FITS, REASONS, make_fitter
 from workbench.data.tokenizer import load_tokenizer, tokenized_cut_arrays
+from workbench.memory import configure_allocator
 from workbench.models.collate import CutBatchDataset, cut_has_audio, cut_text
 from workbench.models.config import ModelConfig, config_from_name
 from workbench.models.distributed import (Ranks, destroy_process_group, gather_objects, init_process_group,
@@ -270,9 +273,7 @@ def train(config: TrainConfig) -> dict:
     ranks = ranks_from_env()
     device = resolve_device(config.device, ranks)
     if device.type == "cuda":
-        from workbench.memory import configure_allocator  # before the first CUDA allocation
-
-        configure_allocator()
+        configure_allocator()  # before the first CUDA allocation
     init_process_group(ranks, device)
     try:
         return _train(config, ranks, device)
