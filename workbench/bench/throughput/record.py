@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 from typing import Any, Mapping, TypedDict
 
+NAME = "throughput"  # records throughput_large_rnnt, throughput_xl_aed
 SAMPLERS = ("baseline", "1d", "2d")
 LABELS = {"baseline": "lhotse max_duration", "1d": "1D profile", "2d": "2D profile"}
 AED_TARGET = 1.8  # 2D profile over the baseline, audio seconds per second, xl-aed
@@ -185,7 +186,7 @@ def summary_lines(figures: Mapping[str, Any]) -> list[str]:
         p = f[part]
         budget = f"{p['budget']['steps']} steps" if "steps" in p["budget"] else f"{p['budget']['seconds']:g} s"
         lines.append(f"- same {'steps' if part == 'steps' else 'wall time'} ({budget} each; matmul "
-                     f"{p['matmul']['flops_per_s'] / 1e12:.0f} TFLOP/s {p['matmul']['dtype']}):")
+                     f"{p['matmul']['flops_per_s'] / 1e12:.3g} TFLOP/s {p['matmul']['dtype']}):")
         for sampler in SAMPLERS:
             run = p["runs"].get(sampler, {})
             lines.append(f"  - {LABELS[sampler]}: " + describe_run(run))

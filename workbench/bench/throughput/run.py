@@ -21,12 +21,14 @@ baseline's ``max_duration``; ``steps`` trains the three samplers for ``--steps``
 record (``--from``, default the committed one) and remakes the corpus (same seed, same cuts).
 
 Baseline: lhotse's ``DynamicBucketingSampler`` with the largest ``max_duration`` that survives a full pass.
-In its bucket b (duration bins as lhotse estimates them from the corpus) a batch holds at most
-floor(max_duration / shortest cut of b) cuts, each padded at worst to b's longest cut and most tokens.
-The OOMptimizer's search over those worst-case shapes gives the largest batch size B_b that fits each
-bucket, so max_duration = min over b of B_b x shortest cut of b (to 0.1 s below). One pass of that
-sampler over the corpus (batch shapes only, no training) then checks that no batch exceeds its bucket's
-probed worst case. The probe runs under the same memory fraction as the profiles' search.
+lhotse puts a cut in bucket i when bins[i-1] < duration <= bins[i] (bins as it estimates them from the
+corpus) and adds cuts to a batch until one more cut as long as the longest so far would take the padded
+duration (cuts x longest) above max_duration; the cut that closes the batch may be longer. So a batch
+of bucket b holds at most floor(max_duration / shortest cut of b) cuts, padded at worst to b's longest
+cut and most tokens. The OOMptimizer's search over those worst-case shapes gives the largest batch size
+B_b that fits each bucket, so max_duration = min over b of B_b x shortest cut of b (to 0.1 s below). One
+pass of that sampler over the corpus (batch shapes only, no training) then checks that no batch exceeds
+its bucket's probed worst case. The probe runs under the same memory fraction as the profiles' search.
 """
 
 from __future__ import annotations
@@ -191,19 +193,22 @@ def make_profiles(study: Study, arrays, model, probe) -> dict[str, dict]:
     return out
 
 
-def lhotse_buckets(cuts_path: str, arrays, max_duration: float = 100.0) -> tuple[list[float], list[dict]]:
-    """lhotse's duration bins for this corpus (as DynamicBucketingSampler estimates them) and, per bucket,
-    its cuts, shortest and longest cut (s) and most tokens."""
+def lhotse_buckets(cuts_path: str, tokens_by_id: dict[str, int], max_duration: float = 100.0
+                   ) -> tuple[list[float], list[dict]]:
+    """lhotse's duration bins for this corpus (as DynamicBucketingSampler estimates them) and, per bucket
+    (lhotse's rule: bisect_left), its cuts, shortest and longest cut (s) and most tokens."""
     from lhotse import CutSet
     from lhotse.dataset import DynamicBucketingSampler
 
-    sampler = DynamicBucketingSampler(CutSet.from_file(cuts_path), max_duration=max_duration,
-                                      num_buckets=LHOTSE_NUM_BUCKETS, shuffle=True, seed=0)
+    cuts = CutSet.from_file(cuts_path)
+    sampler = DynamicBucketingSampler(cuts, max_duration=max_duration, num_buckets=LHOTSE_NUM_BUCKETS,
+                                      shuffle=True, seed=0)
     bins = [float(b) for b in sampler.duration_bins]
     buckets = [{"index": i, "cuts": 0, "shortest_s": math.inf, "longest_s": 0.0, "max_tokens": 0}
                for i in range(len(bins) + 1)]
-    for duration, tokens in zip(arrays.durations.tolist(), arrays.num_tokens.tolist()):
-        b = buckets[bisect.bisect_right(bins, duration)]
+    for cut in cuts:  # the cuts' own durations: the manifest's rounding decides ties at a bin as in lhotse
+        duration, tokens = cut.duration, tokens_by_id[cut.id]
+        b = buckets[bisect.bisect_left(bins, duration)]
         b["cuts"] += 1
         b["shortest_s"], b["longest_s"] = min(b["shortest_s"], duration), max(b["longest_s"], duration)
         b["max_tokens"] = max(b["max_tokens"], int(tokens))
@@ -215,7 +220,8 @@ def find_baseline(study: Study, corpus: dict, arrays, probe) -> dict[str, Any]:
     from workbench.oomptimizer.search import search_batch_sizes
 
     started = time.perf_counter()
-    bins, buckets = lhotse_buckets(corpus["cuts"], arrays)
+    tokens_by_id = dict(zip(arrays.ids, arrays.num_tokens.tolist()))
+    bins, buckets = lhotse_buckets(corpus["cuts"], tokens_by_id)
     shapes = [(b["longest_s"], float(b["max_tokens"])) for b in buckets]
     result = search_batch_sizes(shapes, probe, budget_bytes=probe.budget_bytes)
     for b, size in zip(buckets, result.batch_sizes):
@@ -226,14 +232,13 @@ def find_baseline(study: Study, corpus: dict, arrays, probe) -> dict[str, Any]:
     study.say(f"baseline: max_duration {max_duration:g} s over lhotse bins {[round(x, 1) for x in bins]}")
     return {"max_duration": max_duration, "lhotse_bins": bins, "buckets": buckets, "probes": result.num_probes,
             "search_s": time.perf_counter() - started,
-            "pass": check_baseline_pass(corpus, dict(zip(arrays.ids, arrays.num_tokens.tolist())), bins, buckets,
-                                        max_duration)}
+            "pass": check_baseline_pass(corpus, tokens_by_id, bins, buckets, max_duration)}
 
 
 def check_baseline_pass(corpus: dict, tokens_by_id: dict[str, int], bins: list[float], buckets: list[dict],
                         max_duration: float) -> dict:
-    """One epoch of the baseline sampler (shapes only): batches, and those exceeding their bucket's probed
-    worst case (more cuts than floor(max_duration / shortest) or B_b, or a longer cut or more tokens)."""
+    """One epoch of the baseline sampler (shapes only): batches, and those beyond their bucket's probed
+    worst case (more cuts than B_b or floor(max_duration / shortest), a longer cut or more tokens)."""
     from lhotse import CutSet
     from lhotse.dataset import DynamicBucketingSampler
 
@@ -243,10 +248,11 @@ def check_baseline_pass(corpus: dict, tokens_by_id: dict[str, int], bins: list[f
     batches, exceeding, largest = 0, 0, 0
     for batch in sampler:
         longest = max(c.duration for c in batch)
-        b = by_index.get(bisect.bisect_right(bins, longest))
+        b = by_index.get(bisect.bisect_left(bins, longest))
         n = len(batch)
-        limit = None if b is None else min(b["max_batch_size"], math.floor(max_duration / b["shortest_s"]))
         tokens = max(tokens_by_id[c.id] for c in batch)
+        # lhotse yields a cut longer than max_duration alone: one cut is always a batch
+        limit = 0 if b is None else min(b["max_batch_size"], max(1, math.floor(max_duration / b["shortest_s"])))
         exceeding += b is None or n > limit or longest > b["longest_s"] or tokens > b["max_tokens"]
         batches, largest = batches + 1, max(largest, n)
     return {"batches": batches, "exceeding": exceeding, "largest_batch": largest}
