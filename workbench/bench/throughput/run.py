@@ -461,3 +461,15 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def smoke_record(model: str = "xl-aed") -> dict[str, Any]:
+    """A live CPU smoke run of every part (tiny model, tone corpus, seconds of training), as a record:
+    what the notebook draws when no measured record is committed. Not a measurement."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="workbench_throughput_smoke_") as tmp:
+        main(["--model", model, "--part", "all", "--smoke", "--out", tmp, "--workdir", f"{tmp}/work",
+              "--utterances", "24", "--repeat", "3", "--steps", "4", "--seconds", "2", "--warmup-steps", "1",
+              "--warmup-records", "1", "--buckets-1d", "3", "--buckets-2d", "2"])
+        return json.loads((Path(tmp) / f"{record_name(model)}.json").read_text())
