@@ -12,7 +12,7 @@
 # land in $OUT/results.tar.gz (benchmarks/results/*.json, re-packed after every stage, so a call stopped
 # at its limit still returns what finished) and logs in $OUT/*.log; elsewhere OUT defaults to ./gpu_out.
 set -uo pipefail
-STAGES="flow tests tests-allocator decoding decoding-quick models losses oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator allocator-roomy"
+STAGES="flow tests tests-allocator decoding decoding-quick models losses oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator allocator-roomy throughput-rnnt-prepare throughput-rnnt-steps throughput-rnnt-seconds throughput-aed-prepare throughput-aed-steps throughput-aed-seconds"
 if [ $# -eq 0 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
   sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; echo "stages: $STAGES"; exit 2
 fi
@@ -85,6 +85,8 @@ output_of() {  # the result a stage writes (two parallel groups must not write t
     oomptimizer|oomptimizer-rnnt) echo oomptimizer ;;
     oomptimizer-aed) echo oomptimizer_aed ;;
     allocator-roomy) echo allocator_headroom15 ;;
+    throughput-rnnt-*) echo throughput_large_rnnt ;;
+    throughput-aed-*) echo throughput_xl_aed ;;
     *) echo "${1//-/_}" ;;
   esac
 }
@@ -123,6 +125,11 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
                         --budget-s "$b" --out "$RESULTS" ;;
     allocator-roomy)  run_stage allocator_roomy 540 python3 -m workbench.bench.allocator --headroom 0.15 \
                         --name allocator_headroom15 --budget-s "$b" --out "$RESULTS" ;;
+    throughput-*)     # a later part reads the record of this call's earlier part, else benchmarks/results
+                      local m=large-rnnt steps=60 from=(); [ "${1#throughput-aed}" != "$1" ] && m=xl-aed steps=30
+                      [ -f "$RESULTS/$(output_of "$1").json" ] && from=(--from "$RESULTS/$(output_of "$1").json")
+                      run_stage "${1//-/_}" 540 python3 -m workbench.bench.throughput --model $m \
+                        --part "${1##*-}" --steps $steps --seconds 110 "${from[@]}" --out "$RESULTS" ;;
     *) echo "unknown stage $1"; return 1 ;;
   esac
 }

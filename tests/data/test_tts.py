@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from workbench.data import tts
-from workbench.data.tts import (SAMPLE_RATE, SpeakerStyle, choose_sentences, default_text, make_tts_corpus,
-                                resample, speaker_styles, split_sentences, synthesize)
+from workbench.data.tts import (SAMPLE_RATE, SpeakerStyle, choose_sentences, default_text, join_sentences,
+                                make_tts_corpus, resample, speaker_styles, split_sentences, synthesize)
 
 
 
@@ -239,3 +239,33 @@ def test_corpus_repeat_lists_each_utterance_again_with_the_same_audio(tmp_path):
     assert np.array_equal(cuts[0].load_audio(), cuts[2].load_audio())
     with pytest.raises(ValueError, match="--repeat"):
         make_tts_corpus(tmp_path / "d", text_file=text, repeat=0)
+
+
+def test_join_sentences_groups_consecutive_sentences_using_each_once():
+    sentences = [f"Sentence {i}." for i in range(20)]
+    joined = join_sentences(sentences, 3, seed=1)
+    assert " ".join(joined) == " ".join(sentences)  # in order, each once
+    counts = [u.count(".") for u in joined]
+    assert all(1 <= c <= 3 for c in counts) and len(set(counts)) > 1
+    assert joined == join_sentences(sentences, 3, seed=1) != join_sentences(sentences, 3, seed=2)
+    assert join_sentences(sentences, 1) == sentences
+    with pytest.raises(ValueError, match="--join"):
+        join_sentences(sentences, 0)
+
+
+def test_corpus_join_speaks_longer_utterances(tmp_path):
+    _espeak_or_skip()
+    from lhotse import CutSet
+
+    text = tmp_path / "story.txt"
+    text.write_text("The river ran past the old mill. Nobody had seen the miller for years. "
+                    "The wheel still turned at night. Children said it sang.\n")
+    single = CutSet.from_file(make_tts_corpus(tmp_path / "a", text_file=text, speed_wpm=250, num_workers=1,
+                                              progress=False)["cuts"]).to_eager()
+    joined = CutSet.from_file(make_tts_corpus(tmp_path / "b", text_file=text, speed_wpm=250, num_workers=1,
+                                              progress=False, join=4, num_utterances=2)["cuts"]).to_eager()
+    assert len(single) == 4 and len(joined) <= 2
+    assert max(c.duration for c in joined) > max(c.duration for c in single)
+    assert all(c.supervisions[0].text.endswith(".") for c in joined)
+    with pytest.raises(ValueError, match="--join"):
+        make_tts_corpus(tmp_path / "d", text_file=text, join=0)

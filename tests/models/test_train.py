@@ -241,3 +241,27 @@ def test_an_error_in_a_data_loader_worker_is_one_line(corpus, tmp_path, capsys):
     args[args.index("--cuts") + 1] = str(damaged)
     err = _train_error(capsys, *args)
     assert "reading a batch: cut" in err and "has no audio" in err and "worker" not in err
+
+
+def test_train_max_seconds_stops_launching_steps_after_the_wall_time(corpus, tmp_path, monkeypatch):
+    import time
+
+    from workbench.models import train as recipe
+
+    cuts_path, tokenizer_path = corpus
+    launch = recipe.train_one_step
+
+    def slow_step(run, host_batch, *, data_s):  # each step takes at least 0.3 s of wall time
+        time.sleep(0.3)
+        return launch(run, host_batch, data_s=data_s)
+
+    monkeypatch.setattr(recipe, "train_one_step", slow_step)
+    config = recipe.TrainConfig(cuts=str(cuts_path), tokenizer=str(tokenizer_path), out_dir=str(tmp_path),
+                                model="tiny-ctc", steps=100, max_duration=6, num_buckets=2, dtype="fp32",
+                                device="cpu", num_workers=0, max_seconds=1.0)
+    summary = recipe.train(config)
+    assert 2 <= summary["steps"] <= 5  # 1 s / 0.3 s per step: stopped by the clock, not by --steps
+    assert len((tmp_path / "train_log.jsonl").read_text().splitlines()) == summary["steps"]
+    with pytest.raises(ValueError, match="--max-seconds"):
+        recipe.train(recipe.TrainConfig(cuts=str(cuts_path), tokenizer=str(tokenizer_path),
+                                        out_dir=str(tmp_path), max_seconds=-1))

@@ -23,6 +23,7 @@ from workbench.bench.decoding import record as decoding
 from workbench.bench.manifest_reading import record as manifest_reading
 from workbench.bench.models import record as models
 from workbench.bench.oomptimizer import record as oomptimizer
+from workbench.bench.throughput import record as throughput
 from workbench.bench.results import RESULTS_DIR, provenance_line
 
 # record name (or prefix before "_"), in the order a record is matched -> its summary lines
@@ -35,6 +36,7 @@ SECTIONS: dict[str, Callable[[dict], list[str]]] = {
     decoding.NAME: decoding.summary_lines,
     "flow": flow_summary_lines,
     "losses": losses_summary_lines,
+    throughput.NAME: throughput.summary_lines,
 }
 
 

@@ -29,7 +29,7 @@ def _tts(args: argparse.Namespace) -> int:
     paths = make_tts_corpus(args.out, text_file=args.text_file, num_utterances=args.num_utterances,
                             voice=args.voice, speed_wpm=args.speed_wpm, seed=args.seed,
                             tokenizer=args.tokenizer, num_speakers=args.num_speakers, num_workers=args.workers,
-                            repeat=args.repeat, progress=sys.stderr.isatty())
+                            repeat=args.repeat, join=args.join, progress=sys.stderr.isatty())
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     return 0
@@ -81,6 +81,8 @@ def register(sub) -> None:
     p.add_argument("--workers", type=positive_int, default=2, help="espeak-ng processes, >= 1")
     p.add_argument("--repeat", type=positive_int, default=1,
                    help="list each utterance this many times in cuts.jsonl.gz (copies share the audio file), >= 1")
+    p.add_argument("--join", type=positive_int, default=1,
+                   help="each utterance is 1..N sentences joined (long utterances, as in real corpora), >= 1")
     p.add_argument("--tokenizer", default=None, help="sentencepiece model: fills custom.num_tokens")
     p.add_argument("--seed", type=count_int, default=0, help=">= 0")
     p.set_defaults(func=_tts)

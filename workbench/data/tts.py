@@ -105,6 +105,22 @@ def choose_sentences(sentences: list[str], num_utterances: int | None, seed: int
     return [sentences[i] for i in order[:count]]
 
 
+def join_sentences(sentences: list[str], join: int, seed: int = 0) -> list[str]:
+    """Utterances of 1..``join`` consecutive sentences each (a seeded count per utterance, uniform), joined
+    with a space, in order; every sentence is used once. ``join`` 1 returns the sentences as they are."""
+    if not isinstance(join, int) or join < 1:
+        raise ValueError(f"join (--join): must be an integer >= 1, got {join!r}")
+    if join == 1:
+        return list(sentences)
+    rng = np.random.default_rng([seed, 15485863])
+    utterances, i = [], 0
+    while i < len(sentences):
+        k = int(rng.integers(1, join + 1))
+        utterances.append(" ".join(sentences[i:i + k]))
+        i += k
+    return utterances
+
+
 # -------------------------------------------------------------------------------------------- speakers
 
 
@@ -233,7 +249,7 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
                     num_utterances: int | None = None, voice: str = "en", speed_wpm: int | None = None,
                     seed: int = 0, progress: bool = True, tokenizer=None, num_speakers: int = 8,
                     num_workers: int = 2, min_words: int = 3, max_words: int = 30,
-                    repeat: int = 1) -> dict[str, Path]:
+                    repeat: int = 1, join: int = 1) -> dict[str, Path]:
     """Speak sentences with espeak-ng into a 16 kHz lhotse corpus under ``out_dir``; returns its paths.
 
     ``text_file``: UTF-8 prose to take sentences from (default: CPython's pydoc topics). The sentences
@@ -244,6 +260,8 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
     ``custom["num_tokens"]`` on every cut. Audio is made by ``num_workers`` processes. ``repeat`` lists
     each utterance that many times in the cuts manifest (ids ``tts-000000-r1``, ...; the copies share
     one audio file): a large corpus for pipeline and throughput runs, in the time of a small one.
+    ``join`` > 1 makes each utterance 1..``join`` sentences long (:func:`join_sentences`), so durations
+    reach the 30-40 s of real corpora; ``num_utterances`` then counts the joined utterances.
 
     Returns ``{"recordings", "supervisions", "cuts", "audio_dir"}`` paths.
     """
@@ -253,6 +271,7 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
 
     if not isinstance(repeat, int) or repeat < 1:
         raise ValueError(f"repeat (--repeat): must be an integer >= 1, got {repeat!r}")
+    join_sentences([], join)  # a bad join is one line now, before any synthesis
     espeak = espeak_binary()
     if text_file is None:
         text, source = default_text(), "pydoc_data.topics"
@@ -265,7 +284,11 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
     if not sentences:
         raise ValueError(f"{source}: no sentences of {min_words}-{max_words} words made only of letters "
                          "and ,.;:'?!- (0 found)")
-    chosen = choose_sentences(sentences, num_utterances, seed)
+    if join == 1:
+        chosen = choose_sentences(sentences, num_utterances, seed)
+    else:  # enough sentences for num_utterances joined ones (each takes at most join), then cut to that
+        pool = choose_sentences(sentences, None if num_utterances is None else num_utterances * join, seed)
+        chosen = join_sentences(pool, join, seed)[:num_utterances]
     styles = speaker_styles(num_speakers, voice=voice, speed_wpm=speed_wpm, seed=seed)
     if "+" in voice:
         raise ValueError(f"voice {voice!r} must be a base voice without a '+variant' (each speaker adds one)")

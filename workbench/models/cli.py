@@ -39,6 +39,8 @@ def register(subparsers) -> None:
     p.add_argument("--max-duration", type=float, help="seconds of audio per batch without a profile (200)")
     p.add_argument("--num-buckets", type=int, help="lhotse buckets without a profile (10)")
     p.add_argument("--steps", type=int, help="optimizer steps (1000)")
+    p.add_argument("--max-seconds", type=float,
+                   help="also stop after this many wall seconds of training (0: no limit; not under torchrun)")
     p.add_argument("--lr", type=float, help="peak learning rate (1e-3)")
     p.add_argument("--warmup-steps", type=int, help="linear warm-up steps (100)")
     p.add_argument("--dtype", choices=["bf16", "fp32"], help="bf16 autocast or fp32 (bf16)")

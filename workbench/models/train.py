@@ -97,6 +97,7 @@ class TrainConfig:
     strict: bool = False             # error (not a warning) when more than 1 % of the corpus fits no bucket
     log_cut_ids: bool = False        # each log record lists the cut ids of every rank's batch
     joint_chunk_size: int = 0        # transducers: joint + loss over chunks of this many utterances (0: whole)
+    max_seconds: float = 0.0         # stop launching steps after this many wall seconds of training (0: no limit)
 
 
 STATE_FILE = "train_state.pt"
@@ -123,6 +124,8 @@ def check_config(config: TrainConfig) -> None:
         value = getattr(config, name)
         if not isinstance(value, int) or value < minimum:
             raise ValueError(f"--{name.replace('_', '-')}: must be an integer >= {minimum}, got {value!r}")
+    if not (isinstance(config.max_seconds, (int, float)) and config.max_seconds >= 0):
+        raise ValueError(f"--max-seconds: must be >= 0, got {config.max_seconds!r}")
     for name in ("max_duration", "lr"):
         if not getattr(config, name) > 0:
             raise ValueError(f"--{name.replace('_', '-')}: must be > 0, got {getattr(config, name)!r}")
@@ -319,18 +322,26 @@ def start_run(config: TrainConfig, ranks: Ranks, device: torch.device, tokenizer
 
 
 def train_steps(run: Run) -> None:
-    """Epochs of the DataLoader until run.step reaches config.steps; saves train_state.pt as asked."""
+    """Epochs of the DataLoader until run.step reaches config.steps, or config.max_seconds of wall time
+    have passed since the first batch was asked for; saves train_state.pt as asked."""
     config, out = run.config, Path(run.config.out_dir)
+    if config.max_seconds and run.ranks.distributed:
+        raise ValueError("--max-seconds: not under torchrun (ranks would stop after different steps)")
+    started = time.perf_counter()
+
+    def more_steps() -> bool:
+        in_time = not config.max_seconds or time.perf_counter() - started < config.max_seconds
+        return run.step < config.steps and in_time
     loader = make_loader(run.sampler, config, run.device)
     progress = tqdm(total=config.steps, initial=run.step, desc=f"train {config.model}", unit="step",
                     disable=None if run.ranks.is_main else True)  # None: off when stderr is no terminal
     resumed_mid_epoch = config.resume  # the restored sampler may have nothing left of its epoch
     pending = None  # the step launched last, finished (loss read) after the next one is launched
-    while run.step < config.steps:
+    while more_steps():
         run.sampler.set_epoch(run.epoch)
         batches = iter(loader)
         drawn = 0
-        while run.step < config.steps:
+        while more_steps():
             waited = time.perf_counter()
             try:
                 host_batch = next(batches)
@@ -353,10 +364,10 @@ def train_steps(run: Run) -> None:
             log_step(run, finish_step(pending), progress)
             pending = None
         del batches
-        if drawn == 0 and not resumed_mid_epoch:
+        if drawn == 0 and not resumed_mid_epoch and more_steps():
             raise ValueError(f"--cuts: the sampler gave 0 batches from {config.cuts} (empty corpus or nothing fits)")
         resumed_mid_epoch = False
-        if run.step >= config.steps:
+        if not more_steps():
             break  # the epoch stays current: a checkpoint saved below resumes inside it
         run.epoch += 1
         run.epoch_batches = 0

@@ -1,0 +1,110 @@
+"""The throughput study: its pieces on exact small cases, and the whole study end to end on a CPU (smoke)."""
+
+import json
+import math
+
+import pytest
+
+from workbench.bench.throughput import record as tp
+from workbench.bench.throughput.run import main, record_name, repeated_cuts
+from workbench.data.tone_corpus import write_tone_corpus
+
+
+def _records(rows):
+    return [{"step": i, "batch_size": b, "audio_s": a, "data_s": d, "step_s": s, "input_padding": pin,
+             "output_padding": 0.1, "loss": 5.0 - i} for i, (b, a, d, s, pin) in enumerate(rows)]
+
+
+def test_run_figures_leave_out_warmup_and_read_rates_padding_and_buckets():
+    records = _records([(2, 10.0, 5.0, 5.0, 0.0),    # warm-up: slow, left out
+                        (4, 40.0, 0.5, 1.5, 0.5),    # padded 80 s -> longest cut 20 s
+                        (8, 16.0, 1.0, 1.0, 0.2)])   # padded 20 s -> longest cut 2.5 s
+    f = tp.run_figures({"peak_allocated_bytes": 7}, records, [5.0, 30.0], warmup=1)
+    assert f["steps"] == 3
+    assert f["audio_seconds_per_second"] == pytest.approx(56.0 / 4.0)
+    assert f["padded_audio_seconds_per_second"] == pytest.approx(100.0 / 4.0)
+    assert f["audio_seconds_per_second_per_step"]["median"] == pytest.approx((20.0 + 8.0) / 2)
+    assert f["data_wait_share"] == pytest.approx(1.5 / 4.0)
+    assert f["mean_batch_size"] == 6 and f["input_padding"] == pytest.approx(0.35)
+    assert f["longest_cut_s"]["max"] == pytest.approx(20.0) and f["longest_cut_s"]["min"] == pytest.approx(2.5)
+    # the warm-up step counts for the buckets: padded 10 s / 2 cuts = 5 s -> first bucket
+    assert f["batch_size_by_bucket"] == [{"upper_s": 5.0, "steps": 2, "mean_batch_size": 5.0},
+                                         {"upper_s": 30.0, "steps": 1, "mean_batch_size": 4.0}]
+    assert f["loss_curve"]["wall_s"] == pytest.approx([10.0, 12.0, 14.0])
+    assert f["loss_curve"]["audio_s"] == pytest.approx([10.0, 50.0, 66.0])
+    assert f["time_split_s"]["forward_backward"] is None and f["time_split_s"]["data_wait"] == pytest.approx(0.75)
+
+
+def test_loss_curve_keeps_at_most_the_cap_and_the_last_step():
+    curve = tp.loss_curve(_records([(1, 1.0, 0.0, 1.0, 0.0)] * 450))
+    assert len(curve["step"]) <= tp.MAX_CURVE_POINTS and curve["step"][-1] == 449 and curve["step"][0] == 0
+
+
+def test_checks_and_targets_name_what_failed():
+    run = {"audio_seconds_per_second": 100.0, "ooms": 0}
+    figures = {"model": "xl-aed", "prepare": {"baseline": {"pass": {"exceeding": 1}}},
+               "steps": {"runs": {"baseline": run, "1d": {**run, "audio_seconds_per_second": 200.0},
+                                  "2d": {**run, "audio_seconds_per_second": 150.0}}}}
+    assert tp.checks(figures) == {"baseline_pass_within_probed_worst_case": False, "steps_baseline_no_oom": True,
+                                  "steps_1d_no_oom": True, "steps_2d_no_oom": True}
+    assert tp.targets(figures) == ["steps: 2D / baseline = 1.50x (target >= 1.8x: missed by 0.30x)",
+                                   "steps: 2D / 1D = 0.75x (target > 1: missed)"]
+    figures["steps"]["runs"]["2d"] = {"ooms": 1, "error": "CUDA out of memory"}
+    assert not tp.checks(figures)["steps_2d_no_oom"] and tp.ratio(figures, "steps", "2d", "1d") is None
+
+
+def test_repeated_cuts_interleave_copies_and_drop_long_ones(tmp_path):
+    from lhotse import CutSet
+
+    source = write_tone_corpus(tmp_path / "c", 4, seed=0, min_letters=3, max_letters=10)
+    original = CutSet.from_file(source).to_eager()
+    limit = sorted(c.duration for c in original)[-1] - 1e-3  # drops the longest
+    kept = [c.id for c in original if c.duration <= limit]
+    assert 0 < len(kept) < len(original)
+    cuts = CutSet.from_file(repeated_cuts(source, tmp_path / "r.jsonl.gz", 3, max_duration=limit)).to_eager()
+    assert [c.id for c in cuts] == kept + [i + "-r1" for i in kept] + [i + "-r2" for i in kept]
+    assert all(c.duration <= limit for c in cuts)
+    with pytest.raises(ValueError, match="no cut of at most"):
+        repeated_cuts(source, tmp_path / "none.jsonl.gz", 1, max_duration=0.01)
+
+
+def test_throughput_smoke_runs_every_part_on_cpu_and_writes_the_record(tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["--model", "large-rnnt", "--part", "all", "--smoke", "--out", str(out), "--workdir",
+                 str(tmp_path / "work"), "--utterances", "24", "--repeat", "3", "--steps", "4", "--seconds", "2",
+                 "--warmup-steps", "1", "--warmup-records", "1", "--buckets-1d", "3", "--buckets-2d", "2"])
+    assert code == 0
+    record = json.loads((out / f"{record_name('large-rnnt')}.json").read_text())
+    f = record["figures"]
+    assert f["model"] == "tiny-rnnt" and f["failures"] == [] and "SMOKE" in record["what"]
+    prep = f["prepare"]
+    assert prep["corpus"]["num_cuts"] == 72
+    assert all(b > 0 for kind in ("1d", "2d") for b in prep["profiles"][kind]["bucket_batch_size"])
+    base = prep["baseline"]
+    # the baseline's max_duration lets no lhotse bucket form a batch beyond its probed size
+    assert all(math.floor(base["max_duration"] / b["shortest_s"]) <= b["max_batch_size"] for b in base["buckets"])
+    assert base["pass"]["batches"] > 0 and base["pass"]["exceeding"] == 0
+    assert f["steps"]["budget"] == {"steps": 4} and f["seconds"]["budget"] == {"seconds": 2.0}
+    for sampler in tp.SAMPLERS:
+        run = f["steps"]["runs"][sampler]
+        assert run["steps"] == 4 and run["ooms"] == 0 and 0 < run["mfu"] < 1
+        assert run["audio_seconds_per_second"] > 0 and 0 <= run["input_padding"] < 1
+        assert len(run["loss_curve"]["loss"]) == 4
+        assert f["seconds"]["runs"][sampler]["steps"] >= 1
+    profile_sizes = f["steps"]["runs"]["2d"]["batch_size"]
+    assert profile_sizes["max"] <= max(prep["profiles"]["2d"]["bucket_batch_size"])
+    lines = tp.summary_lines(f)
+    assert any("baseline max_duration" in line for line in lines) and lines[-1] == "- checks all passed"
+    table = tp.runs_table(record)
+    assert len(table) == 6 and set(table["ooms"]) == {0}
+    for draw in (tp.throughput_bars, tp.loss_curves, tp.batch_size_by_bucket_plot, tp.step_time_split):
+        assert draw(record).axes
+
+
+def test_throughput_later_part_without_prepare_is_one_line(tmp_path, capsys):
+    with pytest.raises(ValueError, match="--part steps: no prepared profiles"):
+        main(["--model", "xl-aed", "--part", "steps", "--smoke", "--out", str(tmp_path), "--workdir",
+              str(tmp_path / "w"), "--utterances", "8", "--repeat", "1"])
+    with pytest.raises(SystemExit):
+        main(["--model", "xl-aed", "--part", "steps", "--smoke", "--out", str(tmp_path), "--steps", "0"])
+    assert "--steps: must be >= 1" in capsys.readouterr().err

@@ -1,0 +1,3 @@
+from workbench.bench.throughput.run import main
+
+raise SystemExit(main())
