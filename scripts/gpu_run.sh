@@ -12,7 +12,7 @@
 # land in $OUT/results.tar.gz (benchmarks/results/*.json, re-packed after every stage, so a call stopped
 # at its limit still returns what finished) and logs in $OUT/*.log; elsewhere OUT defaults to ./gpu_out.
 set -uo pipefail
-STAGES="flow tests tests-allocator decoding decoding-quick models losses oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator allocator-roomy throughput-rnnt-prepare throughput-rnnt-steps throughput-rnnt-seconds throughput-aed-prepare throughput-aed-steps throughput-aed-seconds"
+STAGES="flow tests tests-allocator decoding decoding-quick models losses oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator allocator-roomy throughput-rnnt-prepare throughput-rnnt-train throughput-aed-prepare throughput-aed-train"
 if [ $# -eq 0 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
   sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; echo "stages: $STAGES"; exit 2
 fi
@@ -126,10 +126,10 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
     allocator-roomy)  run_stage allocator_roomy 540 python3 -m workbench.bench.allocator --headroom 0.15 \
                         --name allocator_headroom15 --budget-s "$b" --out "$RESULTS" ;;
     throughput-*)     # a later part reads the record of this call's earlier part, else benchmarks/results
-                      local m=large-rnnt steps=60 from=(); [ "${1#throughput-aed}" != "$1" ] && m=xl-aed steps=30
+                      local m=large-rnnt steps=30 from=(); [ "${1#throughput-aed}" != "$1" ] && m=xl-aed steps=20
                       [ -f "$RESULTS/$(output_of "$1").json" ] && from=(--from "$RESULTS/$(output_of "$1").json")
                       run_stage "${1//-/_}" 540 python3 -m workbench.bench.throughput --model $m \
-                        --part "${1##*-}" --steps $steps --seconds 110 "${from[@]}" --out "$RESULTS" ;;
+                        --part "${1##*-}" --steps $steps --seconds 60 "${from[@]}" --out "$RESULTS" ;;
     *) echo "unknown stage $1"; return 1 ;;
   esac
 }

@@ -71,7 +71,7 @@ def test_repeated_cuts_interleave_copies_and_drop_long_ones(tmp_path):
 def test_throughput_smoke_runs_every_part_on_cpu_and_writes_the_record(tmp_path, capsys):
     out = tmp_path / "out"
     code = main(["--model", "large-rnnt", "--part", "all", "--smoke", "--out", str(out), "--workdir",
-                 str(tmp_path / "work"), "--utterances", "24", "--repeat", "3", "--steps", "4", "--seconds", "2",
+                 str(tmp_path / "work"), "--utterances", "24", "--repeat", "3", "--steps", "4", "--seconds", "6",
                  "--warmup-steps", "1", "--warmup-records", "1", "--buckets-1d", "3", "--buckets-2d", "2"])
     assert code == 0
     record = json.loads((out / f"{record_name('large-rnnt')}.json").read_text())
@@ -84,13 +84,19 @@ def test_throughput_smoke_runs_every_part_on_cpu_and_writes_the_record(tmp_path,
     # the baseline's max_duration lets no lhotse bucket form a batch beyond its probed size
     assert all(math.floor(base["max_duration"] / b["shortest_s"]) <= b["max_batch_size"] for b in base["buckets"])
     assert base["pass"]["batches"] > 0 and base["pass"]["exceeding"] == 0
-    assert f["steps"]["budget"] == {"steps": 4} and f["seconds"]["budget"] == {"seconds": 2.0}
+    assert f["steps"]["budget"] == {"steps": 4} and f["seconds"]["budget"] == {"seconds": 6.0}
+    assert f["complete"] is True
     for sampler in tp.SAMPLERS:
         run = f["steps"]["runs"][sampler]
         assert run["steps"] == 4 and run["ooms"] == 0 and 0 < run["mfu"] < 1
         assert run["audio_seconds_per_second"] > 0 and 0 <= run["input_padding"] < 1
         assert len(run["loss_curve"]["loss"]) == 4
-        assert f["seconds"]["runs"][sampler]["steps"] >= 1
+        whole = f["seconds"]["runs"][sampler]
+        # one run per sampler: the same-steps view is the first 4 of its steps, the same-time view all of them
+        assert whole["steps"] >= 4 and whole["mfu"] > 0
+        early = dict(zip(run["loss_curve"]["step"], run["loss_curve"]["loss"]))
+        shared = [(s, loss) for s, loss in zip(whole["loss_curve"]["step"], whole["loss_curve"]["loss"]) if s in early]
+        assert shared and all(early[s] == loss for s, loss in shared)
     profile_sizes = f["steps"]["runs"]["2d"]["batch_size"]
     assert profile_sizes["max"] <= max(prep["profiles"]["2d"]["bucket_batch_size"])
     lines = tp.summary_lines(f)
@@ -102,9 +108,9 @@ def test_throughput_smoke_runs_every_part_on_cpu_and_writes_the_record(tmp_path,
 
 
 def test_throughput_later_part_without_prepare_is_one_line(tmp_path, capsys):
-    with pytest.raises(ValueError, match="--part steps: no prepared profiles"):
-        main(["--model", "xl-aed", "--part", "steps", "--smoke", "--out", str(tmp_path), "--workdir",
+    with pytest.raises(ValueError, match="--part train: no prepared profiles"):
+        main(["--model", "xl-aed", "--part", "train", "--smoke", "--out", str(tmp_path), "--workdir",
               str(tmp_path / "w"), "--utterances", "8", "--repeat", "1"])
     with pytest.raises(SystemExit):
-        main(["--model", "xl-aed", "--part", "steps", "--smoke", "--out", str(tmp_path), "--steps", "0"])
+        main(["--model", "xl-aed", "--part", "train", "--smoke", "--out", str(tmp_path), "--steps", "0"])
     assert "--steps: must be >= 1" in capsys.readouterr().err

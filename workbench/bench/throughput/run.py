@@ -1,8 +1,7 @@
 """The throughput study: does the OOMptimizer's profile make training faster than lhotse's best fixed batch?
 
     python -m workbench.bench.throughput --model {xl-aed,large-rnnt} --part prepare --out DIR
-    python -m workbench.bench.throughput --model large-rnnt --part steps   --out DIR   # needs the prepare part
-    python -m workbench.bench.throughput --model large-rnnt --part seconds --out DIR
+    python -m workbench.bench.throughput --model large-rnnt --part train   --out DIR   # needs the prepare part
     python -m workbench.bench.throughput --model large-rnnt --part all --smoke --out /tmp/x   # CPU, tiny
 
 Corpus: espeak-ng speech (``workbench.data.tts``) made on the GPU machine itself (espeak-ng is carried
@@ -16,9 +15,16 @@ would not fit the 64 MiB a call carries; audio synthesized on the fly would meas
 Parts (each within one GPU call): ``prepare`` makes the corpus, 1D and 2D bins (``profile_from_arrays``),
 fills both with the OOMptimizer (``oomptimize`` in this process: the model and probe stay loaded between
 the two profiles and the baseline search, where the CLI would load the model three times), and finds the
-baseline's ``max_duration``; ``steps`` trains the three samplers for ``--steps`` optimizer steps each;
-``seconds`` for ``--seconds`` of wall time each. A later part reads the prepared profiles from the
-record (``--from``, default the committed one) and remakes the corpus (same seed, same cuts).
+baseline's ``max_duration``; ``train`` trains each of the three samplers once, for ``--seconds`` of wall
+time, and reads two comparisons from those runs: the same wall time (every step of each run) and the same
+optimizer steps (the first k steps of each run, k = ``--steps`` or the fewest steps a run reached, if
+less). A run's first k steps draw the batches a run stopped at k would draw (same seed), so their speed,
+batch sizes and padding are that run's, and one run per sampler serves both; only the learning rate
+differs (training's cosine decays over the 10^6 steps asked for, so it is nearly constant after the warm-up,
+where a run of k steps would decay to 0 at k), which moves the loss, not the speed. A later part reads
+the prepared profiles from the record (``--from``, default the committed one) and remakes the corpus
+(same seed, same cuts; kept in ``--corpus-dir`` between the models and calls of one machine). The record
+is rewritten after each part and each trained sampler, so a call stopped at its limit keeps what finished.
 
 Baseline: lhotse's ``DynamicBucketingSampler`` with the largest ``max_duration`` that survives a full pass.
 lhotse puts a cut in bucket i when bins[i-1] < duration <= bins[i] (bins as it estimates them from the
@@ -50,7 +56,7 @@ from workbench.bench.results import RESULTS_DIR, check_smoke_out, cpu_smoke_torc
 MODELS = ("large-rnnt", "xl-aed")
 SMOKE_MODELS = {"large-rnnt": "tiny-rnnt", "xl-aed": "tiny-aed"}  # --smoke trains these on the CPU
 SAMPLERS = ("baseline", "1d", "2d")
-PARTS = ("prepare", "steps", "seconds", "all")
+PARTS = ("prepare", "train", "all")
 MAX_UTTERANCE_S = 40.0  # longer joined utterances are dropped from the corpus
 LHOTSE_NUM_BUCKETS = 10  # the baseline's buckets (TrainConfig's default)
 SMOKE_BATCH_AUDIO_S = 12.0  # smoke: the modelled memory budget holds this much padded audio per batch
@@ -66,8 +72,10 @@ class Study:
     args: argparse.Namespace
     workdir: Path
     model: str                      # the model trained (the tiny stand-in under --smoke)
+    corpus_dir: Path | None = None  # default workdir/corpus
     figures: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
+    save: Any = None                # callable: write the record as it stands
 
     def say(self, message: str) -> None:
         print(f"[{time.perf_counter() - self.started:6.1f} s] {message}", flush=True)
@@ -79,7 +87,7 @@ class Study:
 def make_corpus(study: Study) -> tuple[dict[str, Any], Any]:
     """The study's corpus under workdir/corpus (kept when already there): its paths and statistics, and
     its CutArrays (durations, tokens counted by its tokenizer)."""
-    args, root = study.args, study.workdir / "corpus"
+    args, root = study.args, study.corpus_dir or study.workdir / "corpus"
     cuts_path, tokenizer_path = root / "cuts.jsonl.gz", root / "tokenizer.model"
     if not cuts_path.is_file():
         root.mkdir(parents=True, exist_ok=True)
@@ -289,15 +297,15 @@ def step_flops(model, batch_size: int, duration_s: float, num_tokens: int, smoke
     return float(counter.get_total_flops())
 
 
-def train_sampler(study: Study, prep: dict, sampler: str, part: str) -> dict[str, Any]:
-    """Train one sampler through ``workbench.models.train.train``; its figures (record.run_figures)."""
-    from workbench.bench.throughput.record import run_figures
+def train_sampler(study: Study, prep: dict, sampler: str) -> dict[str, Any]:
+    """Train one sampler through ``workbench.models.train.train`` for ``--seconds`` of wall time:
+    {"summary", "records" (train_log.jsonl), "settings"}, or {"ooms": 1, "error", "settings"}."""
     from workbench.bucketing import BucketProfile, save_profile
     from workbench.memory.oom import is_oom_error
     from workbench.models.train import TrainConfig, train
 
     args = study.args
-    out = study.workdir / part / sampler
+    out = study.workdir / "train" / sampler
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     settings: dict[str, Any] = {"max_duration": prep["baseline"]["max_duration"], "num_buckets": LHOTSE_NUM_BUCKETS}
@@ -305,23 +313,43 @@ def train_sampler(study: Study, prep: dict, sampler: str, part: str) -> dict[str
         p = prep["profiles"][sampler]
         settings = {"profile": str(save_profile(out / "profile.yaml", BucketProfile(
             p["bucket_duration_bins"], p["bucket_batch_size"], p.get("max_tps"), p.get("metadata") or {})))}
-    by_steps = part == "steps"
     config = TrainConfig(cuts=prep["corpus"]["cuts"], tokenizer=prep["corpus"]["tokenizer"], out_dir=str(out),
-                         model=study.model, steps=args.steps if by_steps else 1_000_000,
-                         max_seconds=0.0 if by_steps else args.seconds, warmup_steps=args.warmup_steps,
+                         model=study.model, steps=1_000_000, max_seconds=args.seconds, warmup_steps=args.warmup_steps,
                          dtype="fp32" if args.smoke else "bf16", device="cpu" if args.smoke else None,
                          log_every=10, **({"num_workers": 0} if args.smoke else {}), **settings)
-    study.say(f"{part}: training {sampler} ({settings})")
+    study.say(f"training {sampler} for {args.seconds:g} s ({settings})")
     try:
         summary = train(config)
     except Exception as e:  # noqa: BLE001 - an OOM is a result (counted), anything else is a failure
         if not is_oom_error(e):
             raise
-        study.say(f"{part}: {sampler} ran out of memory: {str(e).splitlines()[0]}")
+        study.say(f"{sampler} ran out of memory: {str(e).splitlines()[0]}")
         return {"ooms": 1, "error": str(e).splitlines()[0], "settings": settings}
     records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
-    return {**run_figures(summary, records, bucket_uppers(prep, sampler), warmup=args.warmup_records), "ooms": 0,
-            "settings": settings}
+    study.say(f"{sampler}: {len(records)} steps, {summary['audio_seconds_per_second']:.0f} audio s/s")
+    return {"summary": summary, "records": records, "settings": settings}
+
+
+def views(study: Study, prep: dict, trained: dict[str, dict]) -> dict[str, dict[str, dict]]:
+    """The two comparisons from one run per sampler: {"seconds": figures over every step, "steps": figures
+    over the first k steps (k: ``--steps``, or fewer when a run reached fewer)}, each {sampler: RunFigures}."""
+    from workbench.bench.throughput.record import run_figures
+
+    warmup = study.args.warmup_records
+    lengths = [len(t["records"]) for t in trained.values() if "records" in t]
+    k = min([study.args.steps, *lengths])
+    out: dict[str, dict[str, dict]] = {"seconds": {}, "steps": {}}
+    for sampler, t in trained.items():
+        if "records" not in t:
+            out["seconds"][sampler] = out["steps"][sampler] = {k_: v for k_, v in t.items()}
+            continue
+        uppers, records = bucket_uppers(prep, sampler), t["records"]
+        first = {**t["summary"], "peak_allocated_bytes": records[k - 1].get("peak_allocated_bytes")}
+        out["seconds"][sampler] = {**run_figures(t["summary"], records, uppers, warmup=warmup), "ooms": 0,
+                                   "settings": t["settings"]}
+        out["steps"][sampler] = {**run_figures(first, records[:k], uppers, warmup=warmup), "ooms": 0,
+                                 "settings": t["settings"]}
+    return out
 
 
 def bucket_uppers(prep: dict, sampler: str) -> list[float]:
@@ -333,22 +361,24 @@ def bucket_uppers(prep: dict, sampler: str) -> list[float]:
     return sorted({float(b[0] if isinstance(b, (list, tuple)) else b) for b in bins})
 
 
-def add_mfu(study: Study, runs: dict[str, dict], prep: dict, rate: float) -> None:
-    """Each run's FLOPs per padded audio second (one forward+backward at its median batch shape under
-    FlopCounterMode) and MFU: those FLOPs x padded audio seconds per second / the measured matmul rate."""
+def add_mfu(study: Study, by_view: dict[str, dict[str, dict]], prep: dict, rate: float) -> None:
+    """Each sampler's FLOPs per padded audio second (one forward+backward at its median batch shape over
+    the whole run, under FlopCounterMode; both views share it) and each view's MFU: those FLOPs x padded
+    audio seconds per second / the measured matmul rate."""
     import torch
 
     from workbench.data.tokenizer import load_tokenizer
 
     model = build_study_model(study, load_tokenizer(prep["corpus"]["tokenizer"]).vocab_size())
     tps = prep["corpus"]["tokens"][2] / max(prep["corpus"]["duration_s"][2], 1e-9)
-    for run in runs.values():
+    for sampler, run in by_view["seconds"].items():
         if run.get("ooms"):
             continue
         b, d = max(1, round(run["batch_size"]["median"])), run["longest_cut_s"]["median"]
-        flops = step_flops(model, b, d, max(1, round(d * tps)), study.args.smoke)
-        run["flops_per_padded_audio_s"] = flops / (b * d)
-        run["mfu"] = run["flops_per_padded_audio_s"] * run["padded_audio_seconds_per_second"] / rate
+        per_second = step_flops(model, b, d, max(1, round(d * tps)), study.args.smoke) / (b * d)
+        for view in by_view.values():
+            view[sampler]["flops_per_padded_audio_s"] = per_second
+            view[sampler]["mfu"] = per_second * view[sampler]["padded_audio_seconds_per_second"] / rate
     del model
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -368,20 +398,33 @@ def prepare_part(study: Study) -> None:
     baseline = find_baseline(study, corpus, arrays, probe)
     study.figures["prepare"] = {"corpus": corpus, "profiles": profiles, "baseline": baseline,
                                 "memory_fraction": study.args.memory_fraction}
+    study.save()
 
 
-def train_part(study: Study, part: str) -> None:
+def train_part(study: Study) -> None:
     prep = study.figures.get("prepare")
     if prep is None:
-        raise ValueError(f"--part {part}: no prepared profiles in the record; run --part prepare first "
-                         f"(or pass --from the record it wrote)")
+        raise ValueError("--part train: no prepared profiles in the record; run --part prepare first "
+                         "(or pass --from the record it wrote)")
     corpus, _ = make_corpus(study)  # the same seed and options give the same cuts
     prep = {**prep, "corpus": {**prep["corpus"], "cuts": corpus["cuts"], "tokenizer": corpus["tokenizer"]}}
     rate = matmul_flops_per_second(study.args.smoke)
-    runs = {sampler: train_sampler(study, prep, sampler, part) for sampler in SAMPLERS}
-    add_mfu(study, runs, prep, rate["flops_per_s"])
-    study.figures[part] = {"runs": runs, "matmul": rate,
-                           "budget": {"steps": study.args.steps} if part == "steps" else {"seconds": study.args.seconds}}
+    trained: dict[str, dict] = {}
+    for sampler in SAMPLERS:
+        trained[sampler] = train_sampler(study, prep, sampler)
+        publish(study, views(study, prep, trained), rate, complete=False)
+    by_view = views(study, prep, trained)
+    add_mfu(study, by_view, prep, rate["flops_per_s"])
+    publish(study, by_view, rate, complete=True)
+
+
+def publish(study: Study, by_view: dict[str, dict[str, dict]], rate: dict, *, complete: bool) -> None:
+    """Put both views in the figures (``complete`` false while samplers remain) and save the record."""
+    k = min([study.args.steps, *(r["steps"] for r in by_view["seconds"].values() if "steps" in r)])
+    study.figures["seconds"] = {"runs": by_view["seconds"], "matmul": rate, "budget": {"seconds": study.args.seconds}}
+    study.figures["steps"] = {"runs": by_view["steps"], "matmul": rate, "budget": {"steps": k}}
+    study.figures["complete"] = complete
+    study.save()
 
 
 def load_previous(path: str | None, name: str) -> dict[str, Any]:
@@ -404,16 +447,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", help="folder for throughput_<model>.json (default benchmarks/results)")
     p.add_argument("--from", dest="previous", help="the record of the earlier parts (default: the one in "
                                                    "benchmarks/results)")
-    p.add_argument("--workdir", help="corpus and runs (default /tmp/workbench_throughput; kept between calls)")
-    p.add_argument("--steps", type=int, default=60, help="optimizer steps per sampler (--part steps)")
-    p.add_argument("--seconds", type=float, default=60.0, help="wall seconds per sampler (--part seconds)")
+    p.add_argument("--workdir", help="runs (default /tmp/workbench_throughput/<record>)")
+    p.add_argument("--corpus-dir", help="the corpus, kept and shared by both models (default "
+                                        "/tmp/workbench_throughput/corpus_<utterances>x<join>x<repeat>; "
+                                        "<workdir>/corpus under --smoke)")
+    p.add_argument("--steps", type=int, default=30, help="optimizer steps of the same-steps comparison")
+    p.add_argument("--seconds", type=float, default=60.0, help="wall seconds each sampler trains")
     p.add_argument("--warmup-steps", type=int, default=10, help="learning-rate warm-up steps")
     p.add_argument("--warmup-records", type=int, default=5, help="first steps left out of the medians")
-    p.add_argument("--utterances", type=int, default=800, help="unique spoken utterances")
+    p.add_argument("--utterances", type=int, default=400, help="unique spoken utterances")
     p.add_argument("--join", type=int, default=4, help="sentences per utterance, 1..N")
-    p.add_argument("--repeat", type=int, default=100, help="times each utterance is listed")
-    p.add_argument("--buckets-1d", type=int, default=24, help="1D profile buckets")
-    p.add_argument("--buckets-2d", type=int, default=12, help="2D profile duration buckets (x2 token sub-buckets)")
+    p.add_argument("--repeat", type=int, default=200, help="times each utterance is listed")
+    p.add_argument("--buckets-1d", type=int, default=12, help="1D profile buckets")
+    p.add_argument("--buckets-2d", type=int, default=6, help="2D profile duration buckets (x2 token sub-buckets)")
     p.add_argument("--memory-fraction", type=float, default=0.9, help="the probes' memory limit")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, tone corpus, modelled memory")
     args = p.parse_args(argv)
@@ -440,20 +486,29 @@ def main(argv: list[str] | None = None) -> int:
     name = record_name(args.model)
     model = SMOKE_MODELS[args.model] if args.smoke else args.model
     workdir = Path(args.workdir or f"/tmp/workbench_throughput/{name}{'_smoke' if args.smoke else ''}")
+    corpus_dir = Path(args.corpus_dir) if args.corpus_dir else None if args.smoke else \
+        Path(f"/tmp/workbench_throughput/corpus_{args.utterances}x{args.join}x{args.repeat}")
     previous = load_previous(args.previous, name) if args.previous or not args.smoke else {}
-    study = Study(args, workdir, model, {**previous, "model": model})
+    if args.part in ("prepare", "all"):  # a new preparation makes earlier training results stale
+        previous = {k: v for k, v in previous.items() if k not in ("steps", "seconds", "complete")}
+    study = Study(args, workdir, model, corpus_dir, {**previous, "model": model})
+    written: list[Path] = []
+
+    def save() -> None:
+        study.figures["checks"] = checks(study.figures)
+        study.figures["failures"] = [k for k, ok in study.figures["checks"].items() if not ok]
+        written[:] = [write_result(
+            name, what=f"throughput study, {args.model}: lhotse max_duration baseline vs the 1D and 2D "
+            "OOMptimizer profiles, same steps and same wall time" + (" (SMOKE)" if args.smoke else ""),
+            figures=study.figures, params={k: v for k, v in vars(args).items()}, out_dir=args.out)]
+    study.save = save
     with cpu_smoke_torch(args.smoke):
-        for part in (("prepare", "steps", "seconds") if args.part == "all" else (args.part,)):
+        for part in (("prepare", "train") if args.part == "all" else (args.part,)):
             if part == "prepare":
                 prepare_part(study)
             else:
-                train_part(study, part)
-    study.figures["checks"] = checks(study.figures)
-    study.figures["failures"] = [k for k, ok in study.figures["checks"].items() if not ok]
-    path = write_result(name, what=f"throughput study, {args.model}: lhotse max_duration baseline vs the 1D and "
-                        "2D OOMptimizer profiles, same steps and same wall time" + (" (SMOKE)" if args.smoke else ""),
-                        figures=study.figures, params={k: v for k, v in vars(args).items()},
-                        out_dir=args.out)
+                train_part(study)
+    path = written[-1]
     print("\n".join(summary_lines(study.figures)))
     print(f"wrote {path}")
     return report_failures(study.figures["failures"], smoke=args.smoke)
@@ -470,6 +525,6 @@ def smoke_record(model: str = "xl-aed") -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix="workbench_throughput_smoke_") as tmp:
         main(["--model", model, "--part", "all", "--smoke", "--out", tmp, "--workdir", f"{tmp}/work",
-              "--utterances", "24", "--repeat", "3", "--steps", "4", "--seconds", "2", "--warmup-steps", "1",
+              "--utterances", "24", "--repeat", "3", "--steps", "4", "--seconds", "6", "--warmup-steps", "1",
               "--warmup-records", "1", "--buckets-1d", "3", "--buckets-2d", "2"])
         return json.loads((Path(tmp) / f"{record_name(model)}.json").read_text())
