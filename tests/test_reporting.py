@@ -86,7 +86,9 @@ def test_results_older_than_the_code_they_measure_are_flagged(tmp_path):
                                   ("new_decoding", latest + "+dirty", "python -m workbench.bench.decoding"),
                                   ("models", measured, "python3 /x/workbench/bench/models/run.py"),
                                   ("unknown_commit", "f" * 40, "python workbench/bench/decoding.py"),
-                                  ("no_bench", first, "python something_else.py")]:
+                                  ("no_bench", first, "python something_else.py"),
+                                  # the README flow runs as a gpu test and measures the code its commands run
+                                  ("flow", measured, "python3 -m pytest -q -m gpu tests/bench/test_flow.py")]:
         (results / f"{name}.json").write_text(json.dumps({"git_commit": commit, "command": command,
                                                           "device": {"cpu_count": 2}, "date": "2026-12-01"}))
     by_name = {r.name: r for r in result_freshness(results, repo)}
@@ -97,6 +99,7 @@ def test_results_older_than_the_code_they_measure_are_flagged(tmp_path):
     assert by_name["models"].stale is False  # its code has not changed since
     assert by_name["unknown_commit"].stale is None and "not in this clone" in by_name["unknown_commit"].note
     assert by_name["no_bench"].stale is None
+    assert by_name["flow"].stale is True and "workbench/decoding changed after" in by_name["flow"].note
 
 
 def test_report_takes_show_code():

@@ -30,6 +30,10 @@ MEASURED_CODE = {
     "decoding": ("workbench/decoding",),
     "models": ("workbench/models",),
     "oomptimizer": ("workbench/oomptimizer", "workbench/models"),
+    "throughput": ("workbench/models", "workbench/oomptimizer", "workbench/bucketing", "workbench/data",
+                   "workbench/memory"),
+    "flow": ("workbench/models", "workbench/oomptimizer", "workbench/bucketing", "workbench/data",  # the README's
+             "workbench/memory", "workbench/decoding", "workbench/cli.py"),                       # commands
 }
 
 
@@ -104,9 +108,10 @@ def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def bench_name(record: dict[str, Any]) -> str | None:
-    """The bench that wrote a record, from its command (``.../workbench/bench/<name>.py`` or ``<name>/``)."""
-    m = re.search(r"workbench[/.]bench[/.](\w+)", str(record.get("command", "")))
-    return m.group(1) if m else None
+    """The bench that wrote a record, from its command (``.../workbench/bench/<name>.py`` or ``<name>/``, or
+    the gpu test ``tests/bench/test_<name>.py`` that runs it)."""
+    m = re.search(r"workbench[/.]bench[/.](\w+)|tests/bench/test_(\w+)\.py", str(record.get("command", "")))
+    return (m.group(1) or m.group(2)) if m else None
 
 
 def result_freshness(results_dir: str | os.PathLike = RESULTS_DIR, repo: str | os.PathLike = REPO_ROOT
