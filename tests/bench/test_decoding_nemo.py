@@ -129,3 +129,37 @@ def test_nemo_comparison_on_the_gpu_at_a_small_size(monkeypatch):
     ours = [r for r in outcome.rows if r["method"].startswith("label-looping")]
     assert all(r["speedup_vs_nemo"] > 0 and r["speedup_vs_nemo_method"] == bench.method_name("nemo", r["method"].split()[-1])
                for r in ours)  # each against NeMo in its own graph mode
+
+
+def test_rows_run_last_keep_ours_when_nemo_poisons_the_context_and_the_rest_are_listed(monkeypatch):
+    """measure_deferred's bookkeeping with the measuring faked: the first group's NeMo full graph leaves the
+    CUDA context unusable, so our full graph keeps its row timed alone, and the next group is not run."""
+    def case(model, batch):
+        return bench.Case(model, torch.float32, None, None, None, torch.zeros(batch, 2, 1), torch.zeros(batch),
+                          torch.device("cpu"), methods=list(bench.NEMO_METHODS))
+    full = [m for m in bench.NEMO_METHODS if m[1] == "full"]
+    calls = []
+
+    def fake_measure(case, methods, outcome):
+        calls.append([bench.method_name(*m) for m in methods])
+        if any(m[0] == "nemo" for m in methods):
+            outcome.failures.append(f"{case.tag}: NeMo full graph raised")
+            return []
+        return [{"method": "label-looping full", "_key": ([[1]] * case.batch, [[0]] * case.batch), "_stats": {},
+                 "time_s": {"median": 0.01}}]
+
+    monkeypatch.setattr(bench, "measure_methods", fake_measure)
+    monkeypatch.setattr(bench, "set_blank_bias", lambda *a: None)
+    monkeypatch.setattr(bench, "cuda_context_error", lambda device: "illegal memory access")
+    outcome = bench.Outcome()
+    reference = ([[1]] * 128, [[0]] * 128)
+    outcome.deferred = [bench.Deferred(case("tdt", 128), full, reference, None),
+                        bench.Deferred(case("rnnt", 128), full, reference, None)]
+    rows = bench.measure_deferred(outcome)
+    assert calls == [["label-looping full"], ["label-looping full", "NeMo full graph"]]  # rnnt first, then lost
+    assert [r["method"] for r in rows] == ["label-looping full"] and rows[0]["equal_to_label_looping_off"]
+    assert "timed alone" in rows[0]["timing_note"]
+    assert any("CUDA context is unusable after NeMo full graph: illegal memory access" in f for f in outcome.failures)
+    assert outcome.skipped == ["tdt float32 B=128 T=2: label-looping full, NeMo full graph not run (the CUDA "
+                               "context failed earlier: illegal memory access)"]
+    assert outcome.deferred == []
