@@ -163,3 +163,19 @@ def test_rows_run_last_keep_ours_when_nemo_poisons_the_context_and_the_rest_are_
     assert outcome.skipped == ["tdt float32 B=128 T=2: label-looping full, NeMo full graph not run (the CUDA "
                                "context failed earlier: illegal memory access)"]
     assert outcome.deferred == []
+
+
+def test_kernels_per_outer_iteration_count_the_inner_steps_and_the_full_graphs_conditions():
+    nodes = {"start": {"nodes": 9, "kernels": 7}, "find_label_first": {"nodes": 12, "kernels": 10},
+             "find_label_again": {"nodes": 11, "kernels": 8}, "emit_labels": {"nodes": 20, "kernels": 15}}
+    stats = {"outer_iterations": 40, "inner_iterations": 10}
+    partial = {"method": "label-looping partial", "mode_used": "partial", "time_s": {"median": 0.01},
+               "graph_nodes": nodes}
+    full = dict(partial, method="label-looping full", mode_used="full")
+    bench.add_iteration_counts(partial, stats)
+    bench.add_iteration_counts(full, stats)
+    assert partial["kernels_per_outer_iteration"] == 10 + 15 + 0.25 * 8  # 27.0
+    assert full["kernels_per_outer_iteration"] == 27.0 + 2 + 0.25  # one condition per loop test
+    off = {"method": "label-looping off", "mode_used": "off", "time_s": {"median": 0.01}}
+    bench.add_iteration_counts(off, stats)
+    assert "kernels_per_outer_iteration" not in off and off["outer_iterations"] == 40

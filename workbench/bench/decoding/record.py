@@ -2,7 +2,8 @@
 
 ``figures["rows"]``: one row per (model, dtype, B, T, method) with ``time_s`` (seconds per batch: median,
 min, max, p25, p75, n), audio seconds per second, label-looping iteration counts, labels per frame and
-agreement with label-looping off. ``decoding.json`` (our toy transducer): speedups over RNN-T
+agreement with label-looping off; our graph rows also ``graph_nodes`` (nodes and kernels per captured
+stage) and ``kernels_per_outer_iteration``. ``decoding.json`` (our toy transducer): speedups over RNN-T
 frame-looping off, and ``targets`` at B=16, 12 s, fp32. ``decoding_nemo.json`` (NeMo's modules, NeMo's
 decoders measured in the same run): ``speedup_vs_nemo`` on our rows (NeMo's seconds over ours in the
 same graph mode, and ``speedup_vs_nemo_method`` the NeMo row it is against), ``peer`` (NeMo's version)
@@ -68,6 +69,7 @@ def speed_table(record: dict[str, Any]) -> pd.DataFrame:
                      "x_nemo": r.get("speedup_vs_nemo"), "x_nemo_against": r.get("speedup_vs_nemo_method"),
                      "outer_iterations": r.get("outer_iterations"),
                      "inner_iterations": r.get("inner_iterations"),
+                     "kernels_per_outer_iteration": r.get("kernels_per_outer_iteration"),
                      "us_per_outer_iteration": (r["seconds_per_outer_iteration"] * 1e6
                                                 if r.get("seconds_per_outer_iteration") else None),
                      "labels_per_frame": r.get("labels_per_frame")})
@@ -233,6 +235,8 @@ def summary_lines(figures: dict[str, Any]) -> list[str]:
             extra = f", token disagreement {r['token_disagreement']:.3f}" if "token_disagreement" in r else ""
             if "speedup_vs_nemo" in r:
                 extra += f", {times_faster(r['speedup_vs_nemo'], r['speedup_vs_nemo_method'])}"
+            if "kernels_per_outer_iteration" in r:
+                extra += f", {r['kernels_per_outer_iteration']:.1f} kernels per outer iteration"
             out.append(f"  - {r['model']} {r['dtype']} {r['method']}: {_spread(r['time_s'], 1e3, 'ms')}, "
                        f"{r['labels_per_frame']:.3f} labels/frame{extra}")
     for r in figures["rows"]:

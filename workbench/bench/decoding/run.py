@@ -298,6 +298,7 @@ class Prepared:
     key: tuple  # (tokens per utterance, frames per utterance)
     stats: dict
     mode_used: str
+    graph_nodes: dict | None = None  # our graph modes: nodes and kernels of each captured stage graph
 
     @property
     def name(self) -> str:
@@ -326,7 +327,13 @@ def prepare_method(case: Case, algorithm: str, mode: str, window: int, outcome: 
         probe(case.enc, case.lengths)
         stats = dict(probe.last_stats)
     key = ([h.tokens for h in hyps], [h.timestamps for h in hyps])
-    return Prepared(algorithm, mode, window, lambda: dec(case.enc, case.lengths), key, stats, dec.mode_used)
+    nodes = None
+    if dec.mode_used in ("full", "partial"):
+        try:
+            nodes = dec.stage_graph_nodes()
+        except Exception as e:  # noqa: BLE001 - a count we cannot make is said, not fatal
+            nodes = {"unavailable": f"{type(e).__name__}: {e}"}
+    return Prepared(algorithm, mode, window, lambda: dec(case.enc, case.lengths), key, stats, dec.mode_used, nodes)
 
 
 def time_interleaved(case: Case, prepared: list[Prepared], outcome: Outcome) -> list[dict]:
@@ -351,6 +358,8 @@ def time_interleaved(case: Case, prepared: list[Prepared], outcome: Outcome) -> 
                      "audio_s_per_s": b * t * FRAME_S / timing["median"],
                      "labels_per_frame": sum(len(k) for k in p.key[0]) / (b * t), "mode_used": p.mode_used,
                      "_key": p.key, "_stats": p.stats})
+        if p.graph_nodes is not None:
+            rows[-1]["graph_nodes"] = p.graph_nodes
     return rows
 
 
@@ -376,12 +385,22 @@ def check_row(case: Case, row: dict, reference, outcome: Outcome) -> None:
 
 
 def add_iteration_counts(row: dict, stats: dict | None) -> None:
-    """Outer and inner label-looping iterations, and seconds per iteration, on a label-looping row."""
+    """Outer and inner label-looping iterations, and seconds per iteration, on a label-looping row; on a graph
+    row, kernels per outer iteration: those of find_label_first and emit_labels, those of find_label_again
+    times inner iterations per outer one, and in the full graph its condition kernels (2 + inner per outer)."""
     if row["method"].startswith("label") and stats is not None and "outer_iterations" in stats:
         outer, inner, seconds = stats["outer_iterations"], stats["inner_iterations"], row["time_s"]["median"]
         row.update(outer_iterations=outer, inner_iterations=inner,
                    seconds_per_outer_iteration=seconds / max(1, outer),
                    seconds_per_iteration=seconds / max(1, outer + inner))
+        nodes = row.get("graph_nodes") or {}
+        if all(isinstance(nodes.get(s), dict) for s in ("find_label_first", "find_label_again", "emit_labels")):
+            per_outer_inner = inner / max(1, outer)
+            kernels = (nodes["find_label_first"]["kernels"] + nodes["emit_labels"]["kernels"]
+                       + per_outer_inner * nodes["find_label_again"]["kernels"])
+            if row.get("mode_used") == "full":
+                kernels += 2 + per_outer_inner
+            row["kernels_per_outer_iteration"] = kernels
 
 
 def deferred_methods(case: Case, methods: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
