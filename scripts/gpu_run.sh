@@ -4,7 +4,10 @@
 #   bash scripts/gpu_run.sh STAGE [STAGE ...]                 one after another on GPU 0
 #   bash scripts/gpu_run.sh --parallel "STAGES" "STAGES" ...  each group on its own GPU (0, 1, ...), at once
 #
-# stages: see STAGES below (each is one case of stage())
+# stages: see STAGES below (each is one case of stage()); decoding-nemo (decoding_nemo.json: ours against NeMo
+# 3.0.0's greedy decoders on NeMo's modules, same process) needs NeMo's wheels in .whl-nemo (make gpu-bundle;
+# carry it too): they go to /tmp/nemo_site, on the path of that stage only, so NeMo's pins (lightning,
+# pydantic, librosa, datasets) never shadow the host's packages in the other stages
 # A call must end within 10 minutes: every stage's limit is cut to what is left of DEADLINE_S (560 s from
 # the start), and the benches with an internal budget get the rest minus a margin.
 #
@@ -12,7 +15,7 @@
 # land in $OUT/results.tar.gz (benchmarks/results/*.json, re-packed after every stage, so a call stopped
 # at its limit still returns what finished) and logs in $OUT/*.log; elsewhere OUT defaults to ./gpu_out.
 set -uo pipefail
-STAGES="flow tests tests-allocator decoding decoding-quick models losses oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator allocator-roomy throughput-rnnt-prepare throughput-rnnt-train throughput-aed-prepare throughput-aed-train"
+STAGES="flow tests tests-allocator decoding decoding-quick decoding-nemo models losses oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator allocator-roomy throughput-rnnt-prepare throughput-rnnt-train throughput-aed-prepare throughput-aed-train"
 if [ $# -eq 0 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
   sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; echo "stages: $STAGES"; exit 2
 fi
@@ -49,6 +52,10 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "wheel install failed"; exit 1; }
   export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+if [ -d .whl-nemo ] && ls .whl-nemo/*.whl >/dev/null 2>&1; then  # NeMo, for the decoding-nemo stage only
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/nemo_site \
+    .whl-nemo/*.whl || echo "note: NeMo's wheels did not install; decoding-nemo will say NeMo is missing"
 fi
 python3 - <<'PY' || exit 1
 import torch, lhotse
@@ -99,7 +106,7 @@ budget() {  # seconds left minus a margin, or nothing (and the stage is skipped)
 stage() {  # one stage by name; budgets leave a margin inside the stage's limit
   local b
   case $1 in
-    decoding|decoding-quick|oomptimizer-rnnt|oomptimizer-aed|allocator|allocator-roomy)
+    decoding|decoding-quick|decoding-nemo|oomptimizer-rnnt|oomptimizer-aed|allocator|allocator-roomy)
       b=$(budget 60 60) || { echo "=== $1: SKIPPED (less than a minute of budget left) ==="; return 1; } ;;
   esac
   case $1 in
@@ -113,6 +120,10 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
                         --budget-s $(( b < 250 ? b : 250 )) --out "$RESULTS" ;;
     decoding-quick)   run_stage decoding_quick 150 python3 -m workbench.bench.decoding --quick \
                         --budget-s $(( b < 120 ? b : 120 )) --out "$RESULTS" ;;
+    decoding-nemo)    # the grid's budget; NeMo's full graph at B=128 runs after it (about 30 s)
+                      run_stage decoding_nemo 300 env PYTHONPATH="$PYTHONPATH:/tmp/nemo_site" \
+                        python3 -m workbench.bench.decoding --nemo \
+                        --budget-s $(( b < 200 ? b : 200 )) --out "$RESULTS" ;;
     models)           run_stage models 160 python3 -m workbench.bench.models --out "$RESULTS" ;;
     losses)           run_stage losses 150 python3 -m workbench.bench.losses --out "$RESULTS" ;;
     oomptimizer)      run_stage oomptimizer 360 python3 -m workbench.bench.oomptimizer --out "$RESULTS" ;;

@@ -7,25 +7,33 @@ import matplotlib
 matplotlib.use("Agg")
 
 from workbench.bench.decoding import record as plots  # noqa: E402
+from workbench.bench.decoding import run  # noqa: E402
 from workbench.bench.results import RESULTS_DIR  # noqa: E402
 
 
-def _record(ours_rnnt, ours_tdt, speedup):
+def _old_record(ours_rnnt, ours_tdt, speedup):
+    """A record as the bench wrote it before NeMo ran in the same process: a hand-typed nemo_reference, no
+    NeMo rows."""
     nemo = {"source": "DESIGN.md", "rnnt_full_graph_s": 0.05, "tdt_full_graph_s": 0.02,
             "rnnt_frame_looping_no_graphs_s": 0.6}
-    return {"figures": {"nemo_reference": nemo,
-                        "targets": {"rnnt_full_s": ours_rnnt, "tdt_full_s": ours_tdt,
-                                    "full_speedup_vs_frame_looping_off_rnnt": speedup, "goal": "the goal"}}}
+    return {"git_commit": "0123456789", "figures": {
+        "nemo_reference": nemo, "rows": [], "failures": [], "skipped_for_time": [],
+        "empty_while_iteration": {"seconds_per_iteration": 1e-6},
+        "targets": {"rnnt_full_s": ours_rnnt, "tdt_full_s": ours_tdt, "speedup_vs_nemo_full_rnnt": 2.0,
+                    "full_speedup_vs_frame_looping_off_rnnt": speedup, "goal": "the goal"}}}
 
 
-def test_targets_table_and_speedup_line_come_from_the_record():
-    record = _record(0.025, 0.04, 16.0)
-    table = plots.targets_table(record).set_index("what")
-    assert table.loc["RNN-T full graph (s)", "NeMo / ours"] == 2.0  # 0.05 / 0.025
-    assert table.loc["TDT full graph (s)", "NeMo / ours"] == 0.5
+def test_an_old_record_renders_without_nemo_and_ignores_its_hand_typed_figures():
+    record = _old_record(0.025, 0.04, 16.0)
     line = plots.frame_looping_speedup_line(record)
-    assert "16.0x faster" in line and "NeMo 3.0.0: 12.0x faster" in line and "the goal" in line  # 0.6 / 0.05
-    assert "not measured" in plots.frame_looping_speedup_line(_record(None, None, None))
+    assert "16.0x faster" in line and "the goal" in line and "NeMo" not in line
+    assert "not measured" in plots.frame_looping_speedup_line(_old_record(None, None, None))
+    assert plots.nemo_comparison_table(record).empty and not plots.has_nemo_rows(record)
+    summary = plots.summary_lines(record["figures"])
+    assert summary[0] == ("- B=16, 12 s, fp32: RNN-T full graph 25.00 ms, TDT full graph 40.00 ms; RNN-T full "
+                          "graph 16.00x faster than frame-looping off")
+    assert not any("NeMo" in s for s in summary)
+    assert "NeMo" not in plots.describe_targets("decoding", record)
 
 
 def _row(model, batch, method, ms):
@@ -48,13 +56,50 @@ def test_speed_pivot_puts_batch_sizes_in_columns_at_three_significant_digits():
     assert [m for model, _, _, m in pivot.index if model == "rnnt"] == ["frame-looping off", "label-looping off"]
 
 
-def test_summary_says_faster_than():
-    line = plots.summary_lines({"targets": {"rnnt_full_s": 0.025, "tdt_full_s": 0.01, "speedup_vs_nemo_full_rnnt": 1.88,
-                                            "speedup_vs_nemo_full_tdt": 2.1,
-                                            "full_speedup_vs_frame_looping_off_rnnt": 20.0},
-                                "rows": [], "empty_while_iteration": {"seconds_per_iteration": 1e-6},
-                                "failures": [], "skipped_for_time": []})[0]
-    assert "(1.88x faster than NeMo's full graph)" in line and "(2.10x faster than NeMo's)" in line
+def _nemo_record():
+    """Ours and NeMo on NeMo's modules: full graph and eager at B in {1, 16}; NeMo's full graph failed at B=16,
+    12 s in bf16 (no row: ours is compared with its partial graphs there)."""
+    rows = []
+    for b, ours_full, nemo_full, ours_off, nemo_off in ((1, 5.0, 20.0, 50.0, 100.0), (16, 10.0, 25.0, 80.0, 160.0)):
+        rows += [_row("rnnt", b, "label-looping off", ours_off), _row("rnnt", b, "NeMo no graphs", nemo_off),
+                 _row("rnnt", b, "label-looping full", ours_full), _row("rnnt", b, "NeMo full graph", nemo_full)]
+    rows += [dict(_row("rnnt", 16, "label-looping full", 12.0), dtype="bfloat16"),
+             dict(_row("rnnt", 16, "NeMo partial graphs", 30.0), dtype="bfloat16")]
+    for r in rows:
+        r.update(frames=150, labels_per_frame=0.3, equal_to_label_looping_off=True)
+        r["time_s"].update(min=r["time_s"]["median"], max=r["time_s"]["median"], n=3)
+    run.add_nemo_speedups(rows)
+    failures = []
+    targets = run.nemo_targets_of(rows, failures, smoke=False)
+    return {"git_commit": "abcdef0123", "figures": {
+        "rows": rows, "targets": targets, "failures": failures, "skipped_for_time": [],
+        "empty_while_iteration": {"seconds_per_iteration": 4e-6},
+        "peer": {"name": "NeMo", "version": "3.0.0", "decoders": "its greedy decoders", "modules": "its modules"}}}
+
+
+def test_a_nemo_record_shows_ours_against_nemo_in_words():
+    record = _nemo_record()
+    table = plots.readable_speed_table(record)
+    assert list(table.columns) == ["B=1", "B=16"]
+    assert table.loc[("rnnt", "float32", "12 s", "label-looping full"), "B=1"] == "5 ms, 4.00x faster than NeMo full graph"
+    assert table.loc[("rnnt", "float32", "12 s", "label-looping off"), "B=16"] == "80 ms, 2.00x faster than NeMo no graphs"
+    assert table.loc[("rnnt", "float32", "12 s", "NeMo full graph"), "B=16"] == "25 ms"
+    assert table.loc[("rnnt", "bfloat16", "12 s", "label-looping full"), "B=16"] == (
+        "12 ms, 2.50x faster than NeMo partial graphs")
+    assert table.loc[("rnnt", "bfloat16", "12 s", "label-looping full"), "B=1"] == ""  # not measured
+
+    comparison = plots.nemo_comparison_table(record)
+    assert comparison["ours vs NeMo"].tolist() == ["2.50x faster than NeMo partial graphs",
+                                                   "4.00x faster than NeMo full graph", "2.50x faster than NeMo full graph"]
+    assert comparison["met"].tolist() == [False, True, False]  # RNN-T target: 4x
+    assert comparison["NeMo full graph (ms)"].isna().tolist() == [True, False, False]
+
+    summary = plots.summary_lines(record["figures"])
+    assert summary[0] == "- B=16, 12 s, fp32: RNN-T full graph 10.00 ms, NeMo's 25.00 ms (2.50x faster than NeMo)"
+    assert "1 of 3 sizes meet the target" in summary[1] and "rnnt bfloat16 B=16 T=150: 2.50x" in summary[1]
+    assert summary[2] == "- NeMo's fp32 hypotheses (tokens and frames) equal to ours in 4 of 4 rows"
+    assert "NeMo 3.0.0 in the same run" in plots.describe_targets("decoding_nemo", record)
+    assert plots.table_lines(record["figures"])[-1].startswith("empty while iteration")
 
 
 def test_every_committed_decoding_record_renders():
@@ -62,4 +107,6 @@ def test_every_committed_decoding_record_renders():
         record = json.loads(path.read_text())
         table = plots.speed_table(record)
         assert not plots.speed_pivot(table).empty and plots.summary_lines(record["figures"])
+        assert not plots.readable_speed_table(record).empty
+        plots.nemo_comparison_table(record), plots.describe_targets(path.stem, record)
         assert plots.table_lines(record["figures"])[-1].startswith("empty while iteration")

@@ -192,3 +192,15 @@ def test_off_mode_loops_sync_only_to_read_their_flags(monkeypatch, durations, wi
         got = hypotheses_from_buffers(buf.tokens, buf.timestamps, buf.num_emitted, buf.scores, enc.shape[0])
         same(got, expected)
         assert sum(len(h.tokens) for h in got) > 0
+
+
+def test_stage_graph_nodes_are_counted_alike_in_full_and_partial():
+    predictor, joint, enc, lengths, blank_id, durations, max_symbols = gpu_case(7)
+    decs = decoders(predictor, joint, blank_id, durations, max_symbols)
+    for dec in decs.values():
+        dec(enc, lengths)
+    assert decs["off"].stage_graph_nodes() is None  # nothing captured
+    full, partial = decs["full"].stage_graph_nodes(), decs["partial"].stage_graph_nodes()
+    assert full == partial  # the full graph runs the very stage graphs that partial replays
+    assert set(full) == {"start", "find_label_first", "find_label_again", "emit_labels"}
+    assert all(0 < c["kernels"] <= c["nodes"] for c in full.values()), full

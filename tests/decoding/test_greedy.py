@@ -251,3 +251,11 @@ def test_support_checks_are_import_safe_without_cuda():
 
     assert full_graph_unsupported_reason() == "no CUDA device"
     assert partial_graph_unsupported_reason() == "no CUDA device"
+
+
+def test_stage_graph_nodes_is_none_without_captured_graphs():
+    predictor, joint = make_toy_transducer(vocab_size=5, enc_dim=4, pred_dim=8, joint_dim=8)
+    dec = GreedyTransducerDecoder(predictor, joint, blank_id=5, cuda_graphs="auto")
+    assert dec.stage_graph_nodes() is None  # before any call
+    dec(torch.randn(2, 3, 4), torch.tensor([3, 1]))
+    assert dec.mode_used == "off" and dec.stage_graph_nodes() is None  # CPU: eager, no graph

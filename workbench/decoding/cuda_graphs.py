@@ -251,6 +251,18 @@ def _handle_value(handle) -> int:
     return ctypes.c_uint64.from_address(int(handle.getPtr())).value
 
 
+def graph_node_counts(graph: torch.cuda.CUDAGraph) -> dict[str, int]:
+    """Nodes of a captured stage graph (captured with ``keep_graph=True``): all of them, and the kernels among
+    them (the rest are memsets, copies and the like)."""
+    driver, _, _ = _cuda_python()
+    raw = driver.CUgraph(graph.raw_cuda_graph())
+    count = _check(driver.cuGraphGetNodes(raw, 0), "cuGraphGetNodes")[-1]
+    nodes = _check(driver.cuGraphGetNodes(raw, count), "cuGraphGetNodes")[0] if count else []
+    kernel = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
+    kinds = [_check(driver.cuGraphNodeGetType(node), "cuGraphNodeGetType") for node in nodes]
+    return {"nodes": len(nodes), "kernels": sum(kind == kernel for kind in kinds)}
+
+
 def capture_partial_graphs(stages: dict[str, Callable[[], None]], device: torch.device) -> dict[str, Any]:
     """One plain CUDA graph per stage, sharing one memory pool, captured in the order given."""
     pool = torch.cuda.graph_pool_handle()

@@ -139,6 +139,16 @@ class GreedyTransducerDecoder:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 
+    def stage_graph_nodes(self) -> dict[str, dict[str, int]] | None:
+        """Nodes and kernels of each captured stage graph (start, find_label_first, find_label_again,
+        emit_labels; the full graph runs these as child graphs plus one condition kernel per loop test), or
+        None when nothing is captured."""
+        captured = self._captured
+        if captured is None or captured.mode not in ("full", "partial"):
+            return None
+        stages = captured.keep_alive[0] if captured.mode == "full" else captured.graphs
+        return {name: cuda_graphs.graph_node_counts(graph) for name, graph in stages.items()}
+
     # -- calling ---------------------------------------------------------------------------------
     def __call__(self, enc: Tensor, lengths: Tensor) -> list[Hypothesis]:
         batch, frames = _check_inputs(enc, lengths)

@@ -1,9 +1,14 @@
-"""The decoding record (``benchmarks/results/decoding*.json``): its fields and every reading of them.
+"""The decoding records (``benchmarks/results/decoding*.json``): their fields and every reading of them.
 
 ``figures["rows"]``: one row per (model, dtype, B, T, method) with ``time_s`` (seconds per batch: median,
-min, max, p25, p75, n), audio seconds per second, speedup over RNN-T frame-looping off, label-looping
-iteration counts, labels per frame and agreement with label-looping off. ``figures["targets"]``: the
-B=16, 12 s, fp32 figures against ``nemo_reference`` (NeMo 3.0.0's published seconds).
+min, max, p25, p75, n), audio seconds per second, label-looping iteration counts, labels per frame and
+agreement with label-looping off; our graph rows also ``graph_nodes`` (nodes and kernels per captured
+stage) and ``kernels_per_outer_iteration``. ``decoding.json`` (our toy transducer): speedups over RNN-T
+frame-looping off, and ``targets`` at B=16, 12 s, fp32. ``decoding_nemo.json`` (NeMo's modules, NeMo's
+decoders measured in the same run): ``speedup_vs_nemo`` on our rows (NeMo's seconds over ours in the
+same graph mode, and ``speedup_vs_nemo_method`` the NeMo row it is against), ``peer`` (NeMo's version)
+and ``targets`` against NeMo at every size. Older records without NeMo rows (and with a hand-typed
+``nemo_reference``, which no reader uses) render too.
 """
 
 from __future__ import annotations
@@ -22,10 +27,16 @@ NAME = "decoding"  # decoding.json and decoding_quick.json
 class DecodingTargets(TypedDict, total=False):
     rnnt_full_s: float | None  # our RNN-T full graph, B=16, 12 s, fp32, seconds per batch
     tdt_full_s: float | None
-    full_speedup_vs_frame_looping_off_rnnt: float | None
+    full_speedup_vs_frame_looping_off_rnnt: float | None  # decoding.json
+    nemo_rnnt_full_s: float | None  # decoding_nemo.json: NeMo's full graph, B=16, 12 s, fp32
+    nemo_tdt_full_s: float | None
     speedup_vs_nemo_full_rnnt: float | None  # NeMo's seconds over ours: > 1 means we are faster
     speedup_vs_nemo_full_tdt: float | None
-    speedup_vs_nemo_no_graphs_rnnt: float | None
+    min_speedup_vs_nemo: dict[str, float]  # model -> target ratio at every size
+    full_graph_rows_vs_nemo: int
+    speedup_vs_nemo_missed: list[str]  # the sizes below the target
+    nemo_fp32_rows: int
+    nemo_fp32_rows_unequal: list[str]  # NeMo rows whose fp32 hypotheses differ from ours
     goal: str
 
 
@@ -33,14 +44,15 @@ class DecodingFigures(TypedDict, total=False):
     rows: list[dict[str, Any]]
     empty_while_iteration: dict[str, float]  # seconds_per_iteration of an empty conditional WHILE node
     calibration: dict[str, dict]  # row tag -> blank_bias, labels_per_frame
-    nemo_reference: dict[str, Any]
+    peer: dict[str, str]  # decoding_nemo.json: which NeMo ran
     targets: DecodingTargets
     failures: list[str]
     skipped_for_time: list[str]
 
 
-METHOD_ORDER = ["frame-looping off", "label-looping off", "label-looping partial", "label-looping full window 1",
-                "label-looping full", "torchaudio RNNTBeamSearch beam 1"]
+METHOD_ORDER = ["frame-looping off", "label-looping off", "NeMo no graphs", "label-looping partial",
+                "NeMo partial graphs", "label-looping full window 1", "label-looping full", "NeMo full graph",
+                "torchaudio RNNTBeamSearch beam 1"]
 
 
 def speed_table(record: dict[str, Any]) -> pd.DataFrame:
@@ -54,8 +66,10 @@ def speed_table(record: dict[str, Any]) -> pd.DataFrame:
                      "ms_p25": r["time_s"]["p25"] * 1e3, "ms_p75": r["time_s"]["p75"] * 1e3,
                      "audio_s_per_s": r["audio_s_per_s"],
                      "x_frame_looping_off": r.get("speedup_vs_frame_looping_off"),
+                     "x_nemo": r.get("speedup_vs_nemo"), "x_nemo_against": r.get("speedup_vs_nemo_method"),
                      "outer_iterations": r.get("outer_iterations"),
                      "inner_iterations": r.get("inner_iterations"),
+                     "kernels_per_outer_iteration": r.get("kernels_per_outer_iteration"),
                      "us_per_outer_iteration": (r["seconds_per_outer_iteration"] * 1e6
                                                 if r.get("seconds_per_outer_iteration") else None),
                      "labels_per_frame": r.get("labels_per_frame")})
@@ -127,26 +141,65 @@ def iteration_breakdown(table: pd.DataFrame, empty_iteration_s: float | None, *,
 
 
 def frame_looping_speedup_line(record: dict[str, Any]) -> str:
-    """Ours and NeMo's full graph over frame-looping without graphs (B=16, 12 s, fp32), from the record."""
-    t, nemo = record["figures"]["targets"], record["figures"]["nemo_reference"]
+    """Our full graph over frame-looping without graphs (B=16, 12 s, fp32), from the record."""
+    t = record["figures"]["targets"]
     ours = t.get("full_speedup_vs_frame_looping_off_rnnt")
-    theirs = nemo["rnnt_frame_looping_no_graphs_s"] / nemo["rnnt_full_graph_s"]
     return (f"RNN-T full graph vs frame-looping off: {'not measured' if ours is None else f'{ours:.1f}x faster'} "
-            f"(NeMo 3.0.0: {theirs:.1f}x faster; goal: {t['goal']})")
+            f"(goal: {t.get('goal', 'none recorded')})")
 
 
-def targets_table(record: dict[str, Any]) -> pd.DataFrame:
-    """Our full graph at B=16, 12 s, fp32 against NeMo 3.0.0's published numbers (ratios > 1: we are faster)."""
-    f = record["figures"]
-    nemo, t = f["nemo_reference"], f["targets"]
-    rows = [
-        {"what": "RNN-T full graph (s)", "ours": t.get("rnnt_full_s"), "NeMo": nemo["rnnt_full_graph_s"]},
-        {"what": "TDT full graph (s)", "ours": t.get("tdt_full_s"), "NeMo": nemo["tdt_full_graph_s"]},
-    ]
-    df = pd.DataFrame(rows)
-    df["NeMo / ours"] = df["NeMo"] / df["ours"]
-    df.attrs["source"] = nemo["source"]
-    return df
+def has_nemo_rows(record: dict[str, Any]) -> bool:
+    return any(r.get("method", "").startswith("NeMo") for r in record["figures"]["rows"])
+
+
+def nemo_comparison_table(record: dict[str, Any]) -> pd.DataFrame:
+    """Our full graph against NeMo's, measured in the same run: one row per (model, dtype, audio s, B) with
+    milliseconds per batch (3 significant digits; NaN where NeMo's full graph failed), the ratio in words and
+    the target. Empty for a record without NeMo rows."""
+    if not has_nemo_rows(record):
+        return pd.DataFrame()
+    rows = record["figures"]["rows"]
+    ms = {(r["model"], r["dtype"], r["batch"], r["frames"], r["method"]): r["time_s"]["median"] * 1e3
+          for r in rows if "time_s" in r}
+    targets = record["figures"]["targets"].get("min_speedup_vs_nemo", {})
+    out = []
+    for r in rows:
+        if r.get("method") != "label-looping full" or "speedup_vs_nemo" not in r:
+            continue
+        shape = (r["model"], r["dtype"], r["batch"], r["frames"])
+        target = targets.get(r["model"])
+        out.append({"model": r["model"], "dtype": r["dtype"], "audio_s": r["audio_seconds"], "B": r["batch"],
+                    "ours full graph (ms)": _round(ms[(*shape, "label-looping full")]),
+                    "NeMo full graph (ms)": _round(ms.get((*shape, "NeMo full graph"), math.nan)),
+                    "NeMo partial graphs (ms)": _round(ms.get((*shape, "NeMo partial graphs"), math.nan)),
+                    "ours vs NeMo": times_faster(r["speedup_vs_nemo"], r["speedup_vs_nemo_method"]),
+                    "target": None if target is None else f">= {target:g}x",
+                    "met": None if target is None else bool(r["speedup_vs_nemo"] >= target)})
+    if not out:  # NeMo rows without a full graph of ours (a CPU smoke run)
+        return pd.DataFrame()
+    return pd.DataFrame(out).sort_values(["model", "dtype", "audio_s", "B"]).reset_index(drop=True)
+
+
+def _round(value: float) -> float:
+    """3 significant digits (NaN stays NaN)."""
+    return value if value is None or math.isnan(value) else float(f"{value:.3g}")
+
+
+def readable_speed_table(record: dict[str, Any]) -> pd.DataFrame:
+    """The speed table as a reader scans it: one row per (model, dtype, utterance length, method), one column per
+    batch size; each cell milliseconds per batch at 3 significant digits and, on our rows of a record with NeMo
+    rows, how many times faster than NeMo's decoder in the same graph mode, written out."""
+    table = speed_table(record)
+    if table.empty:
+        return table
+    text = table.assign(
+        length=table["audio_s"].map(lambda s: f"{s:g} s"),
+        cell=[f"{_round(ms):g} ms" + ("" if pd.isna(x) else f", {times_faster(x, vs)}")
+              for ms, x, vs in zip(table["ms"], table["x_nemo"], table["x_nemo_against"])])
+    pivot = text.pivot_table(index=["model", "dtype", "length", "method"], columns="B", values="cell",
+                             observed=True, aggfunc="first", sort=False)
+    pivot.columns = [f"B={b}" for b in pivot.columns]
+    return pivot[[f"B={b}" for b in sorted(table["B"].unique())]].fillna("")
 
 
 def _spread(s: dict[str, float], scale: float = 1.0, unit: str = "s") -> str:
@@ -159,15 +212,31 @@ def summary_lines(figures: dict[str, Any]) -> list[str]:
     """The record's lines in benchmarks/SUMMARY.md."""
     t = figures["targets"]
     out = []
-    if None not in (t.get("rnnt_full_s"), t.get("tdt_full_s"), t.get("full_speedup_vs_frame_looping_off_rnnt")):
-        rnnt = times_faster(t["speedup_vs_nemo_full_rnnt"], "NeMo's full graph")
-        tdt = times_faster(t["speedup_vs_nemo_full_tdt"], "NeMo's")
+    if figures.get("peer"):
+        for model, label in (("rnnt", "RNN-T"), ("tdt", "TDT")):
+            ours, theirs = t.get(f"{model}_full_s"), t.get(f"nemo_{model}_full_s")
+            if ours and theirs:
+                out.append(f"- B=16, 12 s, fp32: {label} full graph {ours * 1e3:.2f} ms, NeMo's {theirs * 1e3:.2f} ms "
+                           f"({times_faster(theirs / ours, 'NeMo')})")
+        missed = t.get("speedup_vs_nemo_missed", [])
+        out.append(f"- our full graph against NeMo's ({t.get('goal', '')}): {t.get('full_graph_rows_vs_nemo', 0) - len(missed)}"
+                   f" of {t.get('full_graph_rows_vs_nemo', 0)} sizes meet the target"
+                   + (f"; below: {'; '.join(missed)}" if missed else ""))
+        unequal = t.get("nemo_fp32_rows_unequal", [])
+        out.append(f"- NeMo's fp32 hypotheses (tokens and frames) equal to ours in "
+                   f"{t.get('nemo_fp32_rows', 0) - len(unequal)} of {t.get('nemo_fp32_rows', 0)} rows"
+                   + (f"; differ: {'; '.join(unequal)}" if unequal else ""))
+    elif None not in (t.get("rnnt_full_s"), t.get("tdt_full_s"), t.get("full_speedup_vs_frame_looping_off_rnnt")):
         frame = times_faster(t["full_speedup_vs_frame_looping_off_rnnt"], "frame-looping off")
-        out.append(f"- B=16, 12 s, fp32: RNN-T full graph {t['rnnt_full_s'] * 1e3:.2f} ms ({rnnt}), TDT full graph "
-                   f"{t['tdt_full_s'] * 1e3:.2f} ms ({tdt}); RNN-T full graph {frame}")
+        out.append(f"- B=16, 12 s, fp32: RNN-T full graph {t['rnnt_full_s'] * 1e3:.2f} ms, TDT full graph "
+                   f"{t['tdt_full_s'] * 1e3:.2f} ms; RNN-T full graph {frame}")
     for r in figures["rows"]:
         if r.get("batch") == 16 and r.get("frames") == 150 and "time_s" in r:
             extra = f", token disagreement {r['token_disagreement']:.3f}" if "token_disagreement" in r else ""
+            if "speedup_vs_nemo" in r:
+                extra += f", {times_faster(r['speedup_vs_nemo'], r['speedup_vs_nemo_method'])}"
+            if "kernels_per_outer_iteration" in r:
+                extra += f", {r['kernels_per_outer_iteration']:.1f} kernels per outer iteration"
             out.append(f"  - {r['model']} {r['dtype']} {r['method']}: {_spread(r['time_s'], 1e3, 'ms')}, "
                        f"{r['labels_per_frame']:.3f} labels/frame{extra}")
     for r in figures["rows"]:
@@ -182,7 +251,7 @@ def summary_lines(figures: dict[str, Any]) -> list[str]:
 def table_lines(figures: dict[str, Any]) -> list[str]:
     """The bench's stdout table: one line per timed row, then the empty iteration and the targets."""
     out = [f"\n{'model':5} {'dtype':8} {'B':>4} {'T':>4} {'method':28} {'ms':>9} {'audio s/s':>10} {'x frame':>8} "
-           f"{'us/outer':>9} {'outer':>6} {'inner':>6} {'lab/fr':>6} {'tok dis':>7}"]
+           f"{'x NeMo':>7} {'us/outer':>9} {'outer':>6} {'inner':>6} {'lab/fr':>6} {'tok dis':>7}"]
     for r in figures["rows"]:
         if "time_s" not in r:
             continue
@@ -190,6 +259,7 @@ def table_lines(figures: dict[str, Any]) -> list[str]:
         out.append(f"{r['model']:5} {r['dtype']:8} {r['batch']:>4} {r['frames']:>4} {r['method']:28} "
                    f"{r['time_s']['median'] * 1e3:9.2f} {r['audio_s_per_s']:10.0f} "
                    f"{r.get('speedup_vs_frame_looping_off', float('nan')):8.1f} "
+                   f"{r.get('speedup_vs_nemo', float('nan')):7.2f} "
                    f"{'' if per is None else f'{per * 1e6:9.1f}'} "
                    f"{r.get('outer_iterations', ''):>6} {r.get('inner_iterations', ''):>6} "
                    f"{r.get('labels_per_frame', float('nan')):6.3f} {r.get('token_disagreement', float('nan')):7.3f}")
@@ -201,6 +271,10 @@ def table_lines(figures: dict[str, Any]) -> list[str]:
 
 
 def describe_targets(name: str, record: dict[str, Any]) -> str:
-    """What the notebook prints above the targets table: the record, NeMo's source, the failed checks."""
-    return (f"{name}.json (commit {record['git_commit'][:8]}): {record['figures']['nemo_reference']['source']}\n"
-            f"{frame_looping_speedup_line(record)}\nfailed checks: {record['figures']['failures'] or 'none'}")
+    """What the notebook prints above the comparison table: the record, what it compares, the failed checks."""
+    f = record["figures"]
+    peer = f.get("peer")
+    what = (f"ours against {peer['name']} {peer['version']} in the same run ({peer['decoders']}; {peer['modules']})"
+            if peer else frame_looping_speedup_line(record))
+    return (f"{name}.json (commit {record['git_commit'][:8]}): {what}\n"
+            f"failed checks: {f['failures'] or 'none'}")

@@ -1,15 +1,23 @@
 """The decoding bench's CLI: greedy RNN-T / TDT decoding speed, frame-looping vs label-looping with CUDA graphs
-off / partial / full, against torchaudio's RNNTBeamSearch and NeMo's published full-graph times.
+off / partial / full, against torchaudio's RNNTBeamSearch; with --nemo, against NeMo 3.0.0's own greedy
+decoders in the same process, on NeMo's own prediction network and joint.
 
-    python3 -m workbench.bench.decoding --out DIR [--quick]      # GPU; --smoke: CPU dry run, seconds
+    python3 -m workbench.bench.decoding --out DIR [--quick]          # GPU: decoding.json
+    python3 -m workbench.bench.decoding --nemo --out DIR [--quick]   # GPU, NeMo importable: decoding_nemo.json
+    python3 -m workbench.bench.decoding --smoke --out DIR            # CPU dry run of both, seconds
 
-Decoding loop only (encoder outputs given; random weights; vocabulary 1024, predictor, joint and encoder
-width 640): 12 s and 30 s at 80 ms frames, B in {1, 16, 64, 128}, fp32 and bf16 (--quick: B in {1, 16},
-12 s, fp32). Each row's blank bias is bisected on its own input towards 1/3 labels per frame. Checks:
-label-looping off / partial / full give identical tokens and timestamps; frame-looping and window 1 match
-them in fp32, and in bf16 their token disagreement is at most ``MAX_BF16_DISAGREEMENT``. Targets (exit 1
-when missed): full graph >= ``MIN_SPEEDUP_OVER_FRAME_LOOPING`` x frame-looping off at B=16, 12 s, fp32, and
-faster than NeMo's full graph. ``record.py`` owns the record's fields. More in benchmarks/NOTES.md.
+Decoding loop only (encoder outputs given; random weights; vocabulary 1024, predictor and joint 640, encoder
+512): 12 s and 30 s at 80 ms frames, B in {1, 16, 64, 128}, fp32 and bf16 (--quick: B in {1, 16}, 12 s,
+fp32). Each row's blank bias is bisected on its own input towards 1/3 labels per frame. Methods of one graph
+mode (off, partial, full) are timed interleaved, call by call. Checks: label-looping off / partial / full
+give identical tokens and timestamps; frame-looping, window 1 and NeMo match them in fp32; in bf16 the token
+disagreement of frame-looping and window 1 is at most ``MAX_BF16_DISAGREEMENT`` (NeMo's is reported).
+Targets (exit 1 when missed): full graph >= ``MIN_SPEEDUP_OVER_FRAME_LOOPING`` x frame-looping off at B=16,
+12 s, fp32; with --nemo, our full graph >= ``MIN_SPEEDUP_OVER_NEMO`` x NeMo's at every size (against its
+partial graphs where its full graph failed). NeMo's full graph at B >= ``NEMO_FULL_GRAPH_LAST_FROM_B`` runs
+after every other row, the record written before: an illegal memory access there (seen at B=128) poisons the
+CUDA context, and the rows after it are then listed as not run. ``record.py`` owns the record's fields.
+More in benchmarks/NOTES.md.
 """
 
 
@@ -26,12 +34,13 @@ import numpy as np
 
 import torch
 
-from workbench.bench.decoding import record
+from workbench.bench.decoding import nemo_peer, record
 from workbench.bench.results import (
     bench_device,
     check_smoke_out,
     cuda_missing,
     report_failures,
+    summarize,
     timer_for,
     write_result,
 )
@@ -40,16 +49,10 @@ from workbench.decoding.cuda_graphs import DriverGraph, capture_partial_graphs
 from workbench.decoding.greedy import DEFAULT_BLANK_WINDOW
 from workbench.decoding.toy_models import set_blank_bias
 
-VOCAB, PRED, JOINT, ENC = 1024, 640, 640, 640
+VOCAB, PRED, JOINT, ENC = 1024, 640, 640, 512  # the sizes of the issue's NeMo comparison
 BLANK = VOCAB
 FRAME_S = 0.08
 TDT_DURATIONS = [0, 1, 2, 3, 4]
-NEMO_REFERENCE = {
-    "source": "DESIGN.md: NeMo 3.0.0 on an H200; vocabulary 1024, predictor and joint 640, 16 utterances "
-              "of 12 s, about one label per 3 frames, fp32",
-    "rnnt_full_graph_s": 0.047, "tdt_full_graph_s": 0.021, "rnnt_no_graphs_s": 0.216,
-    "tdt_no_graphs_s": 0.102, "rnnt_frame_looping_no_graphs_s": 0.665,
-}
 W = DEFAULT_BLANK_WINDOW
 MIN_SPEEDUP_OVER_FRAME_LOOPING = 10.0  # the issue's target: full graph vs frame-looping off, B=16, 12 s, fp32
 # bf16 frame-looping vs label-looping: one near-tie flips the rest of an utterance (benchmarks/NOTES.md
@@ -59,6 +62,11 @@ MAX_BF16_DISAGREEMENT = 0.25
 # (one frame per search step) runs in fp32 only, to show what the window buys.
 METHODS = [("frame_looping", "off", W), ("label_looping", "off", W), ("label_looping", "partial", W),
            ("label_looping", "full", W), ("label_looping", "full", 1)]
+# --nemo: ours and NeMo's label-looping decoders in each graph mode, on NeMo's modules
+NEMO_METHODS = [("label_looping", "off", W), ("label_looping", "partial", W), ("label_looping", "full", W),
+                ("nemo", "off", W), ("nemo", "partial", W), ("nemo", "full", W)]
+MIN_SPEEDUP_OVER_NEMO = {"rnnt": 4.0, "tdt": 2.0}  # our full graph over NeMo's, every B, length and dtype
+NEMO_FULL_GRAPH_LAST_FROM_B = 128
 
 
 def timed(fn, repeat: int, warmup: int, device: torch.device) -> dict[str, float]:
@@ -66,6 +74,8 @@ def timed(fn, repeat: int, warmup: int, device: torch.device) -> dict[str, float
 
 
 def method_name(algorithm: str, mode: str, window: int = W) -> str:
+    if algorithm == "nemo":
+        return {"off": "NeMo no graphs", "partial": "NeMo partial graphs", "full": "NeMo full graph"}[mode]
     suffix = " window 1" if window == 1 else ""
     return f"{'frame' if algorithm == 'frame_looping' else 'label'}-looping {mode}{suffix}"
 
@@ -175,6 +185,8 @@ class Case:
     enc: torch.Tensor  # [B, T, ENC]
     lengths: torch.Tensor  # [B]
     device: torch.device
+    methods: list[tuple[str, str, int]] = field(default_factory=lambda: list(METHODS))
+    blank_bias: float = 0.0
 
     @property
     def batch(self) -> int:
@@ -193,12 +205,22 @@ class Case:
 
 
 @dataclass
+class Deferred:
+    """Methods of a case that run after every other row (NeMo's full graph at large B), with what checks them."""
+    case: Case
+    methods: list[tuple[str, str, int]]
+    reference: tuple | None
+    off_stats: dict | None
+
+
+@dataclass
 class Outcome:
     """What the run has found so far."""
     rows: list[dict[str, Any]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     calibration: dict[str, dict] = field(default_factory=dict)
+    deferred: list[Deferred] = field(default_factory=list)
 
 
 def empty_while_iteration_seconds(iterations: int = 2000, repeat: int = 10,
@@ -236,12 +258,13 @@ def empty_while_iteration_seconds(iterations: int = 2000, repeat: int = 10,
             "iterations": iterations}
 
 
-def build_models(device: torch.device) -> dict[str, tuple]:
-    """model name -> (predictor, joint, durations) in fp32, seeded."""
+def build_models(device: torch.device, nemo: bool = False) -> dict[str, tuple]:
+    """model name -> (predictor, joint, durations) in fp32, seeded: ours, or NeMo's modules adapted (``nemo``)."""
     models = {}
     for name, durations in (("rnnt", None), ("tdt", TDT_DURATIONS)):
-        predictor, joint = make_toy_transducer(vocab_size=VOCAB, enc_dim=ENC, pred_dim=PRED, joint_dim=JOINT,
-                                               durations=durations, seed=0, device=device)
+        make = nemo_peer.make_nemo_transducer if nemo else make_toy_transducer
+        predictor, joint = make(vocab_size=VOCAB, enc_dim=ENC, pred_dim=PRED, joint_dim=JOINT,
+                                durations=durations, seed=0, device=device)
         models[name] = (predictor, joint, durations)
     return models
 
@@ -250,24 +273,52 @@ def in_dtype(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     return module if dtype == torch.float32 else copy.deepcopy(module).to(dtype)
 
 
+def flatten_lstm_weights(module: torch.nn.Module) -> None:
+    """One weight buffer for cuDNN in every LSTM of ``module`` (else it compacts them on every call)."""
+    for m in module.modules():
+        if isinstance(m, torch.nn.LSTM):
+            m.flatten_parameters()
+
+
 def methods_for(case: Case) -> list[tuple[str, str, int]]:
-    """The METHODS that apply: frame-looping is RNN-T only, graphs need CUDA, window 1 runs in fp32."""
-    return [(algorithm, mode, window) for algorithm, mode, window in METHODS
+    """The case's methods that apply: frame-looping is RNN-T only, graphs need CUDA, window 1 runs in fp32."""
+    return [(algorithm, mode, window) for algorithm, mode, window in case.methods
             if not ((algorithm == "frame_looping" and case.durations is not None)
                     or (case.device.type != "cuda" and mode != "off")
                     or (window == 1 and case.dtype != torch.float32))]
 
 
-def measure_method(case: Case, algorithm: str, mode: str, window: int, outcome: Outcome) -> dict | None:
-    """One row: time one method on the case's input (None, with a failure listed, when it raises)."""
-    dec = case.decoder(algorithm=algorithm, cuda_graphs=mode, blank_window=window)
-    name = method_name(algorithm, mode, window)
+@dataclass
+class Prepared:
+    """A method ready to time: its first call (warm-up and graph capture) has given its hypotheses."""
+    algorithm: str
+    mode: str
+    window: int
+    call: Any
+    key: tuple  # (tokens per utterance, frames per utterance)
+    stats: dict
+    mode_used: str
+    graph_nodes: dict | None = None  # our graph modes: nodes and kernels of each captured stage graph
+
+    @property
+    def name(self) -> str:
+        return method_name(self.algorithm, self.mode, self.window)
+
+
+def prepare_method(case: Case, algorithm: str, mode: str, window: int, outcome: Outcome) -> Prepared | None:
+    """Build the method's decoder and run it once (None, with a failure listed, when that raises)."""
     try:
+        if algorithm == "nemo":
+            nemo = nemo_peer.NemoGreedy(case.predictor, case.joint, case.durations, mode)
+            key = nemo(case.enc, case.lengths)
+            if case.device.type == "cuda":
+                torch.cuda.synchronize(case.device)  # an asynchronous failure shows here, on its own row
+            return Prepared(algorithm, mode, window, lambda: nemo(case.enc, case.lengths), key, {},
+                            nemo_peer.NEMO_MODES[mode] or "off")
+        dec = case.decoder(algorithm=algorithm, cuda_graphs=mode, blank_window=window)
         hyps = dec(case.enc, case.lengths)  # also the warm-up (and the graph capture)
-        timing = timed(lambda: dec(case.enc, case.lengths), device=case.device,
-                       repeat=5 if mode == "full" else 3, warmup=0)
     except Exception as e:  # noqa: BLE001 - keep measuring the rest; the failure is reported
-        outcome.failures.append(f"{case.tag}: {name} raised {type(e).__name__}: {e}")
+        outcome.failures.append(f"{case.tag}: {method_name(algorithm, mode, window)} raised {type(e).__name__}: {e}")
         print(f"FAIL: {outcome.failures[-1]}", flush=True)
         return None
     stats = dict(dec.last_stats)
@@ -276,19 +327,48 @@ def measure_method(case: Case, algorithm: str, mode: str, window: int, outcome: 
         probe(case.enc, case.lengths)
         stats = dict(probe.last_stats)
     key = ([h.tokens for h in hyps], [h.timestamps for h in hyps])
+    nodes = None
+    if dec.mode_used in ("full", "partial"):
+        try:
+            nodes = dec.stage_graph_nodes()
+        except Exception as e:  # noqa: BLE001 - a count we cannot make is said, not fatal
+            nodes = {"unavailable": f"{type(e).__name__}: {e}"}
+    return Prepared(algorithm, mode, window, lambda: dec(case.enc, case.lengths), key, stats, dec.mode_used, nodes)
+
+
+def time_interleaved(case: Case, prepared: list[Prepared], outcome: Outcome) -> list[dict]:
+    """Time the prepared methods call by call in turn (so a drift of the machine hits them alike); one row
+    each (a method that raises while timed is dropped, with a failure listed)."""
+    repeat = 5 if all(p.mode == "full" for p in prepared) else 3
+    samples: dict[str, list[float]] = {p.name: [] for p in prepared}
+    alive = list(prepared)
+    for _ in range(repeat):
+        for p in list(alive):
+            try:
+                samples[p.name].append(timed(p.call, device=case.device, repeat=1, warmup=0)["median"])
+            except Exception as e:  # noqa: BLE001
+                outcome.failures.append(f"{case.tag}: {p.name} raised {type(e).__name__} while timed: {e}")
+                alive.remove(p)
+    rows = []
     b, t = case.batch, case.frames
-    return {"model": case.model, "dtype": str(case.dtype)[6:], "batch": b, "frames": t,
-            "audio_seconds": t * FRAME_S, "method": name, "time_s": timing,
-            "audio_s_per_s": b * t * FRAME_S / timing["median"],
-            "labels_per_frame": sum(len(k) for k in key[0]) / (b * t), "mode_used": dec.mode_used,
-            "_key": key, "_stats": stats}
+    for p in alive:
+        timing = summarize(samples[p.name])
+        rows.append({"model": case.model, "dtype": str(case.dtype)[6:], "batch": b, "frames": t,
+                     "audio_seconds": t * FRAME_S, "method": p.name, "time_s": timing,
+                     "audio_s_per_s": b * t * FRAME_S / timing["median"],
+                     "labels_per_frame": sum(len(k) for k in p.key[0]) / (b * t), "mode_used": p.mode_used,
+                     "_key": p.key, "_stats": p.stats})
+        if p.graph_nodes is not None:
+            rows[-1]["graph_nodes"] = p.graph_nodes
+    return rows
 
 
 def check_row(case: Case, row: dict, reference, outcome: Outcome) -> None:
-    """Compare a row's tokens with label-looping off's. The same stages (off/partial/full) must agree
-    exactly in every dtype. Frame-looping and window 1 run the joint on other GEMM shapes: exactly in fp32;
-    in bf16 a near-tie can round either way and the rest of that utterance then follows another path, so
-    there the token disagreement (edit distance) is reported and checked instead."""
+    """Compare a row's tokens and frames with label-looping off's. The same stages (off/partial/full) must
+    agree exactly in every dtype. Frame-looping, window 1 and NeMo run the joint on other GEMM shapes (or other
+    kernels): exactly in fp32; in bf16 a near-tie can round either way and the rest of that utterance then
+    follows another path, so there the token disagreement (edit distance) is reported (and, for our own
+    methods, checked) instead."""
     key = row.pop("_key")
     same_math = row["method"] in ("label-looping off", "label-looping partial", "label-looping full")
     differing = sum(a != b for a, b in zip(zip(*key), zip(*reference))) if reference else case.batch
@@ -296,7 +376,7 @@ def check_row(case: Case, row: dict, reference, outcome: Outcome) -> None:
     row["equal_to_label_looping_off"] = differing == 0
     if reference is not None and not same_math and case.dtype != torch.float32:
         row["token_disagreement"] = token_disagreement(key[0], reference[0])
-        if row["token_disagreement"] > MAX_BF16_DISAGREEMENT:
+        if row["token_disagreement"] > MAX_BF16_DISAGREEMENT and not row["method"].startswith("NeMo"):
             outcome.failures.append(f"{case.tag}: {row['method']}: token disagreement {row['token_disagreement']:.3f} "
                                     f"with label-looping off (allowed {MAX_BF16_DISAGREEMENT} in bf16)")
     elif differing:
@@ -305,31 +385,110 @@ def check_row(case: Case, row: dict, reference, outcome: Outcome) -> None:
 
 
 def add_iteration_counts(row: dict, stats: dict | None) -> None:
-    """Outer and inner label-looping iterations, and seconds per iteration, on a label-looping row."""
+    """Outer and inner label-looping iterations, and seconds per iteration, on a label-looping row; on a graph
+    row, kernels per outer iteration: those of find_label_first and emit_labels, those of find_label_again
+    times inner iterations per outer one, and in the full graph its condition kernels (2 + inner per outer)."""
     if row["method"].startswith("label") and stats is not None and "outer_iterations" in stats:
         outer, inner, seconds = stats["outer_iterations"], stats["inner_iterations"], row["time_s"]["median"]
         row.update(outer_iterations=outer, inner_iterations=inner,
                    seconds_per_outer_iteration=seconds / max(1, outer),
                    seconds_per_iteration=seconds / max(1, outer + inner))
+        nodes = row.get("graph_nodes") or {}
+        if all(isinstance(nodes.get(s), dict) for s in ("find_label_first", "find_label_again", "emit_labels")):
+            per_outer_inner = inner / max(1, outer)
+            kernels = (nodes["find_label_first"]["kernels"] + nodes["emit_labels"]["kernels"]
+                       + per_outer_inner * nodes["find_label_again"]["kernels"])
+            if row.get("mode_used") == "full":
+                kernels += 2 + per_outer_inner
+            row["kernels_per_outer_iteration"] = kernels
+
+
+def deferred_methods(case: Case, methods: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
+    """The methods that run last: the full-graph group when NeMo's full graph is in it at a large B."""
+    if case.batch >= NEMO_FULL_GRAPH_LAST_FROM_B and ("nemo", "full", W) in methods:
+        return [m for m in methods if m[1] == "full"]
+    return []
+
+
+def measure_methods(case: Case, methods: list[tuple[str, str, int]], outcome: Outcome) -> list[dict]:
+    """Prepare every method, then time those of one graph mode interleaved; rows with ``_key`` and ``_stats``."""
+    prepared = [p for method in methods if (p := prepare_method(case, *method, outcome)) is not None]
+    rows = []
+    for mode in dict.fromkeys(p.mode for p in prepared):
+        rows += time_interleaved(case, [p for p in prepared if p.mode == mode], outcome)
+    order = [method_name(*m) for m in methods]
+    return sorted(rows, key=lambda r: order.index(r["method"]))
+
+
+def finish_rows(case: Case, rows: list[dict], reference, off_stats, outcome: Outcome) -> None:
+    for row in rows:
+        stats = row.pop("_stats")
+        check_row(case, row, reference, outcome)
+        row["blank_bias"] = case.blank_bias
+        add_iteration_counts(row, stats if row["method"].endswith("window 1") else off_stats)
 
 
 def measure_case(case: Case, calibrator: GreedyTransducerDecoder, outcome: Outcome, smoke: bool) -> list[dict]:
-    """Calibrate the blank bias on the case's input, then time and check every method on it."""
+    """Calibrate the blank bias on the case's input, then time and check every method on it (those of
+    ``deferred_methods`` are queued in ``outcome.deferred``)."""
     with torch.inference_mode():
         bias, rate = calibrate_blank_bias(calibrator, case.enc, case.lengths, steps=11 if not smoke else 8)
+    case.blank_bias = bias
     outcome.calibration[case.tag] = {"blank_bias": bias, "labels_per_frame": rate}
     if abs(rate - 1 / 3) > 0.1 and not smoke:
         outcome.failures.append(f"{case.tag}: blank-bias calibration reached {rate:.3f} labels per frame, not "
                                 "about 1/3")
-    group = [row for method in methods_for(case) if (row := measure_method(case, *method, outcome)) is not None]
+    methods = methods_for(case)
+    later = deferred_methods(case, methods)
+    group = measure_methods(case, [m for m in methods if m not in later], outcome)
     off = next((r for r in group if r["method"] == "label-looping off"), None)
     reference, off_stats = (off["_key"], off["_stats"]) if off else (None, None)
-    for row in group:
-        stats = row.pop("_stats")
-        check_row(case, row, reference, outcome)
-        row["blank_bias"] = bias
-        add_iteration_counts(row, stats if row["method"].endswith("window 1") else off_stats)
+    finish_rows(case, group, reference, off_stats, outcome)
+    if later:
+        outcome.deferred.append(Deferred(case, later, reference, off_stats))
     return group
+
+
+def cuda_context_error(device: torch.device) -> str | None:
+    """None while the device still runs work; else the error (an illegal memory access poisons the context)."""
+    try:
+        torch.ones(1, device=device).add_(1).item()
+        torch.cuda.synchronize(device)
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def measure_deferred(outcome: Outcome) -> list[dict]:
+    """The deferred method groups, fp32 first. Our methods of a group are first timed alone, so they keep a
+    row when NeMo's then fails; when NeMo's run, the group is timed again interleaved and those rows count.
+    After a failure that leaves the CUDA context unusable, the rest are listed as not run."""
+    rows, lost = [], None
+    for item in sorted(outcome.deferred, key=lambda d: (d.case.dtype != torch.float32, d.case.model,
+                                                        d.case.frames, d.case.batch)):
+        case = item.case
+        if lost:
+            outcome.skipped.append(f"{case.tag}: {', '.join(method_name(*m) for m in item.methods)} not run "
+                                   f"(the CUDA context failed earlier: {lost})")
+            continue
+        set_blank_bias(case.joint, BLANK, case.blank_bias)  # later cases recalibrated the shared joint
+        group = measure_methods(case, [m for m in item.methods if m[0] != "nemo"], outcome)
+        for row in group:
+            row["timing_note"] = "timed alone: NeMo's method of this graph mode did not run"
+        failures_before = len(outcome.failures)
+        interleaved = measure_methods(case, item.methods, outcome)
+        lost = cuda_context_error(case.device)
+        if lost:
+            outcome.failures.append(f"{case.tag}: the CUDA context is unusable after "
+                                    f"{', '.join(method_name(*m) for m in item.methods if m[0] == 'nemo')}: {lost}")
+        elif len(outcome.failures) == failures_before:
+            group = interleaved
+        finish_rows(case, group, item.reference, item.off_stats, outcome)
+        print(f"{case.tag} (run last): " + ", ".join(f"{r['method']} {r['time_s']['median'] * 1e3:.2f} ms"
+                                                      for r in group), flush=True)
+        rows += group
+    outcome.deferred.clear()
+    return rows
 
 
 def add_speedups(group: list[dict], base_by_shape: dict[tuple, float]) -> None:
@@ -342,15 +501,32 @@ def add_speedups(group: list[dict], base_by_shape: dict[tuple, float]) -> None:
             row["speedup_vs_frame_looping_off"] = base_by_shape[(row["batch"], row["frames"])] / row["time_s"]["median"]
 
 
+def add_nemo_speedups(rows: list[dict]) -> None:
+    """On each of our label-looping rows: NeMo's seconds over ours in the same graph mode (``speedup_vs_nemo``,
+    > 1: we are faster) and which NeMo row that is; our full graph falls back to NeMo's partial graphs where
+    NeMo's full graph has no row (it failed)."""
+    nemo = {(r["model"], r["dtype"], r["batch"], r["frames"], r["method"]): r["time_s"]["median"]
+            for r in rows if r["method"].startswith("NeMo")}
+    for r in rows:
+        if not r["method"].startswith("label-looping") or r["method"].endswith("window 1"):
+            continue
+        mode = r["method"].split()[-1]
+        candidates = [method_name("nemo", mode)] + ([method_name("nemo", "partial")] if mode == "full" else [])
+        shape = (r["model"], r["dtype"], r["batch"], r["frames"])
+        against = next((m for m in candidates if (*shape, m) in nemo), None)
+        if against is not None:
+            r["speedup_vs_nemo"], r["speedup_vs_nemo_method"] = nemo[(*shape, against)] / r["time_s"]["median"], against
+
+
 def measure_grid(grid: Grid, device: torch.device, outcome: Outcome, *, t_start: float, budget_s: float,
-                 smoke: bool) -> None:
+                 smoke: bool, nemo: bool = False) -> None:
     """Every (dtype, model, T, B) of the grid while the budget lasts; the rest is listed as skipped."""
-    models = build_models(device)
+    models = build_models(device, nemo=nemo)
     for dtype in grid.dtypes:
         base_by_shape: dict[tuple, float] = {}
         for model_name, (predictor32, joint32, durations) in models.items():
             predictor, joint = in_dtype(predictor32, dtype), in_dtype(joint32, dtype)
-            predictor.lstm.flatten_parameters()
+            flatten_lstm_weights(predictor)
             # One decoder calibrates every row of this model and dtype (graphs captured once, reused).
             calibrator = GreedyTransducerDecoder(predictor, joint, blank_id=BLANK, durations=durations,
                                                  cuda_graphs="auto")
@@ -359,7 +535,8 @@ def measure_grid(grid: Grid, device: torch.device, outcome: Outcome, *, t_start:
                     gen = torch.Generator(device=device).manual_seed(batch * 1000 + frames)
                     case = Case(model_name, dtype, predictor, joint, durations,
                                 torch.randn(batch, frames, ENC, device=device, generator=gen),
-                                torch.full((batch,), frames, device=device), device)
+                                torch.full((batch,), frames, device=device), device,
+                                methods=list(NEMO_METHODS if nemo else METHODS))
                     if time.perf_counter() - t_start > budget_s:
                         outcome.skipped.append(case.tag)
                         continue
@@ -370,36 +547,60 @@ def measure_grid(grid: Grid, device: torch.device, outcome: Outcome, *, t_start:
                                                       for r in group), flush=True)
 
 
+def _b16_median(rows: list[dict], model: str, method: str) -> float | None:
+    r = next((r for r in rows if r.get("model") == model and r.get("dtype") == "float32" and r.get("batch") == 16
+              and r.get("frames") == 150 and r.get("method") == method), None)
+    return None if r is None else r["time_s"]["median"]
+
+
 def targets_of(rows: list[dict], failures: list[str]) -> dict[str, Any]:
     """The targets at B=16, 12 s, fp32; a missed one is added to ``failures``."""
-    def median(model, method):
-        r = next((r for r in rows if r.get("model") == model and r.get("dtype") == "float32" and r.get("batch") == 16
-                  and r.get("frames") == 150 and r.get("method") == method), None)
-        return None if r is None else r["time_s"]["median"]
-
-    rnnt_full, tdt_full = median("rnnt", "label-looping full"), median("tdt", "label-looping full")
-    rnnt_frame = median("rnnt", "frame-looping off")
+    rnnt_full, tdt_full = _b16_median(rows, "rnnt", "label-looping full"), _b16_median(rows, "tdt", "label-looping full")
+    rnnt_frame = _b16_median(rows, "rnnt", "frame-looping off")
     targets = {
         "full_speedup_vs_frame_looping_off_rnnt": None if not (rnnt_full and rnnt_frame) else rnnt_frame / rnnt_full,
         "rnnt_full_s": rnnt_full, "tdt_full_s": tdt_full,
-        "speedup_vs_nemo_full_rnnt": None if not rnnt_full else NEMO_REFERENCE["rnnt_full_graph_s"] / rnnt_full,
-        "speedup_vs_nemo_full_tdt": None if not tdt_full else NEMO_REFERENCE["tdt_full_graph_s"] / tdt_full,
-        "speedup_vs_nemo_no_graphs_rnnt": None if not rnnt_full else NEMO_REFERENCE["rnnt_no_graphs_s"] / rnnt_full,
-        "goal": f"full >= {MIN_SPEEDUP_OVER_FRAME_LOOPING:g}x frame-looping off; faster than NeMo full graph "
-                "(goal 1.5x)",
+        "goal": f"full >= {MIN_SPEEDUP_OVER_FRAME_LOOPING:g}x frame-looping off",
     }
     speedup = targets["full_speedup_vs_frame_looping_off_rnnt"]
     if speedup is None or speedup < MIN_SPEEDUP_OVER_FRAME_LOOPING:
         failures.append(f"full graph is not >= {MIN_SPEEDUP_OVER_FRAME_LOOPING:g}x frame-looping off at B=16, 12 s, "
                         f"fp32: {speedup}")
-    if rnnt_full is None or rnnt_full >= NEMO_REFERENCE["rnnt_full_graph_s"]:
-        failures.append(f"RNN-T full graph {rnnt_full} s is not below NeMo's {NEMO_REFERENCE['rnnt_full_graph_s']} s")
-    if tdt_full is None or tdt_full >= NEMO_REFERENCE["tdt_full_graph_s"]:
-        failures.append(f"TDT full graph {tdt_full} s is not below NeMo's {NEMO_REFERENCE['tdt_full_graph_s']} s")
     return targets
 
 
-def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke: bool = False) -> int:
+def nemo_targets_of(rows: list[dict], failures: list[str], *, smoke: bool) -> dict[str, Any]:
+    """Our full graph against NeMo's at every (model, dtype, B, T), and the fp32 equality of NeMo's
+    hypotheses with ours; a missed target is added to ``failures`` (on CPU, where no graph runs, only the
+    equality is checked)."""
+    full = [r for r in rows if r["method"] == "label-looping full" and "speedup_vs_nemo" in r]
+    misses = [f"{r['model']} {r['dtype']} B={r['batch']} T={r['frames']}: {r['speedup_vs_nemo']:.2f}x "
+              f"{r['speedup_vs_nemo_method']}" for r in full if r["speedup_vs_nemo"] < MIN_SPEEDUP_OVER_NEMO[r["model"]]]
+    nemo32 = [r for r in rows if r["method"].startswith("NeMo") and r["dtype"] == "float32"]
+    unequal = [f"{r['model']} B={r['batch']} T={r['frames']} {r['method']}" for r in nemo32
+               if not r["equal_to_label_looping_off"]]
+    rnnt_full, tdt_full = _b16_median(rows, "rnnt", "label-looping full"), _b16_median(rows, "tdt", "label-looping full")
+    nemo_rnnt, nemo_tdt = _b16_median(rows, "rnnt", "NeMo full graph"), _b16_median(rows, "tdt", "NeMo full graph")
+    targets = {
+        "rnnt_full_s": rnnt_full, "tdt_full_s": tdt_full, "nemo_rnnt_full_s": nemo_rnnt, "nemo_tdt_full_s": nemo_tdt,
+        "speedup_vs_nemo_full_rnnt": nemo_rnnt / rnnt_full if rnnt_full and nemo_rnnt else None,
+        "speedup_vs_nemo_full_tdt": nemo_tdt / tdt_full if tdt_full and nemo_tdt else None,
+        "min_speedup_vs_nemo": dict(MIN_SPEEDUP_OVER_NEMO), "full_graph_rows_vs_nemo": len(full),
+        "speedup_vs_nemo_missed": misses, "nemo_fp32_rows": len(nemo32), "nemo_fp32_rows_unequal": unequal,
+        "goal": "our full graph >= " + ", ".join(f"{k.upper()} {v:g}x" for k, v in MIN_SPEEDUP_OVER_NEMO.items())
+                + " NeMo's at every size; NeMo's hypotheses equal to ours in fp32",
+    }
+    if misses:
+        failures.append(f"full graph below the NeMo target at {len(misses)} of {len(full)} sizes: {misses}")
+    if not nemo32:
+        failures.append("no fp32 NeMo row to compare hypotheses with")
+    if not smoke and not full:
+        failures.append("no full-graph row with a NeMo time to compare with")
+    return targets
+
+
+def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke: bool = False,
+        nemo: bool = False) -> int:
     t_start = time.perf_counter()
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32
     torch.backends.cudnn.allow_tf32 = False
@@ -409,34 +610,63 @@ def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke:
     else:
         empty = {"seconds_per_iteration": float("nan"), "note": "not measured on CPU"}
     print(f"empty conditional-while iteration: {empty['seconds_per_iteration'] * 1e6:.2f} us")
-    measure_grid(grid, device, outcome, t_start=t_start, budget_s=budget_s, smoke=smoke)
-    if smoke:
+    measure_grid(grid, device, outcome, t_start=t_start, budget_s=budget_s, smoke=smoke, nemo=nemo)
+    if nemo:
+        outcome.skipped.append("torchaudio reference (not part of the NeMo comparison)")
+    elif smoke:
         outcome.skipped.append("torchaudio reference (smoke)")
     elif time.perf_counter() - t_start < budget_s:
         outcome.rows += torchaudio_reference(grid.frame_counts, device)
     else:
         outcome.skipped.append("torchaudio reference")
-    targets = targets_of(outcome.rows, outcome.failures)
-    figures = {"smoke": smoke, "rows": outcome.rows, "empty_while_iteration": empty,
-               "calibration": outcome.calibration, "nemo_reference": NEMO_REFERENCE, "targets": targets,
-               "failures": outcome.failures, "skipped_for_time": outcome.skipped,
-               "elapsed_s": time.perf_counter() - t_start}
-    path = write_result(
-        "decoding" if not quick else "decoding_quick", out_dir=out_dir,
-        what=("SMOKE RUN (off modes, tiny shapes; not a measurement): " if smoke else "")
-        + "greedy RNN-T/TDT decoding loop (encoder output given): seconds per batch, audio s/s, speedups",
-        params={"vocab": VOCAB, "predictor": PRED, "joint": JOINT, "encoder_dim": ENC, "frame_s": FRAME_S,
-                "tdt_durations": TDT_DURATIONS, "batches": grid.batches, "frames": grid.frame_counts,
-                "dtypes": [str(d)[6:] for d in grid.dtypes], "max_symbols": 10, "quick": quick,
-                "tf32": False, "smoke": smoke, "blank_window": W,
-                "calibration": "blank bias bisected per row (model, dtype, B, T) on that row's own input, "
-                               "towards 1/3 labels per frame",
-                "speedup_note": "TDT rows are compared with RNN-T frame-looping off of the same batch and length"},
-        figures=figures)
+    name = ("decoding_nemo" if nemo else "decoding") + ("_quick" if quick else "")
+
+    def write(figures_failures: list[str]) -> tuple[Any, dict[str, Any]]:
+        if nemo:
+            add_nemo_speedups(outcome.rows)
+            targets = nemo_targets_of(outcome.rows, figures_failures, smoke=smoke)
+        else:
+            targets = targets_of(outcome.rows, figures_failures)
+        figures = {"smoke": smoke, "rows": outcome.rows, "empty_while_iteration": empty,
+                   "calibration": outcome.calibration, "targets": targets, "failures": figures_failures,
+                   "skipped_for_time": outcome.skipped, "elapsed_s": time.perf_counter() - t_start}
+        if nemo:
+            figures["peer"] = nemo_peer.peer_description()
+        params = {"vocab": VOCAB, "predictor": PRED, "joint": JOINT, "encoder_dim": ENC, "frame_s": FRAME_S,
+                  "tdt_durations": TDT_DURATIONS, "batches": grid.batches, "frames": grid.frame_counts,
+                  "dtypes": [str(d)[6:] for d in grid.dtypes], "max_symbols": 10, "quick": quick,
+                  "tf32": False, "smoke": smoke, "blank_window": W,
+                  "weights": "NeMo's RNNTDecoder and RNNTJoint, random" if nemo else "workbench toy transducer, random",
+                  "calibration": "blank bias bisected per row (model, dtype, B, T) on that row's own input, "
+                                 "towards 1/3 labels per frame",
+                  "timing": "methods of one graph mode timed interleaved, call by call"}
+        if not nemo:
+            params["speedup_note"] = "TDT rows are compared with RNN-T frame-looping off of the same batch and length"
+        path = write_result(
+            name, out_dir=out_dir,
+            what=("SMOKE RUN (off modes, tiny shapes; not a measurement): " if smoke else "")
+            + ("greedy RNN-T/TDT decoding loop (encoder output given), ours against NeMo 3.0.0 in the same process "
+               "on NeMo's modules: seconds per batch, speedups, hypotheses compared" if nemo else
+               "greedy RNN-T/TDT decoding loop (encoder output given): seconds per batch, audio s/s, speedups"),
+            params=params, figures=figures)
+        return path, figures
+
+    if outcome.deferred:  # written before the rows that may poison the CUDA context
+        path, _ = write(list(outcome.failures))
+        print(f"wrote {path}; running last: {[d.case.tag for d in outcome.deferred]}", flush=True)
+        outcome.rows += measure_deferred(outcome)
+        try:
+            path, figures = write(outcome.failures)
+        except Exception as e:  # noqa: BLE001 - e.g. a device query on a failed CUDA context
+            print(f"FAIL: could not rewrite {path} after the rows run last ({type(e).__name__}: {e}); it holds "
+                  f"every row before them. Failures: {outcome.failures}", flush=True)
+            return 1
+    else:
+        path, figures = write(outcome.failures)
     print("\n".join(record.table_lines(figures)))
     print(f"wrote {path} in {time.perf_counter() - t_start:.0f} s")
     if outcome.skipped:
-        print(f"SKIPPED for time: {outcome.skipped}")
+        print(f"SKIPPED: {outcome.skipped}")
     return report_failures(outcome.failures, smoke=smoke)
 
 
@@ -476,17 +706,31 @@ def live_speed_record(batches=(1, 4), frames: int = 20, repeat: int = 2, blank_b
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="folder for decoding.json")
+    parser.add_argument("--out", required=True, help="folder for decoding.json (decoding_nemo.json with --nemo)")
     parser.add_argument("--quick", action="store_true", help="B in {1, 16}, 12 s, fp32 only")
+    parser.add_argument("--nemo", action="store_true", help="ours against NeMo 3.0.0's greedy decoders, on NeMo's "
+                        "modules (NeMo must be importable)")
     parser.add_argument("--budget-s", type=float, default=300.0, help="skip remaining configs after this")
     parser.add_argument("--smoke", action="store_true", help="B in {1, 3}, 20 frames, off modes, on the CPU "
-                        "when there is no CUDA: every code path in seconds, nothing measured")
+                        "when there is no CUDA: every code path in seconds, nothing measured; without --nemo it "
+                        "also dry-runs the NeMo comparison when NeMo is importable")
     args = parser.parse_args(argv)
     if args.smoke:
         check_smoke_out(parser, args.out)
     if cuda_missing(args.smoke):
         return 2
-    return run(args.out, args.quick, args.budget_s, bench_device(), smoke=args.smoke)
+    unavailable = nemo_peer.nemo_unavailable_reason() if (args.nemo or args.smoke) else None
+    if args.nemo and unavailable:
+        print(f"FAIL: --nemo: {unavailable}; ../shared/tools/fetch_nemo_wheels.sh says how to install it",
+              file=sys.stderr)
+        return 2
+    rc = run(args.out, args.quick, args.budget_s, bench_device(), smoke=args.smoke, nemo=args.nemo)
+    if args.smoke and not args.nemo:
+        if unavailable:
+            print(f"NeMo comparison of the smoke run skipped: {unavailable}")
+        else:
+            rc = max(rc, run(args.out, args.quick, args.budget_s, bench_device(), smoke=True, nemo=True))
+    return rc
 
 
 if __name__ == "__main__":

@@ -1,0 +1,181 @@
+"""The NeMo comparison of the decoding bench: the adapter on NeMo's modules (when NeMo is importable), the
+--nemo grid's pure logic (speedups, targets, the rows that run last) on hand-made rows, and a GPU run."""
+
+import pytest
+import torch
+
+from workbench.bench.decoding import nemo_peer
+from workbench.bench.decoding import run as bench
+from workbench.bench.results import load_result
+
+NEMO_MISSING = nemo_peer.nemo_unavailable_reason()
+needs_nemo = pytest.mark.skipif(NEMO_MISSING is not None, reason=f"{NEMO_MISSING}; install NeMo's wheels "
+                                "(../shared/tools/fetch_nemo_wheels.sh) and put them on PYTHONPATH")
+
+
+def _row(model, method, ms, batch=16, frames=150, dtype="float32"):
+    return {"model": model, "dtype": dtype, "batch": batch, "frames": frames, "audio_seconds": frames * 0.08,
+            "method": method, "time_s": {"median": ms / 1e3}, "equal_to_label_looping_off": True}
+
+
+def test_our_rows_get_nemo_seconds_over_ours_in_the_same_mode_and_full_falls_back_to_partial():
+    rows = [_row("rnnt", "label-looping off", 100), _row("rnnt", "NeMo no graphs", 250),
+            _row("rnnt", "label-looping full", 10), _row("rnnt", "NeMo full graph", 45),
+            _row("tdt", "label-looping full", 20, batch=128), _row("tdt", "NeMo partial graphs", 30, batch=128),
+            _row("tdt", "label-looping partial", 25, batch=128)]
+    bench.add_nemo_speedups(rows)
+    assert rows[0]["speedup_vs_nemo"] == 2.5 and rows[0]["speedup_vs_nemo_method"] == "NeMo no graphs"
+    assert rows[2]["speedup_vs_nemo"] == 4.5 and rows[2]["speedup_vs_nemo_method"] == "NeMo full graph"
+    # NeMo's full graph has no row at B=128 (it failed): our full graph is compared with its partial graphs
+    assert rows[4]["speedup_vs_nemo"] == 1.5 and rows[4]["speedup_vs_nemo_method"] == "NeMo partial graphs"
+    assert rows[6]["speedup_vs_nemo"] == 1.2
+    assert "speedup_vs_nemo" not in rows[1]  # NeMo's own rows carry no ratio
+
+    failures = []
+    targets = bench.nemo_targets_of(rows, failures, smoke=False)
+    assert targets["full_graph_rows_vs_nemo"] == 2
+    assert targets["speedup_vs_nemo_missed"] == ["tdt float32 B=128 T=150: 1.50x NeMo partial graphs"]  # < 2x
+    assert targets["speedup_vs_nemo_full_rnnt"] == 4.5 and targets["nemo_rnnt_full_s"] == 0.045
+    assert targets["nemo_fp32_rows"] == 3 and targets["nemo_fp32_rows_unequal"] == []
+    assert len(failures) == 1 and "1 of 2 sizes" in failures[0]
+
+
+def test_nemo_rows_with_other_hypotheses_in_fp32_are_listed():
+    rows = [_row("rnnt", "label-looping full", 10), _row("rnnt", "NeMo full graph", 50)]
+    rows[1]["equal_to_label_looping_off"] = False
+    bench.add_nemo_speedups(rows)
+    failures = []
+    targets = bench.nemo_targets_of(rows, failures, smoke=False)
+    assert targets["nemo_fp32_rows_unequal"] == ["rnnt B=16 T=150 NeMo full graph"] and failures == []
+    # (the differing utterances themselves are a failure of check_row, where the row is checked)
+
+
+def test_nemo_full_graph_at_large_batches_runs_last_with_its_mode_group():
+    def case(batch):
+        return bench.Case("rnnt", torch.float32, None, None, None, torch.zeros(batch, 2, 1), torch.zeros(batch),
+                          torch.device("cpu"), methods=list(bench.NEMO_METHODS))
+    full = [m for m in bench.NEMO_METHODS if m[1] == "full"]
+    assert bench.deferred_methods(case(bench.NEMO_FULL_GRAPH_LAST_FROM_B), bench.NEMO_METHODS) == full
+    assert bench.deferred_methods(case(bench.NEMO_FULL_GRAPH_LAST_FROM_B - 1), bench.NEMO_METHODS) == []
+    assert bench.deferred_methods(case(256), bench.METHODS) == []  # no NeMo: nothing deferred
+
+
+def test_nemo_bench_refuses_clearly_when_nemo_is_missing(tmp_path, capsys):
+    if NEMO_MISSING is None:
+        pytest.skip("NeMo is importable here")
+    assert bench.main(["--nemo", "--smoke", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--nemo: NeMo is not importable" in err and "fetch_nemo_wheels.sh" in err
+    assert not list(tmp_path.iterdir())
+
+
+@needs_nemo
+@pytest.mark.parametrize("durations", [None, [0, 1, 2, 3, 4]], ids=["rnnt", "tdt"])
+def test_our_decoder_on_nemos_modules_gives_nemos_hypotheses_on_cpu(durations):
+    from workbench.decoding import GreedyTransducerDecoder
+    from workbench.decoding.toy_models import set_blank_bias
+
+    predictor, joint = nemo_peer.make_nemo_transducer(vocab_size=32, enc_dim=16, pred_dim=24, joint_dim=20,
+                                                      durations=durations, seed=1)
+    with torch.no_grad():
+        joint.out.weight.mul_(4.0)  # sharper decisions: labels, blanks and repeated labels all occur
+    set_blank_bias(joint, 32, 2.0)
+    enc = torch.randn(4, 25, 16, generator=torch.Generator().manual_seed(0))
+    lengths = torch.tensor([25, 17, 1, 0])
+    for window in (1, 16):
+        ours = GreedyTransducerDecoder(predictor, joint, blank_id=32, durations=durations, cuda_graphs="off",
+                                       max_symbols=3, blank_window=window)(enc, lengths)
+        tokens, frames = nemo_peer.NemoGreedy(predictor, joint, durations, "off", max_symbols=3)(enc, lengths)
+        assert [h.tokens for h in ours] == tokens and [h.timestamps for h in ours] == frames
+    assert sum(map(len, tokens)) > 5 and tokens[3] == []  # not trivially empty; a zero-length utterance is
+    assert any(frames[0].count(f) == 3 for f in set(frames[0])) or durations  # max_symbols reached (RNN-T)
+
+
+@needs_nemo
+def test_nemo_smoke_run_compares_hypotheses_on_cpu(tmp_path):
+    assert bench.main(["--nemo", "--smoke", "--out", str(tmp_path)]) == 0
+    record = load_result("decoding_nemo", tmp_path)
+    assert record["figures"]["smoke"] is True and record["params"]["weights"].startswith("NeMo's")
+    fig = record["figures"]
+    nemo_rows = [r for r in fig["rows"] if r["method"].startswith("NeMo")]
+    assert {r["method"] for r in nemo_rows} == {"NeMo no graphs"}  # CPU: NeMo's eager path only
+    assert len(nemo_rows) == 8  # 2 models x 2 dtypes x 2 batch sizes
+    for r in nemo_rows:
+        assert r["dtype"] == "bfloat16" or r["equal_to_label_looping_off"], r
+    assert fig["targets"]["nemo_fp32_rows"] == 4 and fig["targets"]["nemo_fp32_rows_unequal"] == []
+    assert fig["peer"]["name"] == "NeMo" and not [f for f in fig["failures"] if "raised" in f]
+
+
+@needs_nemo
+@pytest.mark.gpu
+def test_nemo_comparison_on_the_gpu_at_a_small_size(monkeypatch):
+    """Every graph mode of ours and NeMo's on NeMo's modules (bench sizes), B=4, 40 frames, fp32: hypotheses
+    equal to ours, a ratio on each of our rows; the full-graph group runs last (as at B=128 in the bench)."""
+    monkeypatch.setattr(bench, "NEMO_FULL_GRAPH_LAST_FROM_B", 4)
+    device = torch.device("cuda")
+    outcome = bench.Outcome()
+    for name, (predictor, joint, durations) in bench.build_models(device, nemo=True).items():
+        calibrator = bench.GreedyTransducerDecoder(predictor, joint, blank_id=bench.BLANK, durations=durations)
+        case = bench.Case(name, torch.float32, predictor, joint, durations,
+                          torch.randn(4, 40, bench.ENC, device=device), torch.tensor([40, 31, 7, 0], device=device),
+                          device, methods=list(bench.NEMO_METHODS))
+        outcome.rows += bench.measure_case(case, calibrator, outcome, smoke=True)
+    assert [d.case.model for d in outcome.deferred] == ["rnnt", "tdt"]
+    outcome.rows += bench.measure_deferred(outcome)
+    bench.add_nemo_speedups(outcome.rows)
+    assert not outcome.failures, outcome.failures
+    assert len(outcome.rows) == 12  # 2 models x (3 of ours + 3 of NeMo's)
+    assert all(r["equal_to_label_looping_off"] for r in outcome.rows)
+    ours = [r for r in outcome.rows if r["method"].startswith("label-looping")]
+    assert all(r["speedup_vs_nemo"] > 0 and r["speedup_vs_nemo_method"] == bench.method_name("nemo", r["method"].split()[-1])
+               for r in ours)  # each against NeMo in its own graph mode
+
+
+def test_rows_run_last_keep_ours_when_nemo_poisons_the_context_and_the_rest_are_listed(monkeypatch):
+    """measure_deferred's bookkeeping with the measuring faked: the first group's NeMo full graph leaves the
+    CUDA context unusable, so our full graph keeps its row timed alone, and the next group is not run."""
+    def case(model, batch):
+        return bench.Case(model, torch.float32, None, None, None, torch.zeros(batch, 2, 1), torch.zeros(batch),
+                          torch.device("cpu"), methods=list(bench.NEMO_METHODS))
+    full = [m for m in bench.NEMO_METHODS if m[1] == "full"]
+    calls = []
+
+    def fake_measure(case, methods, outcome):
+        calls.append([bench.method_name(*m) for m in methods])
+        if any(m[0] == "nemo" for m in methods):
+            outcome.failures.append(f"{case.tag}: NeMo full graph raised")
+            return []
+        return [{"method": "label-looping full", "_key": ([[1]] * case.batch, [[0]] * case.batch), "_stats": {},
+                 "time_s": {"median": 0.01}}]
+
+    monkeypatch.setattr(bench, "measure_methods", fake_measure)
+    monkeypatch.setattr(bench, "set_blank_bias", lambda *a: None)
+    monkeypatch.setattr(bench, "cuda_context_error", lambda device: "illegal memory access")
+    outcome = bench.Outcome()
+    reference = ([[1]] * 128, [[0]] * 128)
+    outcome.deferred = [bench.Deferred(case("tdt", 128), full, reference, None),
+                        bench.Deferred(case("rnnt", 128), full, reference, None)]
+    rows = bench.measure_deferred(outcome)
+    assert calls == [["label-looping full"], ["label-looping full", "NeMo full graph"]]  # rnnt first, then lost
+    assert [r["method"] for r in rows] == ["label-looping full"] and rows[0]["equal_to_label_looping_off"]
+    assert "timed alone" in rows[0]["timing_note"]
+    assert any("CUDA context is unusable after NeMo full graph: illegal memory access" in f for f in outcome.failures)
+    assert outcome.skipped == ["tdt float32 B=128 T=2: label-looping full, NeMo full graph not run (the CUDA "
+                               "context failed earlier: illegal memory access)"]
+    assert outcome.deferred == []
+
+
+def test_kernels_per_outer_iteration_count_the_inner_steps_and_the_full_graphs_conditions():
+    nodes = {"start": {"nodes": 9, "kernels": 7}, "find_label_first": {"nodes": 12, "kernels": 10},
+             "find_label_again": {"nodes": 11, "kernels": 8}, "emit_labels": {"nodes": 20, "kernels": 15}}
+    stats = {"outer_iterations": 40, "inner_iterations": 10}
+    partial = {"method": "label-looping partial", "mode_used": "partial", "time_s": {"median": 0.01},
+               "graph_nodes": nodes}
+    full = dict(partial, method="label-looping full", mode_used="full")
+    bench.add_iteration_counts(partial, stats)
+    bench.add_iteration_counts(full, stats)
+    assert partial["kernels_per_outer_iteration"] == 10 + 15 + 0.25 * 8  # 27.0
+    assert full["kernels_per_outer_iteration"] == 27.0 + 2 + 0.25  # one condition per loop test
+    off = {"method": "label-looping off", "mode_used": "off", "time_s": {"median": 0.01}}
+    bench.add_iteration_counts(off, stats)
+    assert "kernels_per_outer_iteration" not in off and off["outer_iterations"] == 40
