@@ -15,7 +15,7 @@
 # land in $OUT/results.tar.gz (benchmarks/results/*.json, re-packed after every stage, so a call stopped
 # at its limit still returns what finished) and logs in $OUT/*.log; elsewhere OUT defaults to ./gpu_out.
 set -uo pipefail
-STAGES="flow tests tests-allocator decoding decoding-quick decoding-nemo models losses oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator allocator-roomy throughput-rnnt-prepare throughput-rnnt-train throughput-aed-prepare throughput-aed-train"
+STAGES="flow tests tests-allocator decoding decoding-quick decoding-nemo decoding-nemo-quick models losses oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator allocator-roomy throughput-rnnt-prepare throughput-rnnt-train throughput-aed-prepare throughput-aed-train"
 if [ $# -eq 0 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
   sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; echo "stages: $STAGES"; exit 2
 fi
@@ -119,6 +119,11 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
     decoding)         run_stage decoding 300 python3 -m workbench.bench.decoding \
                         --budget-s $(( b < 250 ? b : 250 )) --out "$RESULTS" ;;
     decoding-quick)   run_stage decoding_quick 150 python3 -m workbench.bench.decoding --quick \
+                        --budget-s $(( b < 120 ? b : 120 )) --out "$RESULTS" ;;
+    decoding-nemo-quick)  # B in {1, 16}, 12 s, fp32: what is left of the call after the flow, less 30 s
+                      b=$(budget 30 30) || { echo "=== $1: SKIPPED (less than a minute left) ==="; return 1; }
+                      run_stage decoding_nemo_quick 150 env PYTHONPATH="$PYTHONPATH:/tmp/nemo_site" \
+                        python3 -m workbench.bench.decoding --nemo --quick \
                         --budget-s $(( b < 120 ? b : 120 )) --out "$RESULTS" ;;
     decoding-nemo)    # the grid's budget; NeMo's full graph at B=128 runs after it (about 30 s)
                       run_stage decoding_nemo 300 env PYTHONPATH="$PYTHONPATH:/tmp/nemo_site" \
