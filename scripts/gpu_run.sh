@@ -11,7 +11,7 @@
 # A call must end within 10 minutes: every stage's limit is cut to what is left of DEADLINE_S (560 s from
 # the start), and the benches with an internal budget get the rest minus a margin.
 #
-# On the device machine (no network): carry `.whl` and `.espeak` (make gpu-bundle fills both) and `.gpu_commit`. Results
+# On the device machine (no network): carry `.whl`, `.whl-nemo`, `.espeak` (make gpu-bundle fills them) and `.gpu_commit`. Results
 # land in $OUT/results.tar.gz (benchmarks/results/*.json, re-packed after every stage, so a call stopped
 # at its limit still returns what finished) and logs in $OUT/*.log; elsewhere OUT defaults to ./gpu_out.
 set -uo pipefail
@@ -53,10 +53,14 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
     || { echo "wheel install failed"; exit 1; }
   export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
-if [ -d .whl-nemo ] && ls .whl-nemo/*.whl >/dev/null 2>&1; then  # NeMo, for the decoding-nemo stage only
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/nemo_site \
-    .whl-nemo/*.whl || echo "note: NeMo's wheels did not install; decoding-nemo will say NeMo is missing"
-fi
+nemo_site() {  # NeMo's wheels into /tmp/nemo_site, once per call, when a NeMo stage first needs them
+  [ -n "${NEMO_INSTALLED:-}" ] && return 0
+  if [ -d .whl-nemo ] && ls .whl-nemo/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/nemo_site \
+      .whl-nemo/*.whl || echo "note: NeMo's wheels did not install; the stage will say NeMo is missing"
+  fi
+  NEMO_INSTALLED=1
+}
 python3 - <<'PY' || exit 1
 import torch, lhotse
 assert torch.cuda.is_available(), "no CUDA GPU"
@@ -121,11 +125,12 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
     decoding-quick)   run_stage decoding_quick 150 python3 -m workbench.bench.decoding --quick \
                         --budget-s $(( b < 120 ? b : 120 )) --out "$RESULTS" ;;
     decoding-nemo-quick)  # B in {1, 16}, 12 s, fp32: what is left of the call after the flow, less 30 s
-                      b=$(budget 30 30) || { echo "=== $1: SKIPPED (less than a minute left) ==="; return 1; }
+                      nemo_site; b=$(budget 30 30) || { echo "=== $1: SKIPPED (less than a minute left) ==="; return 1; }
                       run_stage decoding_nemo_quick 150 env PYTHONPATH="$PYTHONPATH:/tmp/nemo_site" \
                         python3 -m workbench.bench.decoding --nemo --quick \
                         --budget-s $(( b < 120 ? b : 120 )) --out "$RESULTS" ;;
     decoding-nemo)    # the grid's budget; NeMo's full graph at B=128 runs after it (about 30 s)
+                      nemo_site
                       run_stage decoding_nemo 300 env PYTHONPATH="$PYTHONPATH:/tmp/nemo_site" \
                         python3 -m workbench.bench.decoding --nemo \
                         --budget-s $(( b < 200 ? b : 200 )) --out "$RESULTS" ;;

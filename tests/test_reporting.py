@@ -99,7 +99,7 @@ def test_results_older_than_the_code_they_measure_are_flagged(tmp_path):
     assert by_name["models"].stale is False  # its code has not changed since
     assert by_name["unknown_commit"].stale is None and "not in this clone" in by_name["unknown_commit"].note
     assert by_name["no_bench"].stale is None
-    assert by_name["flow"].stale is True and "workbench/decoding changed after" in by_name["flow"].note
+    assert by_name["flow"].stale is True and "workbench/decoding, README.md changed after" in by_name["flow"].note
 
 
 def test_report_takes_show_code():

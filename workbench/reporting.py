@@ -33,7 +33,8 @@ MEASURED_CODE = {
     "throughput": ("workbench/models", "workbench/oomptimizer", "workbench/bucketing", "workbench/data",
                    "workbench/memory"),
     "flow": ("workbench/models", "workbench/oomptimizer", "workbench/bucketing", "workbench/data",  # the README's
-             "workbench/memory", "workbench/decoding", "workbench/cli.py"),                       # commands
+             "workbench/memory", "workbench/decoding", "workbench/cli.py",                        # commands
+             "README.md", "tests/bench/test_flow.py"),
 }
 
 
