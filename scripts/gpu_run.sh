@@ -113,7 +113,7 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
                         --budget-s $(( b < 250 ? b : 250 )) --out "$RESULTS" ;;
     decoding-quick)   run_stage decoding_quick 150 python3 -m workbench.bench.decoding --quick \
                         --budget-s $(( b < 120 ? b : 120 )) --out "$RESULTS" ;;
-    models)           run_stage models 160 python3 -m workbench.bench.models --out "$RESULTS" ;;
+    models)           run_stage models 200 python3 -m workbench.bench.models --kernels --out "$RESULTS" ;;
     losses)           run_stage losses 150 python3 -m workbench.bench.losses --out "$RESULTS" ;;
     oomptimizer)      run_stage oomptimizer 360 python3 -m workbench.bench.oomptimizer --out "$RESULTS" ;;
     oomptimizer-rnnt) run_stage oomptimizer_rnnt 540 python3 -m workbench.bench.oomptimizer --part rnnt \

@@ -310,11 +310,12 @@ class _TritonTransducerLoss(torch.autograd.Function):
 
 
 def rnnt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
-                     target_lengths: torch.Tensor, *, blank: int = -1, reduction: str = "mean") -> torch.Tensor:
+                     target_lengths: torch.Tensor, *, blank: int = -1, reduction: str = "mean",
+                     check: str = "host") -> torch.Tensor:
     """:func:`losses.rnnt_loss` in Triton: logits [B, T, U + 1, V + 1] fp32 or bf16 (copied only when not
     contiguous)."""
     num_classes = logits.shape[-1] if logits.dim() == 4 else 0
-    blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_classes)
+    blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_classes, check)
     _check_dtype(logits)
     edges = ((1,), (0,), (0,), (0,))  # blank durations, their duration columns; label durations, columns
     with _device_guard(logits.device):
@@ -325,10 +326,10 @@ def rnnt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths:
 
 def tdt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
                     target_lengths: torch.Tensor, *, blank: int, durations: Sequence[int] = (0, 1, 2, 3, 4),
-                    sigma: float = 0.0, reduction: str = "mean") -> torch.Tensor:
+                    sigma: float = 0.0, reduction: str = "mean", check: str = "host") -> torch.Tensor:
     """:func:`losses.tdt_loss` in Triton: logits [B, T, U + 1, V + 1 + len(durations)] fp32 or bf16."""
     durations, num_tokens = check_durations(logits, durations)
-    blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_tokens)
+    blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_tokens, check)
     _check_dtype(logits)
     blank_edges = [(d, i) for i, d in enumerate(durations) if d > 0]
     edges = (tuple(d for d, _ in blank_edges), tuple(i for _, i in blank_edges), tuple(durations),

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from workbench.bucketing.profile import BucketProfile
 from workbench.memory.oom import is_oom_error, release_memory
+from workbench.models.model import encoder_layers_compiled
 from workbench.oomptimizer.merge import merge_equal_buckets
 from workbench.oomptimizer.probe import TrainingStepProbe
 from workbench.oomptimizer.search import SearchResult, search_batch_sizes
@@ -71,6 +72,7 @@ def oomptimize(model: torch.nn.Module, model_name: str, bins: BucketProfile, *, 
         tps = merged_tps if per_bucket_tps is not None else tps
     meta = gpu_metadata(model_name, dtype, memory_fraction, strategy=strategy, ddp=bool(ddp or world > 1),
                         joint_chunk_size=int(getattr(getattr(model, "config", None), "joint_chunk_size", 0)),
+                        compile=encoder_layers_compiled(model),
                         world_size=world, probes=result.num_probes, search_seconds=round(result.seconds, 2),
                         budget_bytes=int(probe.budget_bytes), unmerged_buckets=len(buckets))
     return BucketProfile(bin_list, batch_sizes, tps, {**bins.metadata, **meta}), result
