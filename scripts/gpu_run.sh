@@ -12,7 +12,7 @@
 # land in $OUT/results.tar.gz (benchmarks/results/*.json, re-packed after every stage, so a call stopped
 # at its limit still returns what finished) and logs in $OUT/*.log; elsewhere OUT defaults to ./gpu_out.
 set -uo pipefail
-STAGES="flow tests tests-allocator decoding decoding-quick models losses oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator allocator-roomy throughput-rnnt-prepare throughput-rnnt-steps throughput-rnnt-seconds throughput-aed-prepare throughput-aed-steps throughput-aed-seconds"
+STAGES="flow tests tests-allocator decoding decoding-quick models models-compile losses oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator allocator-roomy throughput-rnnt-prepare throughput-rnnt-steps throughput-rnnt-seconds throughput-aed-prepare throughput-aed-steps throughput-aed-seconds"
 if [ $# -eq 0 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
   sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; echo "stages: $STAGES"; exit 2
 fi
@@ -114,6 +114,8 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
     decoding-quick)   run_stage decoding_quick 150 python3 -m workbench.bench.decoding --quick \
                         --budget-s $(( b < 120 ? b : 120 )) --out "$RESULTS" ;;
     models)           run_stage models 200 python3 -m workbench.bench.models --kernels --out "$RESULTS" ;;
+    models-compile)   run_stage models_compile 540 python3 -m workbench.bench.models --compile --kernels \
+                        --name models_compile --out "$RESULTS" ;;
     losses)           run_stage losses 150 python3 -m workbench.bench.losses --out "$RESULTS" ;;
     oomptimizer)      run_stage oomptimizer 360 python3 -m workbench.bench.oomptimizer --out "$RESULTS" ;;
     oomptimizer-rnnt) run_stage oomptimizer_rnnt 540 python3 -m workbench.bench.oomptimizer --part rnnt \

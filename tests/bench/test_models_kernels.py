@@ -62,3 +62,22 @@ def test_models_bench_smoke_with_kernels_writes_the_table(tmp_path, capsys, cpu_
     summary = record.summary_lines(result["figures"])
     assert [line for line in summary if "top kernel" in line] == [f"- {record.kernel_line('tiny-rnnt', profile)}"]
     assert record.kernel_line("tiny-rnnt", profile) in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_gpu_models_bench_kernels_lists_cuda_kernels(tmp_path, capsys, cpu_settings_kept):
+    test_models_bench_smoke_with_kernels_writes_the_table(tmp_path, capsys, cpu_settings_kept)
+    profile = json.loads((tmp_path / "models.json").read_text())["figures"]["kernels"]["tiny-rnnt"]
+    assert profile["device"] == "cuda" and not any(k["name"].startswith("aten::") for k in profile["top"])
+
+
+def test_models_bench_compile_smoke_records_it_under_its_name(tmp_path, cpu_settings_kept, monkeypatch):
+    from workbench.bench.models import run as models
+
+    compiled = []
+    monkeypatch.setattr(models, "compile_encoder_layers", lambda model: compiled.append(model) or model)
+    args = ["--smoke", "--compile", "--name", "models_compile", "--models", "tiny-aed", "--out", str(tmp_path)]
+    assert models.main(args) == 0
+    result = json.loads((tmp_path / "models_compile.json").read_text())
+    assert result["params"]["compile"] is True and "compiled with torch.compile" in result["what"]
+    assert [m.config.name for m in compiled] == ["tiny-aed"] and not (tmp_path / "models.json").exists()

@@ -51,7 +51,7 @@ def test_device_check_on_cpu_tensors_is_the_host_check():
 
 
 @pytest.mark.gpu
-def test_gpu_device_check_passes_good_input_without_a_sync_and_asserts_on_bad():
+def test_gpu_device_check_runs_without_a_sync_and_the_host_check_still_names_the_field():
     logits = torch.randn(2, 3, 2, 4, device="cuda")
     targets = torch.tensor([[1], [2]], device="cuda")
     good, bad = torch.tensor([3, 2], device="cuda"), torch.tensor([3, 4], device="cuda")

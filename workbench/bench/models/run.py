@@ -17,6 +17,9 @@ memory (the other steps still run and the JSON is still written, with the error 
 a GPU, CPU operators on the CPU smoke path) at KERNEL_SHAPE in bf16: the top kernels by self device time
 and their share of the step's total, under "kernels" in the record.
 
+--compile: the encoder blocks compiled with torch.compile (workbench.models.compile_encoder_layers; each
+shape's warm-up step compiles); with --name models_compile the record sits beside the eager one.
+
 --smoke: tiny-rnnt and tiny-aed at two small shapes, 2 timed steps, and a small loss comparison (when
 torchaudio is installed). Without CUDA the steps run on the CPU: times are CPU wall clock and peak
 memory is not measured (null). The JSON is marked "smoke": true and goes only to --out (required).
@@ -34,7 +37,7 @@ from workbench.bench.models import record
 from workbench.bench.results import (bench_device, check_smoke_out, cpu_smoke_torch, cuda_missing, report_failures,
                                      timer_for, write_result)
 from workbench.memory.oom import is_oom_error, release_memory
-from workbench.models import build_model, count_parameters, rnnt_loss
+from workbench.models import build_model, compile_encoder_layers, count_parameters, rnnt_loss
 from workbench.models.model import DTYPES
 from workbench.units import GiB
 
@@ -102,13 +105,17 @@ def profile_step(model, name: str, shape, failures: list[str], *, device: torch.
 
 
 def measure_model(name: str, shapes, failures: list[str], *, device: torch.device, repeat: int = 3,
-                  warmup: int = 1, kernel_shape=None) -> tuple[int | None, list[dict], dict | None]:
+                  warmup: int = 1, kernel_shape=None, compile: bool = False
+                  ) -> tuple[int | None, list[dict], dict | None]:
     """Rows of step time and peak memory (None off a GPU) per shape and dtype, and with ``kernel_shape``
-    the :func:`profile_step` of one bf16 step there (else None). A step that fails for a reason other
-    than memory is a failure (its row has "error"); the other rows still run."""
+    the :func:`profile_step` of one bf16 step there (else None); ``compile``: the encoder blocks
+    compiled first. A step that fails for a reason other than memory is a failure (its row has "error");
+    the other rows still run."""
     try:
         with device:  # built on the device: an xl model is never initialized on the host
             model = build_model(name)
+        if compile:
+            compile_encoder_layers(model)
     except Exception as e:  # noqa: BLE001 - one broken model must not lose the others' rows
         failures.append(f"{name}: build failed: {type(e).__name__}: {e}")
         return None, [], None
@@ -237,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"with --smoke {SMOKE_MODELS})")
     parser.add_argument("--kernels", action="store_true", help="also profile one training step per model: "
                         "the top kernels by self device time (CPU operators on the CPU smoke path)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the encoder blocks first")
+    parser.add_argument("--name", default=record.NAME, help="record name: <out>/<name>.json (default models; "
+                        "e.g. models_compile with --compile)")
     parser.add_argument("--smoke", action="store_true", help="tiny models, small shapes, seconds (CPU without "
                         "CUDA); never into benchmarks/results")
     args = parser.parse_args(argv)
@@ -263,8 +273,10 @@ def run(args, device: torch.device) -> int:
     kernel_shape = None
     if getattr(args, "kernels", False):
         kernel_shape = SMOKE_KERNEL_SHAPE if args.smoke else KERNEL_SHAPE
-    what = ("training-step time and peak memory of the reference models (bf16 vs fp32), and our RNN-T loss "
-            "against torchaudio's")
+    compiled = bool(getattr(args, "compile", False))
+    what = ("training-step time and peak memory of the reference models (bf16 vs fp32"
+            + (", encoder blocks compiled with torch.compile" if compiled else "")
+            + "), and our RNN-T loss against torchaudio's")
     if args.smoke:
         what = (f"SMOKE RUN on {device.type} (tiny models, small shapes"
                 + (", CPU wall-clock times, peak memory not measured" if device.type == "cpu" else "")
@@ -272,7 +284,7 @@ def run(args, device: torch.device) -> int:
 
     def save(complete: bool):
         """Rewritten after every model, so a stage timeout keeps the models measured so far."""
-        return write_result("models", what=what,
+        return write_result(getattr(args, "name", record.NAME), what=what,
                             figures={"smoke": bool(args.smoke), "complete": complete, "steps": rows,
                                      "bf16_vs_fp32": bf16_vs_fp32(rows), "parameters": params,
                                      **({"kernels": kernels} if kernel_shape else {}),
@@ -281,12 +293,13 @@ def run(args, device: torch.device) -> int:
                             params={"models": models, "shapes": shapes, "timed_steps": repeat, "warmup_steps": 1,
                                     "device": str(device), "float32_matmul_precision":
                                     torch.get_float32_matmul_precision(), "smoke": bool(args.smoke),
-                                    "kernel_shape": kernel_shape},
+                                    "kernel_shape": kernel_shape, "compile": compiled},
                             out_dir=args.out)
 
     for name in models:
         params[name], model_rows, model_kernels = measure_model(name, shapes, failures, device=device,
-                                                                repeat=repeat, kernel_shape=kernel_shape)
+                                                                repeat=repeat, kernel_shape=kernel_shape,
+                                                                compile=compiled)
         rows.extend(model_rows)
         if model_kernels is not None:
             kernels[name] = model_kernels
