@@ -249,7 +249,7 @@ def test_compile_flag_reaches_train_and_oomptimize():
 @pytest.mark.gpu
 def test_gpu_compiled_encoder_trains_new_shapes_without_recompiling():
     """large-rnnt with compiled blocks on the GPU: three padded batches of different sizes and lengths,
-    one set of graphs (made on the first), finite losses."""
+    one set of graphs (made on the first), finite losses; then the compiled step has no host sync."""
     from torch._dynamo.utils import counters
 
     torch.manual_seed(0)
@@ -264,3 +264,9 @@ def test_gpu_compiled_encoder_trains_new_shapes_without_recompiling():
         assert torch.isfinite(loss)
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs == [graphs[0]] * 3
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        model.training_step(batch, dtype=torch.bfloat16)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)

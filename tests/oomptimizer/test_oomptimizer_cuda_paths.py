@@ -277,3 +277,12 @@ def test_oomptimize_metadata_says_whether_the_probed_encoder_was_compiled(monkey
     for block in compiled.encoder.blocks:
         block.compile(dynamic=True)  # what workbench.models.compile_encoder_layers does (never called here)
     assert run.oomptimize(compiled, "fake-rnnt", bins, memory_fraction=0.5)[0].metadata["compile"] is True
+    assert compiled.batches[0] == (2, 4.0, 40) and eager.batches[0] != (2, 4.0, 40)  # the warm-up step first
+
+
+def test_probe_warm_up_reads_the_baseline_again(monkeypatch):
+    alloc = FakeAllocator(monkeypatch)
+    probe = TrainingStepProbe(FakeModel(alloc, leak=500), memory_fraction=0.5)
+    assert probe.baseline_bytes == 1000
+    probe.warm_up((4.0, 40))
+    assert probe.baseline_bytes == 1500 and probe.model.batches == [(2, 4.0, 40)]
