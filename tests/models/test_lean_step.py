@@ -248,13 +248,14 @@ def test_compile_flag_reaches_train_and_oomptimize():
 
 @pytest.mark.gpu
 def test_gpu_compiled_encoder_trains_new_shapes_without_recompiling():
-    """large-rnnt with compiled blocks on the GPU: three padded batches of different sizes and lengths,
-    one set of graphs (made on the first), finite losses; then the compiled step has no host sync."""
+    """tiny-rnnt (the blocks' code is the reference models') with compiled blocks on the GPU: three padded
+    batches of different sizes and lengths, one set of graphs (made on the first), finite losses; then
+    the compiled step has no host sync."""
     from torch._dynamo.utils import counters
 
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = compile_encoder_layers(build_model("large-rnnt"))
+        model = compile_encoder_layers(build_model("tiny-rnnt"))
     graphs = []
     for batch_size, seconds, tokens in [(8, 3.0, 30), (6, 4.1, 24), (12, 2.56, 40)]:
         batch = model.make_batch(batch_size, seconds, tokens, "cuda")
