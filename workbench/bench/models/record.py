@@ -104,3 +104,31 @@ def table_lines(figures: Mapping[str, Any]) -> list[str]:
     if figures["rnnt_loss_vs_torchaudio"].get("ran"):
         out.append(loss_line(figures["rnnt_loss_vs_torchaudio"]))
     return out
+
+
+def compile_speedups(eager: Mapping[str, Any], compiled: Mapping[str, Any]) -> list[dict]:
+    """Per model, dtype and shape timed in both figures: eager step time / compiled step time."""
+    def key(r):
+        return r["model"], r["dtype"], r["batch_size"], r["duration_s"], r["num_tokens"]
+
+    timed = {key(r): r["step_s"]["median"] for r in compiled["steps"] if "step_s" in r}
+    return [{"model": r["model"], "dtype": r["dtype"], "batch_size": r["batch_size"], "duration_s": r["duration_s"],
+             "eager_over_compiled_time": r["step_s"]["median"] / timed[key(r)]}
+            for r in eager["steps"] if "step_s" in r and key(r) in timed]
+
+
+def lean_step_lines(eager: Mapping[str, Any] | None, compiled: Mapping[str, Any] | None) -> list[str]:
+    """Notebook 02's view of the step (figures of ``models`` and ``models_compile``, either may be None):
+    the kernel table of each, then the compiled step's speed against the eager one."""
+    out = []
+    for label, figures in (("eager", eager), ("compiled encoder", compiled)):
+        if figures is None:
+            continue
+        if figures.get("kernels"):
+            out += [f"top kernels, {label}:", *kernel_table_lines(figures["kernels"])]
+        else:
+            out.append(f"{label}: no kernel table in this record (the bench ran without --kernels)")
+    if eager is not None and compiled is not None:
+        out += [f"{s['model']} {s['dtype']} B={s['batch_size']} {s['duration_s']:g} s: compiled encoder "
+                f"{times_faster(s['eager_over_compiled_time'], 'eager')}" for s in compile_speedups(eager, compiled)]
+    return out
