@@ -264,14 +264,14 @@ def test_beta_runs_alongside_alpha_only_when_a_gradient_is_wanted(monkeypatch):
 
 COMPILE_FOR_H200 = """
 import sys
+import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 from workbench.models import losses_triton as L
 
-INT64_POINTERS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr", "blank_dur_ptr", "blank_col_ptr",
-                  "label_dur_ptr", "label_col_ptr"}
-for dtype, nd, nb, nl in (("fp32", 0, 1, 1), ("bf16", 5, 4, 5)):
-    constants = {"ND": nd, "NB": nb, "NL": nl, "BLOCK_V": 2048, "BLOCK_D": 8, "BLOCK_U": 128}
+INT64_POINTERS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr", "edges_ptr"}
+for dtype, nd, ns in (("fp32", 0, 1), ("bf16", 5, 5)):
+    constants = {"ND": nd, "NS": ns, "BLOCK_V": 2048, "BLOCK_S": triton.next_power_of_2(ns), "BLOCK_U": 128}
     for kernel in (L._normalize_kernel, L._lattice_kernel, L._grad_kernel):
         signature, constexprs = {}, {}
         for name, param in zip(kernel.arg_names, kernel.params):
