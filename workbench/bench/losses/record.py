@@ -26,6 +26,7 @@ class LossRun:
     loss_sum: float | None = None        # summed loss of the measured logits
     error: str | None = None             # why it did not run (e.g. torchaudio past 2**31 elements)
     in_subprocess: bool = False          # run by worker.py (an illegal memory access cannot poison this run)
+    kernel_work: list[dict] | None = None  # ours: cost.kernel_work per launch (bytes, sequential steps)
 
 
 @dataclass

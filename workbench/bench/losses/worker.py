@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from workbench.bench.losses.cost import kernel_work
 from workbench.bench.losses.record import LossRun
 from workbench.bench.results import bench_device, timer_for
 
@@ -82,6 +83,10 @@ def measure(impl: str, shape: list[int], device: torch.device, *, dtype: torch.d
     classes = vocab + 1 + (len(TDT_DURATIONS) if impl == "ours-tdt" else 0)
     run = LossRun(impl=impl, shape=list(shape), dtype=str(dtype).removeprefix("torch."), backend="?",
                   logit_elements=batch * frames * (labels + 1) * classes)
+    if impl.startswith("ours"):
+        num_durations = len(TDT_DURATIONS) if impl == "ours-tdt" else 0
+        run.kernel_work = [dataclasses.asdict(w) for w in kernel_work(
+            list(shape), num_durations, torch.finfo(dtype).bits // 8, TDT_DURATIONS if num_durations else None)]
     try:
         inputs = inputs or loss_inputs(impl, shape, device, dtype)
         fn = loss_function(impl, vocab)
