@@ -99,7 +99,7 @@ def test_kernel_work_counts_the_bytes_and_steps_of_a_tiny_lattice():
     assert (lattice.programs, lattice.sequential_steps, lattice.edges_per_node) == (2, 3, 2)
     assert lattice.read_bytes == 2 * (2 * 4 * 2 * 2 * 3) and lattice.written_bytes == 2 * 3 * 2 * 4
     assert lattice.sectors_per_step == 4 and lattice.exps_per_node == 2
-    assert grad.written_bytes == 64 and grad.read_bytes == 64 + 16 + 32 + 32
+    assert grad.written_bytes == 64 and grad.read_bytes == 64 + 16 + 4 * 4 * (1 + 2)
     normalize, lattice, grad = kernel_work([1, 2, 1, 3], 3, logit_bytes=2, durations=(0, 1, 2))
     assert normalize.read_bytes == grad.written_bytes == 4 * 7 * 2
     assert normalize.written_bytes == 4 * (4 + 3 * 4) + 4 * 2 * 3 * 4

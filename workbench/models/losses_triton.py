@@ -11,7 +11,8 @@ Three kernels, each reading the logits at most once:
    kind, one max and one exp per edge) and log P, and, when backward will run, a second one per utterance
    for beta over the diagonals in reverse, at the same time; alpha and beta are [B, T + U, U + 1] by
    diagonal too;
-3. ``_grad_kernel`` (backward only), one program per node: the edge posteriors
+3. ``_grad_kernel`` (backward only), one program per node: the edge weights again from the row's blank
+   and target logits (the lattice's buffer is freed after forward), the edge posteriors
    exp(alpha + w + beta(destination) - log P), one lane per slot, and d loss / d logits, written once into
    one buffer of the logits' size and dtype (no fp32 copy of the logits is ever made).
 
@@ -103,12 +104,6 @@ def _normalize_kernel(logits_ptr, targets_ptr, logit_lengths_ptr, target_lengths
     m_all = tl.max(m, axis=0)
     lse = tl.where(valid, m_all + tl.log(tl.where(valid, tl.sum(s * tl.exp(m - m_all), axis=0), 1.0)), 0.0)
     tl.store(lse_ptr + row, lse)
-    blank_logp = tl.load(row_ptr + blank, mask=valid, other=0.0).to(tl.float32) - lse - sigma
-    blank_logp = tl.where(valid, blank_logp, _LOG_ZERO)
-    has_label = valid & (u < u_len)
-    target = tl.load(targets_ptr + b * U + u, mask=has_label, other=0).to(tl.int64)
-    label_logp = tl.load(row_ptr + target, mask=has_label, other=0.0).to(tl.float32) - lse - sigma
-    label_logp = tl.where(has_label, label_logp, _LOG_ZERO)
     slot = tl.arange(0, BLOCK_S)
     in_range = slot < NS
     dur_logp = tl.zeros([BLOCK_S], tl.float32)
@@ -119,11 +114,22 @@ def _normalize_kernel(logits_ptr, targets_ptr, logit_lengths_ptr, target_lengths
         dur_logp = tl.where(valid, dx - (dmax + tl.log(tl.sum(tl.exp(dx - dmax), axis=0))), 0.0)
         tl.store(dur_ptr + row * ND + slot, dur_logp, mask=in_range)
     # each slot's blank and label edge weight, on the skewed lattice (see _weight_index)
-    blank_w = tl.where(valid, blank_logp + dur_logp, _LOG_ZERO)
-    label_w = tl.where(has_label, label_logp + dur_logp, _LOG_ZERO)
+    blank_w, label_w, _ = _edge_weights(row_ptr, targets_ptr, b, u, U, u_len, valid, lse, blank, sigma, dur_logp)
     n = t + u
     tl.store(weight_ptr + _weight_index(b, 0, slot, n, u, NS, NDIAG, U1), blank_w, mask=in_range)
     tl.store(weight_ptr + _weight_index(b, 1, slot, n, u, NS, NDIAG, U1), label_w, mask=in_range)
+
+
+@triton.jit
+def _edge_weights(row_ptr, targets_ptr, b, u, U, u_len, valid, lse, blank, sigma, dur_logp):
+    """(blank, label) edge weights [BLOCK_S] of one node, its token log-prob minus sigma plus each slot's
+    duration log-prob (LOG_ZERO where the node has no such edge), and its target (-1: none)."""
+    blank_logp = tl.load(row_ptr + blank, mask=valid, other=0.0).to(tl.float32) - lse - sigma
+    has_label = valid & (u < u_len)
+    target = tl.load(targets_ptr + b * U + u, mask=has_label, other=0).to(tl.int64)
+    label_logp = tl.load(row_ptr + target, mask=has_label, other=0.0).to(tl.float32) - lse - sigma
+    return (tl.where(valid, blank_logp + dur_logp, _LOG_ZERO), tl.where(has_label, label_logp + dur_logp, _LOG_ZERO),
+            tl.where(has_label, target, -1))
 
 
 @triton.jit
@@ -217,33 +223,36 @@ def _beta(weight_ptr, beta_ptr, edges_ptr, NDIAG, U1, b, t_len, u_len,
 
 
 @triton.jit(do_not_specialize=_SHAPE_ARGS)
-def _grad_kernel(logits_ptr, grad_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr, lse_ptr, weight_ptr,
-                 dur_ptr, alpha_ptr, beta_ptr, ll_ptr, scale_ptr, edges_ptr, T, U1, NDIAG, C, V_TOK, U, blank,
+def _grad_kernel(logits_ptr, grad_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr, lse_ptr, dur_ptr,
+                 alpha_ptr, beta_ptr, ll_ptr, scale_ptr, edges_ptr, T, U1, NDIAG, C, V_TOK, U, blank, sigma,
                  ND: tl.constexpr, NS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr):
     row, b, t, u, t_len, u_len, valid = _node_coords(T, U1, logit_lengths_ptr, target_lengths_ptr)
     n = t + u
     log_p = tl.load(ll_ptr + b)
     log_p = tl.where(log_p > _LOG_ZERO / 2, log_p, 0.0)  # an impossible utterance gets zero gradient
     alpha = tl.load(alpha_ptr + _lattice_index(b, n, u, NDIAG, U1), mask=valid, other=_LOG_ZERO) - log_p
-    # every edge leaving this node at once, one slot per lane: exp(alpha + w + beta(destination) - log P)
+    lse = tl.load(lse_ptr + row)
+    row_ptr = logits_ptr + row * C
     slot, in_range, blank_dur, label_dur = _slots(edges_ptr, NS, BLOCK_S)
+    dur_logp = tl.zeros([BLOCK_S], tl.float32)
+    if ND > 0:
+        dur_logp = tl.load(dur_ptr + row * ND + slot, mask=valid & in_range, other=0.0)
+    # the edge weights again from this row (two logits; the lattice's copy is not kept for backward), then
+    # every edge leaving this node at once, one slot per lane: exp(alpha + w + beta(destination) - log P)
+    blank_w, label_w, target = _edge_weights(row_ptr, targets_ptr, b, u, U, u_len, valid, lse, blank, sigma,
+                                             dur_logp)
     inner = valid & in_range & (blank_dur > 0) & (t + blank_dur < t_len)
     ending = valid & in_range & (blank_dur > 0) & (t + blank_dur == t_len) & (u == u_len)
-    w = tl.load(weight_ptr + _weight_index(b, 0, slot, n, u, NS, NDIAG, U1), mask=inner | ending, other=_LOG_ZERO)
     after = tl.load(beta_ptr + _lattice_index(b, n + blank_dur, u, NDIAG, U1), mask=inner, other=_LOG_ZERO)
-    blank_post = tl.where(inner | ending, tl.exp(alpha + w + tl.where(inner, after, 0.0)), 0.0)
+    blank_post = tl.where(inner | ending, tl.exp(alpha + blank_w + tl.where(inner, after, 0.0)), 0.0)
     inner = valid & in_range & (t + label_dur < t_len) & (u < u_len)
-    w = tl.load(weight_ptr + _weight_index(b, 1, slot, n, u, NS, NDIAG, U1), mask=inner, other=_LOG_ZERO)
     after = tl.load(beta_ptr + _lattice_index(b, n + label_dur + 1, u + 1, NDIAG, U1), mask=inner,
                     other=_LOG_ZERO)
-    label_post = tl.where(inner, tl.exp(alpha + w + after), 0.0)
+    label_post = tl.where(inner, tl.exp(alpha + label_w + after), 0.0)
     blank_posterior = tl.sum(blank_post, axis=0)
     label_posterior = tl.sum(label_post, axis=0)
     occupancy = blank_posterior + label_posterior
     scale = tl.load(scale_ptr + b).to(tl.float32)
-    lse = tl.load(lse_ptr + row)
-    target = tl.load(targets_ptr + b * U + u, mask=valid & (u < u_len), other=-1).to(tl.int64)
-    row_ptr = logits_ptr + row * C
     grad_row = grad_ptr + row * C
     offs = tl.arange(0, BLOCK_V)
     for v0 in range(0, V_TOK, BLOCK_V):
@@ -254,7 +263,6 @@ def _grad_kernel(logits_ptr, grad_ptr, targets_ptr, logit_lengths_ptr, target_le
             - tl.where(v == target, label_posterior, 0.0)
         tl.store(grad_row + v, tl.where(valid, g * scale, 0.0).to(grad_ptr.dtype.element_ty), mask=in_vocab)
     if ND > 0:  # slot s is duration column s: both its edges' posteriors
-        dur_logp = tl.load(dur_ptr + row * ND + slot, mask=valid & in_range, other=0.0)
         g = occupancy * tl.exp(dur_logp) - (blank_post + label_post)
         tl.store(grad_row + V_TOK + slot, tl.where(valid, g * scale, 0.0).to(grad_ptr.dtype.element_ty),
                  mask=in_range)
@@ -293,9 +301,9 @@ class _TritonTransducerLoss(torch.autograd.Function):
         _lattice_kernel[(batch, 2 if want_grad else 1)](  # beta alongside alpha only when backward will run
             weights, alpha, beta, log_likelihood, logit_lengths, target_lengths, edges, num_diagonals, num_cols,
             NS=num_slots, BLOCK_S=block_s, BLOCK_U=block_u)
-        ctx.save_for_backward(logits, targets, logit_lengths, target_lengths, lse, weights, dur_logp, alpha, beta,
-                              log_likelihood, edges)
-        ctx.sizes = (blank, num_tokens, block_v, block_s, num_dur, num_slots)
+        ctx.save_for_backward(logits, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta,
+                              log_likelihood, edges)  # not the edge weights: backward reads them from the logits
+        ctx.sizes = (blank, num_tokens, float(sigma), block_v, block_s, num_dur, num_slots)
         return -log_likelihood
 
     @staticmethod
@@ -303,16 +311,16 @@ class _TritonTransducerLoss(torch.autograd.Function):
         if torch.is_grad_enabled():
             raise RuntimeError("transducer losses: second derivatives are not supported (the gradient is computed "
                                "analytically); use create_graph=False")
-        (logits, targets, logit_lengths, target_lengths, lse, weights, dur_logp, alpha, beta, log_likelihood,
+        (logits, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta, log_likelihood,
          edges) = ctx.saved_tensors
-        blank, num_tokens, block_v, block_s, num_dur, num_slots = ctx.sizes
+        blank, num_tokens, sigma, block_v, block_s, num_dur, num_slots = ctx.sizes
         batch, num_frames, num_cols, num_classes = logits.shape
         grad = torch.empty_like(logits)
         scale = grad_output.to(torch.float32).contiguous()
         _grad_kernel[(batch * num_frames * num_cols,)](
-            logits, grad, targets, logit_lengths, target_lengths, lse, weights, dur_logp, alpha, beta,
-            log_likelihood, scale, edges, num_frames, num_cols, alpha.shape[1], num_classes, num_tokens,
-            num_cols - 1, blank, ND=num_dur, NS=num_slots, BLOCK_V=block_v, BLOCK_S=block_s)
+            logits, grad, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta, log_likelihood,
+            scale, edges, num_frames, num_cols, alpha.shape[1], num_classes, num_tokens, num_cols - 1, blank, sigma,
+            ND=num_dur, NS=num_slots, BLOCK_V=block_v, BLOCK_S=block_s)
         return grad, None, None, None, None, None, None, None, None
 
 

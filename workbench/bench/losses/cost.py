@@ -56,7 +56,7 @@ def kernel_work(shape: list[int], num_durations: int = 0, logit_bytes: int = 4,
                    written_bytes=2 * batch * diagonals * cols * 4, sequential_steps=diagonals,
                    edges_per_node=edges, sectors_per_step=2 * edges * -(-cols * 4 // SECTOR_BYTES),
                    exps_per_node=edges),
-        KernelWork("grad", programs=rows, read_bytes=logits + per_node + weights + 2 * rows * 4,
+        KernelWork("grad", programs=rows, read_bytes=logits + per_node + rows * 4 * (1 + edges),  # alpha, betas
                    written_bytes=logits),
     ]
 
