@@ -87,7 +87,12 @@ def test_ratios_and_targets_read_from_the_record():
     assert any("torchaudio-rnnt float32 B=128" in line and "illegal memory access" in line for line in lines)
     assert "joint_chunk_size=8: 330.0 ms, peak 20.00 GiB" in "\n".join(lines)
     text = losses_record.table(fig)
-    assert "16,188,120,1024" in text and "8.00 ms" in text and "0.67" in text
+    assert "16,188,120,1024" in text and "8.00 ms" in text and "0.67" in text and "kernels:" not in text
+    fig["runs"][2]["kernels"] = {"total_s": 0.004, "top": [
+        {"name": "_grad_kernel", "self_s": 0.003, "share": 0.75, "calls": 1},
+        {"name": "_lattice_kernel", "self_s": 0.001, "share": 0.25, "calls": 1}]}
+    assert ("ours-tdt float32 16,188,120,1024 kernels: _grad_kernel 3.000 ms (75%), _lattice_kernel 1.000 ms (25%)"
+            in losses_record.table(fig).splitlines())
 
 
 def test_kernel_work_counts_the_bytes_and_steps_of_a_tiny_lattice():

@@ -75,6 +75,17 @@ def peak_above_inputs(fn: Callable[[], object], device: torch.device) -> int | N
     return torch.cuda.max_memory_allocated() - before
 
 
+def profiled_kernels(fn: Callable[[], object]) -> dict:
+    """The CUDA kernels of one ``fn()`` by device time (the models bench's :func:`top_kernels` dict)."""
+    from workbench.bench.models.run import top_kernels
+
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return top_kernels(prof.key_averages(), "cuda")
+
+
 def measure(impl: str, shape: list[int], device: torch.device, *, dtype: torch.dtype = torch.float32,
             repeat: int, warmup: int = 1, inputs=None) -> LossRun:
     """Time and peak memory of forward + backward (gradient w.r.t. the logits); an exception becomes
@@ -100,6 +111,8 @@ def measure(impl: str, shape: list[int], device: torch.device, *, dtype: torch.d
         run.loss_sum = float(step())
         run.peak_above_inputs_bytes = peak_above_inputs(step, device)
         run.time_s = timer_for(device)(step, repeat=repeat, warmup=warmup)
+        if device.type == "cuda" and impl.startswith("ours"):
+            run.kernels = profiled_kernels(step)
     except Exception as e:  # noqa: BLE001 - recorded, e.g. torchaudio past 2**31 elements
         run.error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
     return run
