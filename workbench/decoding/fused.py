@@ -40,165 +40,20 @@ def triton_unavailable_reason(device: torch.device) -> str | None:
 
 
 def _interpreting() -> bool:
+    """Whether Triton runs kernels in its interpreter (chosen when triton.language is first imported)."""
     import triton
+    import triton.language as tl
 
-    return bool(triton.knobs.runtime.interpret)
+    return bool(triton.knobs.runtime.interpret) and type(tl.max).__name__ == "InterpretedFunction"
 
 
 @functools.cache
 def _kernels() -> dict:
-    """The jitted kernels (Triton's interpreter runs them when TRITON_INTERPRET=1 was set before import)."""
-    import triton
-    import triton.language as tl
+    """The jitted kernels by name."""
+    from workbench.decoding import fused_kernels as k
 
-    wrap = triton.jit
-
-    def gather_window_kernel(enc_proj, pred_proj, time, enc_out, pred_out, flag,
-                             frame_capacity, stride_eb, stride_et,
-                             J: tl.constexpr, W: tl.constexpr, BLOCK_J: tl.constexpr):
-        row = tl.program_id(0)                      # one (utterance, window offset) pair
-        b = row // W
-        w = row % W
-        frame = tl.minimum(tl.load(time + b) + w, frame_capacity - 1)
-        if row == 0:
-            tl.store(flag, 0)
-        for j0 in range(0, J, BLOCK_J):
-            j = j0 + tl.arange(0, BLOCK_J)
-            m = j < J
-            tl.store(enc_out + row * J + j, tl.load(enc_proj + b * stride_eb + frame * stride_et + j, mask=m), mask=m)
-            tl.store(pred_out + row * J + j, tl.load(pred_proj + b * J + j, mask=m), mask=m)
-
-    def search_kernel(logits, stride_l, durations, rows, time, lengths, labels, step_duration, scores,
-                      symbols_at_frame, active, searching, flag, blank,
-                      V1, W: tl.constexpr, K: tl.constexpr, TDT: tl.constexpr,
-                      BLOCK_V: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr):
-        b = tl.program_id(0)
-        acc = scores.dtype.element_ty
-        offs_w = tl.arange(0, BLOCK_W)
-        offs_v = tl.arange(0, BLOCK_V)
-        t0 = tl.load(time + b)
-        length = tl.load(lengths + b)
-        # every read of this row's state comes first: ``rows`` may be ``active`` or ``searching``, which
-        # the end of this program writes (the reductions between are block-wide barriers)
-        row = tl.load(rows + b) != 0
-        old_label = tl.load(labels + b)
-        old_duration = tl.load(step_duration + b)
-        old_score = tl.load(scores + b)
-        symbols = tl.load(symbols_at_frame + b)
-        tok_w = tl.full([BLOCK_W], 0, dtype=tl.int64)
-        dur_w = tl.full([BLOCK_W], 0, dtype=tl.int64)
-        score_w = tl.full([BLOCK_W], 0, dtype=acc)
-        for w in range(W):                          # the decision at frame t0 + w (log-softmax argmax)
-            base = logits + (b * W + w) * stride_l
-            x = tl.load(base + offs_v, mask=offs_v < V1, other=-float("inf")).to(acc)
-            top = tl.max(x, axis=0)
-            logsum = top + tl.log(tl.sum(tl.exp(x - top), axis=0))
-            lp = x - logsum
-            best = tl.max(lp, axis=0)
-            tok = tl.min(tl.where(lp == best, offs_v, BLOCK_V), axis=0).to(tl.int64)   # ties: lowest id
-            score = best
-            dur = (tok == blank).to(tl.int64)
-            if TDT:
-                offs_k = tl.arange(0, BLOCK_K)
-                xd = tl.load(base + V1 + offs_k, mask=offs_k < K, other=-float("inf")).to(acc)
-                top_d = tl.max(xd, axis=0)
-                lpd = xd - (top_d + tl.log(tl.sum(tl.exp(xd - top_d), axis=0)))
-                best_d = tl.max(lpd, axis=0)
-                index_d = tl.min(tl.where(lpd == best_d, offs_k, BLOCK_K), axis=0)
-                dur = tl.load(durations + index_d)
-                dur = tl.where((tok == blank) & (dur == 0), 1, dur)
-                score = score + best_d
-            tok_w = tl.where(offs_w == w, tok, tok_w)
-            dur_w = tl.where(offs_w == w, dur, dur_w)
-            score_w = tl.where(offs_w == w, score, score_w)
-        valid_w = (offs_w < W) & (t0 + offs_w < length)
-        zero = tl.full([BLOCK_W], 0, dtype=acc)
-        if TDT:                                     # follow the blank jumps from offset 0
-            stop = tl.full([], 0, dtype=tl.int64)
-            gained = tl.full([], 0, dtype=acc)
-            for _ in range(W):
-                here = offs_w == stop
-                moves = tl.sum((here & valid_w & (tok_w == blank)).to(tl.int32), axis=0) > 0
-                gained = gained + tl.where(moves, tl.sum(tl.where(here, score_w, zero), axis=0), 0.0)
-                stop = tl.where(moves, stop + tl.sum(tl.where(here, dur_w, 0), axis=0), stop)
-            at_stop = tl.minimum(stop, W - 1)
-            here = offs_w == at_stop
-            found = (stop < W) & (tl.sum((here & valid_w).to(tl.int32), axis=0) > 0)
-            label = tl.sum(tl.where(here, tok_w, 0), axis=0)
-            label_duration = tl.sum(tl.where(here, dur_w, 0), axis=0)
-            total = gained + tl.where(found, tl.sum(tl.where(here, score_w, zero), axis=0), 0.0)
-            moved = stop
-        else:                                       # every blank moves one frame: go to the first label
-            is_label = valid_w & (tok_w != blank)
-            first = tl.min(tl.where(is_label, offs_w, BLOCK_W), axis=0)
-            found = first < BLOCK_W
-            skipped = tl.where(found, first, W).to(tl.int64)
-            here = offs_w == tl.where(found, first, 0)
-            label = tl.sum(tl.where(here, tok_w, 0), axis=0)
-            label_duration = tl.full([], 0, dtype=tl.int64)
-            total = tl.sum(tl.where((offs_w <= skipped) & valid_w, score_w, zero), axis=0)
-            moved = skipped
-        found = row & found
-        tl.store(labels + b, tl.where(found, label, old_label))
-        tl.store(step_duration + b, tl.where(found, label_duration, old_duration))
-        tl.store(scores + b, old_score + tl.where(row, total, 0.0))
-        moved = tl.where(row, moved, 0)
-        t1 = t0 + moved
-        tl.store(time + b, t1)
-        tl.store(symbols_at_frame + b, tl.where(moved > 0, 0, symbols))
-        still = t1 < length
-        tl.store(active + b, still.to(tl.uint8))
-        again = row & (~found) & still
-        tl.store(searching + b, again.to(tl.uint8))
-        if again:
-            tl.store(flag, 1)
-
-    def emit_kernel(labels, time, lengths, active, emit, num_emitted, tokens, timestamps, step_duration,
-                    symbols_at_frame, flag, batch, capacity, max_symbols, BLOCK_B: tl.constexpr):
-        b = tl.arange(0, BLOCK_B)
-        m = b < batch
-        rows = (tl.load(active + b, mask=m, other=0) != 0) & m
-        count = tl.load(num_emitted + b, mask=m, other=0)
-        t0 = tl.load(time + b, mask=m, other=0)
-        # as the torch stage: every row writes at its count (rows not emitting write past their end)
-        tl.store(tokens + b * capacity + count, tl.load(labels + b, mask=m, other=0), mask=m)
-        tl.store(timestamps + b * capacity + count, t0, mask=m)
-        tl.store(num_emitted + b, count + rows.to(tl.int64), mask=m)
-        tl.store(emit + b, rows.to(tl.uint8), mask=m)
-        moved = tl.where(rows, tl.load(step_duration + b, mask=m, other=0), 0)
-        tl.store(step_duration + b, moved, mask=m)
-        symbols = tl.load(symbols_at_frame + b, mask=m, other=0) + rows.to(tl.int64)
-        symbols = tl.where(moved > 0, 0, symbols)
-        forced = rows & (symbols >= max_symbols)
-        t1 = t0 + moved + forced.to(tl.int64)
-        tl.store(time + b, t1, mask=m)
-        tl.store(symbols_at_frame + b, tl.where(forced, 0, symbols), mask=m)
-        still = (t1 < tl.load(lengths + b, mask=m, other=0)) & m
-        tl.store(active + b, still.to(tl.uint8), mask=m)
-        tl.store(flag, (tl.max(still.to(tl.int32), axis=0) > 0).to(tl.uint8))
-
-    def select_kernel(emit,
-                      d0, s0, n01, n02, d00, d01, d02, s00, s01, s02,
-                      d1, s1, n11, n12, d10, d11, d12, s10, s11, s12,
-                      d2, s2, n21, n22, d20, d21, d22, s20, s21, s22, LONGEST: tl.constexpr, BLOCK: tl.constexpr):
-        b = tl.program_id(0)
-        slot = tl.program_id(1)                     # which of up to three tensors (of one dtype)
-        dst, src, n1, n2, ds0, ds1, ds2, ss0, ss1, ss2 = d0, s0, n01, n02, d00, d01, d02, s00, s01, s02
-        if slot == 1:
-            dst, src, n1, n2, ds0, ds1, ds2, ss0, ss1, ss2 = d1, s1, n11, n12, d10, d11, d12, s10, s11, s12
-        if slot == 2:
-            dst, src, n1, n2, ds0, ds1, ds2, ss0, ss1, ss2 = d2, s2, n21, n22, d20, d21, d22, s20, s21, s22
-        if tl.load(emit + b) != 0:
-            for i0 in range(0, LONGEST, BLOCK):     # constant bounds (the interpreter needs them)
-                i = i0 + tl.arange(0, BLOCK)
-                m = i < n1 * n2
-                i1 = i // n2
-                i2 = i % n2
-                value = tl.load(src + b * ss0 + i1 * ss1 + i2 * ss2, mask=m)
-                tl.store(dst + b * ds0 + i1 * ds1 + i2 * ds2, value, mask=m)
-
-    return {"gather": wrap(gather_window_kernel), "search": wrap(search_kernel), "emit": wrap(emit_kernel),
-            "select": wrap(select_kernel)}
+    return {"gather": k.gather_window_kernel, "search": k.search_kernel, "emit": k.emit_kernel,
+            "select": k.select_kernel}
 
 
 def _k(name: str, t: Tensor):
