@@ -1,18 +1,19 @@
 """Triton kernels for the label-looping stages (``kernels="triton"``): the same decisions, fewer launches.
 
-Three kernels replace the chains of small torch ops around the joint and the predictor:
+Five kernels replace the chains of small torch ops around the joint and the predictor:
 
 - :func:`gather_window`: the encoder projections of frames time..time+W-1 and the predictor projection,
-  one row per (utterance, frame), ready for the joint (plain copies); it also clears the inner-loop flag.
-- :func:`search_epilogue`: after the joint (whose matrix product stays in cuBLAS), per utterance: the
-  log-softmax argmax over tokens (and durations), the blank-window scan and the masked update of time,
-  label, duration, score, symbols, active and searching rows, and the inner-loop flag.
+  one row per (utterance, frame), ready for the joint (plain copies).
+- :func:`search_epilogue`: after the joint (whose matrix product stays in cuBLAS): the log-softmax argmax
+  over tokens (and durations) of every (utterance, frame) pair in one kernel, then in one more the
+  blank-window scan and the masked update of time, label, duration, score, symbols, active and searching
+  rows, and the inner-loop flag.
 - :func:`emit_update` and :func:`select_rows`: the emit bookkeeping (tokens, timestamps, counts, frame
   moves, the max-symbols rule, active rows and the outer-loop flag) in one single-program kernel, and the
   masked keep of the new predictor state and projection in one more.
 
 Tokens and timestamps equal the torch stages' exactly; scores are the same sums taken in another order.
-On CPU the kernels run under Triton's interpreter (slow; for tests).
+On CPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1 before triton is imported; slow, for tests).
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def _kernels() -> dict:
     """The jitted kernels by name."""
     from workbench.decoding import fused_kernels as k
 
-    return {"gather": k.gather_window_kernel, "search": k.search_kernel, "emit": k.emit_kernel,
-            "select": k.select_kernel}
+    return {"gather": k.gather_window_kernel, "decide": k.decide_kernel, "scan": k.scan_kernel,
+            "emit": k.emit_kernel, "select": k.select_kernel}
 
 
 def _k(name: str, t: Tensor):
@@ -74,32 +75,35 @@ def _bytes(flag: Tensor) -> Tensor:
 
 def gather_window(buf) -> tuple[Tensor, Tensor]:
     """Joint inputs of frames time..time+W-1 (clamped to the buffer) for every row: (enc [B*W, J],
-    pred [B*W, J]); also sets ``searching_any`` to False (the epilogue sets it again)."""
+    pred [B*W, J])."""
     bc, w = buf.batch_capacity, buf.window
     j = buf.enc_proj.shape[-1]
     if buf.enc_proj.stride(-1) != 1 or buf.pred_proj.stride() != (j, 1):
         raise ValueError("fused kernels need the encoder and predictor projections contiguous in their last dim")
     enc = buf.enc_proj.new_empty(bc * w, j)
     pred = buf.pred_proj.new_empty(bc * w, j)
-    _k("gather", enc)[(bc * w,)](buf.enc_proj, buf.pred_proj, buf.time, enc, pred, _bytes(buf.searching_any),
-                                buf.frame_capacity, buf.enc_proj.stride(0), buf.enc_proj.stride(1),
+    _k("gather", enc)[(bc * w,)](buf.enc_proj, buf.pred_proj, buf.time, enc, pred, buf.frame_capacity, buf.enc_proj.stride(0), buf.enc_proj.stride(1),
                                 J=j, W=w, BLOCK_J=min(1024, _pow2(j)))
     return enc, pred
 
 
 def search_epilogue(buf, logits: Tensor, rows: Tensor) -> None:
     """One search step for ``rows`` ([B] bool, read before anything is written) from the joint's logits of
-    the window ([B*W, outputs]); updates the loop state as the torch stages do, and ``searching_any``."""
+    the window ([B*W, outputs]): one kernel decides every (row, frame) pair, one more scans each row's
+    window and updates the loop state as the torch stages do, and ``searching_any``."""
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     k = 0 if buf.durations is None else buf.durations.shape[0]
-    durations = buf.durations if buf.durations is not None else buf.time
-    v1 = buf.num_token_outputs
-    _k("search", logits)[(buf.batch_capacity,)](
-        logits, logits.stride(0), durations, _bytes(rows), buf.time, buf.lengths, buf.labels, buf.step_duration,
-        buf.scores, buf.symbols_at_frame, _bytes(buf.active), _bytes(buf.searching), _bytes(buf.searching_any),
-        buf.blank_id, v1, W=buf.window, K=max(k, 1), TDT=buf.durations is not None,
-        BLOCK_V=_pow2(v1), BLOCK_W=_pow2(buf.window), BLOCK_K=_pow2(max(k, 1)), num_warps=4)
+    tdt = buf.durations is not None
+    v1, n = buf.num_token_outputs, logits.shape[0]
+    token, duration = buf.time.new_empty(n), buf.time.new_empty(n)
+    score = buf.scores.new_empty(n)
+    _k("decide", logits)[(n,)](logits, logits.stride(0), buf.durations if tdt else buf.time, token, duration, score,
+                               buf.blank_id, v1, K=max(k, 1), TDT=tdt, BLOCK_V=_pow2(v1), BLOCK_K=_pow2(max(k, 1)))
+    _k("scan", logits)[(1,)](token, duration, score, _bytes(rows), buf.time, buf.lengths, buf.labels,
+                             buf.step_duration, buf.scores, buf.symbols_at_frame, _bytes(buf.active),
+                             _bytes(buf.searching), _bytes(buf.searching_any), buf.blank_id, buf.batch_capacity,
+                             W=buf.window, TDT=tdt, BLOCK_B=_pow2(buf.batch_capacity), BLOCK_W=_pow2(buf.window))
 
 
 def emit_update(buf, emit: Tensor) -> None:
@@ -113,7 +117,8 @@ def emit_update(buf, emit: Tensor) -> None:
 
 def select_rows(emit: Tensor, pairs: list[tuple[Tensor, Tensor]]) -> None:
     """``dst[b] = src[b]`` where ``emit[b]``, for each (dst, src) pair (in place; batch on dim 0, up to 3 dims,
-    any strides): up to three pairs of one dtype per launch; a pair of other shapes or dtypes falls back to ``torch.where``."""
+    any strides): up to three pairs of one dtype per launch; a pair of other shapes or dtypes falls back to
+    ``torch.where``."""
     slots = []
     for dst, src in pairs:
         if dst.shape != src.shape or dst.dim() > 3 or dst.dtype != src.dtype or dst.device != src.device:
