@@ -192,9 +192,10 @@ from workbench.decoding import fused_kernels as K
 CONSTANTS = {"J": 640, "W": 16, "BLOCK_J": 1024, "K": 5, "BLOCK_V": 2048, "BLOCK_W": 16, "BLOCK_K": 8,
              "BLOCK_B": 128, "LONGEST": 640, "BLOCK": 1024}
 FLAGS = {"flag", "rows", "active", "searching", "emit"}
-FLOATS = {"enc_proj", "pred_proj", "enc_out", "pred_out", "logits", "scores", "score_out", "score", "d0", "d1", "d2", "s0", "s1", "s2"}
-LONGS = {"tok_out", "dur_out", "tok", "dur", "time", "durations", "lengths", "labels", "step_duration", "symbols_at_frame", "num_emitted", "tokens",
-         "timestamps"}
+FLOATS = {"enc_proj", "pred_proj", "enc_out", "pred_out", "logits", "scores", "score_out", "score",
+          "d0", "d1", "d2", "s0", "s1", "s2"}
+LONGS = {"tok_out", "dur_out", "tok", "dur", "time", "durations", "lengths", "labels", "step_duration",
+         "symbols_at_frame", "num_emitted", "tokens", "timestamps"}
 for tdt in (True, False):
     for kernel in (K.gather_window_kernel, K.decide_kernel, K.scan_kernel, K.emit_kernel, K.select_kernel):
         signature, constexprs = {}, {}
@@ -243,10 +244,7 @@ def test_gpu_fused_full_partial_off_agree_and_equal_unfused(seed):
     ref = decs["off"](enc, lengths)
     assert_same_hypotheses(ref, unfused)
     for mode in ("partial", "full"):
-        got = decs[mode](enc, lengths)
-        assert [h.tokens for h in got] == [h.tokens for h in ref]
-        assert [h.timestamps for h in got] == [h.timestamps for h in ref]
-        assert [h.score for h in got] == [h.score for h in ref]  # the same kernels: the very same sums
+        assert_same_hypotheses(decs[mode](enc, lengths), ref)
         assert_same_hypotheses(decs[mode](enc, lengths), ref)  # replayed again
         assert decs[mode].mode_used == mode
 
@@ -264,5 +262,7 @@ def test_gpu_fused_graphs_hold_far_fewer_kernels(durations):
                                       kernels=kind)
         dec(enc, lengths)
         kernels[kind] = {stage: n["kernels"] for stage, n in dec.stage_graph_nodes().items()}
-    for stage in ("find_label_first", "find_label_again", "emit_labels"):
-        assert kernels["triton"][stage] * 2 < kernels["torch"][stage], kernels
+    for stage in ("find_label_first", "find_label_again"):  # 6 ops on CPU: gather, the joint's 3, decide, scan
+        assert kernels["triton"][stage] * 4 < kernels["torch"][stage], kernels
+    # 19 bookkeeping ops become 2 kernels; the predictor's own kernels stay
+    assert kernels["triton"]["emit_labels"] <= kernels["torch"]["emit_labels"] - 15, kernels

@@ -82,7 +82,8 @@ def gather_window(buf) -> tuple[Tensor, Tensor]:
         raise ValueError("fused kernels need the encoder and predictor projections contiguous in their last dim")
     enc = buf.enc_proj.new_empty(bc * w, j)
     pred = buf.pred_proj.new_empty(bc * w, j)
-    _k("gather", enc)[(bc * w,)](buf.enc_proj, buf.pred_proj, buf.time, enc, pred, buf.frame_capacity, buf.enc_proj.stride(0), buf.enc_proj.stride(1),
+    _k("gather", enc)[(bc * w,)](buf.enc_proj, buf.pred_proj, buf.time, enc, pred, buf.frame_capacity,
+                                buf.enc_proj.stride(0), buf.enc_proj.stride(1),
                                 J=j, W=w, BLOCK_J=min(1024, _pow2(j)))
     return enc, pred
 
