@@ -664,8 +664,10 @@ def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke:
         return path, figures
 
     if outcome.deferred:  # written before the rows that may poison the CUDA context
-        path, _ = write(list(outcome.failures))
-        print(f"wrote {path}; running last: {[d.case.tag for d in outcome.deferred]}", flush=True)
+        pending = [d.case.tag for d in outcome.deferred]
+        # if the process dies in the rows run last, the record on disk says they never finished
+        path, _ = write([*outcome.failures, f"rows run last not finished (full-graph group): {pending}"])
+        print(f"wrote {path}; running last: {pending}", flush=True)
         outcome.rows += measure_deferred(outcome)
         try:
             path, figures = write(outcome.failures)
