@@ -459,7 +459,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--join", type=int, default=4, help="sentences per utterance, 1..N")
     p.add_argument("--repeat", type=int, default=200, help="times each utterance is listed")
     p.add_argument("--buckets-1d", type=int, default=12, help="1D profile buckets")
-    p.add_argument("--buckets-2d", type=int, default=6, help="2D profile duration buckets (x2 token sub-buckets)")
+    p.add_argument("--buckets-2d", type=int, default=12, help="2D profile duration buckets (x2 token sub-buckets; "
+                                                             "the 1D profile's duration resolution by default)")
     p.add_argument("--memory-fraction", type=float, default=0.9, help="the probes' memory limit")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, tone corpus, modelled memory")
     args = p.parse_args(argv)
