@@ -301,6 +301,8 @@ def _train(config: TrainConfig, ranks: Ranks, device: torch.device) -> dict:
         message = report_dropped(fit, config, when="by the profile's bins")
         warnings += [message] if message else []
     run = start_run(config, ranks, device, tokenizer, cuts, profile)
+    if device.type == "cuda":  # this run's peak, not an earlier run's in the same process
+        torch.cuda.reset_peak_memory_stats(device)
     train_steps(run)
     return finish_run(run, fit, warnings)
 
@@ -466,7 +468,8 @@ def finish_step(step: LaunchedStep) -> dict:
         record["step_s"] = start.elapsed_time(end) / 1e3
         if step.previous_end is not None:
             record["data_s"] = step.previous_end.elapsed_time(start) / 1e3
-        record["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())  # the run's so far
+        # the run's peak so far: read after the next step was launched, so it covers that step too
+        record["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
     record["loss"] = float(step.loss)
     return record
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import fcntl
 import json
 import math
 import os
@@ -89,23 +90,10 @@ def make_corpus(study: Study) -> tuple[dict[str, Any], Any]:
     its CutArrays (durations, tokens counted by its tokenizer)."""
     args, root = study.args, study.corpus_dir or study.workdir / "corpus"
     cuts_path, tokenizer_path = root / "cuts.jsonl.gz", root / "tokenizer.model"
-    if not cuts_path.is_file():
-        root.mkdir(parents=True, exist_ok=True)
-        if args.smoke:
-            from workbench.data.tone_corpus import train_letter_tokenizer, write_tone_corpus
-
-            made = write_tone_corpus(root / "tones", args.utterances, seed=0, min_letters=3, max_letters=24)
-            train_letter_tokenizer(root / "tokenizer")  # writes tokenizer_path
-            repeated_cuts(made, cuts_path, args.repeat, max_duration=math.inf)
-        else:
-            from workbench.data.tokenizer import train_tokenizer
-            from workbench.data.tts import default_text, make_tts_corpus, split_sentences
-
-            train_tokenizer(split_sentences(default_text()), root / "tokenizer", 256, progress=False)
-            made = make_tts_corpus(root / "tts", num_utterances=args.utterances, join=args.join,
-                                   tokenizer=tokenizer_path, num_workers=max(1, (os.cpu_count() or 2) - 1),
-                                   progress=False)
-            repeated_cuts(made["cuts"], cuts_path, args.repeat, max_duration=MAX_UTTERANCE_S)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f"{root.name}.lock", "w") as lock:  # two studies in parallel make it once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _make_corpus_files(study, root, cuts_path, tokenizer_path)
     from workbench.data.tokenizer import tokenized_cut_arrays
 
     arrays = tokenized_cut_arrays(cuts_path, tokenizer_path, progress=False)
@@ -115,6 +103,29 @@ def make_corpus(study: Study) -> tuple[dict[str, Any], Any]:
             "hours": float(d.sum() / 3600), "duration_s": [float(x) for x in _percentiles(d)],
             "tokens": [float(x) for x in _percentiles(u)], "max_tokens_per_second": float((u / d).max()),
             "kind": "tone (smoke)" if args.smoke else "espeak-ng tts"}, arrays
+
+
+def _make_corpus_files(study: Study, root: Path, cuts_path: Path, tokenizer_path: Path) -> None:
+    """Speak (or, under --smoke, tone) the corpus into ``root`` unless its cuts are already there."""
+    args = study.args
+    if cuts_path.is_file():  # written last (atomically), so a corpus with cuts is whole
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    if args.smoke:
+        from workbench.data.tone_corpus import train_letter_tokenizer, write_tone_corpus
+
+        made = write_tone_corpus(root / "tones", args.utterances, seed=0, min_letters=3, max_letters=24)
+        train_letter_tokenizer(root / "tokenizer")  # writes tokenizer_path
+        repeated_cuts(made, cuts_path, args.repeat, max_duration=math.inf)
+    else:
+        from workbench.data.tokenizer import train_tokenizer
+        from workbench.data.tts import default_text, make_tts_corpus, split_sentences
+
+        train_tokenizer(split_sentences(default_text()), root / "tokenizer", 256, progress=False)
+        made = make_tts_corpus(root / "tts", num_utterances=args.utterances, join=args.join,
+                               tokenizer=tokenizer_path, num_workers=max(1, (os.cpu_count() or 2) - 1),
+                               progress=False)
+        repeated_cuts(made["cuts"], cuts_path, args.repeat, max_duration=MAX_UTTERANCE_S)
 
 
 def _percentiles(x):
@@ -341,10 +352,11 @@ def views(study: Study, prep: dict, trained: dict[str, dict]) -> dict[str, dict[
     out: dict[str, dict[str, dict]] = {"seconds": {}, "steps": {}}
     for sampler, t in trained.items():
         if "records" not in t:
-            out["seconds"][sampler] = out["steps"][sampler] = {k_: v for k_, v in t.items()}
+            out["seconds"][sampler], out["steps"][sampler] = dict(t), dict(t)
             continue
         uppers, records = bucket_uppers(prep, sampler), t["records"]
-        first = {**t["summary"], "peak_allocated_bytes": records[k - 1].get("peak_allocated_bytes")}
+        # a record's peak is read once the next step is launched: record k-2's covers the first k steps
+        first = {**t["summary"], "peak_allocated_bytes": records[max(0, k - 2)].get("peak_allocated_bytes")}
         out["seconds"][sampler] = {**run_figures(t["summary"], records, uppers, warmup=warmup), "ooms": 0,
                                    "settings": t["settings"]}
         out["steps"][sampler] = {**run_figures(first, records[:k], uppers, warmup=warmup), "ooms": 0,
@@ -459,7 +471,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--join", type=int, default=4, help="sentences per utterance, 1..N")
     p.add_argument("--repeat", type=int, default=200, help="times each utterance is listed")
     p.add_argument("--buckets-1d", type=int, default=12, help="1D profile buckets")
-    p.add_argument("--buckets-2d", type=int, default=6, help="2D profile duration buckets (x2 token sub-buckets)")
+    p.add_argument("--buckets-2d", type=int, default=12, help="2D profile duration buckets (x2 token sub-buckets; "
+                                                             "the 1D profile's duration resolution by default)")
     p.add_argument("--memory-fraction", type=float, default=0.9, help="the probes' memory limit")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, tone corpus, modelled memory")
     args = p.parse_args(argv)
@@ -525,6 +538,6 @@ def smoke_record(model: str = "xl-aed") -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix="workbench_throughput_smoke_") as tmp:
         main(["--model", model, "--part", "all", "--smoke", "--out", tmp, "--workdir", f"{tmp}/work",
-              "--utterances", "24", "--repeat", "3", "--steps", "4", "--seconds", "6", "--warmup-steps", "1",
+              "--utterances", "24", "--repeat", "3", "--steps", "4", "--seconds", "2", "--warmup-steps", "1",
               "--warmup-records", "1", "--buckets-1d", "3", "--buckets-2d", "2"])
         return json.loads((Path(tmp) / f"{record_name(model)}.json").read_text())
