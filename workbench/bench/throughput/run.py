@@ -76,7 +76,8 @@ class Study:
     corpus_dir: Path | None = None  # default workdir/corpus
     figures: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
-    save: Any = None                # callable: write the record as it stands
+    save: Any = None                # callable: write the record as it stands (to record_path)
+    record_path: Path | None = None
 
     def say(self, message: str) -> None:
         print(f"[{time.perf_counter() - self.started:6.1f} s] {message}", flush=True)
@@ -346,9 +347,7 @@ def views(study: Study, prep: dict, trained: dict[str, dict]) -> dict[str, dict[
     over the first k steps (k: ``--steps``, or fewer when a run reached fewer)}, each {sampler: RunFigures}."""
     from workbench.bench.throughput.record import run_figures
 
-    warmup = study.args.warmup_records
-    lengths = [len(t["records"]) for t in trained.values() if "records" in t]
-    k = min([study.args.steps, *lengths])
+    warmup, k = study.args.warmup_records, same_steps(study, trained)
     out: dict[str, dict[str, dict]] = {"seconds": {}, "steps": {}}
     for sampler, t in trained.items():
         if "records" not in t:
@@ -362,6 +361,11 @@ def views(study: Study, prep: dict, trained: dict[str, dict]) -> dict[str, dict[
         out["steps"][sampler] = {**run_figures(first, records[:k], uppers, warmup=warmup), "ooms": 0,
                                  "settings": t["settings"]}
     return out
+
+
+def same_steps(study: Study, trained: dict[str, dict]) -> int:
+    """k of the same-steps view: ``--steps``, or the fewest steps a trained (not OOMed) run reached."""
+    return min([study.args.steps, *(len(t["records"]) for t in trained.values() if "records" in t)])
 
 
 def bucket_uppers(prep: dict, sampler: str) -> list[float]:
@@ -424,15 +428,15 @@ def train_part(study: Study) -> None:
     trained: dict[str, dict] = {}
     for sampler in SAMPLERS:
         trained[sampler] = train_sampler(study, prep, sampler)
-        publish(study, views(study, prep, trained), rate, complete=False)
+        publish(study, views(study, prep, trained), same_steps(study, trained), rate, complete=False)
     by_view = views(study, prep, trained)
     add_mfu(study, by_view, prep, rate["flops_per_s"])
-    publish(study, by_view, rate, complete=True)
+    publish(study, by_view, same_steps(study, trained), rate, complete=True)
 
 
-def publish(study: Study, by_view: dict[str, dict[str, dict]], rate: dict, *, complete: bool) -> None:
-    """Put both views in the figures (``complete`` false while samplers remain) and save the record."""
-    k = min([study.args.steps, *(r["steps"] for r in by_view["seconds"].values() if "steps" in r)])
+def publish(study: Study, by_view: dict[str, dict[str, dict]], k: int, rate: dict, *, complete: bool) -> None:
+    """Put both views (the same-steps one over ``k`` steps) in the figures (``complete`` false while
+    samplers remain) and save the record."""
     study.figures["seconds"] = {"runs": by_view["seconds"], "matmul": rate, "budget": {"seconds": study.args.seconds}}
     study.figures["steps"] = {"runs": by_view["steps"], "matmul": rate, "budget": {"steps": k}}
     study.figures["complete"] = complete
@@ -505,15 +509,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.part in ("prepare", "all"):  # a new preparation makes earlier training results stale
         previous = {k: v for k, v in previous.items() if k not in ("steps", "seconds", "complete")}
     study = Study(args, workdir, model, corpus_dir, {**previous, "model": model})
-    written: list[Path] = []
 
     def save() -> None:
         study.figures["checks"] = checks(study.figures)
         study.figures["failures"] = [k for k, ok in study.figures["checks"].items() if not ok]
-        written[:] = [write_result(
+        study.record_path = write_result(
             name, what=f"throughput study, {args.model}: lhotse max_duration baseline vs the 1D and 2D "
             "OOMptimizer profiles, same steps and same wall time" + (" (SMOKE)" if args.smoke else ""),
-            figures=study.figures, params={k: v for k, v in vars(args).items()}, out_dir=args.out)]
+            figures=study.figures, params=dict(vars(args)), out_dir=args.out)
     study.save = save
     with cpu_smoke_torch(args.smoke):
         for part in (("prepare", "train") if args.part == "all" else (args.part,)):
@@ -521,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
                 prepare_part(study)
             else:
                 train_part(study)
-    path = written[-1]
+    path = study.record_path
     print("\n".join(summary_lines(study.figures)))
     print(f"wrote {path}")
     return report_failures(study.figures["failures"], smoke=args.smoke)
