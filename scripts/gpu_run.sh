@@ -15,7 +15,7 @@
 # land in $OUT/results.tar.gz (benchmarks/results/*.json, re-packed after every stage, so a call stopped
 # at its limit still returns what finished) and logs in $OUT/*.log; elsewhere OUT defaults to ./gpu_out.
 set -uo pipefail
-STAGES="flow tests tests-allocator decoding decoding-quick decoding-nemo decoding-nemo-quick models losses oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator allocator-roomy throughput-rnnt-prepare throughput-rnnt-train throughput-aed-prepare throughput-aed-train"
+STAGES="flow tests tests-allocator decoding decoding-quick decoding-nemo decoding-nemo-quick models models-compile losses oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator allocator-roomy throughput-rnnt-prepare throughput-rnnt-train throughput-aed-prepare throughput-aed-train"
 if [ $# -eq 0 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
   sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; echo "stages: $STAGES"; exit 2
 fi
@@ -134,7 +134,9 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
                       run_stage decoding_nemo 300 env PYTHONPATH="$PYTHONPATH:/tmp/nemo_site" \
                         python3 -m workbench.bench.decoding --nemo \
                         --budget-s $(( b < 200 ? b : 200 )) --out "$RESULTS" ;;
-    models)           run_stage models 160 python3 -m workbench.bench.models --out "$RESULTS" ;;
+    models)           run_stage models 200 python3 -m workbench.bench.models --kernels --out "$RESULTS" ;;
+    models-compile)   run_stage models_compile 540 python3 -m workbench.bench.models --compile --kernels \
+                        --name models_compile --out "$RESULTS" ;;
     losses)           run_stage losses 150 python3 -m workbench.bench.losses --out "$RESULTS" ;;
     oomptimizer)      run_stage oomptimizer 360 python3 -m workbench.bench.oomptimizer --out "$RESULTS" ;;
     oomptimizer-rnnt) run_stage oomptimizer_rnnt 540 python3 -m workbench.bench.oomptimizer --part rnnt \

@@ -156,11 +156,13 @@ def test_rows_run_last_keep_ours_when_nemo_poisons_the_context_and_the_rest_are_
     outcome.deferred = [bench.Deferred(case("tdt", 128), full, reference, None),
                         bench.Deferred(case("rnnt", 128), full, reference, None)]
     rows = bench.measure_deferred(outcome)
-    assert calls == [["label-looping full"], ["label-looping full", "NeMo full graph"]]  # rnnt first, then lost
+    ours_full = ["label-looping full", "label-looping fused full"]
+    assert calls == [ours_full, ours_full + ["NeMo full graph"]]  # rnnt first, then lost
     assert [r["method"] for r in rows] == ["label-looping full"] and rows[0]["equal_to_label_looping_off"]
     assert "timed alone" in rows[0]["timing_note"]
     assert any("CUDA context is unusable after NeMo full graph: illegal memory access" in f for f in outcome.failures)
-    assert outcome.skipped == ["tdt float32 B=128 T=2: label-looping full, NeMo full graph not run (the CUDA "
+    assert outcome.skipped == ["tdt float32 B=128 T=2: label-looping full, label-looping fused full, NeMo full graph "
+                               "not run (the CUDA "
                                "context failed earlier: illegal memory access)"]
     assert outcome.deferred == []
 

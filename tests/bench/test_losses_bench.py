@@ -23,6 +23,7 @@ def test_losses_bench_smoke(tmp_path, capsys):
     ours = [r for r in fig["runs"] if r["impl"].startswith("ours")]
     # per compare shape: rnnt fp32, rnnt bf16, tdt; then the large shape
     assert len(ours) == 3 * len(run.SMOKE_COMPARE_SHAPES) + 1
+    assert all([w["kernel"] for w in r["kernel_work"]] == ["normalize", "lattice", "grad"] for r in ours)
     for r in ours:
         assert r["error"] is None and math.isfinite(r["loss_sum"]) and r["loss_sum"] > 0 and r["time_s"]["median"] > 0
         assert r["backend"].startswith("triton" if torch.cuda.is_available() else "torch: logits on cpu")
@@ -86,4 +87,26 @@ def test_ratios_and_targets_read_from_the_record():
     assert any("torchaudio-rnnt float32 B=128" in line and "illegal memory access" in line for line in lines)
     assert "joint_chunk_size=8: 330.0 ms, peak 20.00 GiB" in "\n".join(lines)
     text = losses_record.table(fig)
-    assert "16,188,120,1024" in text and "8.00 ms" in text and "0.67" in text
+    assert "16,188,120,1024" in text and "8.00 ms" in text and "0.67" in text and "kernels:" not in text
+    fig["runs"][2]["kernels"] = {"total_s": 0.004, "top": [
+        {"name": "_grad_kernel", "self_s": 0.003, "share": 0.75, "calls": 1},
+        {"name": "_lattice_kernel", "self_s": 0.001, "share": 0.25, "calls": 1}]}
+    assert ("ours-tdt float32 16,188,120,1024 kernels: _grad_kernel 3.000 ms (75%), _lattice_kernel 1.000 ms (25%)"
+            in losses_record.table(fig).splitlines())
+
+
+def test_kernel_work_counts_the_bytes_and_steps_of_a_tiny_lattice():
+    """B=1, T=2, U=1, V=3: 4 nodes of 4 (RNN-T) or 7 (TDT, durations 0-2) classes; 3 diagonals of 2 nodes."""
+    from workbench.bench.losses.cost import kernel_work
+
+    normalize, lattice, grad = kernel_work([1, 2, 1, 3])
+    assert (normalize.programs, normalize.read_bytes, normalize.written_bytes) == (4, 4 * 4 * 4, 4 * 4 + 4 * 2 * 4)
+    assert (lattice.programs, lattice.sequential_steps, lattice.edges_per_node) == (2, 3, 2)
+    assert lattice.read_bytes == 2 * (2 * 4 * 2 * 2 * 3) and lattice.written_bytes == 2 * 3 * 2 * 4
+    assert lattice.sectors_per_step == 4 and lattice.exps_per_node == 2
+    assert grad.written_bytes == 64 and grad.read_bytes == 64 + 16 + 4 * 4 * (1 + 2)
+    normalize, lattice, grad = kernel_work([1, 2, 1, 3], 3, logit_bytes=2, durations=(0, 1, 2))
+    assert normalize.read_bytes == grad.written_bytes == 4 * 7 * 2
+    assert normalize.written_bytes == 4 * (4 + 3 * 4) + 4 * 2 * 3 * 4
+    assert lattice.edges_per_node == 5 and lattice.sectors_per_step == 10  # 2 blank (d > 0) + 3 label edges
+    assert kernel_work([1, 2, 1, 3], 3)[1].edges_per_node == 6  # all durations > 0 when not given

@@ -46,9 +46,17 @@ def test_checks_and_targets_name_what_failed():
                "steps": {"runs": {"baseline": run, "1d": {**run, "audio_seconds_per_second": 200.0},
                                   "2d": {**run, "audio_seconds_per_second": 150.0}}}}
     assert tp.checks(figures) == {"baseline_pass_within_probed_worst_case": False, "steps_baseline_no_oom": True,
-                                  "steps_1d_no_oom": True, "steps_2d_no_oom": True}
+                                  "steps_1d_no_oom": True, "steps_2d_no_oom": True,
+                                  "every_sampler_trained": False}  # the record does not say it is complete
+    figures["complete"] = True
+    assert tp.checks(figures)["every_sampler_trained"] is True
     assert tp.targets(figures) == ["steps: 2D / baseline = 1.50x (target >= 1.8x: missed by 0.30x)",
                                    "steps: 2D / 1D = 0.75x (target > 1: missed)"]
+    # with a same-wall-time part, the target is judged there and the same-steps line only lists its ratio
+    figures["seconds"] = figures["steps"]
+    assert tp.targets(figures)[0] == "steps: 2D / baseline = 1.50x (the target is judged at the same wall time)"
+    assert tp.targets(figures)[2] == "seconds: 2D / baseline = 1.50x (target >= 1.8x: missed by 0.30x)"
+    del figures["seconds"]
     figures["steps"]["runs"]["2d"] = {"ooms": 1, "error": "CUDA out of memory"}
     assert not tp.checks(figures)["steps_2d_no_oom"] and tp.ratio(figures, "steps", "2d", "1d") is None
 
@@ -71,7 +79,7 @@ def test_repeated_cuts_interleave_copies_and_drop_long_ones(tmp_path):
 def test_throughput_smoke_runs_every_part_on_cpu_and_writes_the_record(tmp_path, capsys):
     out = tmp_path / "out"
     code = main(["--model", "large-rnnt", "--part", "all", "--smoke", "--out", str(out), "--workdir",
-                 str(tmp_path / "work"), "--utterances", "24", "--repeat", "3", "--steps", "4", "--seconds", "6",
+                 str(tmp_path / "work"), "--utterances", "24", "--repeat", "3", "--steps", "4", "--seconds", "2",
                  "--warmup-steps", "1", "--warmup-records", "1", "--buckets-1d", "3", "--buckets-2d", "2"])
     assert code == 0
     record = json.loads((out / f"{record_name('large-rnnt')}.json").read_text())
@@ -84,7 +92,7 @@ def test_throughput_smoke_runs_every_part_on_cpu_and_writes_the_record(tmp_path,
     # the baseline's max_duration lets no lhotse bucket form a batch beyond its probed size
     assert all(math.floor(base["max_duration"] / b["shortest_s"]) <= b["max_batch_size"] for b in base["buckets"])
     assert base["pass"]["batches"] > 0 and base["pass"]["exceeding"] == 0
-    assert f["steps"]["budget"] == {"steps": 4} and f["seconds"]["budget"] == {"seconds": 6.0}
+    assert f["steps"]["budget"] == {"steps": 4} and f["seconds"]["budget"] == {"seconds": 2.0}
     assert f["complete"] is True
     for sampler in tp.SAMPLERS:
         run = f["steps"]["runs"][sampler]
@@ -114,3 +122,44 @@ def test_throughput_later_part_without_prepare_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--model", "xl-aed", "--part", "train", "--smoke", "--out", str(tmp_path), "--steps", "0"])
     assert "--steps: must be >= 1" in capsys.readouterr().err
+
+
+def _study(steps: int):
+    import argparse
+
+    from workbench.bench.throughput.run import Study
+
+    return Study(argparse.Namespace(steps=steps, warmup_records=0), None, "tiny-rnnt")
+
+
+def test_views_take_the_fewest_steps_reached_and_keep_an_oom_apart():
+    from workbench.bench.throughput.run import views
+
+    prep = {"baseline": {"lhotse_bins": [5.0], "buckets": [{"longest_s": 30.0}]},
+            "profiles": {"1d": {"bucket_duration_bins": [5.0, 30.0]}}}
+
+    def trained(n):
+        records = _records([(2, 10.0, 0.5, 1.0, 0.1)] * n)
+        for i, r in enumerate(records):
+            r["peak_allocated_bytes"] = 100 * (i + 1)
+        return {"summary": {"peak_allocated_bytes": 100 * n}, "records": records, "settings": {}}
+
+    oom = {"ooms": 1, "error": "CUDA out of memory", "settings": {}}
+    out = views(_study(steps=10), prep, {"baseline": trained(12), "1d": trained(6), "2d": oom})
+    # k = 6: the shorter run bounds the same-steps view; the same-time view keeps every step
+    assert out["steps"]["baseline"]["steps"] == 6 and out["seconds"]["baseline"]["steps"] == 12
+    assert out["steps"]["1d"]["steps"] == out["seconds"]["1d"]["steps"] == 6
+    # record k-2's peak covers the first k steps (read after step k was launched); the whole run's is the summary's
+    assert out["steps"]["baseline"]["peak_allocated_bytes"] == 500
+    assert out["seconds"]["baseline"]["peak_allocated_bytes"] == 1200
+    assert out["steps"]["2d"] == out["seconds"]["2d"] == oom and out["steps"]["2d"] is not out["seconds"]["2d"]
+
+
+def test_a_record_cut_short_says_so_and_still_renders():
+    record = {"model": "xl-aed", "complete": False,
+              "seconds": {"runs": {"baseline": {"ooms": 1, "error": "CUDA out of memory"}},
+                          "matmul": {"flops_per_s": 1e15, "dtype": "bfloat16"}, "budget": {"seconds": 60.0}}}
+    assert tp.checks(record)["every_sampler_trained"] is False
+    lines = tp.summary_lines({**record, "failures": ["every_sampler_trained"]})
+    assert any(line.endswith("1D profile: not run") for line in lines)
+    assert lines[-1] == "- checks FAILED: every_sampler_trained"

@@ -109,6 +109,27 @@ def test_tdt_sigma_and_blank_in_the_middle():
                               blank=2, durations=durations, sigma=0.05)
 
 
+@pytest.mark.parametrize("durations, dtype", [((0, 1, 7), torch.float32), ((3, 1), torch.float32),
+                                             ((1, 3), torch.bfloat16)])
+def test_tdt_durations_past_the_utterance_end_and_in_any_order(durations, dtype):
+    """Durations longer than some utterances (edges that leave the lattice), listed in any order; bf16
+    logits read in fp32: the values and gradients of the reference on the same values."""
+    vocab = 4
+    frames, labels = [3, 9, 1], [2, 4, 0]
+    logits, targets, logit_lengths, target_lengths = random_batch(frames, labels, vocab + 1 + len(durations),
+                                                                  vocab=vocab, seed=31)
+    logits = logits.to(dtype)
+    got, grad = loss_and_grad(tdt_loss_triton, logits, targets, logit_lengths, target_lengths, blank=vocab,
+                              durations=durations)
+    want, want_grad = loss_and_grad(tdt_loss_reference, logits, targets, logit_lengths, target_lengths,
+                                    blank=vocab, durations=durations)
+    assert grad.dtype == dtype
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    tolerance = 1e-2 if dtype == torch.bfloat16 else 2e-5
+    torch.testing.assert_close(grad.float(), want_grad.float(), rtol=tolerance, atol=tolerance)
+    assert_padding_has_zero_gradient(grad, frames, labels)
+
+
 @pytest.mark.parametrize("which", ["rnnt", "tdt"])
 def test_bf16_logits_give_a_bf16_gradient_close_to_the_reference(which):
     extra = 3 if which == "tdt" else 0
@@ -264,14 +285,14 @@ def test_beta_runs_alongside_alpha_only_when_a_gradient_is_wanted(monkeypatch):
 
 COMPILE_FOR_H200 = """
 import sys
+import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 from workbench.models import losses_triton as L
 
-INT64_POINTERS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr", "blank_dur_ptr", "blank_col_ptr",
-                  "label_dur_ptr", "label_col_ptr"}
-for dtype, nd, nb, nl in (("fp32", 0, 1, 1), ("bf16", 5, 4, 5)):
-    constants = {"ND": nd, "NB": nb, "NL": nl, "BLOCK_V": 2048, "BLOCK_D": 8, "BLOCK_U": 128}
+INT64_POINTERS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr", "edges_ptr"}
+for dtype, nd, ns in (("fp32", 0, 1), ("bf16", 5, 5)):
+    constants = {"ND": nd, "NS": ns, "BLOCK_V": 2048, "BLOCK_S": triton.next_power_of_2(ns), "BLOCK_U": 128}
     for kernel in (L._normalize_kernel, L._lattice_kernel, L._grad_kernel):
         signature, constexprs = {}, {}
         for name, param in zip(kernel.arg_names, kernel.params):

@@ -264,3 +264,25 @@ def test_gpu_oomptimize_command_writes_a_loadable_profile(tmp_path, capsys):
     assert meta["budget_bytes"] == int(0.05 * torch.cuda.get_device_properties(0).total_memory)
     assert meta["soak"]["ooms"] == 0 and meta["soak"]["peak_allocated_bytes"] > 0
     assert f"wrote {out}" in capsys.readouterr().out
+
+
+def test_oomptimize_metadata_says_whether_the_probed_encoder_was_compiled(monkeypatch):
+    alloc = FakeAllocator(monkeypatch)
+    bins = BucketProfile([[4.0, 40]])
+    eager = FakeModel(alloc)
+    assert run.oomptimize(eager, "fake-rnnt", bins, memory_fraction=0.5)[0].metadata["compile"] is False
+    compiled = FakeModel(alloc)
+    compiled.encoder = nn.Module()
+    compiled.encoder.blocks = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])
+    for block in compiled.encoder.blocks:
+        block.compile(dynamic=True)  # what workbench.models.compile_encoder_layers does (never called here)
+    assert run.oomptimize(compiled, "fake-rnnt", bins, memory_fraction=0.5)[0].metadata["compile"] is True
+    assert compiled.batches[0] == (2, 4.0, 40) and eager.batches[0] != (2, 4.0, 40)  # the warm-up step first
+
+
+def test_probe_warm_up_reads_the_baseline_again(monkeypatch):
+    alloc = FakeAllocator(monkeypatch)
+    probe = TrainingStepProbe(FakeModel(alloc, leak=500), memory_fraction=0.5)
+    assert probe.baseline_bytes == 1000
+    probe.warm_up((4.0, 40))
+    assert probe.baseline_bytes == 1500 and probe.model.batches == [(2, 4.0, 40)]

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 import workbench.decoding.cuda_graphs as cuda_graphs
+import workbench.decoding.fused as fused
 import workbench.decoding.label_looping as label_looping
 from workbench.decoding.frame_looping import run_frame_looping
 from workbench.decoding.protocol import Hypothesis, hypotheses_from_buffers, module_dtype
@@ -93,13 +94,15 @@ class GreedyTransducerDecoder:
     output ends with one logit per duration. ``max_symbols`` bounds labels per frame (None -> 10).
     ``blank_window`` (label-looping, RNN-T and TDT): frames decided by one joint call while skipping
     blanks (the same decisions, fewer loop iterations); 1 looks at one frame per step.
+    ``kernels`` (label-looping): "torch" (default), or "triton": fused kernels around the joint's matrix
+    product and the predictor step, with the same tokens and timestamps (scores summed in another order).
     Computation runs in the joint's dtype. Captured graphs are kept for the largest batch and length
     seen and reused for smaller inputs; ``reset()`` releases them.
     """
 
     def __init__(self, predictor, joint, *, blank_id: int, durations: list[int] | None = None,
                  max_symbols: int | None = DEFAULT_MAX_SYMBOLS, algorithm: str = "label_looping",
-                 cuda_graphs: str = "auto", blank_window: int = DEFAULT_BLANK_WINDOW):
+                 cuda_graphs: str = "auto", blank_window: int = DEFAULT_BLANK_WINDOW, kernels: str = "torch"):
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
         if cuda_graphs not in GRAPH_MODES:
@@ -118,6 +121,10 @@ class GreedyTransducerDecoder:
                 raise ValueError("frame_looping decodes RNN-T only; use label_looping for TDT (durations given)")
         if int(blank_window) != blank_window or blank_window < 1:
             raise ValueError(f"blank_window must be an integer >= 1, got {blank_window}")
+        if kernels not in fused.KERNELS:
+            raise ValueError(f"kernels must be one of {fused.KERNELS}, got {kernels!r}")
+        if kernels == "triton" and algorithm == "frame_looping":
+            raise ValueError("kernels='triton' is for label_looping; frame_looping runs the torch ops")
         if blank_id < 0:
             raise ValueError(f"blank_id must be >= 0, got {blank_id}")
         if algorithm == "frame_looping" and cuda_graphs in ("full", "partial"):
@@ -126,6 +133,7 @@ class GreedyTransducerDecoder:
         self.blank_id, self.durations, self.max_symbols = blank_id, durations, int(max_symbols)
         self.algorithm, self.cuda_graphs = algorithm, cuda_graphs
         self.blank_window = int(blank_window)
+        self.kernels = kernels
         self.mode_used: str | None = None        # the mode of the last call
         self.last_stats: dict[str, int] = {}     # loop counts of the last eager / partial call
         self.captures = 0                        # graph captures so far (tests and benchmarks read it)
@@ -196,7 +204,8 @@ class GreedyTransducerDecoder:
         return label_looping.make_buffers(
             self.predictor, self.joint, batch_capacity=batch, frame_capacity=max(frames, 1),
             enc_dim=enc.shape[-1], dtype=enc.dtype, device=enc.device, blank_id=self.blank_id,
-            durations=self.durations, max_symbols=self.max_symbols, window=self.blank_window)
+            durations=self.durations, max_symbols=self.max_symbols, window=self.blank_window,
+            kernels=self.kernels)
 
     def _decode_eager(self, enc: Tensor, lengths: Tensor) -> list[Hypothesis]:
         batch, frames = enc.shape[0], enc.shape[1]

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+import workbench.decoding.fused as fused
+
 
 @dataclass
 class LoopBuffers:
@@ -58,12 +60,17 @@ class LoopBuffers:
     pred_proj: Tensor           # [Bc, J]
     active_any: Tensor          # [] bool: loop condition of the outer loop
     searching_any: Tensor       # [] bool: loop condition of the inner loop
+    kernels: str = "torch"      # "torch": the stages below; "triton": workbench.decoding.fused's kernels
+    emit: Tensor | None = None  # triton: [Bc] bool, the rows that emitted in this outer step
 
 
 def make_buffers(predictor, joint, *, batch_capacity: int, frame_capacity: int, enc_dim: int,
                  dtype: torch.dtype, device: torch.device, blank_id: int, durations: list[int] | None,
-                 max_symbols: int, window: int = 1) -> LoopBuffers:
-    """Allocate buffers; runs the predictor and joint once on a dummy batch to learn their shapes."""
+                 max_symbols: int, window: int = 1, kernels: str = "torch") -> LoopBuffers:
+    """Allocate buffers; runs the predictor and joint once on a dummy batch to learn their shapes.
+    ``kernels``: "torch" or "triton" (the same decisions through fewer, fused kernels)."""
+    if kernels not in fused.KERNELS:
+        raise ValueError(f"kernels must be one of {fused.KERNELS}, got {kernels!r}")
     bc, tc = batch_capacity, frame_capacity
     enc = torch.zeros(bc, tc, enc_dim, dtype=dtype, device=device)
     enc_proj = joint.project_encoder(enc[:, :1])
@@ -102,6 +109,7 @@ def make_buffers(predictor, joint, *, batch_capacity: int, frame_capacity: int, 
         pred_state=tuple(torch.zeros_like(s) for s in state), pred_proj=torch.zeros_like(pred_proj),
         active_any=torch.zeros((), dtype=torch.bool, device=device),
         searching_any=torch.zeros((), dtype=torch.bool, device=device),
+        kernels=kernels, emit=torch.zeros(bc, dtype=torch.bool, device=device) if kernels == "triton" else None,
     )
 
 
@@ -234,8 +242,17 @@ def _search_window_tdt(buf: LoopBuffers, joint, rows: Tensor) -> None:
                    duration.gather(1, at_stop).squeeze(1), gained[:, 0] + label_score)
 
 
+def _search_fused(buf: LoopBuffers, joint, rows: Tensor) -> None:
+    """One search step through the fused kernels: gather the window, the joint, the epilogue (any window;
+    with window 1 the same decisions as :func:`_take_decision`)."""
+    enc, pred = fused.gather_window(buf)
+    fused.search_epilogue(buf, joint.joint_after_projection(enc, pred), rows)
+
+
 def _search(buf: LoopBuffers, joint, rows: Tensor, first: bool) -> None:
-    if buf.window == 1:
+    if buf.kernels == "triton":
+        _search_fused(buf, joint, rows)
+    elif buf.window == 1:
         _take_decision(buf, joint, rows, first=first)
     elif buf.durations is None:
         _search_window_rnnt(buf, joint, rows)
@@ -245,16 +262,21 @@ def _search(buf: LoopBuffers, joint, rows: Tensor, first: bool) -> None:
 
 def find_label_first(buf: LoopBuffers, joint) -> None:
     """First decision of an outer step for every active row; blanks move their row's frame."""
-    _search(buf, joint, buf.active.clone(), first=True)
+    _search(buf, joint, buf.active if buf.kernels == "triton" else buf.active.clone(), first=True)
 
 
 def find_label_again(buf: LoopBuffers, joint) -> None:
     """Inner-loop step: a new decision for rows still on a blank (``searching``)."""
-    _search(buf, joint, buf.searching.clone(), first=False)
+    _search(buf, joint, buf.searching if buf.kernels == "triton" else buf.searching.clone(), first=False)
 
 
 def emit_labels(buf: LoopBuffers, predictor, joint) -> None:
     """Emit the found label of every active row, advance the predictor there, move frames."""
+    if buf.kernels == "triton":
+        fused.emit_update(buf, buf.emit)
+        out, state = predictor.step(buf.labels, buf.pred_state)
+        fused.select_rows(buf.emit, [*zip(buf.pred_state, state), (buf.pred_proj, joint.project_predictor(out))])
+        return
     emit = buf.active
     buf.tokens[buf.batch_index, buf.num_emitted] = buf.labels       # rows not emitting write past their end
     buf.timestamps[buf.batch_index, buf.num_emitted] = buf.time

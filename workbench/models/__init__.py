@@ -10,7 +10,7 @@ _EXPORTS = {
     "xl_config": "config",
     "label_smoothed_cross_entropy": "losses", "lattice_log_likelihood": "losses", "rnnt_loss": "losses",
     "tdt_loss": "losses", "loss_backend": "losses",
-    "ASRModel": "model", "build_model": "model", "count_parameters": "model",
+    "ASRModel": "model", "build_model": "model", "compile_encoder_layers": "model", "count_parameters": "model",
     "Joint": "transducer", "Predictor": "transducer", "chunked_joint_loss": "transducer",
 }
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from workbench.models.config import ModelConfig
-from workbench.models.encoder import Attention, feed_forward, sinusoidal_positions
+from workbench.models.encoder import Attention, attention_dtype, feed_forward, key_padding_bias, sinusoidal_positions
 
 
 class DecoderLayer(nn.Module):
@@ -19,9 +19,10 @@ class DecoderLayer(nn.Module):
         self.ff = feed_forward(dim, 4 * dim, dropout)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x, memory, memory_valid):
-        x = x + self.dropout(self.self_attn(self.self_norm(x), causal=True))
-        x = x + self.dropout(self.cross_attn(self.cross_norm(x), memory, key_mask=memory_valid))
+    def forward(self, x, memory, memory_bias):
+        """memory_bias [B, 1, 1, T]: :func:`key_padding_bias` of the encoder's valid frames."""
+        x = x + self.dropout(self.self_attn(self.self_norm(x), causal=True))  # no mask: the flash kernel
+        x = x + self.dropout(self.cross_attn(self.cross_norm(x), memory, key_bias=memory_bias))
         return x + self.ff(x)
 
 
@@ -44,6 +45,7 @@ class TransformerDecoder(nn.Module):
         x = x + sinusoidal_positions(x.shape[1], x.shape[2], x.device, x.dtype)
         memory = self.enc_proj(enc)
         memory_valid = torch.arange(enc.shape[1], device=enc.device)[None] < enc_lens[:, None]
+        memory_bias = key_padding_bias(memory_valid, attention_dtype(x))
         for layer in self.layers:
-            x = layer(x, memory, memory_valid)
+            x = layer(x, memory, memory_bias)
         return self.out(self.norm(x))

@@ -62,6 +62,9 @@ def register(subparsers) -> None:
     p.add_argument("--joint-chunk-size", type=int,
                    help="transducers: joint and loss over chunks of this many utterances, never the whole "
                         "[B, T, U+1, V] joint at once (0: off; use the value the profile was made with)")
+    p.add_argument("--compile", action="store_true", default=None,
+                   help="torch.compile each encoder block (dynamic shapes, compiled on the first step); give it "
+                        "a profile made with `workbench oomptimize --compile`")
     p.add_argument("--log-cut-ids", action="store_true", default=None,
                    help="list every rank's cut ids in each train_log.jsonl record (under torchrun a gather per "
                         "step, which waits for the GPU: for checks, not for speed)")

@@ -63,8 +63,28 @@ class Subsampling(nn.Module):
         return x, lengths
 
 
+def attention_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the attention's projections give for input ``x``: autocast's when it is on, else x's."""
+    device_type = x.device.type
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+
+
+def key_padding_bias(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """valid [B, Tk] bool (True = attend) -> additive attention bias [B, 1, 1, Tk] in ``dtype``: 0 where
+    valid, -inf elsewhere (what SDPA makes of a boolean mask, made once for every layer instead of in
+    each call). Its rows are stored 8-element aligned, so the memory-efficient kernel takes it as it is
+    (an unaligned mask is padded into a copy on every call), and always with spare room (never
+    contiguous), so a compiled block sees one stride pattern for every length."""
+    batch, length = valid.shape
+    aligned = (length // 8 + 1) * 8
+    bias = torch.full((batch, 1, 1, aligned), float("-inf"), dtype=dtype, device=valid.device)
+    bias[..., :length].masked_fill_(valid[:, None, None, :], 0.0)
+    return bias[..., :length]
+
+
 class Attention(nn.Module):
-    """Multi-head attention through F.scaled_dot_product_attention; key_mask [B, Tk] True = attend."""
+    """Multi-head attention through F.scaled_dot_product_attention; key_bias [B, 1, 1, Tk] additive (from
+    :func:`key_padding_bias`), or ``causal`` self-attention without a mask (SDPA's flash kernel)."""
 
     def __init__(self, dim: int, num_heads: int, dropout: float):
         super().__init__()
@@ -75,14 +95,13 @@ class Attention(nn.Module):
         self.key_value = nn.Linear(dim, 2 * dim)
         self.out = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *, key_mask: torch.Tensor | None = None,
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *, key_bias: torch.Tensor | None = None,
                 causal: bool = False) -> torch.Tensor:
         memory = x if memory is None else memory
         batch, length, dim = x.shape
         q = self.query(x).view(batch, length, self.num_heads, -1).transpose(1, 2)
         k, v = self.key_value(memory).view(batch, memory.shape[1], 2, self.num_heads, -1).permute(2, 0, 3, 1, 4)
-        mask = None if key_mask is None else key_mask[:, None, None, :]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_bias, is_causal=causal,
                                            dropout_p=self.dropout if self.training else 0.0)
         return self.out(y.transpose(1, 2).reshape(batch, length, dim))
 
@@ -93,7 +112,10 @@ def feed_forward(dim: int, hidden: int, dropout: float) -> nn.Sequential:
 
 
 class ConvolutionModule(nn.Module):
-    """Pointwise conv + GLU, depthwise conv over time, batch norm, SiLU, pointwise conv; padding zeroed."""
+    """Pointwise conv + GLU, depthwise conv over time, batch norm, SiLU, pointwise conv; padding zeroed.
+
+    The pointwise (kernel 1) convs keep their Conv1d parameters but run as matmuls over [B, T, C]
+    (F.linear on the squeezed weight: the same sums, without a convolution kernel or layout copies)."""
 
     def __init__(self, dim: int, kernel: int, dropout: float):
         super().__init__()
@@ -105,10 +127,10 @@ class ConvolutionModule(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        y = F.glu(self.pointwise_in(self.norm(x).transpose(1, 2)), dim=1)
-        y = y * valid[:, None, :]
-        y = F.silu(self.batch_norm(self.depthwise(y)))
-        return self.dropout(self.pointwise_out(y).transpose(1, 2))
+        y = F.glu(F.linear(self.norm(x), self.pointwise_in.weight[..., 0], self.pointwise_in.bias), dim=-1)
+        y = (y * valid[..., None]).transpose(1, 2)                          # [B, D, T]
+        y = F.silu(self.batch_norm(self.depthwise(y))).transpose(1, 2)      # [B, T, D]
+        return self.dropout(F.linear(y, self.pointwise_out.weight[..., 0], self.pointwise_out.bias))
 
 
 class ConformerBlock(nn.Module):
@@ -125,9 +147,10 @@ class ConformerBlock(nn.Module):
         self.ff2 = feed_forward(dim, config.ff_mult * dim, config.dropout)
         self.out_norm = nn.LayerNorm(dim)
 
-    def forward(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, valid: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
+        """x [B, T, D], valid [B, T] bool, key_bias [B, 1, 1, T] (:func:`key_padding_bias` of valid)."""
         x = x + 0.5 * self.ff1(x)
-        x = x + self.attn_dropout(self.attn(self.attn_norm(x), key_mask=valid))
+        x = x + self.attn_dropout(self.attn(self.attn_norm(x), key_bias=key_bias))
         x = x + self.conv(x, valid)
         x = x + 0.5 * self.ff2(x)
         return self.out_norm(x)
@@ -149,6 +172,7 @@ class Encoder(nn.Module):
         x, lengths = self.subsampling(features, frames)
         x = self.dropout(x + sinusoidal_positions(x.shape[1], x.shape[2], x.device, x.dtype))
         valid = torch.arange(x.shape[1], device=x.device)[None] < lengths[:, None]
+        key_bias = key_padding_bias(valid, attention_dtype(x))
         for block in self.blocks:
-            x = block(x, valid)
+            x = block(x, valid, key_bias)
         return x, lengths

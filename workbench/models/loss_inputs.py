@@ -24,8 +24,21 @@ def check_durations(logits: torch.Tensor, durations: Sequence[int]) -> tuple[lis
     return durations, num_token_classes
 
 
-def check_inputs(logits, targets, logit_lengths, target_lengths, blank: int, num_token_classes: int) -> int:
-    """Raise ValueError naming the field and how many entries are wrong; return blank as an index >= 0."""
+CHECKS = ("host", "device")  # how check_inputs tests the values of CUDA lengths and targets
+
+
+def check_inputs(logits, targets, logit_lengths, target_lengths, blank: int, num_token_classes: int,
+                 check: str = "host") -> int:
+    """Raise ValueError naming the field and how many entries are wrong; return blank as an index >= 0.
+
+    Shapes and ``blank`` are checked on the host. The values of lengths and targets: with ``check="host"``
+    by counting the bad entries (on CUDA one device-to-host copy, which waits for the work queued
+    before it); with ``check="device"`` and every tensor on CUDA, by device-side asserts that never wait
+    (the training step's way: a bad value then stops the process with a CUDA device-side assert naming
+    no field). Tensors on the CPU always get the host check (nothing to wait for there).
+    """
+    if check not in CHECKS:
+        raise ValueError(f"check: expected one of {CHECKS}, got {check!r}")
     if logits.dim() != 4:
         raise ValueError(f"logits: expected 4 dims [B, T, U + 1, classes], got {logits.dim()}")
     batch, num_frames, num_cols, _ = logits.shape
@@ -39,17 +52,22 @@ def check_inputs(logits, targets, logit_lengths, target_lengths, blank: int, num
     blank = blank % num_token_classes
     device = targets.device
     in_use = torch.arange(num_cols - 1, device=device)[None, :] < target_lengths[:, None].to(device)
-    bad_counts = torch.stack([  # one host sync for the three checks (this runs every training step)
-        ((logit_lengths < 1) | (logit_lengths > num_frames)).sum().to(device),
-        ((target_lengths < 0) | (target_lengths > num_cols - 1)).sum().to(device),
-        (in_use & ((targets < 0) | (targets >= num_token_classes) | (targets == blank))).sum()]).tolist()
-    bad_logit_lengths, bad_target_lengths, bad_targets = bad_counts
-    if bad_logit_lengths:
-        raise ValueError(f"logit_lengths: {bad_logit_lengths} of {batch} outside [1, {num_frames}]")
-    if bad_target_lengths:
-        raise ValueError(f"target_lengths: {bad_target_lengths} of {batch} outside [0, {num_cols - 1}]")
-    if bad_targets:
-        raise ValueError(f"targets: {bad_targets} labels are blank ({blank}) or outside [0, {num_token_classes})")
+    bad = [(logit_lengths < 1) | (logit_lengths > num_frames),
+           (target_lengths < 0) | (target_lengths > num_cols - 1),
+           in_use & ((targets < 0) | (targets >= num_token_classes) | (targets == blank))]
+    messages = [f"logit_lengths: {{}} of {batch} outside [1, {num_frames}]",
+                f"target_lengths: {{}} of {batch} outside [0, {num_cols - 1}]",
+                f"targets: {{}} labels are blank ({blank}) or outside [0, {num_token_classes})"]
+    on_cuda = all(t.device.type == "cuda" for t in (targets, logit_lengths, target_lengths))
+    if check == "device" and on_cuda:
+        for flags, message in zip(bad, messages):
+            torch._assert_async(~flags.any(), message.format("some"))
+        return blank
+    # one host copy for the three checks
+    bad_counts = torch.stack([flags.sum().to(device) for flags in bad]).tolist()
+    for count, message in zip(bad_counts, messages):
+        if count:
+            raise ValueError(message.format(count))
     return blank
 
 

@@ -78,19 +78,23 @@ def _triton_problem() -> str | None:
 
 def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
               target_lengths: torch.Tensor, *, blank: int = -1, reduction: str = "mean",
-              backend: str = "auto") -> torch.Tensor:
+              backend: str = "auto", check: str = "host") -> torch.Tensor:
     """RNN-T negative log-likelihood from joint logits (log-softmax is applied here, in fp32).
 
     logits [B, T, U + 1, V + 1] (any float dtype), targets [B, U] long (label ids, no blank),
     logit_lengths [B] in [1, T], target_lengths [B] in [0, U]. ``blank`` indexes the last dim (negative
     counts from the end, as in torchaudio). reduction: "none" -> [B], "sum", or "mean" (over the batch).
-    backend: see :func:`loss_backend` ("auto" picks the Triton kernels for CUDA logits).
+    backend: see :func:`loss_backend` ("auto" picks the Triton kernels for CUDA logits). check: how the
+    lengths' and targets' values are checked on CUDA, "host" (a ValueError naming the field; waits for
+    the device) or "device" (no host sync; see :func:`loss_inputs.check_inputs`).
     """
     if loss_backend(logits, backend)[0] == "triton":
         from workbench.models.losses_triton import rnnt_loss_triton
 
-        return rnnt_loss_triton(logits, targets, logit_lengths, target_lengths, blank=blank, reduction=reduction)
-    return rnnt_loss_reference(logits, targets, logit_lengths, target_lengths, blank=blank, reduction=reduction)
+        return rnnt_loss_triton(logits, targets, logit_lengths, target_lengths, blank=blank, reduction=reduction,
+                                check=check)
+    return rnnt_loss_reference(logits, targets, logit_lengths, target_lengths, blank=blank, reduction=reduction,
+                               check=check)
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -99,10 +103,11 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
 
 
 def rnnt_loss_reference(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
-                        target_lengths: torch.Tensor, *, blank: int = -1, reduction: str = "mean") -> torch.Tensor:
+                        target_lengths: torch.Tensor, *, blank: int = -1, reduction: str = "mean",
+                        check: str = "host") -> torch.Tensor:
     """:func:`rnnt_loss` in plain PyTorch (the reference and the CPU path)."""
     num_classes = logits.shape[-1] if logits.dim() == 4 else 0
-    blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_classes)
+    blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_classes, check)
     dtype = _compute_dtype(logits)
     logit_lse = logits.to(dtype).logsumexp(dim=-1)  # [B, T, U + 1]
     blank_logp = logits[..., blank].to(dtype) - logit_lse
@@ -116,7 +121,8 @@ def rnnt_loss_reference(logits: torch.Tensor, targets: torch.Tensor, logit_lengt
 
 def tdt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
              target_lengths: torch.Tensor, *, blank: int, durations: Sequence[int] = (0, 1, 2, 3, 4),
-             sigma: float = 0.0, reduction: str = "mean", backend: str = "auto") -> torch.Tensor:
+             sigma: float = 0.0, reduction: str = "mean", backend: str = "auto",
+             check: str = "host") -> torch.Tensor:
     """TDT negative log-likelihood from joint logits [B, T, U + 1, V + 1 + len(durations)].
 
     The first V + 1 logits are tokens (``blank`` indexes them), the last len(durations) are durations
@@ -127,17 +133,17 @@ def tdt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.T
         from workbench.models.losses_triton import tdt_loss_triton
 
         return tdt_loss_triton(logits, targets, logit_lengths, target_lengths, blank=blank, durations=durations,
-                               sigma=sigma, reduction=reduction)
+                               sigma=sigma, reduction=reduction, check=check)
     return tdt_loss_reference(logits, targets, logit_lengths, target_lengths, blank=blank, durations=durations,
-                              sigma=sigma, reduction=reduction)
+                              sigma=sigma, reduction=reduction, check=check)
 
 
 def tdt_loss_reference(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
                        target_lengths: torch.Tensor, *, blank: int, durations: Sequence[int] = (0, 1, 2, 3, 4),
-                       sigma: float = 0.0, reduction: str = "mean") -> torch.Tensor:
+                       sigma: float = 0.0, reduction: str = "mean", check: str = "host") -> torch.Tensor:
     """:func:`tdt_loss` in plain PyTorch (the reference and the CPU path)."""
     durations, num_token_classes = check_durations(logits, durations)
-    blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_token_classes)
+    blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_token_classes, check)
     token_logits = logits[..., :num_token_classes]
     dtype = _compute_dtype(logits)
     token_lse = token_logits.to(dtype).logsumexp(dim=-1)

@@ -3,20 +3,24 @@
 Three kernels, each reading the logits at most once:
 
 1. ``_normalize_kernel``, one program per lattice node (b, t, u): the log-normalizer of the token
-   logits, the blank and target-label log-probabilities and (TDT) the duration log-softmax, into small
-   fp32 buffers [B, T, U + 1] (durations [B, T, U + 1, D]).
-2. ``_lattice_kernel``, one program per utterance for alpha over the anti-diagonals n = t + u (a block of
-   u per step) and log P, and, when backward will run, a second one per utterance for beta over the
-   diagonals in reverse, at the same time;
-3. ``_grad_kernel`` (backward only), one program per node: the edge posteriors
-   exp(alpha + w + beta(destination) - log P) and d loss / d logits, written once into one buffer of the
-   logits' size and dtype (no fp32 copy of the logits is ever made).
+   logits (fp32 [B, T, U + 1]), (TDT) the duration log-softmax ([B, T, U + 1, D]) and every edge weight
+   leaving the node, token plus duration log-prob, into a buffer [B, 2 (blank, label), slots, T + U, U + 1]
+   laid out by anti-diagonal n = t + u, so that the nodes of one diagonal are contiguous;
+2. ``_lattice_kernel``, one program per utterance for alpha over the anti-diagonals (a block of u per
+   step, all edges of a node in one [BLOCK_U, slots] tile: one coalesced load per edge kind and weight
+   kind, one max and one exp per edge) and log P, and, when backward will run, a second one per utterance
+   for beta over the diagonals in reverse, at the same time; alpha and beta are [B, T + U, U + 1] by
+   diagonal too;
+3. ``_grad_kernel`` (backward only), one program per node: the edge weights again from the row's blank
+   and target logits (the lattice's buffer is freed after forward), the edge posteriors
+   exp(alpha + w + beta(destination) - log P), one lane per slot, and d loss / d logits, written once into
+   one buffer of the logits' size and dtype (no fp32 copy of the logits is ever made).
 
-Every offset into the logits is 64-bit, so any size that fits in memory works. Edges are described by
-duration lists as in :func:`losses.lattice_log_likelihood`: RNN-T has one blank edge of duration 1 and
-one label edge of duration 0 and no duration logits; TDT has a blank edge per duration > 0 and a label
-edge per duration, each adding its duration log-probability. On a CPU the kernels run only under
-Triton's interpreter (``TRITON_INTERPRET=1`` set before this module is imported).
+Every offset into the logits is 64-bit, so any size that fits in memory works. Edges come in slots of a
+blank and a label duration each (a blank duration of 0 is no blank edge): RNN-T has one slot, a blank of
+duration 1 and a label of duration 0, and no duration logits; TDT has slot i for ``durations[i]``, a blank
+and a label edge of that duration, each adding the log-prob of duration column i. On a CPU the kernels run
+only under Triton's interpreter (``TRITON_INTERPRET=1`` set before this module is imported).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from workbench.models.loss_inputs import reduce_losses as _reduce
 _LOG_ZERO = tl.constexpr(LOG_ZERO)
 _MAX_BLOCK_V = 4096  # vocabulary block of the per-node kernels (larger vocabularies loop)
 _MAX_BLOCK_U = 256   # label block of the per-utterance kernels (longer targets loop)
-_SHAPE_ARGS = ["T", "U1", "U"]  # change with every batch: one compiled kernel for all their values
+_SHAPE_ARGS = ["T", "U1", "U", "NDIAG"]  # change with every batch: one compiled kernel for all their values
 
 
 @triton.jit
@@ -47,12 +51,11 @@ def _lse_add(m, s, x):
 
 
 @triton.jit
-def _edge_weight(tok_ptr, dur_ptr, node, col, mask, ND: tl.constexpr):
-    """Log-weight of an edge leaving ``node``: its token log-prob plus (TDT) duration column ``col``."""
-    w = tl.load(tok_ptr + node, mask=mask, other=_LOG_ZERO)
-    if ND > 0:
-        w += tl.load(dur_ptr + node * ND + col, mask=mask, other=0.0)
-    return w
+def _logsumexp_rows(xb, xl):
+    """log-sum-exp over axis 1 of two [BLOCK_U, BLOCK_S] edge tensors together: one max, one exp per edge."""
+    m = tl.maximum(tl.max(xb, axis=1), tl.max(xl, axis=1))
+    total = tl.sum(tl.exp(xb - m[:, None]), axis=1) + tl.sum(tl.exp(xl - m[:, None]), axis=1)
+    return m + tl.log(total)
 
 
 @triton.jit
@@ -69,18 +72,27 @@ def _node_coords(T, U1, logit_lengths_ptr, target_lengths_ptr):
 
 
 @triton.jit
-def _utterance(T, U1, logit_lengths_ptr, target_lengths_ptr):
-    """(b, T_b, U_b, offset of node (b, 0, 0)) of this program's utterance; all int64."""
-    b = tl.program_id(0).to(tl.int64)
-    t_len = tl.load(logit_lengths_ptr + b).to(tl.int64)
-    u_len = tl.load(target_lengths_ptr + b).to(tl.int64)
-    return b, t_len, u_len, b * T * U1
+def _slots(edges_ptr, NS: tl.constexpr, BLOCK_S: tl.constexpr):
+    """(slot index, in range, blank duration (0: no blank edge), label duration), each [BLOCK_S]."""
+    slot = tl.arange(0, BLOCK_S)
+    in_range = slot < NS
+    blank_dur = tl.load(edges_ptr + slot, mask=in_range, other=0)
+    label_dur = tl.load(edges_ptr + NS + slot, mask=in_range, other=0)
+    return slot, in_range, blank_dur, label_dur
+
+
+@triton.jit
+def _slot_columns(edges_ptr, NS: tl.constexpr, BLOCK_S: tl.constexpr):
+    """:func:`_slots` as [1, BLOCK_S] rows of a [BLOCK_U, BLOCK_S] tile, with "has a blank edge"."""
+    slot, in_range, blank_dur, label_dur = _slots(edges_ptr, NS, BLOCK_S)
+    has_blank = in_range & (blank_dur > 0)
+    return slot[None, :], in_range[None, :], has_blank[None, :], blank_dur[None, :], label_dur[None, :]
 
 
 @triton.jit(do_not_specialize=_SHAPE_ARGS)
-def _normalize_kernel(logits_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr, lse_ptr, blank_ptr,
-                      label_ptr, dur_ptr, T, U1, C, V_TOK, U, blank, sigma,
-                      ND: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
+def _normalize_kernel(logits_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr, lse_ptr, weight_ptr,
+                      dur_ptr, T, U1, NDIAG, C, V_TOK, U, blank, sigma,
+                      ND: tl.constexpr, NS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr):
     row, b, t, u, t_len, u_len, valid = _node_coords(T, U1, logit_lengths_ptr, target_lengths_ptr)
     row_ptr = logits_ptr + row * C
     offs = tl.arange(0, BLOCK_V)
@@ -92,42 +104,67 @@ def _normalize_kernel(logits_ptr, targets_ptr, logit_lengths_ptr, target_lengths
     m_all = tl.max(m, axis=0)
     lse = tl.where(valid, m_all + tl.log(tl.where(valid, tl.sum(s * tl.exp(m - m_all), axis=0), 1.0)), 0.0)
     tl.store(lse_ptr + row, lse)
-    blank_logp = tl.load(row_ptr + blank, mask=valid, other=0.0).to(tl.float32) - lse - sigma
-    tl.store(blank_ptr + row, tl.where(valid, blank_logp, _LOG_ZERO))
-    has_label = valid & (u < u_len)
-    target = tl.load(targets_ptr + b * U + u, mask=has_label, other=0).to(tl.int64)
-    label_logp = tl.load(row_ptr + target, mask=has_label, other=0.0).to(tl.float32) - lse - sigma
-    tl.store(label_ptr + row, tl.where(has_label, label_logp, _LOG_ZERO))
-    if ND > 0:
-        doffs = tl.arange(0, BLOCK_D)
-        dmask = doffs < ND
-        dx = tl.load(row_ptr + V_TOK + doffs, mask=valid & dmask, other=0.0).to(tl.float32)
-        dx = tl.where(dmask, dx, float("-inf"))
+    slot = tl.arange(0, BLOCK_S)
+    in_range = slot < NS
+    dur_logp = tl.zeros([BLOCK_S], tl.float32)
+    if ND > 0:  # the duration log-softmax; slot s is duration column s
+        dx = tl.load(row_ptr + V_TOK + slot, mask=valid & in_range, other=0.0).to(tl.float32)
+        dx = tl.where(in_range, dx, float("-inf"))
         dmax = tl.max(dx, axis=0)
-        dlse = dmax + tl.log(tl.sum(tl.exp(dx - dmax), axis=0))
-        tl.store(dur_ptr + row * ND + doffs, tl.where(valid, dx - dlse, 0.0), mask=dmask)
-
-
-@triton.jit(do_not_specialize=_SHAPE_ARGS)
-def _lattice_kernel(blank_ptr, label_ptr, dur_ptr, alpha_ptr, beta_ptr, ll_ptr, logit_lengths_ptr, target_lengths_ptr,
-                    blank_dur_ptr, blank_col_ptr, label_dur_ptr, label_col_ptr, T, U1,
-                    NB: tl.constexpr, NL: tl.constexpr, ND: tl.constexpr, BLOCK_U: tl.constexpr):
-    """Grid (B, 1): alpha and log P. Grid (B, 2): beta too, by a second program per utterance at once."""
-    b, t_len, u_len, base = _utterance(T, U1, logit_lengths_ptr, target_lengths_ptr)
-    if tl.program_id(1) == 0:
-        _alpha(blank_ptr, label_ptr, dur_ptr, alpha_ptr, ll_ptr, blank_dur_ptr, blank_col_ptr, label_dur_ptr,
-               label_col_ptr, U1, b, t_len, u_len, base, NB, NL, ND, BLOCK_U)
-    else:
-        _beta(blank_ptr, label_ptr, dur_ptr, beta_ptr, blank_dur_ptr, blank_col_ptr, label_dur_ptr, label_col_ptr,
-              U1, t_len, u_len, base, NB, NL, ND, BLOCK_U)
+        dur_logp = tl.where(valid, dx - (dmax + tl.log(tl.sum(tl.exp(dx - dmax), axis=0))), 0.0)
+        tl.store(dur_ptr + row * ND + slot, dur_logp, mask=in_range)
+    # each slot's blank and label edge weight, on the skewed lattice (see _weight_index)
+    blank_w, label_w, _ = _edge_weights(row_ptr, targets_ptr, b, u, U, u_len, valid, lse, blank, sigma, dur_logp)
+    n = t + u
+    tl.store(weight_ptr + _weight_index(b, 0, slot, n, u, NS, NDIAG, U1), blank_w, mask=in_range)
+    tl.store(weight_ptr + _weight_index(b, 1, slot, n, u, NS, NDIAG, U1), label_w, mask=in_range)
 
 
 @triton.jit
-def _alpha(blank_ptr, label_ptr, dur_ptr, alpha_ptr, ll_ptr, blank_dur_ptr, blank_col_ptr, label_dur_ptr,
-           label_col_ptr, U1, b, t_len, u_len, base,
-           NB: tl.constexpr, NL: tl.constexpr, ND: tl.constexpr, BLOCK_U: tl.constexpr):
-    """alpha over the diagonals of utterance b, then log P into ll_ptr[b]."""
-    tl.store(alpha_ptr + base, 0.0)
+def _edge_weights(row_ptr, targets_ptr, b, u, U, u_len, valid, lse, blank, sigma, dur_logp):
+    """(blank, label) edge weights [BLOCK_S] of one node, its token log-prob minus sigma plus each slot's
+    duration log-prob (LOG_ZERO where the node has no such edge), and its target (-1: none)."""
+    blank_logp = tl.load(row_ptr + blank, mask=valid, other=0.0).to(tl.float32) - lse - sigma
+    has_label = valid & (u < u_len)
+    target = tl.load(targets_ptr + b * U + u, mask=has_label, other=0).to(tl.int64)
+    label_logp = tl.load(row_ptr + target, mask=has_label, other=0.0).to(tl.float32) - lse - sigma
+    return (tl.where(valid, blank_logp + dur_logp, _LOG_ZERO), tl.where(has_label, label_logp + dur_logp, _LOG_ZERO),
+            tl.where(has_label, target, -1))
+
+
+@triton.jit
+def _weight_index(b, kind, slot, n, u, NS: tl.constexpr, NDIAG, U1):
+    """Offset of the edge weight of (kind 0 blank / 1 label, slot) at node (t = n - u, u) of utterance b
+    in the [B, 2, NS, diagonals, U + 1] buffer: a diagonal's nodes are contiguous."""
+    return (((b * 2 + kind) * NS + slot) * NDIAG + n) * U1 + u
+
+
+@triton.jit
+def _lattice_index(b, n, u, NDIAG, U1):
+    """Offset of node (t = n - u, u) of utterance b in an alpha/beta buffer [B, diagonals, U + 1]."""
+    return (b * NDIAG + n) * U1 + u
+
+
+@triton.jit(do_not_specialize=_SHAPE_ARGS)
+def _lattice_kernel(weight_ptr, alpha_ptr, beta_ptr, ll_ptr, logit_lengths_ptr, target_lengths_ptr, edges_ptr,
+                    NDIAG, U1, NS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_U: tl.constexpr):
+    """Grid (B, 1): alpha and log P. Grid (B, 2): beta too, by a second program per utterance at once."""
+    b = tl.program_id(0).to(tl.int64)
+    t_len = tl.load(logit_lengths_ptr + b).to(tl.int64)
+    u_len = tl.load(target_lengths_ptr + b).to(tl.int64)
+    if tl.program_id(1) == 0:
+        _alpha(weight_ptr, alpha_ptr, ll_ptr, edges_ptr, NDIAG, U1, b, t_len, u_len, NS, BLOCK_S, BLOCK_U)
+    else:
+        _beta(weight_ptr, beta_ptr, edges_ptr, NDIAG, U1, b, t_len, u_len, NS, BLOCK_S, BLOCK_U)
+
+
+@triton.jit
+def _alpha(weight_ptr, alpha_ptr, ll_ptr, edges_ptr, NDIAG, U1, b, t_len, u_len,
+           NS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_U: tl.constexpr):
+    """alpha over the diagonals of utterance b (every edge of a node in one [BLOCK_U, BLOCK_S] step),
+    then log P into ll_ptr[b]."""
+    slot2, in_range2, has_blank, bd, ld = _slot_columns(edges_ptr, NS, BLOCK_S)
+    tl.store(alpha_ptr + _lattice_index(b, 0, 0, NDIAG, U1), 0.0)
     tl.debug_barrier()
     offs = tl.arange(0, BLOCK_U).to(tl.int64)
     for n in range(1, t_len + u_len):
@@ -135,40 +172,33 @@ def _alpha(blank_ptr, label_ptr, dur_ptr, alpha_ptr, ll_ptr, blank_dur_ptr, blan
             u = u0 + offs
             t = n - u
             valid = (u <= u_len) & (t >= 0) & (t < t_len)
-            m = tl.full([BLOCK_U], _LOG_ZERO, tl.float32)
-            s = tl.zeros([BLOCK_U], tl.float32)
-            for i in tl.static_range(NB):  # blank of duration d from (t - d, u)
-                d = tl.load(blank_dur_ptr + i).to(tl.int64)
-                ok = valid & (t - d >= 0)
-                src = base + (t - d) * U1 + u
-                x = tl.load(alpha_ptr + src, mask=ok, other=_LOG_ZERO) + _edge_weight(
-                    blank_ptr, dur_ptr, src, tl.load(blank_col_ptr + i), ok, ND)
-                m, s = _lse_add(m, s, tl.where(ok, x, _LOG_ZERO))
-            for i in tl.static_range(NL):  # label u with duration d from (t - d, u - 1)
-                d = tl.load(label_dur_ptr + i).to(tl.int64)
-                ok = valid & (t - d >= 0) & (u >= 1)
-                src = base + (t - d) * U1 + u - 1
-                x = tl.load(alpha_ptr + src, mask=ok, other=_LOG_ZERO) + _edge_weight(
-                    label_ptr, dur_ptr, src, tl.load(label_col_ptr + i), ok, ND)
-                m, s = _lse_add(m, s, tl.where(ok, x, _LOG_ZERO))
-            tl.store(alpha_ptr + base + t * U1 + u, m + tl.log(s), mask=valid)
+            u2, t2, valid2 = u[:, None], t[:, None], valid[:, None]
+            ok = valid2 & has_blank & (t2 - bd >= 0)  # blank of duration d from (t - d, u)
+            xb = tl.load(alpha_ptr + _lattice_index(b, n - bd, u2, NDIAG, U1), mask=ok, other=_LOG_ZERO) + tl.load(
+                weight_ptr + _weight_index(b, 0, slot2, n - bd, u2, NS, NDIAG, U1), mask=ok, other=_LOG_ZERO)
+            xb = tl.where(ok, xb, _LOG_ZERO)
+            ok = valid2 & in_range2 & (t2 - ld >= 0) & (u2 >= 1)  # label u with duration d from (t - d, u - 1)
+            xl = tl.load(alpha_ptr + _lattice_index(b, n - ld - 1, u2 - 1, NDIAG, U1), mask=ok, other=_LOG_ZERO) + \
+                tl.load(weight_ptr + _weight_index(b, 1, slot2, n - ld - 1, u2 - 1, NS, NDIAG, U1), mask=ok,
+                        other=_LOG_ZERO)
+            xl = tl.where(ok, xl, _LOG_ZERO)
+            tl.store(alpha_ptr + _lattice_index(b, n, u, NDIAG, U1), _logsumexp_rows(xb, xl), mask=valid)
         tl.debug_barrier()
-    m1 = tl.full((), _LOG_ZERO, tl.float32)
-    s1 = tl.zeros((), tl.float32)
-    for i in tl.static_range(NB):  # the ending blank lands exactly on frame T_b at u = U_b
-        d = tl.load(blank_dur_ptr + i).to(tl.int64)
-        ok = t_len - d >= 0
-        src = base + (t_len - d) * U1 + u_len
-        x = tl.load(alpha_ptr + src, mask=ok, other=_LOG_ZERO) + _edge_weight(
-            blank_ptr, dur_ptr, src, tl.load(blank_col_ptr + i), ok, ND)
-        m1, s1 = _lse_add(m1, s1, tl.where(ok, x, _LOG_ZERO))
-    tl.store(ll_ptr + b, m1 + tl.log(s1))
+    slot, in_range, blank_dur, _ = _slots(edges_ptr, NS, BLOCK_S)
+    ok = in_range & (blank_dur > 0) & (t_len - blank_dur >= 0)  # the ending blank lands on frame T_b at u = U_b
+    n_from = t_len - blank_dur + u_len
+    x = tl.load(alpha_ptr + _lattice_index(b, n_from, u_len, NDIAG, U1), mask=ok, other=_LOG_ZERO) + tl.load(
+        weight_ptr + _weight_index(b, 0, slot, n_from, u_len, NS, NDIAG, U1), mask=ok, other=_LOG_ZERO)
+    x = tl.where(ok, x, _LOG_ZERO)
+    m = tl.max(x, axis=0)
+    tl.store(ll_ptr + b, m + tl.log(tl.sum(tl.exp(x - m), axis=0)))
 
 
 @triton.jit
-def _beta(blank_ptr, label_ptr, dur_ptr, beta_ptr, blank_dur_ptr, blank_col_ptr, label_dur_ptr, label_col_ptr,
-          U1, t_len, u_len, base, NB: tl.constexpr, NL: tl.constexpr, ND: tl.constexpr, BLOCK_U: tl.constexpr):
+def _beta(weight_ptr, beta_ptr, edges_ptr, NDIAG, U1, b, t_len, u_len,
+          NS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_U: tl.constexpr):
     """beta over the diagonals of one utterance, in reverse."""
+    slot2, in_range2, has_blank, bd, ld = _slot_columns(edges_ptr, NS, BLOCK_S)
     offs = tl.arange(0, BLOCK_U).to(tl.int64)
     for k in range(0, t_len + u_len):
         n = t_len + u_len - 1 - k
@@ -176,67 +206,53 @@ def _beta(blank_ptr, label_ptr, dur_ptr, beta_ptr, blank_dur_ptr, blank_col_ptr,
             u = u0 + offs
             t = n - u
             valid = (u <= u_len) & (t >= 0) & (t < t_len)
-            node = base + t * U1 + u
-            m = tl.full([BLOCK_U], _LOG_ZERO, tl.float32)
-            s = tl.zeros([BLOCK_U], tl.float32)
-            for i in tl.static_range(NB):  # blank of duration d to (t + d, u), or the end
-                d = tl.load(blank_dur_ptr + i).to(tl.int64)
-                w = _edge_weight(blank_ptr, dur_ptr, node, tl.load(blank_col_ptr + i), valid, ND)
-                inner = valid & (t + d < t_len)
-                ending = valid & (t + d == t_len) & (u == u_len)
-                after = tl.load(beta_ptr + base + (t + d) * U1 + u, mask=inner, other=_LOG_ZERO)
-                x = tl.where(inner, after + w, tl.where(ending, w, _LOG_ZERO))
-                m, s = _lse_add(m, s, x)
-            for i in tl.static_range(NL):  # label u + 1 with duration d to (t + d, u + 1)
-                d = tl.load(label_dur_ptr + i).to(tl.int64)
-                inner = valid & (t + d < t_len) & (u < u_len)
-                w = _edge_weight(label_ptr, dur_ptr, node, tl.load(label_col_ptr + i), inner, ND)
-                after = tl.load(beta_ptr + base + (t + d) * U1 + u + 1, mask=inner, other=_LOG_ZERO)
-                m, s = _lse_add(m, s, tl.where(inner, after + w, _LOG_ZERO))
-            tl.store(beta_ptr + node, m + tl.log(s), mask=valid)
+            u2, t2, valid2 = u[:, None], t[:, None], valid[:, None]
+            inner = valid2 & has_blank & (t2 + bd < t_len)  # blank of duration d to (t + d, u), or the end
+            ending = valid2 & has_blank & (t2 + bd == t_len) & (u2 == u_len)
+            w = tl.load(weight_ptr + _weight_index(b, 0, slot2, n, u2, NS, NDIAG, U1), mask=inner | ending,
+                        other=_LOG_ZERO)
+            after = tl.load(beta_ptr + _lattice_index(b, n + bd, u2, NDIAG, U1), mask=inner, other=_LOG_ZERO)
+            xb = tl.where(inner, after + w, tl.where(ending, w, _LOG_ZERO))
+            inner = valid2 & in_range2 & (t2 + ld < t_len) & (u2 < u_len)  # label u + 1, duration d: to (t + d, u + 1)
+            w = tl.load(weight_ptr + _weight_index(b, 1, slot2, n, u2, NS, NDIAG, U1), mask=inner, other=_LOG_ZERO)
+            after = tl.load(beta_ptr + _lattice_index(b, n + ld + 1, u2 + 1, NDIAG, U1), mask=inner,
+                            other=_LOG_ZERO)
+            xl = tl.where(inner, after + w, _LOG_ZERO)
+            tl.store(beta_ptr + _lattice_index(b, n, u, NDIAG, U1), _logsumexp_rows(xb, xl), mask=valid)
         tl.debug_barrier()
 
 
 @triton.jit(do_not_specialize=_SHAPE_ARGS)
-def _grad_kernel(logits_ptr, grad_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr, lse_ptr, blank_ptr,
-                 label_ptr, dur_ptr, alpha_ptr, beta_ptr, ll_ptr, scale_ptr,
-                 blank_dur_ptr, blank_col_ptr, label_dur_ptr, label_col_ptr, T, U1, C, V_TOK, U, blank,
-                 NB: tl.constexpr, NL: tl.constexpr, ND: tl.constexpr, BLOCK_V: tl.constexpr,
-                 BLOCK_D: tl.constexpr):
+def _grad_kernel(logits_ptr, grad_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr, lse_ptr, dur_ptr,
+                 alpha_ptr, beta_ptr, ll_ptr, scale_ptr, edges_ptr, T, U1, NDIAG, C, V_TOK, U, blank, sigma,
+                 ND: tl.constexpr, NS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr):
     row, b, t, u, t_len, u_len, valid = _node_coords(T, U1, logit_lengths_ptr, target_lengths_ptr)
-    base = b * T * U1
+    n = t + u
     log_p = tl.load(ll_ptr + b)
     log_p = tl.where(log_p > _LOG_ZERO / 2, log_p, 0.0)  # an impossible utterance gets zero gradient
-    alpha = tl.load(alpha_ptr + row, mask=valid, other=_LOG_ZERO) - log_p
-    doffs = tl.arange(0, BLOCK_D)
-    dur_posterior = tl.zeros([BLOCK_D], tl.float32)
-    blank_posterior = 0.0
-    for i in tl.static_range(NB):
-        d = tl.load(blank_dur_ptr + i).to(tl.int64)
-        col = tl.load(blank_col_ptr + i)
-        w = _edge_weight(blank_ptr, dur_ptr, row, col, valid, ND)
-        inner = valid & (t + d < t_len)
-        ending = valid & (t + d == t_len) & (u == u_len)
-        after = tl.load(beta_ptr + base + (t + d) * U1 + u, mask=inner, other=_LOG_ZERO)
-        after = tl.where(inner, after, tl.where(ending, 0.0, _LOG_ZERO))
-        posterior = tl.where(valid, tl.exp(alpha + w + after), 0.0)
-        blank_posterior += posterior
-        dur_posterior += tl.where(doffs == col, posterior, 0.0)
-    label_posterior = 0.0
-    for i in tl.static_range(NL):
-        d = tl.load(label_dur_ptr + i).to(tl.int64)
-        col = tl.load(label_col_ptr + i)
-        inner = valid & (t + d < t_len) & (u < u_len)
-        w = _edge_weight(label_ptr, dur_ptr, row, col, inner, ND)
-        after = tl.load(beta_ptr + base + (t + d) * U1 + u + 1, mask=inner, other=_LOG_ZERO)
-        posterior = tl.where(inner, tl.exp(alpha + w + after), 0.0)
-        label_posterior += posterior
-        dur_posterior += tl.where(doffs == col, posterior, 0.0)
+    alpha = tl.load(alpha_ptr + _lattice_index(b, n, u, NDIAG, U1), mask=valid, other=_LOG_ZERO) - log_p
+    lse = tl.load(lse_ptr + row)
+    row_ptr = logits_ptr + row * C
+    slot, in_range, blank_dur, label_dur = _slots(edges_ptr, NS, BLOCK_S)
+    dur_logp = tl.zeros([BLOCK_S], tl.float32)
+    if ND > 0:
+        dur_logp = tl.load(dur_ptr + row * ND + slot, mask=valid & in_range, other=0.0)
+    # the edge weights again from this row (two logits; the lattice's copy is not kept for backward), then
+    # every edge leaving this node at once, one slot per lane: exp(alpha + w + beta(destination) - log P)
+    blank_w, label_w, target = _edge_weights(row_ptr, targets_ptr, b, u, U, u_len, valid, lse, blank, sigma,
+                                             dur_logp)
+    inner = valid & in_range & (blank_dur > 0) & (t + blank_dur < t_len)
+    ending = valid & in_range & (blank_dur > 0) & (t + blank_dur == t_len) & (u == u_len)
+    after = tl.load(beta_ptr + _lattice_index(b, n + blank_dur, u, NDIAG, U1), mask=inner, other=_LOG_ZERO)
+    blank_post = tl.where(inner | ending, tl.exp(alpha + blank_w + tl.where(inner, after, 0.0)), 0.0)
+    inner = valid & in_range & (t + label_dur < t_len) & (u < u_len)
+    after = tl.load(beta_ptr + _lattice_index(b, n + label_dur + 1, u + 1, NDIAG, U1), mask=inner,
+                    other=_LOG_ZERO)
+    label_post = tl.where(inner, tl.exp(alpha + label_w + after), 0.0)
+    blank_posterior = tl.sum(blank_post, axis=0)
+    label_posterior = tl.sum(label_post, axis=0)
     occupancy = blank_posterior + label_posterior
     scale = tl.load(scale_ptr + b).to(tl.float32)
-    lse = tl.load(lse_ptr + row)
-    target = tl.load(targets_ptr + b * U + u, mask=valid & (u < u_len), other=-1).to(tl.int64)
-    row_ptr = logits_ptr + row * C
     grad_row = grad_ptr + row * C
     offs = tl.arange(0, BLOCK_V)
     for v0 in range(0, V_TOK, BLOCK_V):
@@ -246,48 +262,48 @@ def _grad_kernel(logits_ptr, grad_ptr, targets_ptr, logit_lengths_ptr, target_le
         g = occupancy * tl.exp(z - lse) - tl.where(v == blank, blank_posterior, 0.0) \
             - tl.where(v == target, label_posterior, 0.0)
         tl.store(grad_row + v, tl.where(valid, g * scale, 0.0).to(grad_ptr.dtype.element_ty), mask=in_vocab)
-    if ND > 0:
-        dmask = doffs < ND
-        dur_logp = tl.load(dur_ptr + row * ND + doffs, mask=valid & dmask, other=0.0)
-        g = occupancy * tl.exp(dur_logp) - dur_posterior
-        tl.store(grad_row + V_TOK + doffs, tl.where(valid, g * scale, 0.0).to(grad_ptr.dtype.element_ty),
-                 mask=dmask)
+    if ND > 0:  # slot s is duration column s: both its edges' posteriors
+        g = occupancy * tl.exp(dur_logp) - (blank_post + label_post)
+        tl.store(grad_row + V_TOK + slot, tl.where(valid, g * scale, 0.0).to(grad_ptr.dtype.element_ty),
+                 mask=in_range)
 
 
 class _TritonTransducerLoss(torch.autograd.Function):
     """Per-utterance -log P [B]; the logits' gradient is computed in backward, into one new buffer."""
 
     @staticmethod
-    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, num_tokens, sigma, edges, want_grad):
+    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, num_tokens, sigma, slots, want_grad):
         batch, num_frames, num_cols, num_classes = logits.shape
         num_dur = num_classes - num_tokens
+        num_slots = len(slots[0])
+        num_diagonals = num_frames + num_cols - 1
         device = logits.device
         small = dict(device=device, dtype=torch.float32)
         lse = torch.empty(batch, num_frames, num_cols, **small)
-        blank_logp, label_logp = torch.empty_like(lse), torch.empty_like(lse)
+        weights = torch.empty(batch, 2, num_slots, num_diagonals, num_cols, **small)
         dur_logp = torch.empty(batch, num_frames, num_cols, max(num_dur, 1), **small)
         targets = targets.to(device=device, dtype=torch.int64).contiguous()
         if targets.numel() == 0:  # U = 0: no label is read, but the kernels need a real pointer
             targets = torch.zeros(batch, 1, dtype=torch.int64, device=device)
         logit_lengths = logit_lengths.to(device=device, dtype=torch.int64).contiguous()
         target_lengths = target_lengths.to(device=device, dtype=torch.int64).contiguous()
-        edge_tensors = _edge_tensors(edges, device)
+        edges = _edge_tensor(slots, device)
         rows = batch * num_frames * num_cols
         block_v = min(triton.next_power_of_2(num_tokens), _MAX_BLOCK_V)
-        block_d = triton.next_power_of_2(max(num_dur, 1))
+        block_s = triton.next_power_of_2(num_slots)
         block_u = min(triton.next_power_of_2(num_cols), _MAX_BLOCK_U)
-        _normalize_kernel[(rows,)](logits, targets, logit_lengths, target_lengths, lse, blank_logp, label_logp,
-                                   dur_logp, num_frames, num_cols, num_classes, num_tokens, num_cols - 1, blank,
-                                   float(sigma), ND=num_dur, BLOCK_V=block_v, BLOCK_D=block_d)
-        alpha, beta = torch.empty_like(lse), torch.empty_like(lse)
+        _normalize_kernel[(rows,)](logits, targets, logit_lengths, target_lengths, lse, weights, dur_logp,
+                                   num_frames, num_cols, num_diagonals, num_classes, num_tokens, num_cols - 1, blank,
+                                   float(sigma), ND=num_dur, NS=num_slots, BLOCK_V=block_v, BLOCK_S=block_s)
+        alpha = torch.empty(batch, num_diagonals, num_cols, **small)
+        beta = torch.empty_like(alpha)
         log_likelihood = torch.empty(batch, **small)
-        lattice = dict(NB=len(edges[0]), NL=len(edges[2]), ND=num_dur, BLOCK_U=block_u)
         _lattice_kernel[(batch, 2 if want_grad else 1)](  # beta alongside alpha only when backward will run
-            blank_logp, label_logp, dur_logp, alpha, beta, log_likelihood, logit_lengths, target_lengths,
-            *edge_tensors, num_frames, num_cols, **lattice)
-        ctx.save_for_backward(logits, targets, logit_lengths, target_lengths, lse, blank_logp, label_logp,
-                              dur_logp, alpha, beta, log_likelihood, *edge_tensors)
-        ctx.sizes = (blank, num_tokens, block_v, block_d, lattice)
+            weights, alpha, beta, log_likelihood, logit_lengths, target_lengths, edges, num_diagonals, num_cols,
+            NS=num_slots, BLOCK_S=block_s, BLOCK_U=block_u)
+        ctx.save_for_backward(logits, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta,
+                              log_likelihood, edges)  # not the edge weights: backward reads them from the logits
+        ctx.sizes = (blank, num_tokens, float(sigma), block_v, block_s, num_dur, num_slots)
         return -log_likelihood
 
     @staticmethod
@@ -295,47 +311,45 @@ class _TritonTransducerLoss(torch.autograd.Function):
         if torch.is_grad_enabled():
             raise RuntimeError("transducer losses: second derivatives are not supported (the gradient is computed "
                                "analytically); use create_graph=False")
-        (logits, targets, logit_lengths, target_lengths, lse, blank_logp, label_logp, dur_logp, alpha, beta,
-         log_likelihood, *edge_tensors) = ctx.saved_tensors
-        blank, num_tokens, block_v, block_d, lattice = ctx.sizes
+        (logits, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta, log_likelihood,
+         edges) = ctx.saved_tensors
+        blank, num_tokens, sigma, block_v, block_s, num_dur, num_slots = ctx.sizes
         batch, num_frames, num_cols, num_classes = logits.shape
         grad = torch.empty_like(logits)
         scale = grad_output.to(torch.float32).contiguous()
         _grad_kernel[(batch * num_frames * num_cols,)](
-            logits, grad, targets, logit_lengths, target_lengths, lse, blank_logp, label_logp, dur_logp, alpha,
-            beta, log_likelihood, scale, *edge_tensors, num_frames, num_cols, num_classes, num_tokens,
-            num_cols - 1, blank, NB=lattice["NB"], NL=lattice["NL"], ND=lattice["ND"], BLOCK_V=block_v,
-            BLOCK_D=block_d)
+            logits, grad, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta, log_likelihood,
+            scale, edges, num_frames, num_cols, alpha.shape[1], num_classes, num_tokens, num_cols - 1, blank, sigma,
+            ND=num_dur, NS=num_slots, BLOCK_V=block_v, BLOCK_S=block_s)
         return grad, None, None, None, None, None, None, None, None
 
 
 def rnnt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
-                     target_lengths: torch.Tensor, *, blank: int = -1, reduction: str = "mean") -> torch.Tensor:
+                     target_lengths: torch.Tensor, *, blank: int = -1, reduction: str = "mean",
+                     check: str = "host") -> torch.Tensor:
     """:func:`losses.rnnt_loss` in Triton: logits [B, T, U + 1, V + 1] fp32 or bf16 (copied only when not
     contiguous)."""
     num_classes = logits.shape[-1] if logits.dim() == 4 else 0
-    blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_classes)
+    blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_classes, check)
     _check_dtype(logits)
-    edges = ((1,), (0,), (0,), (0,))  # blank durations, their duration columns; label durations, columns
+    slots = ((1,), (0,))  # one slot: a blank of duration 1 and a label of duration 0, no duration logits
     with _device_guard(logits.device):
         losses = _TritonTransducerLoss.apply(logits.contiguous(), targets, logit_lengths, target_lengths, blank,
-                                             num_classes, 0.0, edges, _wants_grad(logits))
+                                             num_classes, 0.0, slots, _wants_grad(logits))
     return _reduce(losses, reduction)
 
 
 def tdt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
                     target_lengths: torch.Tensor, *, blank: int, durations: Sequence[int] = (0, 1, 2, 3, 4),
-                    sigma: float = 0.0, reduction: str = "mean") -> torch.Tensor:
+                    sigma: float = 0.0, reduction: str = "mean", check: str = "host") -> torch.Tensor:
     """:func:`losses.tdt_loss` in Triton: logits [B, T, U + 1, V + 1 + len(durations)] fp32 or bf16."""
     durations, num_tokens = check_durations(logits, durations)
-    blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_tokens)
+    blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_tokens, check)
     _check_dtype(logits)
-    blank_edges = [(d, i) for i, d in enumerate(durations) if d > 0]
-    edges = (tuple(d for d, _ in blank_edges), tuple(i for _, i in blank_edges), tuple(durations),
-             tuple(range(len(durations))))
+    slots = (tuple(durations), tuple(durations))  # slot i: duration column i (a blank of duration 0 is no edge)
     with _device_guard(logits.device):
         losses = _TritonTransducerLoss.apply(logits.contiguous(), targets, logit_lengths, target_lengths, blank,
-                                             num_tokens, float(sigma), edges, _wants_grad(logits))
+                                             num_tokens, float(sigma), slots, _wants_grad(logits))
     return _reduce(losses, reduction)
 
 
@@ -350,17 +364,18 @@ def _wants_grad(logits: torch.Tensor) -> bool:
 
 
 @functools.lru_cache(maxsize=64)
-def _host_edge_tensors(edges: tuple[tuple[int, ...], ...]) -> list[torch.Tensor]:
-    """The edge lists as int64 host tensors (pinned where CUDA is), made once per edge set."""
-    tensors = [torch.tensor(x, dtype=torch.int64) for x in edges]
-    return [t.pin_memory() for t in tensors] if torch.cuda.is_available() else tensors
+def _host_edge_tensor(slots: tuple[tuple[int, ...], tuple[int, ...]]) -> torch.Tensor:
+    """The slots' blank and label durations as one int64 host tensor [2, slots] (pinned where CUDA is),
+    made once per duration set."""
+    tensor = torch.tensor(slots, dtype=torch.int64)
+    return tensor.pin_memory() if torch.cuda.is_available() else tensor
 
 
-def _edge_tensors(edges: tuple[tuple[int, ...], ...], device: torch.device) -> list[torch.Tensor]:
-    """The edge lists on ``device``: copied from pinned memory without waiting for the device (no host
-    sync in the training step), and nothing kept on the device between calls (the OOMptimizer checks
+def _edge_tensor(slots: tuple[tuple[int, ...], tuple[int, ...]], device: torch.device) -> torch.Tensor:
+    """The slots' durations on ``device``: one copy from pinned memory without waiting for the device (no
+    host sync in the training step), and nothing kept on the device between calls (the OOMptimizer checks
     that probes leave no memory allocated)."""
-    return [t.to(device, non_blocking=True) for t in _host_edge_tensors(edges)]
+    return _host_edge_tensor(slots).to(device, non_blocking=True)
 
 
 def _check_dtype(logits: torch.Tensor) -> None:

@@ -74,9 +74,9 @@ class ASRModel(nn.Module):
         def nll(logits: torch.Tensor, rows: slice) -> torch.Tensor:
             if self.config.head == "rnnt":
                 return rnnt_loss(logits, tokens[rows], enc_lens[rows], token_lens[rows], blank=self.blank_id,
-                                 reduction="sum")
+                                 reduction="sum", check="device")
             return tdt_loss(logits, tokens[rows], enc_lens[rows], token_lens[rows], blank=self.blank_id,
-                            durations=self.durations, reduction="sum")
+                            durations=self.durations, reduction="sum", check="device")
         return nll
 
     def _aed_loss(self, enc, enc_lens, tokens, token_lens) -> torch.Tensor:
@@ -131,6 +131,27 @@ def build_model(name: str, *, vocab_size: int | None = None, joint_chunk_size: i
     """"{tiny,large,xl}-{rnnt,tdt,ctc,aed}" -> ASRModel on the current default device (use
     ``with torch.device("meta"):`` to count parameters without allocating)."""
     return ASRModel(config_from_name(name, vocab_size=vocab_size, joint_chunk_size=joint_chunk_size))
+
+
+def compile_encoder_layers(model: ASRModel, *, backend: str = "inductor") -> ASRModel:
+    """``torch.compile`` each conformer block of the encoder in place, with dynamic shapes (batch size
+    and length are symbolic from the first compile, so batches of new shapes reuse the compiled code;
+    sizes 0 and 1 are still specialized). The depthwise conv of each convolution module stays eager
+    (a graph break): inductor's convolution backward fixes its input's strides, which would recompile the
+    block for every new length. Weights, state_dict keys, make_batch and training_step are unchanged; the
+    blocks compile on their first call. Returns the model."""
+    for block in model.encoder.blocks:
+        depthwise = block.conv.depthwise
+        depthwise.forward = torch.compiler.disable(depthwise.forward)
+        block.compile(dynamic=True, backend=backend)
+    return model
+
+
+def encoder_layers_compiled(model: nn.Module) -> bool:
+    """True when :func:`compile_encoder_layers` was applied to ``model`` (the OOMptimizer's metadata)."""
+    encoder = getattr(model, "encoder", None)
+    blocks = getattr(encoder, "blocks", None) or []
+    return bool(blocks) and all(getattr(b, "_compiled_call_impl", None) is not None for b in blocks)
 
 
 def count_parameters(model: nn.Module) -> int:

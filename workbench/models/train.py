@@ -10,8 +10,9 @@ seconds of audio per batch. The sampler runs in the main process and feeds a Dat
 --num-workers processes read, resample and collate the audio; features are computed on the device.
 
 Each step is queued without waiting for the one before (its loss is read after the next launch), so
-the next batch is fetched while the GPU works; the transducer losses' input check still waits for the
-forward pass (a host copy of a few counts).
+the next batch is fetched while the GPU works: on CUDA the transducer and AED steps have no host sync
+(the transducer losses check their lengths with device-side asserts; torch's CTC loss copies its
+lengths to the host).
 Per step the log records the loss, batch size, audio seconds, padding, the time the device waited for
 data (data_s: on CUDA the GPU's idle gap between the end of one step and the start of the next) and
 the step's own device time (step_s, split into forward_backward_s and optimizer_s). Writes
@@ -57,7 +58,7 @@ from workbench.models.config import ModelConfig, config_from_name
 from workbench.models.distributed import (Ranks, destroy_process_group, gather_objects, init_process_group,
                                           local_world_size, ranks_from_env, sum_over_ranks, weights_digest)
 from workbench.models.losses import loss_backend
-from workbench.models.model import DTYPES, ASRModel, build_model
+from workbench.models.model import DTYPES, ASRModel, build_model, compile_encoder_layers
 from workbench.options import dropped_data_line
 from workbench.plain import to_plain
 
@@ -98,6 +99,7 @@ class TrainConfig:
     log_cut_ids: bool = False        # each log record lists the cut ids of every rank's batch
     joint_chunk_size: int = 0        # transducers: joint + loss over chunks of this many utterances (0: whole)
     max_seconds: float = 0.0         # stop launching steps after this many wall seconds of training (0: no limit)
+    compile: bool = False            # torch.compile each encoder block (dynamic shapes); use a profile made with it
 
 
 STATE_FILE = "train_state.pt"
@@ -177,11 +179,14 @@ def check_profile_for_run(profile: BucketProfile, path: str, config: TrainConfig
         raise ValueError(f"--profile {path}: no 'bucket_batch_size': run `workbench oomptimize --bins {path}` "
                          "first, or set one batch size per bucket")
     run = {"model": config.model, "dtype": {"bf16": "bfloat16", "fp32": "float32"}[config.dtype],
-           "joint_chunk_size": config.joint_chunk_size}
+           "joint_chunk_size": config.joint_chunk_size, "compile": config.compile}
     if device.type == "cuda":
         run["gpu"] = torch.cuda.get_device_name(device)
     warnings = [f"--profile {path}: metadata.{name} is {meta[name]!r} but this run has {value!r}; its batch "
                 "sizes may not fit" for name, value in run.items() if name in meta and meta[name] != value]
+    if config.compile and "compile" not in meta:  # profiles from before --compile measured the eager step
+        warnings.append(f"--profile {path}: made without --compile (no metadata.compile) but this run compiles "
+                        "the encoder; its batch sizes may not fit")
     if ranks.distributed and meta.get("ddp") is False:
         raise ValueError(f"--profile {path}: made for one process without DDP (metadata.ddp is false), but this "
                          f"run has {ranks.world_size}: make it with `workbench oomptimize --ddp` or "
@@ -296,6 +301,8 @@ def _train(config: TrainConfig, ranks: Ranks, device: torch.device) -> dict:
         message = report_dropped(fit, config, when="by the profile's bins")
         warnings += [message] if message else []
     run = start_run(config, ranks, device, tokenizer, cuts, profile)
+    if device.type == "cuda":  # this run's peak, not an earlier run's in the same process
+        torch.cuda.reset_peak_memory_stats(device)
     train_steps(run)
     return finish_run(run, fit, warnings)
 
@@ -305,6 +312,9 @@ def start_run(config: TrainConfig, ranks: Ranks, device: torch.device, tokenizer
     torch.manual_seed(config.seed)
     model = build_model(config.model, vocab_size=tokenizer.vocab_size(),
                         joint_chunk_size=config.joint_chunk_size).to(device)
+    if config.compile:
+        compile_encoder_layers(model)
+        log.info("encoder blocks compiled with torch.compile (dynamic shapes; compiling on the first step)")
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     sampler = make_batches(cuts, config, tokenizer, profile, ranks)
     run = Run(config, ranks, device, model, model, optimizer, sampler)
@@ -458,7 +468,8 @@ def finish_step(step: LaunchedStep) -> dict:
         record["step_s"] = start.elapsed_time(end) / 1e3
         if step.previous_end is not None:
             record["data_s"] = step.previous_end.elapsed_time(start) / 1e3
-        record["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())  # the run's so far
+        # the run's peak so far: read after the next step was launched, so it covers that step too
+        record["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
     record["loss"] = float(step.loss)
     return record
 

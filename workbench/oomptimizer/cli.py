@@ -33,6 +33,9 @@ def register(sub) -> None:
     p.add_argument("--joint-chunk-size", type=int, default=0,
                    help="transducers: probe with the joint and loss over chunks of this many utterances (0: off); "
                         "train with the same value")
+    p.add_argument("--compile", action="store_true",
+                   help="probe with each encoder block compiled by torch.compile (as `workbench train --compile` "
+                        "trains); recorded as metadata.compile")
     p.set_defaults(func=run_oomptimize)
 
 
@@ -62,7 +65,7 @@ def run_oomptimize(args) -> int:
     # torch and the modules that import it load here, so that the CLI's other commands start without them
     import torch
 
-    from workbench.models import build_model
+    from workbench.models import build_model, compile_encoder_layers
     from workbench.models.model import DTYPES
     from workbench.oomptimizer.run import describe_soak, oomptimize, profile_buckets, soak
 
@@ -75,9 +78,11 @@ def run_oomptimize(args) -> int:
     rank = _init_distributed(torch)
     with torch.device("cuda", torch.cuda.current_device()):  # built on the GPU: an xl model skips host init
         model = build_model(args.model, joint_chunk_size=args.joint_chunk_size)
+    if args.compile:
+        compile_encoder_layers(model)  # the probes measure the compiled step (the first one compiles)
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"oomptimize {args.model}: {bins.num_buckets} buckets, {args.strategy}, {args.dtype}, "
-        f"memory fraction {args.memory_fraction}")
+        f"memory fraction {args.memory_fraction}{', compiled encoder' if args.compile else ''}")
     t0 = time.perf_counter()
     def on_probe(rec):
         peak = "OOM" if rec.oom else f"{rec.peak_bytes / GiB:6.1f} GiB"

@@ -83,6 +83,15 @@ class TrainingStepProbe:
                                          f"does not fit in {self.budget_bytes / GiB:.1f} GiB")
         return float(peak)
 
+    def warm_up(self, bucket: tuple[float, float], batch_size: int = 2) -> None:
+        """One step outside the search (a torch.compile'd model compiles in it), after which the baseline
+        is read again: what compiling keeps on the device is not counted as a probe's leftover. An OOM
+        here is ignored (the search finds it again)."""
+        with buffers_kept(self.model):
+            self._step(float(bucket[0]), int(round(bucket[1])), batch_size)
+        release_memory()
+        self.baseline_bytes = torch.cuda.memory_allocated(self.device)
+
     def _step(self, duration: float, tokens: int, batch_size: int) -> tuple[bool, float]:
         optimizer = bucket_buffer = batch = None
         ok, peak = True, 0.0

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from workbench.bucketing.profile import BucketProfile
 from workbench.memory.oom import is_oom_error, release_memory
+from workbench.models.model import encoder_layers_compiled
 from workbench.oomptimizer.merge import merge_equal_buckets
 from workbench.oomptimizer.probe import TrainingStepProbe
 from workbench.oomptimizer.search import SearchResult, search_batch_sizes
@@ -57,6 +58,9 @@ def oomptimize(model: torch.nn.Module, model_name: str, bins: BucketProfile, *, 
     probe = TrainingStepProbe(model, dtype=dtype, memory_fraction=memory_fraction,
                               ddp_gradient_buckets=ddp or world > 1)
     buckets = profile_buckets(bins)
+    compiled = encoder_layers_compiled(model)
+    if compiled:  # compile before the first probe, not in it
+        probe.warm_up(buckets[0])
     result = search_batch_sizes(buckets, probe, budget_bytes=probe.budget_bytes, rel_gap=rel_gap,
                                 start_batch_size=start_batch_size, strategy=strategy, on_probe=on_probe,
                                 on_bucket=on_bucket)
@@ -71,6 +75,7 @@ def oomptimize(model: torch.nn.Module, model_name: str, bins: BucketProfile, *, 
         tps = merged_tps if per_bucket_tps is not None else tps
     meta = gpu_metadata(model_name, dtype, memory_fraction, strategy=strategy, ddp=bool(ddp or world > 1),
                         joint_chunk_size=int(getattr(getattr(model, "config", None), "joint_chunk_size", 0)),
+                        compile=compiled,
                         world_size=world, probes=result.num_probes, search_seconds=round(result.seconds, 2),
                         budget_bytes=int(probe.budget_bytes), unmerged_buckets=len(buckets))
     return BucketProfile(bin_list, batch_sizes, tps, {**bins.metadata, **meta}), result

@@ -50,8 +50,9 @@ class DecodingFigures(TypedDict, total=False):
     skipped_for_time: list[str]
 
 
-METHOD_ORDER = ["frame-looping off", "label-looping off", "NeMo no graphs", "label-looping partial",
-                "NeMo partial graphs", "label-looping full window 1", "label-looping full", "NeMo full graph",
+METHOD_ORDER = ["frame-looping off", "label-looping off", "label-looping fused off", "NeMo no graphs",
+                "label-looping partial", "label-looping fused partial", "NeMo partial graphs",
+                "label-looping full window 1", "label-looping full", "label-looping fused full", "NeMo full graph",
                 "torchaudio RNNTBeamSearch beam 1"]
 
 

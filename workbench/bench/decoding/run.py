@@ -44,7 +44,7 @@ from workbench.bench.results import (
     timer_for,
     write_result,
 )
-from workbench.decoding import GreedyTransducerDecoder, make_toy_transducer
+from workbench.decoding import GreedyTransducerDecoder, fused, make_toy_transducer
 from workbench.decoding.cuda_graphs import DriverGraph, capture_partial_graphs
 from workbench.decoding.greedy import DEFAULT_BLANK_WINDOW
 from workbench.decoding.toy_models import set_blank_bias
@@ -60,10 +60,14 @@ MIN_SPEEDUP_OVER_FRAME_LOOPING = 10.0  # the issue's target: full graph vs frame
 MAX_BF16_DISAGREEMENT = 0.25
 # (algorithm, graph mode, blank window); the window applies to label-looping (RNN-T and TDT). Window 1
 # (one frame per search step) runs in fp32 only, to show what the window buys.
+# "label_looping_fused": the same decoder with kernels="triton" (workbench.decoding.fused), where Triton runs.
+FUSED = "label_looping_fused"
 METHODS = [("frame_looping", "off", W), ("label_looping", "off", W), ("label_looping", "partial", W),
-           ("label_looping", "full", W), ("label_looping", "full", 1)]
+           ("label_looping", "full", W), ("label_looping", "full", 1),
+           (FUSED, "off", W), (FUSED, "partial", W), (FUSED, "full", W)]
 # --nemo: ours and NeMo's label-looping decoders in each graph mode, on NeMo's modules
 NEMO_METHODS = [("label_looping", "off", W), ("label_looping", "partial", W), ("label_looping", "full", W),
+                (FUSED, "off", W), (FUSED, "partial", W), (FUSED, "full", W),
                 ("nemo", "off", W), ("nemo", "partial", W), ("nemo", "full", W)]
 MIN_SPEEDUP_OVER_NEMO = {"rnnt": 4.0, "tdt": 2.0}  # our full graph over NeMo's, every B, length and dtype
 NEMO_FULL_GRAPH_LAST_FROM_B = 128
@@ -77,6 +81,8 @@ def method_name(algorithm: str, mode: str, window: int = W) -> str:
     if algorithm == "nemo":
         return {"off": "NeMo no graphs", "partial": "NeMo partial graphs", "full": "NeMo full graph"}[mode]
     suffix = " window 1" if window == 1 else ""
+    if algorithm == FUSED:
+        return f"label-looping fused {mode}{suffix}"
     return f"{'frame' if algorithm == 'frame_looping' else 'label'}-looping {mode}{suffix}"
 
 
@@ -281,9 +287,12 @@ def flatten_lstm_weights(module: torch.nn.Module) -> None:
 
 
 def methods_for(case: Case) -> list[tuple[str, str, int]]:
-    """The case's methods that apply: frame-looping is RNN-T only, graphs need CUDA, window 1 runs in fp32."""
+    """The case's methods that apply: frame-looping is RNN-T only, graphs need CUDA, window 1 runs in fp32, the
+    fused kernels run on CUDA with Triton (not in the CPU smoke run: Triton's interpreter is far too slow)."""
+    fused_reason = "CPU" if case.device.type != "cuda" else fused.triton_unavailable_reason(case.device)
     return [(algorithm, mode, window) for algorithm, mode, window in case.methods
             if not ((algorithm == "frame_looping" and case.durations is not None)
+                    or (algorithm == FUSED and fused_reason is not None)
                     or (case.device.type != "cuda" and mode != "off")
                     or (window == 1 and case.dtype != torch.float32))]
 
@@ -315,7 +324,10 @@ def prepare_method(case: Case, algorithm: str, mode: str, window: int, outcome: 
                 torch.cuda.synchronize(case.device)  # an asynchronous failure shows here, on its own row
             return Prepared(algorithm, mode, window, lambda: nemo(case.enc, case.lengths), key, {},
                             nemo_peer.NEMO_MODES[mode] or "off")
-        dec = case.decoder(algorithm=algorithm, cuda_graphs=mode, blank_window=window)
+        if algorithm == FUSED:
+            dec = case.decoder(algorithm="label_looping", cuda_graphs=mode, blank_window=window, kernels="triton")
+        else:
+            dec = case.decoder(algorithm=algorithm, cuda_graphs=mode, blank_window=window)
         hyps = dec(case.enc, case.lengths)  # also the warm-up (and the graph capture)
     except Exception as e:  # noqa: BLE001 - keep measuring the rest; the failure is reported
         outcome.failures.append(f"{case.tag}: {method_name(algorithm, mode, window)} raised {type(e).__name__}: {e}")
@@ -652,8 +664,10 @@ def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke:
         return path, figures
 
     if outcome.deferred:  # written before the rows that may poison the CUDA context
-        path, _ = write(list(outcome.failures))
-        print(f"wrote {path}; running last: {[d.case.tag for d in outcome.deferred]}", flush=True)
+        pending = [d.case.tag for d in outcome.deferred]
+        # if the process dies in the rows run last, the record on disk says they never finished
+        path, _ = write([*outcome.failures, f"rows run last not finished (full-graph group): {pending}"])
+        print(f"wrote {path}; running last: {pending}", flush=True)
         outcome.rows += measure_deferred(outcome)
         try:
             path, figures = write(outcome.failures)

@@ -26,6 +26,8 @@ class LossRun:
     loss_sum: float | None = None        # summed loss of the measured logits
     error: str | None = None             # why it did not run (e.g. torchaudio past 2**31 elements)
     in_subprocess: bool = False          # run by worker.py (an illegal memory access cannot poison this run)
+    kernel_work: list[dict] | None = None  # ours: cost.kernel_work per launch (bytes, sequential steps)
+    kernels: dict | None = None          # ours on CUDA: one profiled call's kernels (models bench's top_kernels)
 
 
 @dataclass
@@ -173,6 +175,13 @@ def summary_lines(figures: dict) -> list[str]:
     return out
 
 
+def kernel_line(run: dict, top: int = 4) -> str:
+    """One run's profiled kernels: "impl dtype shape: name ms (share), ..." for the ``top`` largest."""
+    kernels = ", ".join(f"{k['name'][:40]} {k['self_s'] * 1e3:.3f} ms ({k['share']:.0%})"
+                        for k in run["kernels"]["top"][:top])
+    return f"{run['impl']} {run['dtype']} {','.join(map(str, run['shape']))} kernels: {kernels}"
+
+
 def table(figures: dict) -> str:
     """Plain-text tables: the loss runs (one line per shape, side by side), then the chunked-joint steps."""
     shapes = []
@@ -189,6 +198,7 @@ def table(figures: dict) -> str:
         lines.append(f"{','.join(map(str, shape)):<18}"
                      + "".join(f" {_ms(_run(figures, impl, shape, dtype), 16):>27}" for _, impl, dtype in columns)
                      + f"{'-' if memory is None else f'{memory:.2f}':>13}")
+    lines += [kernel_line(run) for run in figures["runs"] if run.get("kernels") and run["kernels"].get("top")]
     for step in figures["chunked"]:
         lines.append(f"{step['model']} B={step['batch_size']} joint_chunk_size={step['joint_chunk_size']}: "
                      f"{_step_result(step)}")

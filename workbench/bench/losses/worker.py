@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from workbench.bench.losses.cost import kernel_work
 from workbench.bench.losses.record import LossRun
 from workbench.bench.results import bench_device, timer_for
 
@@ -74,6 +75,17 @@ def peak_above_inputs(fn: Callable[[], object], device: torch.device) -> int | N
     return torch.cuda.max_memory_allocated() - before
 
 
+def profiled_kernels(fn: Callable[[], object]) -> dict:
+    """The CUDA kernels of one ``fn()`` by device time (the models bench's :func:`top_kernels` dict)."""
+    from workbench.bench.models.run import top_kernels
+
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return top_kernels(prof.key_averages(), "cuda")
+
+
 def measure(impl: str, shape: list[int], device: torch.device, *, dtype: torch.dtype = torch.float32,
             repeat: int, warmup: int = 1, inputs=None) -> LossRun:
     """Time and peak memory of forward + backward (gradient w.r.t. the logits); an exception becomes
@@ -82,6 +94,10 @@ def measure(impl: str, shape: list[int], device: torch.device, *, dtype: torch.d
     classes = vocab + 1 + (len(TDT_DURATIONS) if impl == "ours-tdt" else 0)
     run = LossRun(impl=impl, shape=list(shape), dtype=str(dtype).removeprefix("torch."), backend="?",
                   logit_elements=batch * frames * (labels + 1) * classes)
+    if impl.startswith("ours"):
+        num_durations = len(TDT_DURATIONS) if impl == "ours-tdt" else 0
+        run.kernel_work = [dataclasses.asdict(w) for w in kernel_work(
+            list(shape), num_durations, torch.finfo(dtype).bits // 8, TDT_DURATIONS if num_durations else None)]
     try:
         inputs = inputs or loss_inputs(impl, shape, device, dtype)
         fn = loss_function(impl, vocab)
@@ -95,6 +111,8 @@ def measure(impl: str, shape: list[int], device: torch.device, *, dtype: torch.d
         run.loss_sum = float(step())
         run.peak_above_inputs_bytes = peak_above_inputs(step, device)
         run.time_s = timer_for(device)(step, repeat=repeat, warmup=warmup)
+        if device.type == "cuda" and impl.startswith("ours"):
+            run.kernels = profiled_kernels(step)
     except Exception as e:  # noqa: BLE001 - recorded, e.g. torchaudio past 2**31 elements
         run.error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
     return run

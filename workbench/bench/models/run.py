@@ -13,6 +13,13 @@ memory (the other steps still run and the JSON is still written, with the error 
 
     python3 -m workbench.bench.models --smoke --out /tmp/smoke    # seconds, CPU when there is no CUDA
 
+--kernels: also one profiled training step per model (torch.profiler, after a warm-up step; CUDA kernels on
+a GPU, CPU operators on the CPU smoke path) at KERNEL_SHAPE in bf16: the top kernels by self device time
+and their share of the step's total, under "kernels" in the record.
+
+--compile: the encoder blocks compiled with torch.compile (workbench.models.compile_encoder_layers; each
+shape's warm-up step compiles); with --name models_compile the record sits beside the eager one.
+
 --smoke: tiny-rnnt and tiny-aed at two small shapes, 2 timed steps, and a small loss comparison (when
 torchaudio is installed). Without CUDA the steps run on the CPU: times are CPU wall clock and peak
 memory is not measured (null). The JSON is marked "smoke": true and goes only to --out (required).
@@ -30,7 +37,7 @@ from workbench.bench.models import record
 from workbench.bench.results import (bench_device, check_smoke_out, cpu_smoke_torch, cuda_missing, report_failures,
                                      timer_for, write_result)
 from workbench.memory.oom import is_oom_error, release_memory
-from workbench.models import build_model, count_parameters, rnnt_loss
+from workbench.models import build_model, compile_encoder_layers, count_parameters, rnnt_loss
 from workbench.models.model import DTYPES
 from workbench.units import GiB
 
@@ -40,18 +47,78 @@ SMOKE_MODELS = ["tiny-rnnt", "tiny-aed"]
 SMOKE_SHAPES = [(2, 1.0, 8), (1, 2.0, 16)]
 LOSS_SHAPE = (8, 120, 40, 1024)  # (batch, frames, labels, vocab) of the loss comparison
 SMOKE_LOSS_SHAPE = (2, 12, 5, 16)
+KERNEL_SHAPE = (16, 15.0, 120)  # (batch, seconds, tokens) of the profiled step
+SMOKE_KERNEL_SHAPE = (2, 1.0, 8)
+TOP_KERNELS = 12  # kernels kept per model
+
+
+def note_failure(row: dict, error: Exception, failures: list[str], what: str) -> None:
+    """An OOM marks the row ("oom": True); any other error is the row's "error" and a failure."""
+    if is_oom_error(error):
+        row["oom"] = True
+    else:
+        row["error"] = f"{type(error).__name__}: {error}"
+        failures.append(f"{what}: {row['error']}")
+
+
+def top_kernels(events, device_type: str, top: int = TOP_KERNELS) -> dict:
+    """The profiler's averages (``prof.key_averages()``) -> {"total_s", "top": [{"name", "self_s", "share",
+    "calls"}]}: on "cuda" the CUDA kernels (and copies) by self device time, else the CPU operators by
+    self CPU time; share is of the summed self time of all of them."""
+    if device_type == "cuda":
+        rows = [(e.key, e.self_device_time_total, e.count) for e in events
+                if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0]
+    else:
+        rows = [(e.key, e.self_cpu_time_total, e.count) for e in events if e.self_cpu_time_total > 0]
+    total_us = sum(t for _, t, _ in rows)
+    rows.sort(key=lambda r: -r[1])
+    return {"total_s": total_us / 1e6,
+            "top": [{"name": key, "self_s": t / 1e6, "share": t / total_us, "calls": int(count)}
+                    for key, t, count in rows[:top]]}
+
+
+def profile_step(model, name: str, shape, failures: list[str], *, device: torch.device,
+                 dtype_name: str = "bf16") -> dict:
+    """One profiled training step of ``model`` at ``shape`` after a warm-up step: :func:`top_kernels`
+    plus the shape, or {"error"} / {"oom": True} when the step fails."""
+    batch_size, seconds, tokens = shape
+    out = {"dtype": dtype_name, "batch_size": batch_size, "duration_s": seconds, "num_tokens": tokens,
+           "device": device.type}
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    try:
+        batch = model.make_batch(batch_size, seconds, tokens, device)
+        model.training_step(batch, dtype=DTYPES[dtype_name])  # warm-up: kernels compiled, algorithms picked
+        model.zero_grad(set_to_none=True)
+        with torch.profiler.profile(activities=activities) as prof:
+            model.training_step(batch, dtype=DTYPES[dtype_name])
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        out.update(top_kernels(prof.key_averages(), device.type))
+    except Exception as e:  # noqa: BLE001
+        note_failure(out, e, failures, f"{name} kernel profile")
+    model.zero_grad(set_to_none=True)
+    batch = None  # noqa: F841
+    release_memory()
+    return out
 
 
 def measure_model(name: str, shapes, failures: list[str], *, device: torch.device, repeat: int = 3,
-                  warmup: int = 1) -> tuple[int | None, list[dict]]:
-    """Rows of step time and peak memory (None off a GPU) per shape and dtype. A step that fails for a
-    reason other than memory is a failure (its row has "error"); the other rows still run."""
+                  warmup: int = 1, kernel_shape=None, compile: bool = False
+                  ) -> tuple[int | None, list[dict], dict | None]:
+    """Rows of step time and peak memory (None off a GPU) per shape and dtype, and with ``kernel_shape``
+    the :func:`profile_step` of one bf16 step there (else None); ``compile``: the encoder blocks
+    compiled first. A step that fails for a reason other than memory is a failure (its row has "error");
+    the other rows still run."""
     try:
         with device:  # built on the device: an xl model is never initialized on the host
             model = build_model(name)
+        if compile:
+            compile_encoder_layers(model)
     except Exception as e:  # noqa: BLE001 - one broken model must not lose the others' rows
         failures.append(f"{name}: build failed: {type(e).__name__}: {e}")
-        return None, []
+        return None, [], None
     params = count_parameters(model)
     rows = []
     on_cuda = device.type == "cuda"
@@ -79,11 +146,7 @@ def measure_model(name: str, shapes, failures: list[str], *, device: torch.devic
                     failures.append(f"{name} {dtype_name} B={batch_size} {seconds}s: loss not finite "
                                     f"{[float(x) for x in losses]}")
             except Exception as e:  # noqa: BLE001
-                if is_oom_error(e):
-                    row["oom"] = True
-                else:
-                    row["error"] = f"{type(e).__name__}: {e}"
-                    failures.append(f"{name} {dtype_name} B={batch_size} {seconds}s: {row['error']}")
+                note_failure(row, e, failures, f"{name} {dtype_name} B={batch_size} {seconds}s")
             model.zero_grad(set_to_none=True)
             losses.clear()
             batch = None  # noqa: F841 - drop the batch before the next shape
@@ -94,9 +157,10 @@ def measure_model(name: str, shapes, failures: list[str], *, device: torch.devic
             flag = " OOM" if row.get("oom") else (" ERROR" if row.get("error") else "")
             print(f"  {name} {dtype_name} B={batch_size} {seconds:g}s U={tokens}: {ms:.1f} ms, {peak}{flag}",
                   flush=True)
+    kernels = None if kernel_shape is None else profile_step(model, name, kernel_shape, failures, device=device)
     model = None  # noqa: F841 - free the weights before the next model is built
     release_memory()
-    return params, rows
+    return params, rows, kernels
 
 
 def torchaudio_check(failures: list[str], *, device: torch.device, shape=LOSS_SHAPE, repeat: int = 5) -> dict:
@@ -178,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="folder for models.json")
     parser.add_argument("--models", nargs="*", default=None, help=f"model names (default: {MODELS}; "
                         f"with --smoke {SMOKE_MODELS})")
+    parser.add_argument("--kernels", action="store_true", help="also profile one training step per model: "
+                        "the top kernels by self device time (CPU operators on the CPU smoke path)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the encoder blocks first")
+    parser.add_argument("--name", default=record.NAME, help="record name: <out>/<name>.json (default models; "
+                        "e.g. models_compile with --compile)")
     parser.add_argument("--smoke", action="store_true", help="tiny models, small shapes, seconds (CPU without "
                         "CUDA); never into benchmarks/results")
     args = parser.parse_args(argv)
@@ -200,9 +269,14 @@ def run(args, device: torch.device) -> int:
     loss_check = torchaudio_check(failures, device=device, shape=SMOKE_LOSS_SHAPE if args.smoke else LOSS_SHAPE,
                                   repeat=2 if args.smoke else 5)
     print(f"torchaudio check: {loss_check}", flush=True)
-    params, rows = {}, []
-    what = ("training-step time and peak memory of the reference models (bf16 vs fp32), and our RNN-T loss "
-            "against torchaudio's")
+    params, rows, kernels = {}, [], {}
+    kernel_shape = None
+    if getattr(args, "kernels", False):
+        kernel_shape = SMOKE_KERNEL_SHAPE if args.smoke else KERNEL_SHAPE
+    compiled = bool(getattr(args, "compile", False))
+    what = ("training-step time and peak memory of the reference models (bf16 vs fp32"
+            + (", encoder blocks compiled with torch.compile" if compiled else "")
+            + "), and our RNN-T loss against torchaudio's")
     if args.smoke:
         what = (f"SMOKE RUN on {device.type} (tiny models, small shapes"
                 + (", CPU wall-clock times, peak memory not measured" if device.type == "cpu" else "")
@@ -210,19 +284,25 @@ def run(args, device: torch.device) -> int:
 
     def save(complete: bool):
         """Rewritten after every model, so a stage timeout keeps the models measured so far."""
-        return write_result("models", what=what,
+        return write_result(getattr(args, "name", record.NAME), what=what,
                             figures={"smoke": bool(args.smoke), "complete": complete, "steps": rows,
                                      "bf16_vs_fp32": bf16_vs_fp32(rows), "parameters": params,
+                                     **({"kernels": kernels} if kernel_shape else {}),
                                      "rnnt_loss_vs_torchaudio": loss_check, "failures": failures,
                                      "bench_wall_s": time.perf_counter() - started},
                             params={"models": models, "shapes": shapes, "timed_steps": repeat, "warmup_steps": 1,
                                     "device": str(device), "float32_matmul_precision":
-                                    torch.get_float32_matmul_precision(), "smoke": bool(args.smoke)},
+                                    torch.get_float32_matmul_precision(), "smoke": bool(args.smoke),
+                                    "kernel_shape": kernel_shape, "compile": compiled},
                             out_dir=args.out)
 
     for name in models:
-        params[name], model_rows = measure_model(name, shapes, failures, device=device, repeat=repeat)
+        params[name], model_rows, model_kernels = measure_model(name, shapes, failures, device=device,
+                                                                repeat=repeat, kernel_shape=kernel_shape,
+                                                                compile=compiled)
         rows.extend(model_rows)
+        if model_kernels is not None:
+            kernels[name] = model_kernels
         save(complete=False)
     ratios = bf16_vs_fp32(rows)
     path = save(complete=True)
@@ -230,6 +310,8 @@ def run(args, device: torch.device) -> int:
     print(f"\nwrote {path} in {total_s:.0f} s")
     print("\n".join(record.table_lines({"steps": rows, "bf16_vs_fp32": ratios, "parameters": params,
                                         "rnnt_loss_vs_torchaudio": loss_check})))
+    if kernels:
+        print("\n".join(record.kernel_table_lines(kernels)))
     return report_failures(failures)  # a smoke run's checks (finite losses, loss vs torchaudio) hold too
 
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import fcntl
 import json
 import math
 import os
@@ -75,7 +76,8 @@ class Study:
     corpus_dir: Path | None = None  # default workdir/corpus
     figures: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
-    save: Any = None                # callable: write the record as it stands
+    save: Any = None                # callable: write the record as it stands (to record_path)
+    record_path: Path | None = None
 
     def say(self, message: str) -> None:
         print(f"[{time.perf_counter() - self.started:6.1f} s] {message}", flush=True)
@@ -89,23 +91,10 @@ def make_corpus(study: Study) -> tuple[dict[str, Any], Any]:
     its CutArrays (durations, tokens counted by its tokenizer)."""
     args, root = study.args, study.corpus_dir or study.workdir / "corpus"
     cuts_path, tokenizer_path = root / "cuts.jsonl.gz", root / "tokenizer.model"
-    if not cuts_path.is_file():
-        root.mkdir(parents=True, exist_ok=True)
-        if args.smoke:
-            from workbench.data.tone_corpus import train_letter_tokenizer, write_tone_corpus
-
-            made = write_tone_corpus(root / "tones", args.utterances, seed=0, min_letters=3, max_letters=24)
-            train_letter_tokenizer(root / "tokenizer")  # writes tokenizer_path
-            repeated_cuts(made, cuts_path, args.repeat, max_duration=math.inf)
-        else:
-            from workbench.data.tokenizer import train_tokenizer
-            from workbench.data.tts import default_text, make_tts_corpus, split_sentences
-
-            train_tokenizer(split_sentences(default_text()), root / "tokenizer", 256, progress=False)
-            made = make_tts_corpus(root / "tts", num_utterances=args.utterances, join=args.join,
-                                   tokenizer=tokenizer_path, num_workers=max(1, (os.cpu_count() or 2) - 1),
-                                   progress=False)
-            repeated_cuts(made["cuts"], cuts_path, args.repeat, max_duration=MAX_UTTERANCE_S)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f"{root.name}.lock", "w") as lock:  # two studies in parallel make it once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _make_corpus_files(study, root, cuts_path, tokenizer_path)
     from workbench.data.tokenizer import tokenized_cut_arrays
 
     arrays = tokenized_cut_arrays(cuts_path, tokenizer_path, progress=False)
@@ -115,6 +104,29 @@ def make_corpus(study: Study) -> tuple[dict[str, Any], Any]:
             "hours": float(d.sum() / 3600), "duration_s": [float(x) for x in _percentiles(d)],
             "tokens": [float(x) for x in _percentiles(u)], "max_tokens_per_second": float((u / d).max()),
             "kind": "tone (smoke)" if args.smoke else "espeak-ng tts"}, arrays
+
+
+def _make_corpus_files(study: Study, root: Path, cuts_path: Path, tokenizer_path: Path) -> None:
+    """Speak (or, under --smoke, tone) the corpus into ``root`` unless its cuts are already there."""
+    args = study.args
+    if cuts_path.is_file():  # written last (atomically), so a corpus with cuts is whole
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    if args.smoke:
+        from workbench.data.tone_corpus import train_letter_tokenizer, write_tone_corpus
+
+        made = write_tone_corpus(root / "tones", args.utterances, seed=0, min_letters=3, max_letters=24)
+        train_letter_tokenizer(root / "tokenizer")  # writes tokenizer_path
+        repeated_cuts(made, cuts_path, args.repeat, max_duration=math.inf)
+    else:
+        from workbench.data.tokenizer import train_tokenizer
+        from workbench.data.tts import default_text, make_tts_corpus, split_sentences
+
+        train_tokenizer(split_sentences(default_text()), root / "tokenizer", 256, progress=False)
+        made = make_tts_corpus(root / "tts", num_utterances=args.utterances, join=args.join,
+                               tokenizer=tokenizer_path, num_workers=max(1, (os.cpu_count() or 2) - 1),
+                               progress=False)
+        repeated_cuts(made["cuts"], cuts_path, args.repeat, max_duration=MAX_UTTERANCE_S)
 
 
 def _percentiles(x):
@@ -335,21 +347,25 @@ def views(study: Study, prep: dict, trained: dict[str, dict]) -> dict[str, dict[
     over the first k steps (k: ``--steps``, or fewer when a run reached fewer)}, each {sampler: RunFigures}."""
     from workbench.bench.throughput.record import run_figures
 
-    warmup = study.args.warmup_records
-    lengths = [len(t["records"]) for t in trained.values() if "records" in t]
-    k = min([study.args.steps, *lengths])
+    warmup, k = study.args.warmup_records, same_steps(study, trained)
     out: dict[str, dict[str, dict]] = {"seconds": {}, "steps": {}}
     for sampler, t in trained.items():
         if "records" not in t:
-            out["seconds"][sampler] = out["steps"][sampler] = {k_: v for k_, v in t.items()}
+            out["seconds"][sampler], out["steps"][sampler] = dict(t), dict(t)
             continue
         uppers, records = bucket_uppers(prep, sampler), t["records"]
-        first = {**t["summary"], "peak_allocated_bytes": records[k - 1].get("peak_allocated_bytes")}
+        # a record's peak is read once the next step is launched: record k-2's covers the first k steps
+        first = {**t["summary"], "peak_allocated_bytes": records[max(0, k - 2)].get("peak_allocated_bytes")}
         out["seconds"][sampler] = {**run_figures(t["summary"], records, uppers, warmup=warmup), "ooms": 0,
                                    "settings": t["settings"]}
         out["steps"][sampler] = {**run_figures(first, records[:k], uppers, warmup=warmup), "ooms": 0,
                                  "settings": t["settings"]}
     return out
+
+
+def same_steps(study: Study, trained: dict[str, dict]) -> int:
+    """k of the same-steps view: ``--steps``, or the fewest steps a trained (not OOMed) run reached."""
+    return min([study.args.steps, *(len(t["records"]) for t in trained.values() if "records" in t)])
 
 
 def bucket_uppers(prep: dict, sampler: str) -> list[float]:
@@ -412,15 +428,15 @@ def train_part(study: Study) -> None:
     trained: dict[str, dict] = {}
     for sampler in SAMPLERS:
         trained[sampler] = train_sampler(study, prep, sampler)
-        publish(study, views(study, prep, trained), rate, complete=False)
+        publish(study, views(study, prep, trained), same_steps(study, trained), rate, complete=False)
     by_view = views(study, prep, trained)
     add_mfu(study, by_view, prep, rate["flops_per_s"])
-    publish(study, by_view, rate, complete=True)
+    publish(study, by_view, same_steps(study, trained), rate, complete=True)
 
 
-def publish(study: Study, by_view: dict[str, dict[str, dict]], rate: dict, *, complete: bool) -> None:
-    """Put both views in the figures (``complete`` false while samplers remain) and save the record."""
-    k = min([study.args.steps, *(r["steps"] for r in by_view["seconds"].values() if "steps" in r)])
+def publish(study: Study, by_view: dict[str, dict[str, dict]], k: int, rate: dict, *, complete: bool) -> None:
+    """Put both views (the same-steps one over ``k`` steps) in the figures (``complete`` false while
+    samplers remain) and save the record."""
     study.figures["seconds"] = {"runs": by_view["seconds"], "matmul": rate, "budget": {"seconds": study.args.seconds}}
     study.figures["steps"] = {"runs": by_view["steps"], "matmul": rate, "budget": {"steps": k}}
     study.figures["complete"] = complete
@@ -459,7 +475,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--join", type=int, default=4, help="sentences per utterance, 1..N")
     p.add_argument("--repeat", type=int, default=200, help="times each utterance is listed")
     p.add_argument("--buckets-1d", type=int, default=12, help="1D profile buckets")
-    p.add_argument("--buckets-2d", type=int, default=6, help="2D profile duration buckets (x2 token sub-buckets)")
+    p.add_argument("--buckets-2d", type=int, default=12, help="2D profile duration buckets (x2 token sub-buckets; "
+                                                             "the 1D profile's duration resolution by default)")
     p.add_argument("--memory-fraction", type=float, default=0.9, help="the probes' memory limit")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, tone corpus, modelled memory")
     args = p.parse_args(argv)
@@ -492,15 +509,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.part in ("prepare", "all"):  # a new preparation makes earlier training results stale
         previous = {k: v for k, v in previous.items() if k not in ("steps", "seconds", "complete")}
     study = Study(args, workdir, model, corpus_dir, {**previous, "model": model})
-    written: list[Path] = []
 
     def save() -> None:
         study.figures["checks"] = checks(study.figures)
         study.figures["failures"] = [k for k, ok in study.figures["checks"].items() if not ok]
-        written[:] = [write_result(
+        study.record_path = write_result(
             name, what=f"throughput study, {args.model}: lhotse max_duration baseline vs the 1D and 2D "
             "OOMptimizer profiles, same steps and same wall time" + (" (SMOKE)" if args.smoke else ""),
-            figures=study.figures, params={k: v for k, v in vars(args).items()}, out_dir=args.out)]
+            figures=study.figures, params=dict(vars(args)), out_dir=args.out)
     study.save = save
     with cpu_smoke_torch(args.smoke):
         for part in (("prepare", "train") if args.part == "all" else (args.part,)):
@@ -508,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
                 prepare_part(study)
             else:
                 train_part(study)
-    path = written[-1]
+    path = study.record_path
     print("\n".join(summary_lines(study.figures)))
     print(f"wrote {path}")
     return report_failures(study.figures["failures"], smoke=args.smoke)
@@ -525,6 +541,6 @@ def smoke_record(model: str = "xl-aed") -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix="workbench_throughput_smoke_") as tmp:
         main(["--model", model, "--part", "all", "--smoke", "--out", tmp, "--workdir", f"{tmp}/work",
-              "--utterances", "24", "--repeat", "3", "--steps", "4", "--seconds", "6", "--warmup-steps", "1",
+              "--utterances", "24", "--repeat", "3", "--steps", "4", "--seconds", "2", "--warmup-steps", "1",
               "--warmup-records", "1", "--buckets-1d", "3", "--buckets-2d", "2"])
         return json.loads((Path(tmp) / f"{record_name(model)}.json").read_text())

@@ -1,0 +1,104 @@
+"""The models bench's kernel table (--kernels): the profiler rows it keeps and how the record reads them."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from workbench.bench.models import record
+
+CUDA, CPU = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+
+def _event(key, device_type, self_device_us=0.0, self_cpu_us=0.0, count=1):
+    return SimpleNamespace(key=key, device_type=device_type, self_device_time_total=self_device_us,
+                           self_cpu_time_total=self_cpu_us, count=count)
+
+
+def test_top_kernels_keeps_cuda_kernels_by_self_device_time_and_their_share():
+    from workbench.bench.models.run import top_kernels
+
+    events = [_event("aten::mm", CPU, self_cpu_us=900.0), _event("sm90_gemm", CUDA, 600.0, count=4),
+              _event("fmha_fwd", CUDA, 300.0, count=2), _event("elementwise", CUDA, 100.0, count=9),
+              _event("idle", CUDA, 0.0)]
+    got = top_kernels(events, "cuda", top=2)
+    assert got == {"total_s": 1e-3, "top": [{"name": "sm90_gemm", "self_s": 6e-4, "share": 0.6, "calls": 4},
+                                            {"name": "fmha_fwd", "self_s": 3e-4, "share": 0.3, "calls": 2}]}
+    on_cpu = top_kernels(events, "cpu", top=5)
+    assert on_cpu["top"] == [{"name": "aten::mm", "self_s": 9e-4, "share": 1.0, "calls": 1}]
+
+
+def test_kernel_line_and_table_name_the_top_kernel_and_its_share():
+    profile = {"dtype": "bf16", "batch_size": 16, "duration_s": 15.0, "num_tokens": 120, "device": "cuda",
+               "total_s": 0.25, "top": [{"name": "k" * 70, "self_s": 0.1, "share": 0.4, "calls": 34},
+                                        {"name": "fmha", "self_s": 0.05, "share": 0.2, "calls": 17}]}
+    line = record.kernel_line("large-rnnt", profile)
+    assert line == f"large-rnnt top kernel (bf16 B=16 15 s on cuda): {'k' * 57}... 40.0% of 250 ms"
+    table = record.kernel_table_lines({"large-rnnt": profile}, rows=2)
+    assert table[0] == line and len(table) == 3 and table[2].split() == ["20.0%", "50.000", "ms", "17x", "fmha"]
+    assert record.kernel_line("xl-aed", {**profile, "top": [], "oom": True}).endswith(": OOM")
+
+
+@pytest.fixture
+def cpu_settings_kept():
+    before = torch.backends.mkldnn.enabled, torch.get_num_threads()
+    yield
+    torch.backends.mkldnn.enabled, _ = before
+    torch.set_num_threads(before[1])
+
+
+def test_models_bench_smoke_with_kernels_writes_the_table(tmp_path, capsys, cpu_settings_kept):
+    from workbench.bench.models import run as models
+
+    assert models.main(["--smoke", "--kernels", "--models", "tiny-rnnt", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "models.json").read_text())
+    profile = result["figures"]["kernels"]["tiny-rnnt"]
+    assert result["params"]["kernel_shape"] == list(models.SMOKE_KERNEL_SHAPE)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    assert profile["device"] == device and profile["total_s"] > 0 and 0 < len(profile["top"]) <= models.TOP_KERNELS
+    shares = [k["share"] for k in profile["top"]]
+    assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1 + 1e-9
+    summary = record.summary_lines(result["figures"])
+    assert [line for line in summary if "top kernel" in line] == [f"- {record.kernel_line('tiny-rnnt', profile)}"]
+    assert record.kernel_line("tiny-rnnt", profile) in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_gpu_models_bench_kernels_lists_cuda_kernels(tmp_path, capsys, cpu_settings_kept):
+    test_models_bench_smoke_with_kernels_writes_the_table(tmp_path, capsys, cpu_settings_kept)
+    profile = json.loads((tmp_path / "models.json").read_text())["figures"]["kernels"]["tiny-rnnt"]
+    assert profile["device"] == "cuda" and not any(k["name"].startswith("aten::") for k in profile["top"])
+
+
+def test_models_bench_compile_smoke_records_it_under_its_name(tmp_path, cpu_settings_kept, monkeypatch):
+    from workbench.bench.models import run as models
+
+    compiled = []
+    monkeypatch.setattr(models, "compile_encoder_layers", lambda model: compiled.append(model) or model)
+    args = ["--smoke", "--compile", "--name", "models_compile", "--models", "tiny-aed", "--out", str(tmp_path)]
+    assert models.main(args) == 0
+    result = json.loads((tmp_path / "models_compile.json").read_text())
+    assert result["params"]["compile"] is True and "compiled with torch.compile" in result["what"]
+    assert [m.config.name for m in compiled] == ["tiny-aed"] and not (tmp_path / "models.json").exists()
+
+
+def test_lean_step_lines_show_the_kernel_tables_and_the_compiled_speed():
+    def row(model, dtype, median):
+        return {"model": model, "dtype": dtype, "batch_size": 16, "duration_s": 15.0, "num_tokens": 120,
+                "step_s": {"median": median}}
+
+    profile = {"dtype": "bf16", "batch_size": 16, "duration_s": 15.0, "num_tokens": 120, "device": "cuda",
+               "total_s": 0.2, "top": [{"name": "gemm", "self_s": 0.1, "share": 0.5, "calls": 3}]}
+    eager = {"steps": [row("large-rnnt", "bf16", 0.30), row("large-rnnt", "fp32", 0.5), {"model": "xl-aed"}],
+             "kernels": {"large-rnnt": profile}}
+    compiled = {"steps": [row("large-rnnt", "bf16", 0.25)]}
+    assert record.compile_speedups(eager, compiled) == [
+        {"model": "large-rnnt", "dtype": "bf16", "batch_size": 16, "duration_s": 15.0,
+         "eager_over_compiled_time": pytest.approx(1.2)}]
+    assert record.lean_step_lines(eager, compiled) == [
+        "top kernels, eager:", record.kernel_line("large-rnnt", profile),
+        "   50.0%   100.000 ms     3x  gemm",
+        "compiled encoder: no kernel table in this record (the bench ran without --kernels)",
+        "large-rnnt bf16 B=16 15 s: compiled encoder 1.20x faster than eager"]
+    assert record.lean_step_lines(None, None) == []
