@@ -28,6 +28,7 @@ MEASURED_CODE = {
     "bucketing": ("workbench/bucketing", "workbench/data"),
     "manifest_reading": ("workbench/data",),
     "decoding": ("workbench/decoding",),
+    "losses": ("workbench/models/losses.py", "workbench/models/losses_triton.py", "workbench/models/loss_inputs.py"),
     "models": ("workbench/models",),
     "oomptimizer": ("workbench/oomptimizer", "workbench/models"),
     "throughput": ("workbench/models", "workbench/oomptimizer", "workbench/bucketing", "workbench/data",

@@ -178,6 +178,21 @@ def test_label_smoothed_cross_entropy_ignores_padding_and_smooths():
     torch.testing.assert_close(smoothed, 0.9 * manual + 0.1 * uniform)
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.3])
+def test_label_smoothed_cross_entropy_equals_torch_in_value_and_gradient(smoothing):
+    torch.manual_seed(0)
+    logits = torch.randn(4, 7, 11, requires_grad=True)
+    targets = torch.randint(0, 11, (4, 7))
+    targets[1, 3:] = -100
+    targets[3, 1:] = -100
+    ours = label_smoothed_cross_entropy(logits, targets, smoothing=smoothing)
+    theirs = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), label_smoothing=smoothing)
+    torch.testing.assert_close(ours, theirs)
+    ours_grad, = torch.autograd.grad(ours, logits)
+    theirs_grad, = torch.autograd.grad(theirs, logits)
+    torch.testing.assert_close(ours_grad, theirs_grad)
+
+
 @pytest.mark.gpu
 def test_rnnt_matches_torchaudio_on_gpu():
     torchaudio_functional = pytest.importorskip("torchaudio.functional")

@@ -303,12 +303,16 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *,
                                  ignore_index: int = -100) -> torch.Tensor:
     """Mean token cross-entropy (fp32) with label smoothing; positions equal to ignore_index are skipped.
 
-    logits [B, L, C], targets [B, L].
+    logits [B, L, C], targets [B, L]. The value of F.cross_entropy(..., label_smoothing=smoothing), made
+    of elementwise ops and sums only, so a CUDA step never waits on the host for it.
     """
     if logits.shape[:2] != targets.shape:
         raise ValueError(f"targets: shape {tuple(targets.shape)} does not match logits {tuple(logits.shape[:2])}")
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=ignore_index,
-                           label_smoothing=smoothing)
+    log_probs = logits.float().log_softmax(-1)
+    counted = targets != ignore_index
+    target_log_prob = log_probs.gather(-1, targets.masked_fill(~counted, 0)[..., None])[..., 0]
+    per_token = -(1.0 - smoothing) * target_log_prob - smoothing * log_probs.mean(-1)
+    return torch.where(counted, per_token, 0.0).sum() / counted.sum()
 
 
 def _skew(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

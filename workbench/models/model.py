@@ -85,7 +85,8 @@ class ASRModel(nn.Module):
         bos = torch.full_like(tokens[:, :1], self.decoder.bos_id)
         inputs = torch.cat([bos, tokens.masked_fill(~in_use, self.decoder.eos_id)], dim=1)
         targets = torch.cat([tokens.masked_fill(~in_use, -100), torch.full_like(bos, -100)], dim=1)
-        targets[torch.arange(batch, device=tokens.device), token_lens] = self.decoder.eos_id
+        at_end = torch.arange(max_tokens + 1, device=tokens.device)[None] == token_lens[:, None]
+        targets = targets.masked_fill(at_end, self.decoder.eos_id)  # elementwise: no indexed write
         logits = self.decoder(inputs, enc, enc_lens)
         return label_smoothed_cross_entropy(logits, targets, smoothing=self.config.label_smoothing)
 
