@@ -72,7 +72,10 @@ def unpadded_joint(monkeypatch):
     monkeypatch.setattr(Joint, "padded_joint_after_projection", Joint.joint_after_projection)
 
 
-def assert_padding_changes_nothing(head, monkeypatch, device, chunk_size=0, dtype=torch.float32, tolerance=1e-5):
+def assert_padding_changes_nothing(head, monkeypatch, device, chunk_size=0, dtype=torch.float32, tolerance=1e-5,
+                                   grad_tolerance=(1e-4, 1e-5)):
+    """The padded training step's loss and parameter gradients equal the unpadded step's; grad_tolerance:
+    (rtol, atol) of the gradients."""
     torch.manual_seed(0)
     with torch.device(device):
         model = build_model(f"tiny-{head}", vocab_size=12, joint_chunk_size=chunk_size)
@@ -85,7 +88,7 @@ def assert_padding_changes_nothing(head, monkeypatch, device, chunk_size=0, dtyp
     torch.testing.assert_close(got_loss, want_loss, rtol=tolerance, atol=tolerance)
     assert set(got) == set(want) and "joint.out.weight" in got
     for name in want:
-        torch.testing.assert_close(got[name], want[name], rtol=10 * tolerance, atol=tolerance, msg=name)
+        torch.testing.assert_close(got[name], want[name], rtol=grad_tolerance[0], atol=grad_tolerance[1], msg=name)
 
 
 @pytest.mark.parametrize("head", ["rnnt", "tdt"])
@@ -104,7 +107,8 @@ def test_gpu_training_step_with_padding_equals_the_unpadded_one(head, chunk_size
 @pytest.mark.gpu
 @pytest.mark.parametrize("head", ["rnnt", "tdt"])
 def test_gpu_bf16_training_step_with_padding_stays_close_to_the_unpadded_one(head, monkeypatch):
-    assert_padding_changes_nothing(head, monkeypatch, "cuda", dtype=torch.bfloat16, tolerance=2e-2)
+    assert_padding_changes_nothing(head, monkeypatch, "cuda", dtype=torch.bfloat16, tolerance=1e-2,
+                                   grad_tolerance=(5e-2, 5e-3))
 
 
 def joint_gemm_kernels(width_options, steps=2):
