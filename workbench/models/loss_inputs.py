@@ -10,16 +10,36 @@ import torch
 LOG_ZERO = -1.0e30
 
 
-def check_durations(logits: torch.Tensor, durations: Sequence[int]) -> tuple[list[int], int]:
-    """TDT durations as ints and the number of token classes they leave; ValueError naming the field."""
+def check_num_classes(logits: torch.Tensor, num_classes: int | None) -> int:
+    """How many leading columns of the logits' last dim are real classes (the rest is padding, ignored);
+    None: all of them. 0 for logits that are not 4-d (:func:`check_inputs` names that). ValueError naming
+    the option when out of [2, last dim]."""
+    if logits.dim() != 4:
+        return 0
+    width = logits.shape[-1]
+    if num_classes is None:
+        return width
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int):
+        raise ValueError(f"num_classes: expected an int or None, got {num_classes!r}")
+    if not 2 <= num_classes <= width:
+        raise ValueError(f"num_classes: {num_classes} is outside [2, {width}] (the logits' last dim)")
+    return num_classes
+
+
+def check_durations(logits: torch.Tensor, durations: Sequence[int],
+                    num_classes: int | None = None) -> tuple[list[int], int]:
+    """TDT durations as ints and the number of token classes they leave out of the first ``num_classes``
+    columns (default: the whole last dim); ValueError naming the field."""
     durations = [int(d) for d in durations]
     if not durations or min(durations) < 0 or len(set(durations)) != len(durations):
         raise ValueError(f"durations: need distinct non-negative frame counts, got {durations}")
     if max(durations) == 0:
         raise ValueError("durations: need at least one duration > 0 for blank, got only 0")
-    num_token_classes = logits.shape[-1] - len(durations) if logits.dim() == 4 else 0
+    real = check_num_classes(logits, num_classes)
+    num_token_classes = real - len(durations) if logits.dim() == 4 else 0
     if logits.dim() == 4 and num_token_classes < 2:
-        raise ValueError(f"logits: last dim {logits.shape[-1]} leaves {num_token_classes} token classes "
+        where = f"last dim {real}" if num_classes is None else f"num_classes {real}"
+        raise ValueError(f"logits: {where} leaves {num_token_classes} token classes "
                          f"after {len(durations)} durations; need at least 2")
     return durations, num_token_classes
 

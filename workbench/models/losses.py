@@ -34,7 +34,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from workbench.models.loss_inputs import LOG_ZERO, check_durations  # noqa: F401 - public here too
+from workbench.models.loss_inputs import LOG_ZERO, check_durations, check_num_classes  # noqa: F401 - public here too
 from workbench.models.loss_inputs import check_inputs as _check_inputs
 from workbench.models.loss_inputs import reduce_losses as _reduce
 
@@ -78,23 +78,25 @@ def _triton_problem() -> str | None:
 
 def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
               target_lengths: torch.Tensor, *, blank: int = -1, reduction: str = "mean",
-              backend: str = "auto", check: str = "host") -> torch.Tensor:
+              backend: str = "auto", check: str = "host", num_classes: int | None = None) -> torch.Tensor:
     """RNN-T negative log-likelihood from joint logits (log-softmax is applied here, in fp32).
 
     logits [B, T, U + 1, V + 1] (any float dtype), targets [B, U] long (label ids, no blank),
-    logit_lengths [B] in [1, T], target_lengths [B] in [0, U]. ``blank`` indexes the last dim (negative
+    logit_lengths [B] in [1, T], target_lengths [B] in [0, U]. ``blank`` indexes the classes (negative
     counts from the end, as in torchaudio). reduction: "none" -> [B], "sum", or "mean" (over the batch).
     backend: see :func:`loss_backend` ("auto" picks the Triton kernels for CUDA logits). check: how the
     lengths' and targets' values are checked on CUDA, "host" (a ValueError naming the field; waits for
-    the device) or "device" (no host sync; see :func:`loss_inputs.check_inputs`).
+    the device) or "device" (no host sync; see :func:`loss_inputs.check_inputs`). num_classes: how many
+    leading columns of the last dim are classes (default: all); the columns after them are padding (e.g.
+    a joint output padded to an aligned width), ignored, with a zero gradient, and never copied away.
     """
     if loss_backend(logits, backend)[0] == "triton":
         from workbench.models.losses_triton import rnnt_loss_triton
 
         return rnnt_loss_triton(logits, targets, logit_lengths, target_lengths, blank=blank, reduction=reduction,
-                                check=check)
+                                check=check, num_classes=num_classes)
     return rnnt_loss_reference(logits, targets, logit_lengths, target_lengths, blank=blank, reduction=reduction,
-                               check=check)
+                               check=check, num_classes=num_classes)
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -104,10 +106,11 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
 
 def rnnt_loss_reference(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
                         target_lengths: torch.Tensor, *, blank: int = -1, reduction: str = "mean",
-                        check: str = "host") -> torch.Tensor:
-    """:func:`rnnt_loss` in plain PyTorch (the reference and the CPU path)."""
-    num_classes = logits.shape[-1] if logits.dim() == 4 else 0
+                        check: str = "host", num_classes: int | None = None) -> torch.Tensor:
+    """:func:`rnnt_loss` in plain PyTorch (the reference and the CPU path; padding columns are sliced off)."""
+    num_classes = check_num_classes(logits, num_classes)
     blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_classes, check)
+    logits = logits[..., :num_classes]
     dtype = _compute_dtype(logits)
     logit_lse = logits.to(dtype).logsumexp(dim=-1)  # [B, T, U + 1]
     blank_logp = logits[..., blank].to(dtype) - logit_lse
@@ -122,28 +125,32 @@ def rnnt_loss_reference(logits: torch.Tensor, targets: torch.Tensor, logit_lengt
 def tdt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
              target_lengths: torch.Tensor, *, blank: int, durations: Sequence[int] = (0, 1, 2, 3, 4),
              sigma: float = 0.0, reduction: str = "mean", backend: str = "auto",
-             check: str = "host") -> torch.Tensor:
+             check: str = "host", num_classes: int | None = None) -> torch.Tensor:
     """TDT negative log-likelihood from joint logits [B, T, U + 1, V + 1 + len(durations)].
 
-    The first V + 1 logits are tokens (``blank`` indexes them), the last len(durations) are durations
-    in frames, in the order given. ``sigma`` is the paper's logit under-normalization (subtracted from
-    every token log-prob; 0 disables it). Other arguments as in :func:`rnnt_loss`.
+    The first V + 1 logits are tokens (``blank`` indexes them), the last len(durations) of the first
+    ``num_classes`` columns (default: all) are durations in frames, in the order given; columns after
+    ``num_classes`` are padding, as in :func:`rnnt_loss`. ``sigma`` is the paper's logit
+    under-normalization (subtracted from every token log-prob; 0 disables it). Other arguments as in
+    :func:`rnnt_loss`.
     """
     if loss_backend(logits, backend)[0] == "triton":
         from workbench.models.losses_triton import tdt_loss_triton
 
         return tdt_loss_triton(logits, targets, logit_lengths, target_lengths, blank=blank, durations=durations,
-                               sigma=sigma, reduction=reduction, check=check)
+                               sigma=sigma, reduction=reduction, check=check, num_classes=num_classes)
     return tdt_loss_reference(logits, targets, logit_lengths, target_lengths, blank=blank, durations=durations,
-                              sigma=sigma, reduction=reduction, check=check)
+                              sigma=sigma, reduction=reduction, check=check, num_classes=num_classes)
 
 
 def tdt_loss_reference(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
                        target_lengths: torch.Tensor, *, blank: int, durations: Sequence[int] = (0, 1, 2, 3, 4),
-                       sigma: float = 0.0, reduction: str = "mean", check: str = "host") -> torch.Tensor:
-    """:func:`tdt_loss` in plain PyTorch (the reference and the CPU path)."""
-    durations, num_token_classes = check_durations(logits, durations)
+                       sigma: float = 0.0, reduction: str = "mean", check: str = "host",
+                       num_classes: int | None = None) -> torch.Tensor:
+    """:func:`tdt_loss` in plain PyTorch (the reference and the CPU path; padding columns are sliced off)."""
+    durations, num_token_classes = check_durations(logits, durations, num_classes)
     blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_token_classes, check)
+    logits = logits[..., :num_token_classes + len(durations)]
     token_logits = logits[..., :num_token_classes]
     dtype = _compute_dtype(logits)
     token_lse = token_logits.to(dtype).logsumexp(dim=-1)

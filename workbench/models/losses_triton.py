@@ -16,7 +16,9 @@ Three kernels, each reading the logits at most once:
    exp(alpha + w + beta(destination) - log P), one lane per slot, and d loss / d logits, written once into
    one buffer of the logits' size and dtype (no fp32 copy of the logits is ever made).
 
-Every offset into the logits is 64-bit, so any size that fits in memory works. Edges come in slots of a
+A row may end in padding columns after the classes (a joint output padded to an aligned width): the
+kernels read the logits in place at that row stride and write a zero gradient for the padding. Every
+offset into the logits is 64-bit, so any size that fits in memory works. Edges come in slots of a
 blank and a label duration each (a blank duration of 0 is no blank edge): RNN-T has one slot, a blank of
 duration 1 and a label of duration 0, and no duration logits; TDT has slot i for ``durations[i]``, a blank
 and a label edge of that duration, each adding the log-prob of duration column i. On a CPU the kernels run
@@ -33,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.models.loss_inputs import LOG_ZERO, check_durations
+from workbench.models.loss_inputs import LOG_ZERO, check_durations, check_num_classes
 from workbench.models.loss_inputs import check_inputs as _check_inputs
 from workbench.models.loss_inputs import reduce_losses as _reduce
 
@@ -266,15 +268,21 @@ def _grad_kernel(logits_ptr, grad_ptr, targets_ptr, logit_lengths_ptr, target_le
         g = occupancy * tl.exp(dur_logp) - (blank_post + label_post)
         tl.store(grad_row + V_TOK + slot, tl.where(valid, g * scale, 0.0).to(grad_ptr.dtype.element_ty),
                  mask=in_range)
+    for v0 in range(V_TOK + ND, C, BLOCK_V):  # the row's padding columns past the classes: zero gradient
+        v = v0 + offs
+        tl.store(grad_row + v, tl.zeros([BLOCK_V], tl.float32).to(grad_ptr.dtype.element_ty), mask=v < C)
 
 
 class _TritonTransducerLoss(torch.autograd.Function):
-    """Per-utterance -log P [B]; the logits' gradient is computed in backward, into one new buffer."""
+    """Per-utterance -log P [B]; the logits' gradient is computed in backward, into one new buffer.
+
+    The logits' rows are ``num_tokens`` token columns, ``num_dur`` duration columns, then any padding up
+    to the last dim (read never, gradient zero)."""
 
     @staticmethod
-    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, num_tokens, sigma, slots, want_grad):
-        batch, num_frames, num_cols, num_classes = logits.shape
-        num_dur = num_classes - num_tokens
+    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, num_tokens, num_dur, sigma, slots,
+                want_grad):
+        batch, num_frames, num_cols, row_stride = logits.shape
         num_slots = len(slots[0])
         num_diagonals = num_frames + num_cols - 1
         device = logits.device
@@ -293,7 +301,7 @@ class _TritonTransducerLoss(torch.autograd.Function):
         block_s = triton.next_power_of_2(num_slots)
         block_u = min(triton.next_power_of_2(num_cols), _MAX_BLOCK_U)
         _normalize_kernel[(rows,)](logits, targets, logit_lengths, target_lengths, lse, weights, dur_logp,
-                                   num_frames, num_cols, num_diagonals, num_classes, num_tokens, num_cols - 1, blank,
+                                   num_frames, num_cols, num_diagonals, row_stride, num_tokens, num_cols - 1, blank,
                                    float(sigma), ND=num_dur, NS=num_slots, BLOCK_V=block_v, BLOCK_S=block_s)
         alpha = torch.empty(batch, num_diagonals, num_cols, **small)
         beta = torch.empty_like(alpha)
@@ -314,42 +322,44 @@ class _TritonTransducerLoss(torch.autograd.Function):
         (logits, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta, log_likelihood,
          edges) = ctx.saved_tensors
         blank, num_tokens, sigma, block_v, block_s, num_dur, num_slots = ctx.sizes
-        batch, num_frames, num_cols, num_classes = logits.shape
+        batch, num_frames, num_cols, row_stride = logits.shape
         grad = torch.empty_like(logits)
         scale = grad_output.to(torch.float32).contiguous()
         _grad_kernel[(batch * num_frames * num_cols,)](
             logits, grad, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta, log_likelihood,
-            scale, edges, num_frames, num_cols, alpha.shape[1], num_classes, num_tokens, num_cols - 1, blank, sigma,
+            scale, edges, num_frames, num_cols, alpha.shape[1], row_stride, num_tokens, num_cols - 1, blank, sigma,
             ND=num_dur, NS=num_slots, BLOCK_V=block_v, BLOCK_S=block_s)
-        return grad, None, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None, None
 
 
 def rnnt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
                      target_lengths: torch.Tensor, *, blank: int = -1, reduction: str = "mean",
-                     check: str = "host") -> torch.Tensor:
-    """:func:`losses.rnnt_loss` in Triton: logits [B, T, U + 1, V + 1] fp32 or bf16 (copied only when not
-    contiguous)."""
-    num_classes = logits.shape[-1] if logits.dim() == 4 else 0
+                     check: str = "host", num_classes: int | None = None) -> torch.Tensor:
+    """:func:`losses.rnnt_loss` in Triton: logits [B, T, U + 1, V + 1 (+ padding)] fp32 or bf16 (copied
+    only when not contiguous; padded rows are read in place, at their padded stride)."""
+    num_classes = check_num_classes(logits, num_classes)
     blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_classes, check)
     _check_dtype(logits)
     slots = ((1,), (0,))  # one slot: a blank of duration 1 and a label of duration 0, no duration logits
     with _device_guard(logits.device):
         losses = _TritonTransducerLoss.apply(logits.contiguous(), targets, logit_lengths, target_lengths, blank,
-                                             num_classes, 0.0, slots, _wants_grad(logits))
+                                             num_classes, 0, 0.0, slots, _wants_grad(logits))
     return _reduce(losses, reduction)
 
 
 def tdt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
                     target_lengths: torch.Tensor, *, blank: int, durations: Sequence[int] = (0, 1, 2, 3, 4),
-                    sigma: float = 0.0, reduction: str = "mean", check: str = "host") -> torch.Tensor:
-    """:func:`losses.tdt_loss` in Triton: logits [B, T, U + 1, V + 1 + len(durations)] fp32 or bf16."""
-    durations, num_tokens = check_durations(logits, durations)
+                    sigma: float = 0.0, reduction: str = "mean", check: str = "host",
+                    num_classes: int | None = None) -> torch.Tensor:
+    """:func:`losses.tdt_loss` in Triton: logits [B, T, U + 1, V + 1 + len(durations) (+ padding)] fp32 or
+    bf16."""
+    durations, num_tokens = check_durations(logits, durations, num_classes)
     blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_tokens, check)
     _check_dtype(logits)
     slots = (tuple(durations), tuple(durations))  # slot i: duration column i (a blank of duration 0 is no edge)
     with _device_guard(logits.device):
         losses = _TritonTransducerLoss.apply(logits.contiguous(), targets, logit_lengths, target_lengths, blank,
-                                             num_tokens, float(sigma), slots, _wants_grad(logits))
+                                             num_tokens, len(durations), float(sigma), slots, _wants_grad(logits))
     return _reduce(losses, reduction)
 
 

@@ -57,10 +57,11 @@ class ASRModel(nn.Module):
         if head in ("rnnt", "tdt"):
             pred = self.predictor(tokens)
             chunk = self.config.joint_chunk_size
+            nll_of = self._transducer_nll(tokens, enc_lens, token_lens)
             if chunk and chunk < tokens.shape[0]:
-                nll = chunked_joint_loss(self.joint, enc, pred, self._transducer_nll(tokens, enc_lens, token_lens), chunk)
-            else:  # logits [B, T, U + 1, V + 1 (+ D)]
-                nll = self._transducer_nll(tokens, enc_lens, token_lens)(self.joint(enc, pred), slice(None))
+                nll = chunked_joint_loss(self.joint, enc, pred, nll_of, chunk, padded=True)
+            else:  # logits [B, T, U + 1, V + 1 (+ D)], padded to an aligned width
+                nll = nll_of(self.joint(enc, pred, padded=True), slice(None))
             return nll / num_targets
         if head == "ctc":
             log_probs = self.ctc_out(enc).float().log_softmax(-1).transpose(0, 1)  # [T, B, V + 1]
@@ -70,13 +71,15 @@ class ASRModel(nn.Module):
         return self._aed_loss(enc, enc_lens, tokens, token_lens)
 
     def _transducer_nll(self, tokens, enc_lens, token_lens):
-        """(joint logits of some rows of the batch, those rows) -> their summed transducer NLL."""
+        """(padded joint logits of some rows of the batch, those rows) -> their summed transducer NLL."""
+        num_classes = self.joint.num_outputs  # the columns after it are the joint's alignment padding
+
         def nll(logits: torch.Tensor, rows: slice) -> torch.Tensor:
             if self.config.head == "rnnt":
                 return rnnt_loss(logits, tokens[rows], enc_lens[rows], token_lens[rows], blank=self.blank_id,
-                                 reduction="sum", check="device")
+                                 reduction="sum", check="device", num_classes=num_classes)
             return tdt_loss(logits, tokens[rows], enc_lens[rows], token_lens[rows], blank=self.blank_id,
-                            durations=self.durations, reduction="sum", check="device")
+                            durations=self.durations, reduction="sum", check="device", num_classes=num_classes)
         return nll
 
     def _aed_loss(self, enc, enc_lens, tokens, token_lens) -> torch.Tensor:

@@ -4,6 +4,10 @@ Blank is the last token class (id = vocab_size) and doubles as the predictor's s
 appends one logit per duration after the V + 1 token logits. :func:`chunked_joint_loss` computes the
 joint and the loss together over chunks of the batch, so the whole [B, T, U + 1, outputs] joint is never
 held at once.
+
+Training computes the joint's output layer at :func:`padded_width` outputs (zero weight rows and bias
+added on the fly; the parameters keep the true width): an odd width such as V + 1 = 1025 makes cuBLAS
+fall back to slow unaligned GEMM kernels. The losses read the padded logits in place (``num_classes``).
 """
 
 from __future__ import annotations
@@ -11,7 +15,15 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+OUTPUT_ALIGNMENT = 8  # the joint's training outputs are padded to a multiple of this (16 bytes of bf16)
+
+
+def padded_width(num_outputs: int, multiple: int = OUTPUT_ALIGNMENT) -> int:
+    """The smallest multiple of ``multiple`` that is >= num_outputs (num_outputs itself when aligned)."""
+    return -(-num_outputs // multiple) * multiple
 
 
 class Predictor(nn.Module):
@@ -46,13 +58,17 @@ class Predictor(nn.Module):
 
 
 class Joint(nn.Module):
-    """relu(W_enc enc + W_pred pred) -> V + 1 token logits (+ one per TDT duration)."""
+    """relu(W_enc enc + W_pred pred) -> V + 1 token logits (+ one per TDT duration): ``num_outputs``."""
 
     def __init__(self, enc_dim: int, pred_dim: int, hidden: int, num_outputs: int):
         super().__init__()
         self.enc_proj = nn.Linear(enc_dim, hidden)
         self.pred_proj = nn.Linear(pred_dim, hidden)
         self.out = nn.Linear(hidden, num_outputs)
+
+    @property
+    def num_outputs(self) -> int:
+        return self.out.out_features
 
     def project_encoder(self, enc: torch.Tensor) -> torch.Tensor:
         return self.enc_proj(enc)
@@ -63,16 +79,28 @@ class Joint(nn.Module):
     def joint_after_projection(self, enc_proj: torch.Tensor, pred_proj: torch.Tensor) -> torch.Tensor:
         return self.out(torch.relu(enc_proj + pred_proj))
 
-    def forward(self, enc: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
-        """enc [B, T, D], pred [B, U + 1, H] -> logits [B, T, U + 1, outputs] (the full training lattice)."""
-        return self.joint_after_projection(self.project_encoder(enc)[:, :, None, :],
-                                           self.project_predictor(pred)[:, None, :, :])
+    def padded_joint_after_projection(self, enc_proj: torch.Tensor, pred_proj: torch.Tensor) -> torch.Tensor:
+        """:meth:`joint_after_projection` with the last dim padded to ``padded_width(num_outputs)``: the
+        padding columns are exactly 0 and their weight rows get no gradient (they are not parameters)."""
+        extra = padded_width(self.num_outputs) - self.num_outputs
+        if not extra:
+            return self.joint_after_projection(enc_proj, pred_proj)
+        bias = None if self.out.bias is None else F.pad(self.out.bias, (0, extra))
+        return F.linear(torch.relu(enc_proj + pred_proj), F.pad(self.out.weight, (0, 0, 0, extra)), bias)
+
+    def forward(self, enc: torch.Tensor, pred: torch.Tensor, *, padded: bool = False) -> torch.Tensor:
+        """enc [B, T, D], pred [B, U + 1, H] -> logits [B, T, U + 1, outputs] (the full training lattice);
+        ``padded``: [B, T, U + 1, padded_width(outputs)], the training layout (see
+        :meth:`padded_joint_after_projection`)."""
+        return _lattice_logits(self, self.project_encoder(enc), self.project_predictor(pred), padded)
 
 
 def chunked_joint_loss(joint: Joint, enc: torch.Tensor, pred: torch.Tensor,
-                       chunk_loss: Callable[[torch.Tensor, slice], torch.Tensor], chunk_size: int) -> torch.Tensor:
+                       chunk_loss: Callable[[torch.Tensor, slice], torch.Tensor], chunk_size: int, *,
+                       padded: bool = False) -> torch.Tensor:
     """sum over batch chunks of ``chunk_loss(joint logits of the chunk, its rows)``, holding one chunk's
-    [b, T, U + 1, outputs] joint at a time (NeMo's "fused batch").
+    [b, T, U + 1, outputs] joint at a time (NeMo's "fused batch"); ``padded``: the chunks' logits in the
+    training layout of ``joint(enc, pred, padded=True)``.
 
     enc [B, T, D], pred [B, U + 1, H]; ``chunk_loss`` returns a scalar (e.g. the chunk's summed NLL).
     With gradients enabled, each chunk's backward through the loss and the joint runs inside this call,
@@ -86,14 +114,16 @@ def chunked_joint_loss(joint: Joint, enc: torch.Tensor, pred: torch.Tensor,
     enc_proj, pred_proj = joint.project_encoder(enc), joint.project_predictor(pred)
     chunks = [slice(start, start + chunk_size) for start in range(0, enc.shape[0], chunk_size)]
     if not torch.is_grad_enabled():
-        return sum(chunk_loss(_chunk_logits(joint, enc_proj[rows], pred_proj[rows]), rows) for rows in chunks)
+        return sum(chunk_loss(_lattice_logits(joint, enc_proj[rows], pred_proj[rows], padded), rows)
+                   for rows in chunks)
     params = list(joint.out.parameters())  # the projections' own get theirs through enc_proj and pred_proj
-    return _ChunkedJointLoss.apply(enc_proj, pred_proj, joint, chunk_loss, chunks, *params)
+    return _ChunkedJointLoss.apply(enc_proj, pred_proj, joint, chunk_loss, chunks, padded, *params)
 
 
-def _chunk_logits(joint: Joint, enc_proj: torch.Tensor, pred_proj: torch.Tensor) -> torch.Tensor:
-    """[b, T, J] and [b, U + 1, J] projections -> the chunk's joint logits [b, T, U + 1, outputs]."""
-    return joint.joint_after_projection(enc_proj[:, :, None, :], pred_proj[:, None, :, :])
+def _lattice_logits(joint: Joint, enc_proj: torch.Tensor, pred_proj: torch.Tensor, padded: bool) -> torch.Tensor:
+    """[b, T, J] and [b, U + 1, J] projections -> joint logits [b, T, U + 1, outputs (padded if asked)]."""
+    combine = joint.padded_joint_after_projection if padded else joint.joint_after_projection
+    return combine(enc_proj[:, :, None, :], pred_proj[:, None, :, :])
 
 
 class _ChunkedJointLoss(torch.autograd.Function):
@@ -101,7 +131,7 @@ class _ChunkedJointLoss(torch.autograd.Function):
     the projections and the joint's output layer); backward scales them by the incoming gradient."""
 
     @staticmethod
-    def forward(ctx, enc_proj, pred_proj, joint, chunk_loss, chunks, *params):
+    def forward(ctx, enc_proj, pred_proj, joint, chunk_loss, chunks, padded, *params):
         inputs = (enc_proj, pred_proj, *params)
         needs = [x.requires_grad for x in inputs]
         grads = [torch.zeros_like(x) if need else None for x, need in zip(inputs, needs)]
@@ -110,7 +140,7 @@ class _ChunkedJointLoss(torch.autograd.Function):
             with torch.enable_grad():
                 enc_rows = enc_proj[rows].detach().requires_grad_(needs[0])
                 pred_rows = pred_proj[rows].detach().requires_grad_(needs[1])
-                loss = chunk_loss(_chunk_logits(joint, enc_rows, pred_rows), rows)
+                loss = chunk_loss(_lattice_logits(joint, enc_rows, pred_rows, padded), rows)
                 wrt = [x for x, need in zip((enc_rows, pred_rows, *params), needs) if need]
                 chunk_grads = iter(torch.autograd.grad(loss, wrt, allow_unused=True) if wrt else ())
             for i, need in enumerate(needs):
@@ -131,4 +161,4 @@ class _ChunkedJointLoss(torch.autograd.Function):
     def backward(ctx, grad_output):
         grads = [None if g is None else g * grad_output.to(g.dtype) for g in ctx.grads]
         ctx.grads = None
-        return grads[0], grads[1], None, None, None, *grads[2:]
+        return grads[0], grads[1], None, None, None, None, *grads[2:]
