@@ -135,7 +135,7 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
                       run_stage decoding_nemo 300 env PYTHONPATH="$PYTHONPATH:/tmp/nemo_site" \
                         python3 -m workbench.bench.decoding --nemo \
                         --budget-s $(( b < 200 ? b : 200 )) --out "$RESULTS" ;;
-    models)           run_stage models 200 python3 -m workbench.bench.models --kernels --out "$RESULTS" ;;
+    models)           run_stage models 300 python3 -m workbench.bench.models --kernels --out "$RESULTS" ;;
     models-compile)   run_stage models_compile 540 python3 -m workbench.bench.models --compile --kernels \
                         --name models_compile --out "$RESULTS" ;;
     losses)           run_stage losses 150 python3 -m workbench.bench.losses --out "$RESULTS" ;;

@@ -40,14 +40,6 @@ def test_kernel_line_and_table_name_the_top_kernel_and_its_share():
     assert record.kernel_line("xl-aed", {**profile, "top": [], "oom": True}).endswith(": OOM")
 
 
-@pytest.fixture
-def cpu_settings_kept():
-    before = torch.backends.mkldnn.enabled, torch.get_num_threads()
-    yield
-    torch.backends.mkldnn.enabled, _ = before
-    torch.set_num_threads(before[1])
-
-
 def test_models_bench_smoke_with_kernels_writes_the_table(tmp_path, capsys, cpu_settings_kept):
     from workbench.bench.models import run as models
 

@@ -1,12 +1,19 @@
 """The models record (``benchmarks/results/models.json``): its fields and every reading of them.
 
 ``figures["steps"]``: one row per (model, dtype, shape) with ``step_s`` (seconds of one training step:
-median, min, max, n) and ``peak_bytes`` (None off a GPU); ``parameters``: model -> count;
-``bf16_vs_fp32``: ratios per model and shape; ``rnnt_loss_vs_torchaudio``: our loss and gradient against
-torchaudio's on the same logits, and their times. ``kernels`` (with --kernels): model -> one profiled bf16
-step at ``params["kernel_shape"]``: ``device``, ``total_s`` (summed self time of every kernel: device time
-on a GPU, CPU operator time off one), ``top`` (rows of ``name``, ``self_s``, ``share`` of that total,
-``calls``), or ``oom`` / ``error``.
+median, min, max, n), ``peak_bytes`` (None off a GPU), ``audio_s_per_s`` (batch x seconds / median step),
+``shape_source`` ("fixed": the bench's own shapes; "profile": a bucket of an OOMptimizer 2D profile, with
+``profile_bucket`` {"record", "index"}) and, in records since MFU was measured, ``flops`` (one
+forward+backward, torch.utils.flop_counter), ``mfu`` (flops / median step / ``figures["matmul"]
+["flops_per_s"]``), ``kernel_s`` (summed device time of one profiled step's kernels) and ``gpu_busy``
+(kernel_s / median step), each None when not measured (``gpu_busy_note`` says why); ``parameters``:
+model -> count; ``bf16_vs_fp32``: ratios per model and fixed shape; ``profile_shapes``: {"shapes": model
+-> the profile shapes measured, "skipped": model -> why it has none}; ``rnnt_loss_vs_torchaudio``: our
+loss and gradient against torchaudio's on the same logits, and their times. ``kernels`` (with --kernels):
+model -> one profiled bf16 step at ``params["kernel_shape"]``: ``device``, ``total_s`` (summed self time
+of every kernel: device time on a GPU, CPU operator time off one), ``top`` (rows of ``name``, ``self_s``,
+``share`` of that total, ``calls``), or ``oom`` / ``error``. Older records lack the MFU fields, the
+profile rows and ``shape_source`` (every row of theirs is fixed); every reading here takes them as absent.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from workbench.bench.results import times_faster
 from workbench.units import GiB
 
 NAME = "models"
+BEFORE_LEAN_STEP = "models_before_lean_step"  # the record of the step before the lean-step changes
+MFU_TARGETS = {"xl-aed": 0.45, "large-rnnt": 0.25, "large-tdt": 0.25}  # issue 15, at profile shapes
 
 
 class StepRow(TypedDict, total=False):
@@ -27,6 +36,13 @@ class StepRow(TypedDict, total=False):
     num_tokens: int
     step_s: dict[str, float]  # results.summarize() of one step's seconds
     peak_bytes: int | None
+    audio_s_per_s: float
+    shape_source: str  # "fixed" or "profile" (absent in older records: fixed)
+    profile_bucket: dict[str, Any]  # profile rows: {"record": file name, "index": bucket index}
+    flops: float | None  # one forward+backward
+    mfu: float | None  # 0.25 is 25 %
+    kernel_s: float | None
+    gpu_busy: float | None
     oom: bool
 
 
@@ -37,6 +53,63 @@ def _spread(s: Mapping[str, float], scale: float = 1.0, unit: str = "s") -> str:
 
 def _gib(value: int | None) -> str:
     return "-" if value is None else f"{value / GiB:.1f}"
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f} %"
+
+
+def shape_text(r: Mapping[str, Any]) -> str:
+    """"large-rnnt bf16 B=16 15 s U=120", with "(profile oomptimizer.json #0)" for a profile row."""
+    where = (f" (profile {r['profile_bucket']['record']} #{r['profile_bucket']['index']})"
+             if r.get("shape_source") == "profile" else "")
+    return f"{r['model']} {r['dtype']} B={r['batch_size']} {r['duration_s']:g} s U={r['num_tokens']}{where}"
+
+
+def utilization_text(r: Mapping[str, Any]) -> str:
+    """", MFU 4.1 %, GPU busy 41.0 %" for a row that has the fields ("-" where None), "" for older rows."""
+    out = f", MFU {_percent(r['mfu'])}" if "mfu" in r else ""
+    return out + (f", GPU busy {_percent(r['gpu_busy'])}" if "gpu_busy" in r else "")
+
+
+def row_line(r: Mapping[str, Any]) -> str:
+    """One step row in a line: shape, median step time, peak, audio s/s, MFU, GPU busy; or OOM / the error."""
+    if "step_s" not in r:
+        return f"{shape_text(r)}: {'OOM' if r.get('oom') else 'ERROR ' + r.get('error', '')}"
+    peak = "-" if r.get("peak_bytes") is None else f"{_gib(r['peak_bytes'])} GiB"
+    return (f"{shape_text(r)}: {r['step_s']['median'] * 1e3:.1f} ms, peak {peak}, "
+            f"{audio_per_second(r):.0f} audio s/s{utilization_text(r)}")
+
+
+def audio_per_second(r: Mapping[str, Any]) -> float:
+    """Seconds of (padded) audio trained per second of wall time: batch x seconds / median step."""
+    return r["batch_size"] * r["duration_s"] / r["step_s"]["median"]
+
+
+def mfu_target_lines(figures: Mapping[str, Any], targets: Mapping[str, float] = MFU_TARGETS) -> list[str]:
+    """One line per model with an MFU target in the record: its bf16 MFU at each profile shape against the
+    target, met when every profile shape reaches it; "not judged" when it has no profile row with MFU.
+    Empty for a record from before MFU was measured (no "matmul" rate, no row with "mfu")."""
+    out = []
+    if "matmul" not in figures and not any("mfu" in r for r in figures["steps"]):
+        return out
+    for model, target in targets.items():
+        if model not in figures.get("parameters", {}):
+            continue
+        head = f"{model} MFU target >= {100 * target:.0f} % at profile shapes"
+        rows = [r for r in figures["steps"] if r["model"] == model and r.get("shape_source") == "profile"
+                and r.get("mfu") is not None]
+        if not rows:
+            why = (figures.get("profile_shapes", {}).get("skipped", {}).get(model)
+                   or "this record has no profile-sized row with MFU")
+            out.append(f"{head}: not judged ({why})")
+            continue
+        values = ", ".join(f"{_percent(r['mfu'])} (B={r['batch_size']} x {r['duration_s']:g} s)" for r in rows)
+        worst, short = min(r["mfu"] for r in rows), sum(r["mfu"] < target for r in rows)
+        verdict = ("met" if not short else
+                   f"missed at {short} of {len(rows)} ({100 * (target - worst):.1f} points short at worst)")
+        out.append(f"{head}: {values}: {verdict}")
+    return out
 
 
 def loss_line(loss: Mapping[str, Any]) -> str:
@@ -77,12 +150,18 @@ def kernel_table_lines(kernels: Mapping[str, Mapping[str, Any]], rows: int = 5) 
 def summary_lines(figures: Mapping[str, Any]) -> list[str]:
     """The record's lines in benchmarks/SUMMARY.md."""
     out = [f"- {name}: {count / 1e6:.1f}M parameters" for name, count in figures["parameters"].items()]
+    if figures.get("matmul"):
+        m = figures["matmul"]
+        out.append(f"- matmul rate (MFU's denominator): {m['flops_per_s'] / 1e12:.4g} TFLOP/s {m['dtype']}, n={m['n']}")
     out += [f"- {kernel_line(name, profile)}" for name, profile in figures.get("kernels", {}).items()]
     for r in figures["steps"]:
         if "step_s" in r:
             peak = "-" if r.get("peak_bytes") is None else f"{_gib(r['peak_bytes'])} GiB"
-            out.append(f"  - {r['model']} {r['dtype']} B={r['batch_size']} {r['duration_s']:g} s "
-                       f"U={r['num_tokens']}: {_spread(r['step_s'], 1e3, 'ms')}, peak {peak}")
+            out.append(f"  - {shape_text(r)}: {_spread(r['step_s'], 1e3, 'ms')}, peak {peak}"
+                       f"{utilization_text(r)}")
+    out += [f"- {line}" for line in mfu_target_lines(figures)]
+    out += [f"- {model}: no profile-sized rows ({why})"
+            for model, why in figures.get("profile_shapes", {}).get("skipped", {}).items()]
     if figures["rnnt_loss_vs_torchaudio"].get("ran"):
         out.append(f"- {loss_line(figures['rnnt_loss_vs_torchaudio'])}")
     out.append(f"- failures: {figures['failures'] or 'none'}")
@@ -90,17 +169,27 @@ def summary_lines(figures: Mapping[str, Any]) -> list[str]:
 
 
 def table_lines(figures: Mapping[str, Any]) -> list[str]:
-    """The bench's stdout table: bf16 against fp32 per model and shape, the OOMs, the loss check."""
+    """The bench's stdout table: bf16 against fp32 per model and fixed shape (with bf16 MFU and GPU busy),
+    the profile-sized rows, the OOMs, the MFU targets, the loss check."""
     rows, params = figures["steps"], figures["parameters"]
     out = [f"{'model':<11} {'params':>8} {'B':>3} {'sec':>5} {'U':>4} {'bf16 ms':>9} {'fp32 ms':>9} "
-           f"{'fp32/bf16':>9} {'bf16 GiB':>9} {'fp32 GiB':>9}"]
+           f"{'fp32/bf16':>9} {'bf16 GiB':>9} {'fp32 GiB':>9} {'bf16 MFU':>9} {'bf16 busy':>9}"]
     for r in figures["bf16_vs_fp32"]:
         b, f = (next(x for x in rows if x["model"] == r["model"] and x["batch_size"] == r["batch_size"]
-                     and x["duration_s"] == r["duration_s"] and x["dtype"] == dtype) for dtype in ("bf16", "fp32"))
+                     and x["duration_s"] == r["duration_s"] and x["dtype"] == dtype
+                     and x.get("shape_source", "fixed") == "fixed") for dtype in ("bf16", "fp32"))
         out.append(f"{r['model']:<11} {params[r['model']] / 1e6:>7.1f}M {r['batch_size']:>3} {r['duration_s']:>5g} "
                    f"{b['num_tokens']:>4} {b['step_s']['median'] * 1e3:>9.1f} {f['step_s']['median'] * 1e3:>9.1f} "
-                   f"{r['fp32_over_bf16_time']:>9.2f} {_gib(b['peak_bytes']):>9} {_gib(f['peak_bytes']):>9}")
+                   f"{r['fp32_over_bf16_time']:>9.2f} {_gib(b['peak_bytes']):>9} {_gib(f['peak_bytes']):>9} "
+                   f"{_percent(b.get('mfu')):>9} {_percent(b.get('gpu_busy')):>9}")
+    profile_rows = [r for r in rows if r.get("shape_source") == "profile"]
+    if profile_rows:
+        out.append("profile shapes (OOMptimizer batch sizes):")
+        out += [f"  {row_line(r)}" for r in profile_rows]
     out += [f"OOM: {r['model']} {r['dtype']} B={r['batch_size']} {r['duration_s']}s" for r in rows if r.get("oom")]
+    out += [f"{model}: no profile-sized rows ({why})"
+            for model, why in figures.get("profile_shapes", {}).get("skipped", {}).items()]
+    out += mfu_target_lines(figures)
     if figures["rnnt_loss_vs_torchaudio"].get("ran"):
         out.append(loss_line(figures["rnnt_loss_vs_torchaudio"]))
     return out
@@ -132,3 +221,45 @@ def lean_step_lines(eager: Mapping[str, Any] | None, compiled: Mapping[str, Any]
         out += [f"{s['model']} {s['dtype']} B={s['batch_size']} {s['duration_s']:g} s: compiled encoder "
                 f"{times_faster(s['eager_over_compiled_time'], 'eager')}" for s in compile_speedups(eager, compiled)]
     return out
+
+
+def _row_key(r: Mapping[str, Any]) -> tuple:
+    return (r["model"], r["dtype"], r.get("shape_source", "fixed"), r["batch_size"], r["duration_s"], r["num_tokens"])
+
+
+def before_after_rows(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict]:
+    """Per model, dtype and shape timed in either record (``after``'s order, then rows only ``before``
+    has): median step seconds, audio s/s and MFU of each (None where that record has no such timed row or
+    field), and before / after step time."""
+    timed = [{_row_key(r): r for r in figures["steps"] if "step_s" in r} for figures in (before, after)]
+    keys = list(timed[1]) + [k for k in timed[0] if k not in timed[1]]
+    out = []
+    for key in keys:
+        b, a = timed[0].get(key), timed[1].get(key)
+        model, dtype, source, batch_size, seconds, tokens = key
+        row = {"model": model, "dtype": dtype, "shape_source": source, "batch_size": batch_size,
+               "duration_s": seconds, "num_tokens": tokens}
+        for label, r in (("before", b), ("after", a)):
+            row[f"{label}_step_s"] = None if r is None else r["step_s"]["median"]
+            row[f"{label}_audio_s_per_s"] = None if r is None else audio_per_second(r)
+            row[f"{label}_mfu"] = None if r is None else r.get("mfu")
+        row["before_over_after_time"] = None if a is None or b is None else b["step_s"]["median"] / a["step_s"]["median"]
+        out.append(row)
+    return out
+
+
+def before_after_table(before: Mapping[str, Any], after: Mapping[str, Any]):
+    """:func:`before_after_rows` as a DataFrame for notebook 02: times in ms, MFU in %, blank where absent."""
+    import pandas as pd  # here: the summary reads this module without pandas
+
+    table = pd.DataFrame(before_after_rows(before, after))
+    if table.empty:
+        return table
+    for label in ("before", "after"):
+        table[f"{label} ms"] = table.pop(f"{label}_step_s").astype(float) * 1e3
+        table[f"{label} audio s/s"] = table.pop(f"{label}_audio_s_per_s").astype(float)
+        table[f"{label} MFU %"] = table.pop(f"{label}_mfu").astype(float) * 100
+    table["before/after time"] = table.pop("before_over_after_time").astype(float)
+    table = table.rename(columns={"shape_source": "shape", "batch_size": "B", "duration_s": "s", "num_tokens": "U"})
+    return table.round({"before ms": 1, "after ms": 1, "before audio s/s": 0, "after audio s/s": 0,
+                        "before MFU %": 1, "after MFU %": 1, "before/after time": 2})

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.bench.mfu import matmul_flops_per_second, step_flops
 from workbench.bench.results import RESULTS_DIR, check_smoke_out, cpu_smoke_torch, cuda_missing
 
 MODELS = ("large-rnnt", "xl-aed")
@@ -279,34 +280,6 @@ def check_baseline_pass(corpus: dict, tokens_by_id: dict[str, int], bins: list[f
 
 
 # ----------------------------------------------------------------------------------------- training
-
-
-def matmul_flops_per_second(smoke: bool) -> dict[str, Any]:
-    """bf16 matmul rate of this GPU (n = 8192, CUDA events), or fp32 on the CPU (n = 256) for smoke runs."""
-    import torch
-
-    from workbench.bench.results import bench_device, timer_for
-
-    device = bench_device() if not smoke else torch.device("cpu")
-    n, dtype = (256, torch.float32) if device.type == "cpu" else (8192, torch.bfloat16)
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    seconds = timer_for(device)(lambda: torch.matmul(a, b))
-    return {"n": n, "dtype": str(dtype).replace("torch.", ""), "seconds": seconds,
-            "flops_per_s": 2 * n ** 3 / seconds["median"]}
-
-
-def step_flops(model, batch_size: int, duration_s: float, num_tokens: int, smoke: bool) -> float:
-    """FLOPs of one forward+backward (``torch.utils.flop_counter``: matmuls, convolutions, attention) at
-    a worst-case batch of that shape; element-wise work and the transducer loss are not counted."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    device = next(model.parameters()).device
-    batch = model.make_batch(batch_size, duration_s, num_tokens, device)
-    with FlopCounterMode(display=False) as counter:
-        model.training_step(batch, dtype=torch.float32 if smoke else torch.bfloat16)
-    model.zero_grad(set_to_none=True)
-    return float(counter.get_total_flops())
 
 
 def train_sampler(study: Study, prep: dict, sampler: str) -> dict[str, Any]:
