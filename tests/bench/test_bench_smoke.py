@@ -199,6 +199,8 @@ def test_decoding_bench_smoke(tmp_path, capsys):
     assert decoding.main(["--smoke", "--out", str(tmp_path)]) == 0
     fig = read_result(tmp_path / "decoding.json")["figures"]
     rows = [r for r in fig["rows"] if "time_s" in r]
+    cuda = torch.cuda.is_available()
+    reference = decoding.default_method(torch.device("cuda" if cuda else "cpu"), "full" if cuda else "off")
     # 2 dtypes x 2 batch sizes x (RNN-T: frame-looping + label-looping off; TDT: label-looping off); on a
     # GPU the partial/full rows (and window 1 in fp32) come on top.
     assert len(rows) >= 12
@@ -206,7 +208,8 @@ def test_decoding_bench_smoke(tmp_path, capsys):
         assert r["time_s"]["median"] > 0 and r["audio_s_per_s"] > 0
         assert f"{r['model']} {r['dtype']} B={r['batch']} T={r['frames']}" in fig["calibration"]
         if r["dtype"] == "float32" or r["method"].startswith("label"):
-            assert r["equal_to_label_looping_off"], r  # fp32: every method gives the same tokens
+            assert r["equal_to_reference"], r  # fp32: every method gives the same tokens
+            assert r["reference_method"] == reference  # what the default decoder runs
         else:
             assert 0.0 <= r["token_disagreement"] <= 1.0
     assert fig["targets"]["rnnt_full_s"] is None  # no full-graph row without CUDA: the target is not faked

@@ -15,7 +15,7 @@ needs_nemo = pytest.mark.skipif(NEMO_MISSING is not None, reason=f"{NEMO_MISSING
 
 def _row(model, method, ms, batch=16, frames=150, dtype="float32"):
     return {"model": model, "dtype": dtype, "batch": batch, "frames": frames, "audio_seconds": frames * 0.08,
-            "method": method, "time_s": {"median": ms / 1e3}, "equal_to_label_looping_off": True}
+            "method": method, "time_s": {"median": ms / 1e3}, "equal_to_reference": True}
 
 
 def test_our_rows_get_nemo_seconds_over_ours_in_the_same_mode_and_full_falls_back_to_partial():
@@ -42,7 +42,7 @@ def test_our_rows_get_nemo_seconds_over_ours_in_the_same_mode_and_full_falls_bac
 
 def test_nemo_rows_with_other_hypotheses_in_fp32_are_listed():
     rows = [_row("rnnt", "label-looping full", 10), _row("rnnt", "NeMo full graph", 50)]
-    rows[1]["equal_to_label_looping_off"] = False
+    rows[1]["equal_to_reference"] = False
     bench.add_nemo_speedups(rows)
     failures = []
     targets = bench.nemo_targets_of(rows, failures, smoke=False)
@@ -101,7 +101,8 @@ def test_nemo_smoke_run_compares_hypotheses_on_cpu(tmp_path):
     assert {r["method"] for r in nemo_rows} == {"NeMo no graphs"}  # CPU: NeMo's eager path only
     assert len(nemo_rows) == 8  # 2 models x 2 dtypes x 2 batch sizes
     for r in nemo_rows:
-        assert r["dtype"] == "bfloat16" or r["equal_to_label_looping_off"], r
+        assert r["dtype"] == "bfloat16" or r["equal_to_reference"], r
+        assert r["reference_method"] == "label-looping off"  # on CPU the default decoder runs eagerly
     assert fig["targets"]["nemo_fp32_rows"] == 4 and fig["targets"]["nemo_fp32_rows_unequal"] == []
     assert fig["peer"]["name"] == "NeMo" and not [f for f in fig["failures"] if "raised" in f]
 
@@ -124,8 +125,10 @@ def test_nemo_comparison_on_the_gpu_at_a_small_size(monkeypatch):
     outcome.rows += bench.measure_deferred(outcome)
     bench.add_nemo_speedups(outcome.rows)
     assert not outcome.failures, outcome.failures
-    assert len(outcome.rows) == 12  # 2 models x (3 of ours + 3 of NeMo's)
-    assert all(r["equal_to_label_looping_off"] for r in outcome.rows)
+    assert len(outcome.rows) == 2 * len(bench.NEMO_METHODS)  # ours (torch and fused) and NeMo's, every mode
+    assert all(r["equal_to_reference"] for r in outcome.rows)
+    # the default method's row (the fused partial graphs: the full group ran last) is every row's reference
+    assert {r["reference_method"] for r in outcome.rows} == {"label-looping fused partial"}
     ours = [r for r in outcome.rows if r["method"].startswith("label-looping")]
     assert all(r["speedup_vs_nemo"] > 0 and r["speedup_vs_nemo_method"] == bench.method_name("nemo", r["method"].split()[-1])
                for r in ours)  # each against NeMo in its own graph mode
@@ -153,17 +156,19 @@ def test_rows_run_last_keep_ours_when_nemo_poisons_the_context_and_the_rest_are_
     monkeypatch.setattr(bench, "cuda_context_error", lambda device: "illegal memory access")
     outcome = bench.Outcome()
     reference = ([[1]] * 128, [[0]] * 128)
-    outcome.deferred = [bench.Deferred(case("tdt", 128), full, reference, None),
-                        bench.Deferred(case("rnnt", 128), full, reference, None)]
+    cases = [case("tdt", 128), case("rnnt", 128)]
+    for c in cases:
+        c.reference, c.reference_method, c.blank_bias = reference, "label-looping fused partial", 0.5
+    outcome.deferred = [bench.Deferred(c, full) for c in cases]
     rows = bench.measure_deferred(outcome)
-    ours_full = ["label-looping full", "label-looping fused full"]
-    assert calls == [ours_full, ours_full + ["NeMo full graph"]]  # rnnt first, then lost
-    assert [r["method"] for r in rows] == ["label-looping full"] and rows[0]["equal_to_label_looping_off"]
+    ours_full = ["label-looping fused full", "label-looping full"]
+    everything = ["label-looping fused full", "NeMo full graph", "label-looping full"]
+    assert calls == [ours_full, everything]  # rnnt first, then lost
+    assert [r["method"] for r in rows] == ["label-looping full"] and rows[0]["equal_to_reference"]
     assert "timed alone" in rows[0]["timing_note"]
     assert any("CUDA context is unusable after NeMo full graph: illegal memory access" in f for f in outcome.failures)
-    assert outcome.skipped == ["tdt float32 B=128 T=2: label-looping full, label-looping fused full, NeMo full graph "
-                               "not run (the CUDA "
-                               "context failed earlier: illegal memory access)"]
+    assert outcome.skipped == ["tdt float32 B=128 T=2: label-looping fused full, NeMo full graph, label-looping full "
+                               "not run (the CUDA context failed earlier: illegal memory access)"]
     assert outcome.deferred == []
 
 
@@ -181,3 +186,130 @@ def test_kernels_per_outer_iteration_count_the_inner_steps_and_the_full_graphs_c
     off = {"method": "label-looping off", "mode_used": "off", "time_s": {"median": 0.01}}
     bench.add_iteration_counts(off, stats)
     assert "kernels_per_outer_iteration" not in off and off["outer_iterations"] == 40
+
+
+# -- what runs first, what the targets judge, and where a row departs from the reference (CPU) ------------------
+
+
+def test_the_nemo_grid_measures_what_the_targets_need_at_every_size_and_the_slow_rest_at_b16():
+    grid = bench.Grid.of(quick=False, smoke=False)
+    cells = grid.cells()
+    assert len(cells) == 32 and {c[0] for c in cells[:16]} == {torch.float32}  # fp32 first, then bf16
+    names = lambda methods: [bench.method_name(*m) for m in methods]  # noqa: E731
+    first, later = bench.plan_methods(True, 64, grid)
+    assert names(first) == ["label-looping fused full", "label-looping fused partial", "NeMo full graph",
+                            "NeMo partial graphs"]
+    assert names(later) == ["label-looping full"]  # the torch stages' full graph: every size, second pass
+    first16, later16 = bench.plan_methods(True, 16, grid)
+    assert first16 == first and names(later16) == ["label-looping full", "label-looping off", "label-looping partial",
+                                                   "label-looping fused off", "NeMo no graphs"]
+    assert sorted(names(first16 + later16)) == sorted(names(bench.NEMO_METHODS))  # B=16 has every method
+    assert bench.plan_methods(False, 64, grid) == (bench.METHODS, [])  # decoding.json: one pass, as before
+    assert bench.Grid.of(quick=True, smoke=False).breakdown_batches == [16]
+
+
+def test_the_targets_judge_the_method_users_get_by_default(monkeypatch):
+    cpu = torch.device("cpu")
+    assert bench.default_method(cpu) == "label-looping full" and bench.default_method(cpu, "off") == "label-looping off"
+    monkeypatch.setattr(bench.label_looping, "resolve_kernels",
+                        lambda requested, *, device, algorithm="label_looping": ("triton", "triton: test"))
+    assert bench.default_method(torch.device("cuda")) == "label-looping fused full"
+    rows = [_row("tdt", "label-looping full", 16), _row("tdt", "label-looping fused full", 6.5),
+            _row("tdt", "NeMo full graph", 15.5), _row("tdt", "label-looping fused partial", 8.5),
+            _row("tdt", "NeMo partial graphs", 18.7)]
+    bench.add_nemo_speedups(rows)
+    failures = []
+    targets = bench.nemo_targets_of(rows, failures, smoke=False, target_method="label-looping fused full")
+    assert targets["target_method"] == "label-looping fused full" and targets["full_graph_rows_vs_nemo"] == 1
+    assert targets["speedup_vs_nemo_missed"] == [] and failures == []  # 15.5 / 6.5 = 2.38x >= 2x
+    assert targets["speedup_vs_nemo_full_tdt"] == pytest.approx(15.5 / 6.5)
+    assert targets["torch_stages"]["speedup_vs_nemo_missed"] == ["tdt float32 B=16 T=150: 0.97x NeMo full graph"]
+    failures = []  # judged on the torch stages (the old way) the same rows miss
+    assert bench.nemo_targets_of(rows, failures, smoke=False)["speedup_vs_nemo_missed"] == [
+        "tdt float32 B=16 T=150: 0.97x NeMo full graph"] and len(failures) == 1
+
+
+def test_measure_grid_runs_every_first_pass_before_any_second_pass_and_lists_what_the_budget_cut(monkeypatch):
+    calls, clock = [], [0.0]
+
+    def fake_measure_case(case, calibrator, outcome, smoke, methods=None):
+        calls.append((case.tag, [bench.method_name(*m) for m in methods]))
+        clock[0] += 10.0
+        return []
+
+    linear = torch.nn.Linear(1, 1)
+    monkeypatch.setattr(bench, "build_models", lambda device, nemo: {"rnnt": (linear, linear, None),
+                                                                     "tdt": (linear, linear, [0, 1])})
+    monkeypatch.setattr(bench, "measure_case", fake_measure_case)
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    grid = bench.Grid([1, 16], [4], [torch.float32], breakdown_batches=[16])
+    outcome = bench.Outcome()
+    bench.measure_grid(grid, torch.device("cpu"), outcome, t_start=0.0, budget_s=45.0, smoke=True, nemo=True)
+    tags = [tag for tag, _ in calls]
+    assert tags == ["rnnt float32 B=1 T=4", "rnnt float32 B=16 T=4", "tdt float32 B=1 T=4", "tdt float32 B=16 T=4",
+                    "rnnt float32 B=1 T=4"]  # the first pass at every size, then the second while time lasts
+    assert calls[0][1] == calls[3][1] == [bench.method_name(*m) for m in bench.NEMO_TARGET_METHODS]
+    assert calls[4][1] == ["label-looping full"]
+    assert outcome.skipped == [
+        "rnnt float32 B=16 T=4: label-looping full, label-looping off, label-looping partial, label-looping fused off, "
+        "NeMo no graphs (second pass)",
+        "tdt float32 B=1 T=4: label-looping full (second pass)",
+        "tdt float32 B=16 T=4: label-looping full, label-looping off, label-looping partial, label-looping fused off, "
+        "NeMo no graphs (second pass)"]
+
+
+def _toy_case(durations, batch=3, frames=30):
+    from workbench.decoding import make_toy_transducer
+
+    predictor, joint = make_toy_transducer(vocab_size=bench.VOCAB, enc_dim=8, pred_dim=16, joint_dim=16, seed=3,
+                                           durations=durations, blank_bias=2.0, logit_scale=4.0)
+    enc = torch.randn(batch, frames, 8, generator=torch.Generator().manual_seed(3))
+    case = bench.Case("tdt" if durations else "rnnt", torch.float32, predictor, joint, durations, enc,
+                      torch.tensor([frames, frames - 7, frames - 12]), torch.device("cpu"))
+    hyps = case.decoder(cuda_graphs="off", kernels="torch")(case.enc, case.lengths)
+    case.reference = ([h.tokens for h in hyps], [h.timestamps for h in hyps])
+    case.reference_method = "label-looping off"
+    return case
+
+
+def test_first_difference_finds_the_utterance_label_and_frame_where_two_decodings_part():
+    reference = ([[5, 6, 7], [1, 2], []], [[0, 3, 3], [1, 4], []])
+    assert bench.first_difference(reference, reference) is None
+    changed = ([[5, 6, 7], [1, 9], []], [[0, 3, 3], [1, 4], []])
+    assert bench.first_difference(reference, changed) == {
+        "utterance": 1, "label_index": 1, "reference_token": 2, "reference_frame": 4, "token": 9, "frame": 4,
+        "reference_labels": 2, "labels": 2}
+    shorter = ([[5, 6], [1, 2], []], [[0, 3], [1, 4], []])
+    assert bench.first_difference(reference, shorter) == {
+        "utterance": 0, "label_index": 2, "reference_token": 7, "reference_frame": 3, "token": None, "frame": None,
+        "reference_labels": 3, "labels": 2}
+    moved = ([[5, 6, 7], [1, 2], []], [[0, 3, 4], [1, 4], []])  # same token, another frame
+    assert bench.first_difference(reference, moved)["label_index"] == 2
+
+
+@pytest.mark.parametrize("durations", [None, [0, 1, 2, 3, 4]], ids=["rnnt", "tdt"])
+def test_a_row_that_differs_says_where_and_how_close_our_joint_was_there(durations):
+    case = _toy_case(durations)
+    tokens, frames = case.reference
+    assert len(tokens[1]) >= 3, tokens
+    label = len(tokens[1]) - 2
+    theirs = ([list(t) for t in tokens], [list(f) for f in frames])
+    theirs[0][1] = theirs[0][1][:label]  # the other decoder stops 2 labels early in utterance 1
+    theirs[1][1] = theirs[1][1][:label]
+    row = {"method": "NeMo full graph", "_key": theirs}
+    outcome = bench.Outcome()
+    bench.check_row(case, row, outcome)
+    assert row["utterances_differing_from_reference"] == 1 and not row["equal_to_reference"]
+    assert row["reference_method"] == "label-looping off"
+    diff = row["first_difference"]
+    assert (diff["utterance"], diff["label_index"], diff["token"], diff["labels"]) == (1, label, None, label)
+    assert (diff["reference_token"], diff["reference_frame"]) == (tokens[1][label], frames[1][label])
+    # our joint, after the common labels, at that frame: its argmax is the label the reference emitted there
+    assert diff["at_frame"] == frames[1][label] and diff["top2_tokens"][0] == tokens[1][label]
+    assert diff["top2_token_margin"] > 0
+    assert ("top2_duration_margin" in diff) == (durations is not None)
+    assert outcome.failures == [f"{case.model} float32 B=3 T=30: NeMo full graph: 1 of 3 utterances differ from "
+                                "label-looping off"]
+    same = {"method": "label-looping fused full", "_key": case.reference}
+    bench.check_row(case, same, outcome)
+    assert same["equal_to_reference"] and "first_difference" not in same

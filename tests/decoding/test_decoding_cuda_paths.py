@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.decoding import GreedyTransducerDecoder, cuda_graphs, make_toy_transducer
+from workbench.decoding import GreedyTransducerDecoder, cuda_graphs, label_looping, make_toy_transducer
 from workbench.decoding import greedy as greedy_module
 
 
@@ -257,8 +257,10 @@ def test_gpu_live_speed_table_measures_every_graph_mode_with_equal_hypotheses():
 
     rows = live_speed_record(batches=(2,), frames=8, repeat=1)["figures"]["rows"]
     methods = {(r["model"], r["method"]) for r in rows}
+    fused = label_looping.resolve_kernels("auto", device=torch.device("cuda"))[0] == "triton"
     for model in ("rnnt", "tdt"):
         assert {(model, f"label-looping {m}") for m in ("off", "partial", "full")} <= methods
+        assert fused == ({(model, f"label-looping fused {m}") for m in ("off", "partial", "full")} <= methods)
         labels = {r["labels_per_frame"] for r in rows if r["model"] == model}
         assert len(labels) == 1  # every method decoded the same labels
     assert all(r["time_s"]["median"] > 0 for r in rows)

@@ -41,8 +41,9 @@ def same(a, b, exact_scores=False):
 
 
 def decoders(predictor, joint, blank_id, durations, max_symbols):
+    """The torch stages in each graph mode (test_fused.py checks the fused kernels' modes)."""
     return {mode: GreedyTransducerDecoder(predictor, joint, blank_id=blank_id, durations=durations,
-                                          max_symbols=max_symbols, cuda_graphs=mode)
+                                          max_symbols=max_symbols, cuda_graphs=mode, kernels="torch")
             for mode in ("off", "partial", "full")}
 
 
@@ -67,6 +68,22 @@ def test_bf16_full_equals_off():
     ref = decs["off"](enc, lengths)
     same(decs["full"](enc, lengths), ref)
     same(decs["partial"](enc, lengths), ref)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_default_decoder_picks_triton_and_equals_the_torch_stages(seed):
+    """What users get (every option at its default) on CUDA: the fused kernels in the full graph, with the
+    torch stages' tokens and timestamps in fp32."""
+    predictor, joint, enc, lengths, blank_id, durations, max_symbols = gpu_case(seed)
+    default = GreedyTransducerDecoder(predictor, joint, blank_id=blank_id, durations=durations,
+                                      max_symbols=max_symbols)
+    torch_stages = GreedyTransducerDecoder(predictor, joint, blank_id=blank_id, durations=durations,
+                                           max_symbols=max_symbols, kernels="torch")
+    got = default(enc, lengths)
+    assert (default.kernels_used, default.kernels_reason) == ("triton", "triton: CUDA inputs and triton importable")
+    assert default.mode_used == "full"
+    same(got, torch_stages(enc, lengths))
+    assert torch_stages.kernels_used == "torch"
 
 
 def test_graphs_reused_for_smaller_inputs_and_recaptured_for_larger():
@@ -170,7 +187,7 @@ def test_off_mode_loops_sync_only_to_read_their_flags(monkeypatch, durations, wi
     algorithms = ["label_looping"] + (["frame_looping"] if durations is None else [])
     for algorithm in algorithms:
         dec = GreedyTransducerDecoder(predictor, joint, blank_id=64, durations=durations, algorithm=algorithm,
-                                      cuda_graphs="off", blank_window=window)
+                                      cuda_graphs="off", blank_window=window, kernels="torch")
         expected = dec(enc, lengths)  # warm-up (library handles, workspaces) and the result to match
         buf = dec._new_buffers(enc.shape[0], enc.shape[1], enc)
         label_looping.load_inputs(buf, enc, lengths)

@@ -3,7 +3,9 @@
 Algorithms: ``label_looping`` (RNN-T and TDT) and ``frame_looping`` (RNN-T, the classic baseline).
 Graph modes for label-looping: ``full`` (one CUDA graph, loops as conditional WHILE nodes), ``partial``
 (each loop body a graph, loops in Python reading one flag), ``off`` (eager) and ``auto`` (full, else
-partial, else off; each fallback logged once with its reason; on CPU, off).
+partial, else off; each fallback logged once with its reason; on CPU, off). Stage kernels: ``auto`` (the
+fused Triton kernels for label-looping on CUDA when triton imports, else the torch stages; a Triton
+failure at first use falls back to torch with a warning), ``torch`` or ``triton``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import torch
 from torch import Tensor
 
 import workbench.decoding.cuda_graphs as cuda_graphs
-import workbench.decoding.fused as fused
 import workbench.decoding.label_looping as label_looping
 from workbench.decoding.frame_looping import run_frame_looping
 from workbench.decoding.protocol import Hypothesis, hypotheses_from_buffers, module_dtype
@@ -87,6 +88,10 @@ class _CapturedDecode:
     keep_alive: list = field(default_factory=list)
 
 
+class _TritonFailure(RuntimeError):
+    """The fused kernels failed on their first run on a device (compile or launch), under kernels="auto"."""
+
+
 class GreedyTransducerDecoder:
     """Greedy decoding; call with (enc[B, T, D], lengths[B]) -> one Hypothesis per utterance.
 
@@ -94,15 +99,17 @@ class GreedyTransducerDecoder:
     output ends with one logit per duration. ``max_symbols`` bounds labels per frame (None -> 10).
     ``blank_window`` (label-looping, RNN-T and TDT): frames decided by one joint call while skipping
     blanks (the same decisions, fewer loop iterations); 1 looks at one frame per step.
-    ``kernels`` (label-looping): "torch" (default), or "triton": fused kernels around the joint's matrix
-    product and the predictor step, with the same tokens and timestamps (scores summed in another order).
+    ``kernels`` (label-looping): "triton": fused kernels around the joint's matrix product and the predictor
+    step, with the same tokens and timestamps (scores summed in another order); "torch": the torch stages;
+    "auto" (default): triton on CUDA when it imports, else torch (``kernels_used`` and ``kernels_reason`` say
+    which ran last and why; a Triton failure at first use falls back to torch with a warning).
     Computation runs in the joint's dtype. Captured graphs are kept for the largest batch and length
     seen and reused for smaller inputs; ``reset()`` releases them.
     """
 
     def __init__(self, predictor, joint, *, blank_id: int, durations: list[int] | None = None,
                  max_symbols: int | None = DEFAULT_MAX_SYMBOLS, algorithm: str = "label_looping",
-                 cuda_graphs: str = "auto", blank_window: int = DEFAULT_BLANK_WINDOW, kernels: str = "torch"):
+                 cuda_graphs: str = "auto", blank_window: int = DEFAULT_BLANK_WINDOW, kernels: str = "auto"):
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
         if cuda_graphs not in GRAPH_MODES:
@@ -121,8 +128,8 @@ class GreedyTransducerDecoder:
                 raise ValueError("frame_looping decodes RNN-T only; use label_looping for TDT (durations given)")
         if int(blank_window) != blank_window or blank_window < 1:
             raise ValueError(f"blank_window must be an integer >= 1, got {blank_window}")
-        if kernels not in fused.KERNELS:
-            raise ValueError(f"kernels must be one of {fused.KERNELS}, got {kernels!r}")
+        if kernels not in label_looping.KERNEL_CHOICES:
+            raise ValueError(f"kernels must be one of {label_looping.KERNEL_CHOICES}, got {kernels!r}")
         if kernels == "triton" and algorithm == "frame_looping":
             raise ValueError("kernels='triton' is for label_looping; frame_looping runs the torch ops")
         if blank_id < 0:
@@ -133,13 +140,17 @@ class GreedyTransducerDecoder:
         self.blank_id, self.durations, self.max_symbols = blank_id, durations, int(max_symbols)
         self.algorithm, self.cuda_graphs = algorithm, cuda_graphs
         self.blank_window = int(blank_window)
-        self.kernels = kernels
+        self.kernels = kernels                   # as asked: "auto", "torch" or "triton"
+        self.kernels_used: str | None = None     # the stage kernels of the last call: "torch" or "triton"
+        self.kernels_reason: str | None = None   # why, in one line (e.g. "torch: inputs on cpu (...)")
         self.mode_used: str | None = None        # the mode of the last call
         self.last_stats: dict[str, int] = {}     # loop counts of the last eager / partial call
         self.captures = 0                        # graph captures so far (tests and benchmarks read it)
         self._captured: _CapturedDecode | None = None
         self._mode_cache: dict[str, str] = {}
         self._failed_modes: set[str] = set()
+        self._kernel_cache: dict[str, tuple[str, str]] = {}  # device -> (kernels, reason)
+        self._triton_ran: set[str] = set()       # devices where the fused kernels have run once
 
     def reset(self) -> None:
         """Release captured graphs and their buffers."""
@@ -166,20 +177,52 @@ class GreedyTransducerDecoder:
             dtype = module_dtype(self.joint, enc.dtype)
             enc = enc.to(dtype)
             lengths = lengths.to(device=enc.device, dtype=torch.long)
-            mode = self._choose_mode(enc.device)
-            if mode in ("full", "partial"):
-                try:
-                    return self._decode_with_graphs(mode, enc, lengths)
-                except Exception as e:
-                    if self.cuda_graphs != "auto":
-                        raise RuntimeError(f"cuda_graphs={mode!r} failed: {e}") from e
-                    self._captured = None
-                    torch.cuda.synchronize()
-                    fallback = "partial" if mode == "full" else "off"
-                    _log_once(logging.WARNING, f"auto: {mode} graph failed ({type(e).__name__}: {e}): {fallback}")
-                    self._failed_modes.add(mode)
-                    return self(enc, lengths)
-            return self._decode_eager(enc, lengths)
+            self._choose_kernels(enc.device)
+            try:
+                return self._decode(enc, lengths)
+            except _TritonFailure as e:
+                self._fall_back_to_torch_kernels(enc.device, e.__cause__ or e)
+                return self._decode(enc, lengths)
+
+    def kernel_choice(self, device: torch.device | str) -> tuple[str, str]:
+        """The stage kernels a call on ``device`` runs ("torch" or "triton") and why, in one line."""
+        key = str(torch.device(device))
+        if key not in self._kernel_cache:
+            self._kernel_cache[key] = label_looping.resolve_kernels(self.kernels, device=torch.device(device),
+                                                                    algorithm=self.algorithm)
+        return self._kernel_cache[key]
+
+    def _choose_kernels(self, device: torch.device) -> None:
+        self.kernels_used, self.kernels_reason = self.kernel_choice(device)
+        _log_once(logging.INFO, f"decoding kernels: {self.kernels_reason}")
+
+    def _fall_back_to_torch_kernels(self, device: torch.device, error: BaseException) -> None:
+        first_line = (str(error).splitlines() or [""])[0]
+        message = (f"kernels='auto': the Triton kernels failed at first use ({type(error).__name__}: {first_line}): "
+                   "torch")
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        _log_once(logging.WARNING, message)
+        self._kernel_cache[str(device)] = ("torch", f"torch: {message}")
+        self._captured = None
+        self._choose_kernels(device)
+
+    def _decode(self, enc: Tensor, lengths: Tensor) -> list[Hypothesis]:
+        mode = self._choose_mode(enc.device)
+        if mode in ("full", "partial"):
+            try:
+                return self._decode_with_graphs(mode, enc, lengths)
+            except _TritonFailure:
+                raise
+            except Exception as e:
+                if self.cuda_graphs != "auto":
+                    raise RuntimeError(f"cuda_graphs={mode!r} failed: {e}") from e
+                self._captured = None
+                torch.cuda.synchronize()
+                fallback = "partial" if mode == "full" else "off"
+                _log_once(logging.WARNING, f"auto: {mode} graph failed ({type(e).__name__}: {e}): {fallback}")
+                self._failed_modes.add(mode)
+                return self._decode(enc, lengths)
+        return self._decode_eager(enc, lengths)
 
     def _choose_mode(self, device: torch.device) -> str:
         key = f"{device}|{sorted(self._failed_modes)}"
@@ -205,7 +248,7 @@ class GreedyTransducerDecoder:
             self.predictor, self.joint, batch_capacity=batch, frame_capacity=max(frames, 1),
             enc_dim=enc.shape[-1], dtype=enc.dtype, device=enc.device, blank_id=self.blank_id,
             durations=self.durations, max_symbols=self.max_symbols, window=self.blank_window,
-            kernels=self.kernels)
+            kernels=self.kernel_choice(enc.device)[0])
 
     def _decode_eager(self, enc: Tensor, lengths: Tensor) -> list[Hypothesis]:
         batch, frames = enc.shape[0], enc.shape[1]
@@ -215,7 +258,7 @@ class GreedyTransducerDecoder:
             max_frames = int(lengths.max()) if frames else 0
             self.last_stats = run_frame_looping(buf, self.predictor, self.joint, max_frames)
         else:
-            self.last_stats = label_looping.run_eager(buf, self.predictor, self.joint)
+            self.last_stats = self._run_eager(buf)
         return hypotheses_from_buffers(buf.tokens, buf.timestamps, buf.num_emitted, buf.scores, batch)
 
     def _decode_with_graphs(self, mode: str, enc: Tensor, lengths: Tensor) -> list[Hypothesis]:
@@ -242,7 +285,7 @@ class GreedyTransducerDecoder:
         buf = self._new_buffers(batch, frames, enc)
         label_looping.load_inputs(buf, enc, lengths)
         p, j = self.predictor, self.joint
-        label_looping.run_eager(buf, p, j)  # warm-up: library handles and workspaces exist before capture
+        self._run_eager(buf)  # warm-up: library handles, workspaces and Triton kernels exist before capture
         torch.cuda.synchronize(enc.device)
         stages = {
             "start": lambda: label_looping.start(buf, p, j),
@@ -258,6 +301,22 @@ class GreedyTransducerDecoder:
         self.captures += 1
         key = (mode, enc.shape[-1], enc.dtype, enc.device, batch, frames)
         return _CapturedDecode(mode=mode, key=key, buffers=buf, graphs=graphs, keep_alive=keep)
+
+
+    def _run_eager(self, buf: label_looping.LoopBuffers) -> dict[str, int]:
+        """``label_looping.run_eager``; under kernels="auto" the first run of the fused kernels on a device is
+        checked (synchronized), and a failure there raises ``_TritonFailure`` (the caller falls back to torch)."""
+        device = buf.enc.device
+        if buf.kernels != "triton" or self.kernels != "auto" or str(device) in self._triton_ran:
+            return label_looping.run_eager(buf, self.predictor, self.joint)
+        try:
+            stats = label_looping.run_eager(buf, self.predictor, self.joint)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # an asynchronous failure shows here
+        except Exception as e:  # noqa: BLE001 - any failure of the first fused run means the torch stages run
+            raise _TritonFailure(f"{type(e).__name__}: {e}") from e
+        self._triton_ran.add(str(device))
+        return stats
 
 
 def _replay_partial(graphs: dict[str, Any], buf: label_looping.LoopBuffers) -> dict[str, int]:

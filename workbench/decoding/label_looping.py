@@ -23,6 +23,8 @@ from torch import Tensor
 
 import workbench.decoding.fused as fused
 
+KERNEL_CHOICES = ("auto", "torch", "triton")
+
 
 @dataclass
 class LoopBuffers:
@@ -64,13 +66,33 @@ class LoopBuffers:
     emit: Tensor | None = None  # triton: [Bc] bool, the rows that emitted in this outer step
 
 
+def resolve_kernels(requested: str, *, device: torch.device, algorithm: str = "label_looping") -> tuple[str, str]:
+    """Which stage kernels run on ``device`` ("torch" or "triton") and a one-line reason, for logs.
+
+    "auto": the fused Triton kernels for label-looping on CUDA when triton imports, else the torch stages;
+    "torch" and "triton" are taken as asked (a "triton" that cannot run fails at its first kernel).
+    """
+    if requested not in KERNEL_CHOICES:
+        raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {requested!r}")
+    if requested != "auto":
+        return requested, f"{requested}: asked for"
+    if algorithm != "label_looping":
+        return "torch", f"torch: {algorithm} runs the torch ops"
+    if torch.device(device).type != "cuda":  # decided without importing triton
+        return "torch", f"torch: inputs on {torch.device(device).type} (the Triton kernels run on CUDA)"
+    problem = fused.triton_unavailable_reason(torch.device(device))
+    if problem:
+        return "torch", f"torch: {problem}"
+    return "triton", "triton: CUDA inputs and triton importable"
+
+
 def make_buffers(predictor, joint, *, batch_capacity: int, frame_capacity: int, enc_dim: int,
                  dtype: torch.dtype, device: torch.device, blank_id: int, durations: list[int] | None,
-                 max_symbols: int, window: int = 1, kernels: str = "torch") -> LoopBuffers:
+                 max_symbols: int, window: int = 1, kernels: str = "auto") -> LoopBuffers:
     """Allocate buffers; runs the predictor and joint once on a dummy batch to learn their shapes.
-    ``kernels``: "torch" or "triton" (the same decisions through fewer, fused kernels)."""
-    if kernels not in fused.KERNELS:
-        raise ValueError(f"kernels must be one of {fused.KERNELS}, got {kernels!r}")
+    ``kernels``: "torch", "triton" (the same decisions through fewer, fused kernels) or "auto" (see
+    :func:`resolve_kernels`)."""
+    kernels = resolve_kernels(kernels, device=device)[0]
     bc, tc = batch_capacity, frame_capacity
     enc = torch.zeros(bc, tc, enc_dim, dtype=dtype, device=device)
     enc_proj = joint.project_encoder(enc[:, :1])

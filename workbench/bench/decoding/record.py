@@ -7,8 +7,12 @@ stage) and ``kernels_per_outer_iteration``. ``decoding.json`` (our toy transduce
 frame-looping off, and ``targets`` at B=16, 12 s, fp32. ``decoding_nemo.json`` (NeMo's modules, NeMo's
 decoders measured in the same run): ``speedup_vs_nemo`` on our rows (NeMo's seconds over ours in the
 same graph mode, and ``speedup_vs_nemo_method`` the NeMo row it is against), ``peer`` (NeMo's version)
-and ``targets`` against NeMo at every size. Older records without NeMo rows (and with a hand-typed
-``nemo_reference``, which no reader uses) render too.
+and ``targets`` against NeMo at every size. ``targets["target_method"]`` names the method the targets judge
+(the full graph with the default kernels: "label-looping fused full" on CUDA), ``targets["torch_stages"]``
+the torch stages' full graph beside it; rows name the ``reference_method`` they were checked against and,
+where they differ, carry ``first_difference``. Older records (without these: the targets judged
+"label-looping full" against "label-looping off"; without NeMo rows; with a hand-typed ``nemo_reference``,
+which no reader uses) render too.
 """
 
 from __future__ import annotations
@@ -24,7 +28,18 @@ from workbench.bench.results import times_faster
 NAME = "decoding"  # decoding.json and decoding_quick.json
 
 
+class TorchStagesTargets(TypedDict, total=False):
+    method: str  # "label-looping full": the torch stages' full graph, reported beside the target method
+    rnnt_full_s: float | None
+    tdt_full_s: float | None
+    full_graph_rows_vs_nemo: int
+    speedup_vs_nemo_missed: list[str]
+    full_speedup_vs_frame_looping_off_rnnt: float | None
+
+
 class DecodingTargets(TypedDict, total=False):
+    target_method: str  # the method judged (absent in older records: "label-looping full")
+    torch_stages: TorchStagesTargets  # where the target method is not the torch stages' full graph
     rnnt_full_s: float | None  # our RNN-T full graph, B=16, 12 s, fp32, seconds per batch
     tdt_full_s: float | None
     full_speedup_vs_frame_looping_off_rnnt: float | None  # decoding.json
@@ -49,6 +64,8 @@ class DecodingFigures(TypedDict, total=False):
     failures: list[str]
     skipped_for_time: list[str]
 
+
+OLD_TARGET_METHOD = "label-looping full"  # what records without ``target_method`` judged
 
 METHOD_ORDER = ["frame-looping off", "label-looping off", "label-looping fused off", "NeMo no graphs",
                 "label-looping partial", "label-looping fused partial", "NeMo partial graphs",
@@ -141,12 +158,19 @@ def iteration_breakdown(table: pd.DataFrame, empty_iteration_s: float | None, *,
                    title=f"Time per outer iteration, label-looping rows only ({dtype}, {audio_s:g} s)")
 
 
+def target_method(record_or_figures: dict[str, Any]) -> str:
+    """The method a record's targets judge (older records: "label-looping full")."""
+    figures = record_or_figures.get("figures", record_or_figures)
+    return figures["targets"].get("target_method", OLD_TARGET_METHOD)
+
+
 def frame_looping_speedup_line(record: dict[str, Any]) -> str:
     """Our full graph over frame-looping without graphs (B=16, 12 s, fp32), from the record."""
     t = record["figures"]["targets"]
     ours = t.get("full_speedup_vs_frame_looping_off_rnnt")
-    return (f"RNN-T full graph vs frame-looping off: {'not measured' if ours is None else f'{ours:.1f}x faster'} "
-            f"(goal: {t.get('goal', 'none recorded')})")
+    name = target_method(record) if "target_method" in t else "full graph"
+    return (f"RNN-T {name} vs frame-looping off: "
+            f"{'not measured' if ours is None else f'{ours:.1f}x faster'} (goal: {t.get('goal', 'none recorded')})")
 
 
 def has_nemo_rows(record: dict[str, Any]) -> bool:
@@ -154,23 +178,27 @@ def has_nemo_rows(record: dict[str, Any]) -> bool:
 
 
 def nemo_comparison_table(record: dict[str, Any]) -> pd.DataFrame:
-    """Our full graph against NeMo's, measured in the same run: one row per (model, dtype, audio s, B) with
-    milliseconds per batch (3 significant digits; NaN where NeMo's full graph failed), the ratio in words and
-    the target. Empty for a record without NeMo rows."""
+    """The target method (our full graph with the default kernels) against NeMo's, measured in the same run: one
+    row per (model, dtype, audio s, B) with milliseconds per batch (3 significant digits; NaN where NeMo's full
+    graph failed or the torch stages' full graph has no row), the ratio in words and the target. Empty for a
+    record without NeMo rows."""
     if not has_nemo_rows(record):
         return pd.DataFrame()
     rows = record["figures"]["rows"]
     ms = {(r["model"], r["dtype"], r["batch"], r["frames"], r["method"]): r["time_s"]["median"] * 1e3
           for r in rows if "time_s" in r}
     targets = record["figures"]["targets"].get("min_speedup_vs_nemo", {})
+    judged = target_method(record)
     out = []
     for r in rows:
-        if r.get("method") != "label-looping full" or "speedup_vs_nemo" not in r:
+        if r.get("method") != judged or "speedup_vs_nemo" not in r:
             continue
         shape = (r["model"], r["dtype"], r["batch"], r["frames"])
         target = targets.get(r["model"])
+        torch_stages = {} if judged == OLD_TARGET_METHOD else {
+            "ours torch stages full graph (ms)": _round(ms.get((*shape, OLD_TARGET_METHOD), math.nan))}
         out.append({"model": r["model"], "dtype": r["dtype"], "audio_s": r["audio_seconds"], "B": r["batch"],
-                    "ours full graph (ms)": _round(ms[(*shape, "label-looping full")]),
+                    "ours full graph (ms)": _round(ms[(*shape, judged)]), **torch_stages,
                     "NeMo full graph (ms)": _round(ms.get((*shape, "NeMo full graph"), math.nan)),
                     "NeMo partial graphs (ms)": _round(ms.get((*shape, "NeMo partial graphs"), math.nan)),
                     "ours vs NeMo": times_faster(r["speedup_vs_nemo"], r["speedup_vs_nemo_method"]),
@@ -213,24 +241,33 @@ def summary_lines(figures: dict[str, Any]) -> list[str]:
     """The record's lines in benchmarks/SUMMARY.md."""
     t = figures["targets"]
     out = []
+    judged = target_method(figures)
+    ours_name = judged if "target_method" in t else "full graph"  # an older record's lines read as they did
     if figures.get("peer"):
         for model, label in (("rnnt", "RNN-T"), ("tdt", "TDT")):
             ours, theirs = t.get(f"{model}_full_s"), t.get(f"nemo_{model}_full_s")
             if ours and theirs:
-                out.append(f"- B=16, 12 s, fp32: {label} full graph {ours * 1e3:.2f} ms, NeMo's {theirs * 1e3:.2f} ms "
-                           f"({times_faster(theirs / ours, 'NeMo')})")
+                out.append(f"- B=16, 12 s, fp32: {label} {ours_name} {ours * 1e3:.2f} ms, NeMo's "
+                           f"{theirs * 1e3:.2f} ms ({times_faster(theirs / ours, 'NeMo')})")
         missed = t.get("speedup_vs_nemo_missed", [])
-        out.append(f"- our full graph against NeMo's ({t.get('goal', '')}): {t.get('full_graph_rows_vs_nemo', 0) - len(missed)}"
+        out.append(f"- {'our full graph' if ours_name == 'full graph' else judged} against NeMo's ({t.get('goal', '')}): {t.get('full_graph_rows_vs_nemo', 0) - len(missed)}"
                    f" of {t.get('full_graph_rows_vs_nemo', 0)} sizes meet the target"
                    + (f"; below: {'; '.join(missed)}" if missed else ""))
+        torch_stages = t.get("torch_stages")
+        if torch_stages:
+            below = torch_stages.get("speedup_vs_nemo_missed", [])
+            rows = torch_stages.get("full_graph_rows_vs_nemo", 0)
+            out.append(f"- {torch_stages['method']} (the torch stages, reported, not judged): {rows - len(below)} of "
+                       f"{rows} sizes at the target ratio")
         unequal = t.get("nemo_fp32_rows_unequal", [])
         out.append(f"- NeMo's fp32 hypotheses (tokens and frames) equal to ours in "
                    f"{t.get('nemo_fp32_rows', 0) - len(unequal)} of {t.get('nemo_fp32_rows', 0)} rows"
                    + (f"; differ: {'; '.join(unequal)}" if unequal else ""))
+        out += [f"  - {line}" for line in difference_lines(figures)]
     elif None not in (t.get("rnnt_full_s"), t.get("tdt_full_s"), t.get("full_speedup_vs_frame_looping_off_rnnt")):
         frame = times_faster(t["full_speedup_vs_frame_looping_off_rnnt"], "frame-looping off")
-        out.append(f"- B=16, 12 s, fp32: RNN-T full graph {t['rnnt_full_s'] * 1e3:.2f} ms, TDT full graph "
-                   f"{t['tdt_full_s'] * 1e3:.2f} ms; RNN-T full graph {frame}")
+        out.append(f"- B=16, 12 s, fp32: RNN-T {ours_name} {t['rnnt_full_s'] * 1e3:.2f} ms, TDT {ours_name} "
+                   f"{t['tdt_full_s'] * 1e3:.2f} ms; RNN-T {ours_name} {frame}")
     for r in figures["rows"]:
         if r.get("batch") == 16 and r.get("frames") == 150 and "time_s" in r:
             extra = f", token disagreement {r['token_disagreement']:.3f}" if "token_disagreement" in r else ""
@@ -247,6 +284,31 @@ def summary_lines(figures: dict[str, Any]) -> list[str]:
     out.append(f"- empty conditional-while iteration: {figures['empty_while_iteration']['seconds_per_iteration'] * 1e6:.2f}"
                f" us; failures: {figures['failures'] or 'none'}; skipped: {figures['skipped_for_time'] or 'none'}")
     return out
+
+
+def difference_lines(figures: dict[str, Any], dtype: str = "float32") -> list[str]:
+    """One line per row of ``dtype`` whose hypotheses differ from its reference: the row, then where (see
+    :func:`describe_difference`). Empty for records without ``first_difference``."""
+    return [f"{r['model']} B={r['batch']} T={r['frames']} {r['method']}: "
+            f"{describe_difference(r['first_difference'], r.get('reference_method'))}"
+            for r in figures["rows"] if r.get("first_difference") and r.get("dtype") == dtype]
+
+
+def describe_difference(diff: dict[str, Any], reference_method: str | None = None) -> str:
+    """One line for a row's ``first_difference``: where its hypotheses first depart from the reference's, and our
+    joint's top-2 margins there (a small margin: a rounding near-tie)."""
+    def side(token, frame):
+        return "ended" if token is None else f"token {token} at frame {frame}"
+
+    text = (f"utterance {diff['utterance']}, label {diff['label_index']}: {reference_method or 'reference'} "
+            f"{side(diff['reference_token'], diff['reference_frame'])}, this row {side(diff['token'], diff['frame'])} "
+            f"({diff['reference_labels']} vs {diff['labels']} labels)")
+    if "top2_token_margin" in diff:
+        text += (f"; our joint at frame {diff['at_frame']}: top-2 tokens {diff['top2_tokens']}, log-prob margin "
+                 f"{diff['top2_token_margin']:.3g}")
+        if "top2_duration_margin" in diff:
+            text += f", top-2 durations {diff['top2_durations']}, margin {diff['top2_duration_margin']:.3g}"
+    return text
 
 
 def table_lines(figures: dict[str, Any]) -> list[str]:
@@ -278,4 +340,7 @@ def describe_targets(name: str, record: dict[str, Any]) -> str:
     what = (f"ours against {peer['name']} {peer['version']} in the same run ({peer['decoders']}; {peer['modules']})"
             if peer else frame_looping_speedup_line(record))
     return (f"{name}.json (commit {record['git_commit'][:8]}): {what}\n"
+            f"the targets judge: {target_method(record)}"
+            + (f" (the default kernels: {record['params']['default_kernels']})" if "default_kernels" in record.get(
+                "params", {}) else "") + "\n"
             f"failed checks: {f['failures'] or 'none'}")

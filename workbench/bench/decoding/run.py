@@ -12,12 +12,19 @@ fp32). Each row's blank bias is bisected on its own input towards 1/3 labels per
 mode (off, partial, full) are timed interleaved, call by call. Checks: label-looping off / partial / full
 give identical tokens and timestamps; frame-looping, window 1 and NeMo match them in fp32; in bf16 the token
 disagreement of frame-looping and window 1 is at most ``MAX_BF16_DISAGREEMENT`` (NeMo's is reported).
-Targets (exit 1 when missed): full graph >= ``MIN_SPEEDUP_OVER_FRAME_LOOPING`` x frame-looping off at B=16,
-12 s, fp32; with --nemo, our full graph >= ``MIN_SPEEDUP_OVER_NEMO`` x NeMo's at every size (against its
-partial graphs where its full graph failed). NeMo's full graph at B >= ``NEMO_FULL_GRAPH_LAST_FROM_B`` runs
-after every other row, the record written before: an illegal memory access there (seen at B=128) poisons the
-CUDA context, and the rows after it are then listed as not run. ``record.py`` owns the record's fields.
-More in benchmarks/NOTES.md.
+Every row is checked against the reference of its size: the method users get by default (``default_method``:
+the fused full graph on CUDA) or the next of ``REFERENCE_ORDER``; a row that differs carries
+``first_difference`` (the utterance, label and frame where it first departs, and our joint's top-2 margins
+there). Targets (exit 1 when missed) judge our full graph with the default kernels (``target_method``):
+>= ``MIN_SPEEDUP_OVER_FRAME_LOOPING`` x frame-looping off at B=16, 12 s, fp32; with --nemo, >=
+``MIN_SPEEDUP_OVER_NEMO`` x NeMo's at every size (against its partial graphs where its full graph failed);
+the torch stages' full graph is reported beside. --nemo runs in two passes: first, at every size, what the
+targets need (``NEMO_TARGET_METHODS``), then, while the budget lasts, the rest (``NEMO_BREAKDOWN_METHODS``:
+the torch stages' full graph everywhere, the eager modes and the torch stages' partial graphs at
+``Grid.breakdown_batches``). NeMo's full graph at B >= ``NEMO_FULL_GRAPH_LAST_FROM_B`` runs after every
+other row, the record written before: an illegal memory access there (seen at B=128) poisons the CUDA
+context, and the rows after it are then listed as not run. ``record.py`` owns the record's fields. More in
+benchmarks/NOTES.md.
 """
 
 
@@ -44,9 +51,10 @@ from workbench.bench.results import (
     timer_for,
     write_result,
 )
-from workbench.decoding import GreedyTransducerDecoder, fused, make_toy_transducer
+from workbench.decoding import GreedyTransducerDecoder, fused, label_looping, make_toy_transducer
 from workbench.decoding.cuda_graphs import DriverGraph, capture_partial_graphs
 from workbench.decoding.greedy import DEFAULT_BLANK_WINDOW
+from workbench.decoding.protocol import module_dtype
 from workbench.decoding.toy_models import set_blank_bias
 
 VOCAB, PRED, JOINT, ENC = 1024, 640, 640, 512  # the sizes of the issue's NeMo comparison
@@ -65,10 +73,19 @@ FUSED = "label_looping_fused"
 METHODS = [("frame_looping", "off", W), ("label_looping", "off", W), ("label_looping", "partial", W),
            ("label_looping", "full", W), ("label_looping", "full", 1),
            (FUSED, "off", W), (FUSED, "partial", W), (FUSED, "full", W)]
-# --nemo: ours and NeMo's label-looping decoders in each graph mode, on NeMo's modules
-NEMO_METHODS = [("label_looping", "off", W), ("label_looping", "partial", W), ("label_looping", "full", W),
-                (FUSED, "off", W), (FUSED, "partial", W), (FUSED, "full", W),
-                ("nemo", "off", W), ("nemo", "partial", W), ("nemo", "full", W)]
+# --nemo: ours and NeMo's label-looping decoders in each graph mode, on NeMo's modules. First pass, every size:
+# what the targets need (the default kernels' full graph, NeMo's full graph and its partial graphs where the
+# full one fails) and the partial graphs (their loop counts give the full graph's per-iteration figures).
+NEMO_TARGET_METHODS = [(FUSED, "full", W), (FUSED, "partial", W), ("nemo", "full", W), ("nemo", "partial", W)]
+# Second pass, while the budget lasts: the torch stages' full graph at every size; the eager modes and the torch
+# stages' partial graphs (the slow ones) at Grid.breakdown_batches only.
+NEMO_BREAKDOWN_EVERYWHERE = [("label_looping", "full", W)]
+NEMO_BREAKDOWN_METHODS = [("label_looping", "off", W), ("label_looping", "partial", W), (FUSED, "off", W),
+                          ("nemo", "off", W)]
+NEMO_METHODS = [*NEMO_TARGET_METHODS, *NEMO_BREAKDOWN_EVERYWHERE, *NEMO_BREAKDOWN_METHODS]
+# The reference of each size, when the default method has no row there: the first of these that has one.
+REFERENCE_ORDER = [(FUSED, "full", W), ("label_looping", "off", W), (FUSED, "partial", W), ("label_looping", "full", W),
+                   ("label_looping", "partial", W), (FUSED, "off", W)]
 MIN_SPEEDUP_OVER_NEMO = {"rnnt": 4.0, "tdt": 2.0}  # our full graph over NeMo's, every B, length and dtype
 NEMO_FULL_GRAPH_LAST_FROM_B = 128
 
@@ -84,6 +101,13 @@ def method_name(algorithm: str, mode: str, window: int = W) -> str:
     if algorithm == FUSED:
         return f"label-looping fused {mode}{suffix}"
     return f"{'frame' if algorithm == 'frame_looping' else 'label'}-looping {mode}{suffix}"
+
+
+def default_method(device: torch.device, mode: str = "full") -> str:
+    """The method that ``GreedyTransducerDecoder`` runs by default on ``device`` in graph ``mode``: the fused
+    kernels where ``kernels="auto"`` picks them (CUDA, triton importable), else the torch stages."""
+    kernels = label_looping.resolve_kernels("auto", device=device)[0]
+    return method_name(FUSED if kernels == "triton" else "label_looping", mode)
 
 
 def calibrate_blank_bias(decoder: GreedyTransducerDecoder, enc: torch.Tensor, lengths: torch.Tensor,
@@ -166,18 +190,25 @@ def torchaudio_reference(frames_list: list[int], device: torch.device) -> list[d
 
 @dataclass
 class Grid:
-    """What one run measures: batch sizes, encoder frames per utterance, dtypes."""
+    """What one run measures: batch sizes, encoder frames per utterance, dtypes; --nemo runs its breakdown
+    methods (the eager modes, the torch stages' partial graphs) at ``breakdown_batches`` only."""
     batches: list[int]
     frame_counts: list[int]
     dtypes: list[torch.dtype]
+    breakdown_batches: list[int] = field(default_factory=lambda: [16])
 
     @classmethod
     def of(cls, quick: bool, smoke: bool) -> "Grid":
         if smoke:  # CPU dry run of every code path (off modes only): seconds
-            return cls([1, 3], [20], [torch.float32, torch.bfloat16])
+            return cls([1, 3], [20], [torch.float32, torch.bfloat16], breakdown_batches=[1, 3])
         if quick:
             return cls([1, 16], [150], [torch.float32])
         return cls([1, 16, 64, 128], [150, 375], [torch.float32, torch.bfloat16])
+
+    def cells(self) -> list[tuple[torch.dtype, str, int, int]]:
+        """(dtype, model, frames, batch) in the order they run: fp32 first, then bf16."""
+        return [(dtype, model, frames, batch) for dtype in self.dtypes for model in ("rnnt", "tdt")
+                for frames in self.frame_counts for batch in self.batches]
 
 
 @dataclass
@@ -192,7 +223,10 @@ class Case:
     lengths: torch.Tensor  # [B]
     device: torch.device
     methods: list[tuple[str, str, int]] = field(default_factory=lambda: list(METHODS))
-    blank_bias: float = 0.0
+    blank_bias: float | None = None  # None until calibrated
+    reference: tuple | None = None  # (tokens, frames) per utterance of reference_method
+    reference_method: str | None = None
+    loop_stats: dict | None = None  # outer and inner iterations (an eager or partial-graph row's)
 
     @property
     def batch(self) -> int:
@@ -212,11 +246,10 @@ class Case:
 
 @dataclass
 class Deferred:
-    """Methods of a case that run after every other row (NeMo's full graph at large B), with what checks them."""
+    """Methods of a case that run after every other row (NeMo's full graph at large B); the case holds what
+    checks them."""
     case: Case
     methods: list[tuple[str, str, int]]
-    reference: tuple | None
-    off_stats: dict | None
 
 
 @dataclass
@@ -327,7 +360,7 @@ def prepare_method(case: Case, algorithm: str, mode: str, window: int, outcome: 
         if algorithm == FUSED:
             dec = case.decoder(algorithm="label_looping", cuda_graphs=mode, blank_window=window, kernels="triton")
         else:
-            dec = case.decoder(algorithm=algorithm, cuda_graphs=mode, blank_window=window)
+            dec = case.decoder(algorithm=algorithm, cuda_graphs=mode, blank_window=window, kernels="torch")
         hyps = dec(case.enc, case.lengths)  # also the warm-up (and the graph capture)
     except Exception as e:  # noqa: BLE001 - keep measuring the rest; the failure is reported
         outcome.failures.append(f"{case.tag}: {method_name(algorithm, mode, window)} raised {type(e).__name__}: {e}")
@@ -335,7 +368,7 @@ def prepare_method(case: Case, algorithm: str, mode: str, window: int, outcome: 
         return None
     stats = dict(dec.last_stats)
     if algorithm == "label_looping" and window == 1:  # its iteration counts, from an eager run
-        probe = case.decoder(cuda_graphs="off", blank_window=1)
+        probe = case.decoder(cuda_graphs="off", blank_window=1, kernels="torch")
         probe(case.enc, case.lengths)
         stats = dict(probe.last_stats)
     key = ([h.tokens for h in hyps], [h.timestamps for h in hyps])
@@ -375,25 +408,77 @@ def time_interleaved(case: Case, prepared: list[Prepared], outcome: Outcome) -> 
     return rows
 
 
-def check_row(case: Case, row: dict, reference, outcome: Outcome) -> None:
-    """Compare a row's tokens and frames with label-looping off's. The same stages (off/partial/full) must
-    agree exactly in every dtype. Frame-looping, window 1 and NeMo run the joint on other GEMM shapes (or other
-    kernels): exactly in fp32; in bf16 a near-tie can round either way and the rest of that utterance then
-    follows another path, so there the token disagreement (edit distance) is reported (and, for our own
-    methods, checked) instead."""
-    key = row.pop("_key")
-    same_math = row["method"] in ("label-looping off", "label-looping partial", "label-looping full")
+SAME_MATH = {method_name(a, m) for a in ("label_looping", FUSED) for m in ("off", "partial", "full")}
+
+
+def check_row(case: Case, row: dict, outcome: Outcome) -> None:
+    """Compare a row's tokens and frames with the case's reference. Our label-looping stages (torch or fused,
+    off/partial/full) must agree exactly in every dtype. Frame-looping, window 1 and NeMo run the joint on other
+    GEMM shapes (or other kernels): exactly in fp32; in bf16 a near-tie can round either way and the rest of
+    that utterance then follows another path, so there the token disagreement (edit distance) is reported (and,
+    for our own methods, checked) instead. A row that differs gets ``first_difference``."""
+    key, reference = row.pop("_key"), case.reference
     differing = sum(a != b for a, b in zip(zip(*key), zip(*reference))) if reference else case.batch
-    row["utterances_differing_from_label_looping_off"] = differing
-    row["equal_to_label_looping_off"] = differing == 0
-    if reference is not None and not same_math and case.dtype != torch.float32:
+    row["reference_method"] = case.reference_method
+    row["utterances_differing_from_reference"] = differing
+    row["equal_to_reference"] = differing == 0
+    if reference is not None and differing:
+        row["first_difference"] = first_difference(reference, key)
+        try:
+            row["first_difference"].update(decision_margins(case, row["first_difference"], reference))
+        except Exception as e:  # noqa: BLE001 - a diagnostic we cannot make is said, not fatal
+            row["first_difference"]["margins_unavailable"] = f"{type(e).__name__}: {e}"
+    if reference is not None and row["method"] not in SAME_MATH and case.dtype != torch.float32:
         row["token_disagreement"] = token_disagreement(key[0], reference[0])
         if row["token_disagreement"] > MAX_BF16_DISAGREEMENT and not row["method"].startswith("NeMo"):
             outcome.failures.append(f"{case.tag}: {row['method']}: token disagreement {row['token_disagreement']:.3f} "
-                                    f"with label-looping off (allowed {MAX_BF16_DISAGREEMENT} in bf16)")
+                                    f"with {case.reference_method} (allowed {MAX_BF16_DISAGREEMENT} in bf16)")
     elif differing:
         outcome.failures.append(f"{case.tag}: {row['method']}: {differing} of {case.batch} utterances differ from "
-                                "label-looping off")
+                                f"{case.reference_method}")
+
+
+def first_difference(reference: tuple, key: tuple) -> dict[str, Any] | None:
+    """Where ``key``'s hypotheses first depart from ``reference``'s (each (tokens, frames) per utterance): the first
+    differing utterance, the index of its first differing label, and each side's token and frame there (None
+    past the end of a side's labels), with each side's label count in that utterance. None when equal."""
+    for utterance, (ours_t, ours_f, theirs_t, theirs_f) in enumerate(zip(*reference, *key)):
+        ours, theirs = list(zip(ours_t, ours_f)), list(zip(theirs_t, theirs_f))
+        if ours == theirs:
+            continue
+        label = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        mine = ours[label] if label < len(ours) else (None, None)
+        other = theirs[label] if label < len(theirs) else (None, None)
+        return {"utterance": utterance, "label_index": label, "reference_token": mine[0], "reference_frame": mine[1],
+                "token": other[0], "frame": other[1], "reference_labels": len(ours), "labels": len(theirs)}
+    return None
+
+
+@torch.inference_mode()
+def decision_margins(case: Case, diff: dict, reference: tuple) -> dict[str, Any]:
+    """Our joint at the first difference: the predictor after the common labels, at the earlier of the two sides'
+    frames (the last frame when both ended): the top-2 tokens and their log-probability margin and, for TDT, the
+    duration picked and the duration margin. A small margin is a rounding near-tie."""
+    u, label = diff["utterance"], diff["label_index"]
+    frames = [f for f in (diff["reference_frame"], diff["frame"]) if f is not None]
+    frame = min(frames) if frames else int(case.lengths[u]) - 1
+    prefix = reference[0][u][:label]
+    p, j = case.predictor, case.joint
+    labels = torch.full((1,), BLANK, dtype=torch.long, device=case.device)
+    out, state = p.step(labels, p.init_state(1))
+    for token in prefix:
+        out, state = p.step(torch.full((1,), token, dtype=torch.long, device=case.device), state)
+    enc = case.enc[u:u + 1, frame:frame + 1].to(module_dtype(j, case.enc.dtype))
+    logits = j.joint_after_projection(j.project_encoder(enc)[:, 0], j.project_predictor(out))[0].float()
+    v1 = logits.shape[0] - len(case.durations or [])
+    top = torch.log_softmax(logits[:v1], dim=-1).topk(2)
+    result = {"at_frame": frame, "top2_tokens": top.indices.tolist(),
+              "top2_token_margin": float(top.values[0] - top.values[1])}
+    if case.durations:
+        top_d = torch.log_softmax(logits[v1:], dim=-1).topk(2)
+        result.update(top2_durations=[case.durations[i] for i in top_d.indices.tolist()],
+                      top2_duration_margin=float(top_d.values[0] - top_d.values[1]))
+    return result
 
 
 def add_iteration_counts(row: dict, stats: dict | None) -> None:
@@ -432,32 +517,48 @@ def measure_methods(case: Case, methods: list[tuple[str, str, int]], outcome: Ou
     return sorted(rows, key=lambda r: order.index(r["method"]))
 
 
-def finish_rows(case: Case, rows: list[dict], reference, off_stats, outcome: Outcome) -> None:
+def finish_rows(case: Case, rows: list[dict], outcome: Outcome) -> None:
+    """Take the case's reference and loop counts from these rows where it has none yet, then check every row
+    and add its iteration counts (window 1: its own)."""
+    if case.reference is None:
+        names = [method_name(*m) for m in REFERENCE_ORDER]
+        default = default_method(case.device, "full" if case.device.type == "cuda" else "off")
+        by_name = {r["method"]: r for r in rows}
+        chosen = next((by_name[n] for n in [default, *names] if n in by_name), None)
+        if chosen is not None:
+            case.reference, case.reference_method = chosen["_key"], chosen["method"]
+    if case.loop_stats is None:
+        case.loop_stats = next((r["_stats"] for r in rows if r["method"] in SAME_MATH
+                                and "outer_iterations" in r["_stats"]), None)
     for row in rows:
         stats = row.pop("_stats")
-        check_row(case, row, reference, outcome)
+        check_row(case, row, outcome)
         row["blank_bias"] = case.blank_bias
-        add_iteration_counts(row, stats if row["method"].endswith("window 1") else off_stats)
+        add_iteration_counts(row, stats if row["method"].endswith("window 1") else case.loop_stats)
 
 
-def measure_case(case: Case, calibrator: GreedyTransducerDecoder, outcome: Outcome, smoke: bool) -> list[dict]:
-    """Calibrate the blank bias on the case's input, then time and check every method on it (those of
-    ``deferred_methods`` are queued in ``outcome.deferred``)."""
-    with torch.inference_mode():
-        bias, rate = calibrate_blank_bias(calibrator, case.enc, case.lengths, steps=11 if not smoke else 8)
-    case.blank_bias = bias
-    outcome.calibration[case.tag] = {"blank_bias": bias, "labels_per_frame": rate}
-    if abs(rate - 1 / 3) > 0.1 and not smoke:
-        outcome.failures.append(f"{case.tag}: blank-bias calibration reached {rate:.3f} labels per frame, not "
-                                "about 1/3")
-    methods = methods_for(case)
+def measure_case(case: Case, calibrator: GreedyTransducerDecoder | None, outcome: Outcome, smoke: bool,
+                 methods: list[tuple[str, str, int]] | None = None) -> list[dict]:
+    """Calibrate the blank bias on the case's input (the first time; later calls set it again on the shared
+    joint), then time and check ``methods`` (default: the case's) on it; those of ``deferred_methods`` are
+    queued in ``outcome.deferred``."""
+    if case.blank_bias is None:
+        with torch.inference_mode():
+            bias, rate = calibrate_blank_bias(calibrator, case.enc, case.lengths, steps=11 if not smoke else 8)
+        case.blank_bias = bias
+        outcome.calibration[case.tag] = {"blank_bias": bias, "labels_per_frame": rate}
+        if abs(rate - 1 / 3) > 0.1 and not smoke:
+            outcome.failures.append(f"{case.tag}: blank-bias calibration reached {rate:.3f} labels per frame, not "
+                                    "about 1/3")
+    else:
+        set_blank_bias(case.joint, BLANK, case.blank_bias)  # later cases recalibrated the shared joint
+    wanted = case.methods if methods is None else methods
+    methods = [m for m in methods_for(case) if m in wanted]
     later = deferred_methods(case, methods)
     group = measure_methods(case, [m for m in methods if m not in later], outcome)
-    off = next((r for r in group if r["method"] == "label-looping off"), None)
-    reference, off_stats = (off["_key"], off["_stats"]) if off else (None, None)
-    finish_rows(case, group, reference, off_stats, outcome)
+    finish_rows(case, group, outcome)
     if later:
-        outcome.deferred.append(Deferred(case, later, reference, off_stats))
+        outcome.deferred.append(Deferred(case, later))
     return group
 
 
@@ -495,9 +596,8 @@ def measure_deferred(outcome: Outcome) -> list[dict]:
                                     f"{', '.join(method_name(*m) for m in item.methods if m[0] == 'nemo')}: {lost}")
         elif len(outcome.failures) == failures_before:
             group = interleaved
-        finish_rows(case, group, item.reference, item.off_stats, outcome)
-        print(f"{case.tag} (run last): " + ", ".join(f"{r['method']} {r['time_s']['median'] * 1e3:.2f} ms"
-                                                      for r in group), flush=True)
+        finish_rows(case, group, outcome)
+        _print_group(f"{case.tag} (run last)", group)
         rows += group
     outcome.deferred.clear()
     return rows
@@ -530,33 +630,61 @@ def add_nemo_speedups(rows: list[dict]) -> None:
             r["speedup_vs_nemo"], r["speedup_vs_nemo_method"] = nemo[(*shape, against)] / r["time_s"]["median"], against
 
 
+def plan_methods(nemo: bool, batch: int, grid: Grid) -> tuple[list, list]:
+    """(first pass, second pass) methods of a size: without --nemo every method in one pass; with it, what the
+    targets need first, and the breakdown after every size's first pass (its eager modes and the torch stages'
+    partial graphs at ``grid.breakdown_batches`` only)."""
+    if not nemo:
+        return list(METHODS), []
+    later = NEMO_BREAKDOWN_EVERYWHERE + (NEMO_BREAKDOWN_METHODS if batch in grid.breakdown_batches else [])
+    return list(NEMO_TARGET_METHODS), list(later)
+
+
 def measure_grid(grid: Grid, device: torch.device, outcome: Outcome, *, t_start: float, budget_s: float,
                  smoke: bool, nemo: bool = False) -> None:
-    """Every (dtype, model, T, B) of the grid while the budget lasts; the rest is listed as skipped."""
+    """Every (dtype, model, T, B) of the grid while the budget lasts, in two passes (``plan_methods``); what the
+    budget leaves out is listed as skipped."""
     models = build_models(device, nemo=nemo)
-    for dtype in grid.dtypes:
-        base_by_shape: dict[tuple, float] = {}
-        for model_name, (predictor32, joint32, durations) in models.items():
+    parts: dict[tuple, tuple] = {}  # (dtype, model) -> predictor, joint, durations, calibrator
+    base_by_dtype: dict[torch.dtype, dict] = {}
+    second: list[tuple[Case, list]] = []
+    for dtype, model_name, frames, batch in grid.cells():
+        if (dtype, model_name) not in parts:
+            predictor32, joint32, durations = models[model_name]
             predictor, joint = in_dtype(predictor32, dtype), in_dtype(joint32, dtype)
             flatten_lstm_weights(predictor)
             # One decoder calibrates every row of this model and dtype (graphs captured once, reused).
-            calibrator = GreedyTransducerDecoder(predictor, joint, blank_id=BLANK, durations=durations,
-                                                 cuda_graphs="auto")
-            for frames in grid.frame_counts:
-                for batch in grid.batches:
-                    gen = torch.Generator(device=device).manual_seed(batch * 1000 + frames)
-                    case = Case(model_name, dtype, predictor, joint, durations,
-                                torch.randn(batch, frames, ENC, device=device, generator=gen),
-                                torch.full((batch,), frames, device=device), device,
-                                methods=list(NEMO_METHODS if nemo else METHODS))
-                    if time.perf_counter() - t_start > budget_s:
-                        outcome.skipped.append(case.tag)
-                        continue
-                    group = measure_case(case, calibrator, outcome, smoke)
-                    add_speedups(group, base_by_shape)
-                    outcome.rows += group
-                    print(f"{case.tag}: " + ", ".join(f"{r['method']} {r['time_s']['median'] * 1e3:.2f} ms"
-                                                      for r in group), flush=True)
+            calibrator = GreedyTransducerDecoder(predictor, joint, blank_id=BLANK, durations=durations)
+            parts[(dtype, model_name)] = (predictor, joint, durations, calibrator)
+        predictor, joint, durations, calibrator = parts[(dtype, model_name)]
+        first, later = plan_methods(nemo, batch, grid)
+        gen = torch.Generator(device=device).manual_seed(batch * 1000 + frames)
+        case = Case(model_name, dtype, predictor, joint, durations,
+                    torch.randn(batch, frames, ENC, device=device, generator=gen),
+                    torch.full((batch,), frames, device=device), device, methods=first + later)
+        if time.perf_counter() - t_start > budget_s:
+            outcome.skipped.append(case.tag)
+            continue
+        group = measure_case(case, calibrator, outcome, smoke, methods=first)
+        add_speedups(group, base_by_dtype.setdefault(dtype, {}))
+        outcome.rows += group
+        _print_group(case.tag, group)
+        if later:
+            second.append((case, later))
+    for case, later in second:
+        if time.perf_counter() - t_start > budget_s:
+            outcome.skipped.append(f"{case.tag}: {', '.join(method_name(*m) for m in later)} (second pass)")
+            continue
+        group = measure_case(case, None, outcome, smoke, methods=later)
+        for row in group:
+            row["timing_note"] = "second pass: timed after every size's first pass, not interleaved with its rows"
+        outcome.rows += group
+        _print_group(f"{case.tag} (second pass)", group)
+
+
+def _print_group(tag: str, group: list[dict]) -> None:
+    if group:
+        print(f"{tag}: " + ", ".join(f"{r['method']} {r['time_s']['median'] * 1e3:.2f} ms" for r in group), flush=True)
 
 
 def _b16_median(rows: list[dict], model: str, method: str) -> float | None:
@@ -565,49 +693,69 @@ def _b16_median(rows: list[dict], model: str, method: str) -> float | None:
     return None if r is None else r["time_s"]["median"]
 
 
-def targets_of(rows: list[dict], failures: list[str]) -> dict[str, Any]:
-    """The targets at B=16, 12 s, fp32; a missed one is added to ``failures``."""
-    rnnt_full, tdt_full = _b16_median(rows, "rnnt", "label-looping full"), _b16_median(rows, "tdt", "label-looping full")
+def targets_of(rows: list[dict], failures: list[str], target_method: str = "label-looping full") -> dict[str, Any]:
+    """The targets at B=16, 12 s, fp32, judged on ``target_method`` (the default kernels' full graph); a missed
+    one is added to ``failures``."""
+    rnnt_full, tdt_full = _b16_median(rows, "rnnt", target_method), _b16_median(rows, "tdt", target_method)
     rnnt_frame = _b16_median(rows, "rnnt", "frame-looping off")
     targets = {
+        "target_method": target_method,
         "full_speedup_vs_frame_looping_off_rnnt": None if not (rnnt_full and rnnt_frame) else rnnt_frame / rnnt_full,
         "rnnt_full_s": rnnt_full, "tdt_full_s": tdt_full,
-        "goal": f"full >= {MIN_SPEEDUP_OVER_FRAME_LOOPING:g}x frame-looping off",
+        "goal": f"{target_method} >= {MIN_SPEEDUP_OVER_FRAME_LOOPING:g}x frame-looping off",
     }
+    if target_method != "label-looping full":
+        torch_full = _b16_median(rows, "rnnt", "label-looping full")
+        targets["torch_stages"] = {
+            "method": "label-looping full", "rnnt_full_s": torch_full, "tdt_full_s": _b16_median(rows, "tdt", "label-looping full"),
+            "full_speedup_vs_frame_looping_off_rnnt": None if not (torch_full and rnnt_frame) else rnnt_frame / torch_full}
     speedup = targets["full_speedup_vs_frame_looping_off_rnnt"]
     if speedup is None or speedup < MIN_SPEEDUP_OVER_FRAME_LOOPING:
-        failures.append(f"full graph is not >= {MIN_SPEEDUP_OVER_FRAME_LOOPING:g}x frame-looping off at B=16, 12 s, "
-                        f"fp32: {speedup}")
+        failures.append(f"{target_method} is not >= {MIN_SPEEDUP_OVER_FRAME_LOOPING:g}x frame-looping off at B=16, "
+                        f"12 s, fp32: {speedup}")
     return targets
 
 
-def nemo_targets_of(rows: list[dict], failures: list[str], *, smoke: bool) -> dict[str, Any]:
-    """Our full graph against NeMo's at every (model, dtype, B, T), and the fp32 equality of NeMo's
-    hypotheses with ours; a missed target is added to ``failures`` (on CPU, where no graph runs, only the
-    equality is checked)."""
-    full = [r for r in rows if r["method"] == "label-looping full" and "speedup_vs_nemo" in r]
+def _vs_nemo(rows: list[dict], method: str) -> tuple[list[dict], list[str]]:
+    """``method``'s rows with a NeMo ratio, and those below the target as 'rnnt float32 B=1 T=150: 1.51x ...'."""
+    full = [r for r in rows if r["method"] == method and "speedup_vs_nemo" in r]
     misses = [f"{r['model']} {r['dtype']} B={r['batch']} T={r['frames']}: {r['speedup_vs_nemo']:.2f}x "
               f"{r['speedup_vs_nemo_method']}" for r in full if r["speedup_vs_nemo"] < MIN_SPEEDUP_OVER_NEMO[r["model"]]]
+    return full, misses
+
+
+def nemo_targets_of(rows: list[dict], failures: list[str], *, smoke: bool,
+                    target_method: str = "label-looping full") -> dict[str, Any]:
+    """``target_method`` (the default kernels' full graph) against NeMo's full graph at every (model, dtype, B,
+    T), the torch stages' full graph beside it, and the fp32 equality of NeMo's hypotheses with ours; a missed
+    target is added to ``failures`` (on CPU, where no graph runs, only the equality is checked)."""
+    full, misses = _vs_nemo(rows, target_method)
     nemo32 = [r for r in rows if r["method"].startswith("NeMo") and r["dtype"] == "float32"]
     unequal = [f"{r['model']} B={r['batch']} T={r['frames']} {r['method']}" for r in nemo32
-               if not r["equal_to_label_looping_off"]]
-    rnnt_full, tdt_full = _b16_median(rows, "rnnt", "label-looping full"), _b16_median(rows, "tdt", "label-looping full")
+               if not r.get("equal_to_reference", r.get("equal_to_label_looping_off"))]
+    rnnt_full, tdt_full = _b16_median(rows, "rnnt", target_method), _b16_median(rows, "tdt", target_method)
     nemo_rnnt, nemo_tdt = _b16_median(rows, "rnnt", "NeMo full graph"), _b16_median(rows, "tdt", "NeMo full graph")
     targets = {
+        "target_method": target_method,
         "rnnt_full_s": rnnt_full, "tdt_full_s": tdt_full, "nemo_rnnt_full_s": nemo_rnnt, "nemo_tdt_full_s": nemo_tdt,
         "speedup_vs_nemo_full_rnnt": nemo_rnnt / rnnt_full if rnnt_full and nemo_rnnt else None,
         "speedup_vs_nemo_full_tdt": nemo_tdt / tdt_full if tdt_full and nemo_tdt else None,
         "min_speedup_vs_nemo": dict(MIN_SPEEDUP_OVER_NEMO), "full_graph_rows_vs_nemo": len(full),
         "speedup_vs_nemo_missed": misses, "nemo_fp32_rows": len(nemo32), "nemo_fp32_rows_unequal": unequal,
-        "goal": "our full graph >= " + ", ".join(f"{k.upper()} {v:g}x" for k, v in MIN_SPEEDUP_OVER_NEMO.items())
-                + " NeMo's at every size; NeMo's hypotheses equal to ours in fp32",
+        "goal": f"{target_method} >= " + ", ".join(f"{k.upper()} {v:g}x" for k, v in MIN_SPEEDUP_OVER_NEMO.items())
+                + " NeMo's full graph at every size; NeMo's hypotheses equal to ours in fp32",
     }
+    if target_method != "label-looping full":  # reported, not judged
+        torch_full, torch_misses = _vs_nemo(rows, "label-looping full")
+        targets["torch_stages"] = {"method": "label-looping full", "rnnt_full_s": _b16_median(rows, "rnnt", "label-looping full"),
+                                   "tdt_full_s": _b16_median(rows, "tdt", "label-looping full"),
+                                   "full_graph_rows_vs_nemo": len(torch_full), "speedup_vs_nemo_missed": torch_misses}
     if misses:
-        failures.append(f"full graph below the NeMo target at {len(misses)} of {len(full)} sizes: {misses}")
+        failures.append(f"{target_method} below the NeMo target at {len(misses)} of {len(full)} sizes: {misses}")
     if not nemo32:
         failures.append("no fp32 NeMo row to compare hypotheses with")
     if not smoke and not full:
-        failures.append("no full-graph row with a NeMo time to compare with")
+        failures.append(f"no {target_method} row with a NeMo time to compare with")
     return targets
 
 
@@ -632,26 +780,36 @@ def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke:
     else:
         outcome.skipped.append("torchaudio reference")
     name = ("decoding_nemo" if nemo else "decoding") + ("_quick" if quick else "")
+    target_method = default_method(device)
 
     def write(figures_failures: list[str]) -> tuple[Any, dict[str, Any]]:
         if nemo:
             add_nemo_speedups(outcome.rows)
-            targets = nemo_targets_of(outcome.rows, figures_failures, smoke=smoke)
+            targets = nemo_targets_of(outcome.rows, figures_failures, smoke=smoke, target_method=target_method)
         else:
-            targets = targets_of(outcome.rows, figures_failures)
+            targets = targets_of(outcome.rows, figures_failures, target_method=target_method)
         figures = {"smoke": smoke, "rows": outcome.rows, "empty_while_iteration": empty,
                    "calibration": outcome.calibration, "targets": targets, "failures": figures_failures,
                    "skipped_for_time": outcome.skipped, "elapsed_s": time.perf_counter() - t_start}
         if nemo:
             figures["peer"] = nemo_peer.peer_description()
+        if nemo:
+            params_extra = {"breakdown_batches": grid.breakdown_batches,
+                            "passes": "first at every size: " + ", ".join(method_name(*m) for m in NEMO_TARGET_METHODS)
+                            + "; then " + ", ".join(method_name(*m) for m in NEMO_BREAKDOWN_EVERYWHERE)
+                            + " at every size and " + ", ".join(method_name(*m) for m in NEMO_BREAKDOWN_METHODS)
+                            + " at the breakdown batches"}
+        else:
+            params_extra = {}
         params = {"vocab": VOCAB, "predictor": PRED, "joint": JOINT, "encoder_dim": ENC, "frame_s": FRAME_S,
                   "tdt_durations": TDT_DURATIONS, "batches": grid.batches, "frames": grid.frame_counts,
                   "dtypes": [str(d)[6:] for d in grid.dtypes], "max_symbols": 10, "quick": quick,
-                  "tf32": False, "smoke": smoke, "blank_window": W,
+                  "tf32": False, "smoke": smoke, "blank_window": W, "target_method": target_method,
+                  "default_kernels": label_looping.resolve_kernels("auto", device=device)[1],
                   "weights": "NeMo's RNNTDecoder and RNNTJoint, random" if nemo else "workbench toy transducer, random",
                   "calibration": "blank bias bisected per row (model, dtype, B, T) on that row's own input, "
                                  "towards 1/3 labels per frame",
-                  "timing": "methods of one graph mode timed interleaved, call by call"}
+                  "timing": "methods of one graph mode timed interleaved, call by call", **params_extra}
         if not nemo:
             params["speedup_note"] = "TDT rows are compared with RNN-T frame-looping off of the same batch and length"
         path = write_result(
@@ -699,9 +857,11 @@ def live_speed_record(batches=(1, 4), frames: int = 20, repeat: int = 2, blank_b
             lengths = torch.full((b,), frames, device=device)
             methods = [("frame_looping", "off")] if durations is None else []
             base = None
-            for algorithm, mode in methods + [("label_looping", m) for m in modes]:
+            fused_rows = [(FUSED, m) for m in modes] if label_looping.resolve_kernels("auto", device=device)[0] == "triton" else []
+            for algorithm, mode in methods + [("label_looping", m) for m in modes] + fused_rows:
                 dec = GreedyTransducerDecoder(predictor, joint, blank_id=64, durations=durations,
-                                              algorithm=algorithm, cuda_graphs=mode)
+                                              algorithm="label_looping" if algorithm == FUSED else algorithm,
+                                              cuda_graphs=mode, kernels="triton" if algorithm == FUSED else "torch")
                 hyps = dec(enc, lengths)  # also the warm-up (and the graph capture)
                 stats = dict(dec.last_stats)
                 t = timed(lambda: dec(enc, lengths), repeat=repeat, warmup=0, device=device)
