@@ -62,13 +62,15 @@ class LoopBuffers:
     searching_any: Tensor       # [] bool: loop condition of the inner loop
     kernels: str = "torch"      # "torch": the stages below; "triton": workbench.decoding.fused's kernels
     emit: Tensor | None = None  # triton: [Bc] bool, the rows that emitted in this outer step
+    lstm: fused.LstmStep | None = None  # triton: the fused LSTM step (pred_state contiguous), else predictor.step
 
 
 def make_buffers(predictor, joint, *, batch_capacity: int, frame_capacity: int, enc_dim: int,
                  dtype: torch.dtype, device: torch.device, blank_id: int, durations: list[int] | None,
                  max_symbols: int, window: int = 1, kernels: str = "torch") -> LoopBuffers:
     """Allocate buffers; runs the predictor and joint once on a dummy batch to learn their shapes.
-    ``kernels``: "torch" or "triton" (the same decisions through fewer, fused kernels)."""
+    ``kernels``: "torch"; "triton" (the same decisions through fewer, fused kernels; an LSTM predictor's step
+    fused too, see :func:`fused.lstm_step_for`); "triton_cudnn" (the same, the predictor through its step())."""
     if kernels not in fused.KERNELS:
         raise ValueError(f"kernels must be one of {fused.KERNELS}, got {kernels!r}")
     bc, tc = batch_capacity, frame_capacity
@@ -89,6 +91,7 @@ def make_buffers(predictor, joint, *, batch_capacity: int, frame_capacity: int, 
     window = max(1, int(window))
     longest_jump = max([1, *(durations or [])])
     long = dict(dtype=torch.long, device=device)
+    lstm = fused.lstm_step_for(predictor, blank_id=blank_id, tokens=num_token_outputs) if kernels == "triton" else None
     score_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     return LoopBuffers(
         batch_capacity=bc, frame_capacity=tc, max_symbols=max_symbols, blank_id=blank_id,
@@ -106,15 +109,21 @@ def make_buffers(predictor, joint, *, batch_capacity: int, frame_capacity: int, 
         symbols_at_frame=torch.zeros(bc, **long), num_emitted=torch.zeros(bc, **long),
         tokens=torch.zeros(bc, capacity, **long), timestamps=torch.zeros(bc, capacity, **long),
         scores=torch.zeros(bc, dtype=score_dtype, device=device),
-        pred_state=tuple(torch.zeros_like(s) for s in state), pred_proj=torch.zeros_like(pred_proj),
+        pred_state=tuple(torch.zeros_like(s) if lstm is None else torch.zeros(s.shape, dtype=s.dtype, device=device)
+                         for s in state),                       # the fused LSTM step: contiguous
+        pred_proj=torch.zeros_like(pred_proj),
         active_any=torch.zeros((), dtype=torch.bool, device=device),
         searching_any=torch.zeros((), dtype=torch.bool, device=device),
-        kernels=kernels, emit=torch.zeros(bc, dtype=torch.bool, device=device) if kernels == "triton" else None,
+        kernels="torch" if kernels == "torch" else "triton", lstm=lstm,
+        emit=None if kernels == "torch" else torch.zeros(bc, dtype=torch.bool, device=device),
     )
 
 
 def load_inputs(buf: LoopBuffers, enc: Tensor, lengths: Tensor) -> None:
-    """Copy a batch into the buffers (outside any graph). Needs B <= batch and T <= frame capacity."""
+    """Copy a batch into the buffers (outside any graph; the fused LSTM step's weights are refreshed here if the
+    predictor's parameters changed). Needs B <= batch and T <= frame capacity."""
+    if buf.lstm is not None:
+        fused.refresh_lstm_step(buf.lstm)
     b, t = enc.shape[0], enc.shape[1]
     buf.enc[:b, :t].copy_(enc)
     buf.lengths.zero_()
@@ -149,9 +158,15 @@ def start(buf: LoopBuffers, predictor, joint) -> None:
         t.zero_()
     buf.labels.fill_(buf.blank_id)
     torch.lt(buf.time, buf.lengths, out=buf.active)
-    out, state = predictor.step(buf.labels, predictor.init_state(buf.batch_capacity))
-    for dst, src in zip(buf.pred_state, state):
-        dst.copy_(src)
+    if buf.lstm is not None:
+        for dst, src in zip(buf.pred_state, predictor.init_state(buf.batch_capacity)):
+            dst.copy_(src)
+        buf.emit.fill_(True)
+        out = fused.lstm_step(buf.lstm, buf.labels, buf.pred_state, buf.emit)
+    else:
+        out, state = predictor.step(buf.labels, predictor.init_state(buf.batch_capacity))
+        for dst, src in zip(buf.pred_state, state):
+            dst.copy_(src)
     buf.pred_proj.copy_(joint.project_predictor(out))
     torch.any(buf.active, out=buf.active_any)
 
@@ -274,8 +289,8 @@ def emit_labels(buf: LoopBuffers, predictor, joint) -> None:
     """Emit the found label of every active row, advance the predictor there, move frames."""
     if buf.kernels == "triton":
         fused.emit_update(buf, buf.emit)
-        out, state = predictor.step(buf.labels, buf.pred_state)
-        fused.select_rows(buf.emit, [*zip(buf.pred_state, state), (buf.pred_proj, joint.project_predictor(out))])
+        out, keep = fused_predictor_step(buf, predictor)
+        fused.select_rows(buf.emit, [*keep, (buf.pred_proj, joint.project_predictor(out))])
         return
     emit = buf.active
     buf.tokens[buf.batch_index, buf.num_emitted] = buf.labels       # rows not emitting write past their end
@@ -290,6 +305,15 @@ def emit_labels(buf: LoopBuffers, predictor, joint) -> None:
     buf.symbols_at_frame.copy_(symbols.masked_fill_(forced, 0))
     torch.lt(buf.time, buf.lengths, out=buf.active)
     torch.any(buf.active, out=buf.active_any)
+
+
+def fused_predictor_step(buf: LoopBuffers, predictor) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+    """kernels="triton": the predictor on ``buf.labels`` -> (out [B, H], the (state, new state) pairs still to keep
+    where ``buf.emit``). The fused LSTM step keeps the state itself (in place: no pairs); else predictor.step."""
+    if buf.lstm is not None:
+        return fused.lstm_step(buf.lstm, buf.labels, buf.pred_state, buf.emit), []
+    out, state = predictor.step(buf.labels, buf.pred_state)
+    return out, list(zip(buf.pred_state, state))
 
 
 def advance_predictor(buf: LoopBuffers, predictor, joint, labels: Tensor, emit: Tensor) -> None:
