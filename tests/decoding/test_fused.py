@@ -17,6 +17,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 from workbench.decoding import GreedyTransducerDecoder, fused, label_looping, make_toy_transducer  # noqa: E402
+from workbench.bench.decoding import nemo_peer  # noqa: E402
 from workbench.bench.decoding.op_count import predictor_step_ops, stage_ops  # noqa: E402
 from test_gpu import gpu_case  # noqa: E402 - the GPU tests' random cases
 
@@ -288,8 +289,12 @@ def test_fused_lstm_step_covers_wide_layers_in_blocks():
 
 
 @needs_triton
-def test_predictors_the_fused_step_does_not_reproduce_keep_their_own_step(caplog):
+def test_predictors_the_fused_step_does_not_reproduce_keep_their_own_step(caplog, monkeypatch):
     ours = lstm_predictor("ours", 1)
+    with monkeypatch.context() as m:
+        m.setattr(fused, "LSTM_TABLE_LIMIT_BYTES", 11 * 4 * 12 * 4 - 1)     # 11 tokens x 4 gates x 12 units, fp32
+        assert "input table would take" in fused.lstm_parts(ours)
+    assert fused.lstm_parts(ours) == (ours.embed, ours.lstm)
     normed = torch.nn.Sequential(ours, torch.nn.LayerNorm(12))      # a module with parameters besides the two
     assert "parameters outside" in fused.lstm_parts(normed)
     gru = torch.nn.Module()
@@ -324,6 +329,28 @@ def test_fused_lstm_step_follows_weights_changed_in_place():
     assert not torch.equal(step.table, table)
     assert [h.tokens for h in after] != [h.tokens for h in before]
     assert_same_hypotheses(after, GreedyTransducerDecoder(predictor, joint, **kw)(enc, lengths))
+
+
+NEMO_MISSING = nemo_peer.nemo_unavailable_reason()
+
+
+@needs_triton
+@pytest.mark.skipif(NEMO_MISSING is not None, reason=f"{NEMO_MISSING} (../shared/tools/fetch_nemo_wheels.sh)")
+@pytest.mark.parametrize("durations", [None, [0, 1, 2, 3, 4]], ids=["rnnt", "tdt"])
+def test_fused_lstm_step_on_nemos_rnnt_decoder_gives_nemos_hypotheses(durations, strict_fp32):
+    """NeMo's RNNTDecoder behind its adapter steps through the fused LSTM step; NeMo's own greedy decoder
+    (eager) and the torch stages give the same tokens and frames."""
+    predictor, joint = nemo_peer.make_nemo_transducer(vocab_size=40, enc_dim=16, pred_dim=32, joint_dim=24,
+                                                      durations=durations, seed=1, device=DEVICE)
+    assert fused.lstm_step_for(predictor, blank_id=40, tokens=41) is not None
+    enc = torch.randn(3, 30, 16, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    lengths = torch.tensor([30, 17, 4], device=DEVICE)
+    kw = dict(blank_id=40, durations=durations, cuda_graphs="off")
+    got = GreedyTransducerDecoder(predictor, joint, kernels="triton", **kw)(enc, lengths)
+    assert_same_hypotheses(got, GreedyTransducerDecoder(predictor, joint, **kw)(enc, lengths))
+    tokens, frames = nemo_peer.NemoGreedy(predictor, joint, durations, "off")(enc, lengths)
+    assert tokens == [h.tokens for h in got] and frames == [h.timestamps for h in got]
+    assert sum(map(len, tokens)) > 0
 
 
 COMPILE_FOR_H200 = """
@@ -392,9 +419,9 @@ def gpu_decoders(predictor, joint, blank_id, durations, max_symbols, kernels):
 @pytest.mark.parametrize("num_layers", [1, 2, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_gpu_fused_lstm_step_equals_cudnn(kind, num_layers, dtype, strict_fp32):
-    """On NeMo's sizes (hidden 640): the fused step against nn.LSTM through cuDNN."""
+    """On NeMo's sizes (hidden 640): the fused step against nn.LSTM on CUDA (cuDNN)."""
     predictor = lstm_predictor(kind, num_layers, dtype, hidden=640, seed=num_layers)
-    assert torch.backends.cudnn.is_acceptable(next(predictor.parameters()))
+    assert next(predictor.parameters()).is_cuda
     step = fused.lstm_step_for(predictor, blank_id=10, tokens=11)
     assert step is not None
     check_step_against_module(predictor, step, num_layers, 640, dtype, FP32_TOL if dtype == torch.float32 else BF16_TOL)

@@ -259,7 +259,7 @@ def lstm_parts(predictor) -> tuple[torch.nn.Embedding, torch.nn.LSTM] | str:
         return "its LSTM has a projection, two directions or an input size other than the embedding's"
     if embedding.max_norm is not None:
         return "its embedding renormalizes rows (max_norm)"
-    table_bytes = embedding.num_embeddings * 4 * lstm.hidden_size * 4
+    table_bytes = embedding.num_embeddings * 4 * lstm.hidden_size * (8 if lstm.weight_ih_l0.dtype == torch.float64 else 4)
     if table_bytes > LSTM_TABLE_LIMIT_BYTES:
         return f"the first layer's input table would take {table_bytes >> 20} MiB"
     return embedding, lstm
