@@ -1,6 +1,6 @@
 """Triton kernels for the label-looping stages (``kernels="triton"``): the same decisions, fewer launches.
 
-Five kernels replace the chains of small torch ops around the joint and the predictor:
+Six kernels replace the chains of small torch ops around the joint and the predictor:
 
 - :func:`gather_window`: the encoder projections of frames time..time+W-1 and the predictor projection,
   one row per (utterance, frame), ready for the joint (plain copies).
@@ -10,20 +10,33 @@ Five kernels replace the chains of small torch ops around the joint and the pred
   rows, and the inner-loop flag.
 - :func:`emit_update` and :func:`select_rows`: the emit bookkeeping (tokens, timestamps, counts, frame
   moves, the max-symbols rule, active rows and the outer-loop flag) in one single-program kernel, and the
-  masked keep of the new predictor state and projection in one more.
+  masked keep of the new predictor projection (and state, for a predictor's own step) in one more.
+- :func:`lstm_step`: an LSTM predictor's step as, per layer, one gate GEMM (cuBLAS) and one pointwise kernel
+  (gates, new cell and hidden state, kept where a row did not emit), in place on the state; the embedding's
+  contribution to the first layer's gates is a per-token table made once (:func:`lstm_step_for`).
+  ``kernels="triton_cudnn"`` keeps the predictor's own step() (cuDNN for an nn.LSTM) instead.
 
-Tokens and timestamps equal the torch stages' exactly; scores are the same sums taken in another order.
+Tokens and timestamps equal the torch stages' exactly with the predictor's own step; scores are the same sums
+taken in another order. The fused LSTM step sums the gates in another order than cuDNN (values equal within
+rounding), so its decisions can differ where two logits are within that rounding; every graph mode runs the
+same step, so they agree with each other exactly.
 On CPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1 before triton is imported; slow, for tests).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import weakref
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-KERNELS = ("torch", "triton")
+# "triton_cudnn": the "triton" kernels, but the predictor runs its own step() (for an nn.LSTM: cuDNN)
+KERNELS = ("torch", "triton", "triton_cudnn")
+LSTM_TABLE_LIMIT_BYTES = 256 << 20    # largest first-layer input table (tokens x 4 hidden) the fused step makes
+logger = logging.getLogger("workbench.decoding")
 
 
 def triton_unavailable_reason(device: torch.device) -> str | None:
@@ -54,7 +67,7 @@ def _kernels() -> dict:
     from workbench.decoding import fused_kernels as k
 
     return {"gather": k.gather_window_kernel, "decide": k.decide_kernel, "scan": k.scan_kernel,
-            "emit": k.emit_kernel, "select": k.select_kernel}
+            "emit": k.emit_kernel, "select": k.select_kernel, "lstm": k.lstm_cell_kernel}
 
 
 def _k(name: str, t: Tensor):
@@ -138,3 +151,180 @@ def select_rows(emit: Tensor, pairs: list[tuple[Tensor, Tensor]]) -> None:
         padded = group + [group[0]] * (3 - len(group))        # unused slots: never run (grid stops short)
         args = [a for slot in padded for a in slot]
         _k("select", emit)[(emit.shape[0], len(group))](_bytes(emit), *args, LONGEST=longest, BLOCK=block)
+
+
+# -- the LSTM predictor's step ---------------------------------------------------------------------------------
+
+
+@dataclass
+class LstmStep:
+    """An LSTM predictor's step as, per layer, one gate GEMM (cuBLAS) and one pointwise kernel that also keeps
+    the state of the rows that did not emit. Made from the module's weights by :func:`lstm_step_for`;
+    :func:`refresh_lstm_step` recomputes it in place when they change.
+
+    table: [tokens, 4H] the first layer's input gates of every token, embedding @ W_ih^T + b_ih + b_hh, in the
+    accumulation dtype (float32; float64 for a float64 module), so the first layer's GEMM is h_prev @ W_hh^T
+    and the pointwise kernel adds the label's row. weights / biases: layers 1.., [W_ih | W_hh] ([4H, 2H]) and
+    b_ih + b_hh, the GEMM over [layer below's new h | h_prev].
+    """
+
+    embedding: torch.nn.Embedding
+    lstm: torch.nn.LSTM
+    table: Tensor
+    weights: list[Tensor]
+    biases: list[Tensor]
+    versions: tuple = ()
+
+
+def _lstm_parameters(embedding, lstm) -> list[Tensor]:
+    return [embedding.weight, *lstm.parameters()]
+
+
+def _versions(params: list[Tensor]) -> tuple:
+    """What changes when a parameter is written in place (its version) or replaced (its memory)."""
+    out = []
+    for p in params:
+        try:
+            out.append((p.data_ptr(), p._version))
+        except RuntimeError:                    # an inference tensor keeps no version: its memory only
+            out.append((p.data_ptr(), None))
+    return tuple(out)
+
+
+def _prepared_weights(embedding, lstm) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+    """(table, weights, biases) of :class:`LstmStep`, computed from the module's current parameters."""
+    def bias(layer: int, like: Tensor) -> Tensor:
+        if not lstm.bias:
+            return torch.zeros(like.shape[0], dtype=like.dtype, device=like.device)
+        return getattr(lstm, f"bias_ih_l{layer}") + getattr(lstm, f"bias_hh_l{layer}")
+
+    w_ih = lstm.weight_ih_l0
+    acc = torch.float64 if w_ih.dtype == torch.float64 else torch.float32
+    table = torch.nn.functional.linear(embedding.weight.double(), w_ih.double(), bias(0, w_ih).double()).to(acc)
+    weights = [torch.cat([getattr(lstm, f"weight_ih_l{n}"), getattr(lstm, f"weight_hh_l{n}")], dim=1)
+               for n in range(1, lstm.num_layers)]
+    biases = [bias(n, weights[n - 1]) for n in range(1, lstm.num_layers)]
+    return table, weights, biases
+
+
+def refresh_lstm_step(step: LstmStep) -> None:
+    """Recompute the prepared weights in place (captured graphs keep reading them) if a parameter changed since."""
+    params = _lstm_parameters(step.embedding, step.lstm)
+    versions = _versions(params)
+    if versions == step.versions:
+        return
+    with torch.inference_mode(False), torch.no_grad():
+        table, weights, biases = _prepared_weights(step.embedding, step.lstm)
+        for dst, src in zip([step.table, *step.weights, *step.biases], [table, *weights, *biases]):
+            dst.copy_(src)
+    step.versions = versions
+
+
+def lstm_step(step: LstmStep, labels: Tensor, state: tuple[Tensor, Tensor], emit: Tensor) -> Tensor:
+    """Advance the LSTM on ``labels`` ([B] long) where ``emit`` ([B] bool), in place on ``state`` = (h, c), each
+    [B, layers, H] contiguous; the other rows keep their state. Returns the top layer's h ([B, H], a view)."""
+    h, c = state
+    batch, layers, hidden = h.shape
+    if h.stride() != (layers * hidden, hidden, 1) or c.stride() != h.stride():
+        raise ValueError("the fused LSTM step needs the state (h, c) contiguous as [batch, layers, hidden]")
+    block = min(1024, _pow2(hidden))
+    grid = (batch, -(-hidden // block))
+    for n in range(layers):
+        if n == 0:
+            gates = torch.mm(h[:, 0], step.lstm.weight_hh_l0.t())
+        else:       # [h of layer n-1, just written | h of layer n] is one [B, 2H] view of the state
+            gates = torch.addmm(step.biases[n - 1], h[:, n - 1:n + 1].reshape(batch, 2 * hidden),
+                                step.weights[n - 1].t())
+        _k("lstm", gates)[grid](gates, gates.stride(0), step.table, step.table.stride(0), labels, h[:, n], c[:, n],
+                               h.stride(0), c.stride(0), _bytes(emit), H=hidden, BLOCK_H=block, FIRST=n == 0)
+    return h[:, layers - 1]
+
+
+def lstm_parts(predictor) -> tuple[torch.nn.Embedding, torch.nn.LSTM] | str:
+    """The embedding and LSTM of a predictor made of exactly one of each (any nesting, as ours and NeMo's
+    RNNTDecoder behind its adapter), or why it is not one: another module with parameters, a projection, a
+    bidirectional or non-LSTM recurrence, an embedding with max_norm, a table over the size limit."""
+    if not isinstance(predictor, torch.nn.Module):
+        return f"{type(predictor).__name__} is not a torch.nn.Module"
+    embeddings = [m for m in predictor.modules() if isinstance(m, torch.nn.Embedding)]
+    lstms = [m for m in predictor.modules() if isinstance(m, torch.nn.LSTM)]
+    if len(embeddings) != 1 or len(lstms) != 1:
+        return f"it holds {len(embeddings)} nn.Embedding and {len(lstms)} nn.LSTM modules, not one of each"
+    (embedding,), (lstm,) = embeddings, lstms
+    known = {id(p) for p in _lstm_parameters(embedding, lstm)}
+    others = [name for name, p in predictor.named_parameters() if id(p) not in known]
+    if others:
+        return f"it has parameters outside its embedding and LSTM ({', '.join(others[:3])})"
+    if lstm.proj_size or lstm.bidirectional or lstm.input_size != embedding.embedding_dim:
+        return "its LSTM has a projection, two directions or an input size other than the embedding's"
+    if embedding.max_norm is not None:
+        return "its embedding renormalizes rows (max_norm)"
+    table_bytes = embedding.num_embeddings * 4 * lstm.hidden_size * (8 if lstm.weight_ih_l0.dtype == torch.float64 else 4)
+    if table_bytes > LSTM_TABLE_LIMIT_BYTES:
+        return f"the first layer's input table would take {table_bytes >> 20} MiB"
+    return embedding, lstm
+
+
+def _step_matches_module(predictor, step: LstmStep, blank_id: int, tokens: int) -> str | None:
+    """None if the fused step gives the predictor's own step() (output and state, within rounding) on a few
+    labels and a random state; else what differs."""
+    lstm = step.lstm
+    ref = lstm.weight_hh_l0
+    labels = torch.tensor(sorted({blank_id, 0, tokens - 1, tokens // 2}), device=ref.device)
+    shape = (labels.shape[0], lstm.num_layers, lstm.hidden_size)
+    init = predictor.init_state(labels.shape[0])
+    if len(init) != 2 or any(tuple(s.shape) != shape for s in init):
+        return f"its state is not (h, c) of shape [batch, {lstm.num_layers}, {lstm.hidden_size}]"
+    g = torch.Generator().manual_seed(0)
+    state = tuple((0.5 * torch.randn(shape, generator=g)).to(device=ref.device, dtype=ref.dtype) for _ in range(2))
+    out, (h, c) = predictor.step(labels, tuple(s.clone() for s in state))
+    mine = tuple(s.clone().contiguous() for s in state)
+    mine_out = lstm_step(step, labels, mine, torch.ones(labels.shape[0], dtype=torch.bool, device=ref.device))
+    tol = 5e-2 if ref.dtype in (torch.float16, torch.bfloat16) else 1e-3
+    for name, a, b in (("output", mine_out, out), ("h", mine[0], h), ("c", mine[1], c)):
+        if a.shape != b.shape or not torch.allclose(a.float(), b.float(), rtol=tol, atol=tol):
+            return f"its step() differs from an LSTM step in {name}"
+    return None
+
+
+_LSTM_STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # predictor -> (key, LstmStep or reason)
+
+
+def _make_lstm_step(predictor, blank_id: int, tokens: int) -> LstmStep | str:
+    parts = lstm_parts(predictor)
+    if isinstance(parts, str):
+        return parts
+    embedding, lstm = parts
+    if embedding.num_embeddings < tokens:
+        return f"its embedding has {embedding.num_embeddings} rows for {tokens} label ids"
+    with torch.inference_mode(False), torch.no_grad():
+        params = _lstm_parameters(embedding, lstm)
+        step = LstmStep(embedding, lstm, *_prepared_weights(embedding, lstm), versions=_versions(params))
+        reason = _step_matches_module(predictor, step, blank_id, tokens)
+    return step if reason is None else reason
+
+
+def lstm_step_for(predictor, *, blank_id: int, tokens: int) -> LstmStep | None:
+    """The fused step of ``predictor`` if it is an LSTM predictor whose step() the fused step reproduces (checked
+    once per predictor and parameter layout), refreshed to its current weights; else None, logged once with the
+    reason (the decoder then calls predictor.step). ``tokens``: how many label ids the decoder can feed it."""
+    params = getattr(predictor, "named_parameters", None)
+    key = (blank_id, tokens, tuple((n, p.shape, p.dtype, p.device) for n, p in params()) if params else None)
+    try:
+        cached = _LSTM_STEPS.get(predictor)
+    except TypeError:                           # not weakly referable: checked every time
+        cached = None
+    if cached is not None and cached[0] == key:
+        result = cached[1]
+    else:
+        result = _make_lstm_step(predictor, blank_id, tokens)
+        if isinstance(result, str):
+            logger.info(f"kernels='triton': the predictor runs its own step(), not the fused LSTM step: {result}")
+        try:
+            _LSTM_STEPS[predictor] = (key, result)
+        except TypeError:
+            pass
+    if isinstance(result, str):
+        return None
+    refresh_lstm_step(result)
+    return result

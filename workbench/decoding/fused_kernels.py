@@ -169,3 +169,39 @@ def select_kernel(emit,
             i2 = i % n2
             value = tl.load(src + b * ss0 + i1 * ss1 + i2 * ss2, mask=m)
             tl.store(dst + b * ds0 + i1 * ds1 + i2 * ds2, value, mask=m)
+
+
+@triton.jit
+def _tanh(x):
+    e = tl.exp(-2.0 * tl.abs(x))                # in (0, 1]: no overflow for any x
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def lstm_cell_kernel(gates, stride_g, table, stride_t, labels, h, c, stride_h, stride_c, emit,
+                     H: tl.constexpr, BLOCK_H: tl.constexpr, FIRST: tl.constexpr):
+    """One LSTM layer's pointwise step for one utterance and block of units: the gates i, f, g, o (PyTorch's
+    order) from the gate GEMM, in the first layer plus the label's row of the input table; the new cell and
+    hidden state are written in place where the row emits (elsewhere the old state stays)."""
+    b = tl.program_id(0)
+    j = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    m = j < H
+    acc = table.dtype.element_ty
+    row = gates + b * stride_g + j
+    gi = tl.load(row, mask=m, other=0.0).to(acc)
+    gf = tl.load(row + H, mask=m, other=0.0).to(acc)
+    gg = tl.load(row + 2 * H, mask=m, other=0.0).to(acc)
+    go = tl.load(row + 3 * H, mask=m, other=0.0).to(acc)
+    if FIRST:
+        tok = table + tl.load(labels + b) * stride_t + j
+        gi += tl.load(tok, mask=m, other=0.0)
+        gf += tl.load(tok + H, mask=m, other=0.0)
+        gg += tl.load(tok + 2 * H, mask=m, other=0.0)
+        go += tl.load(tok + 3 * H, mask=m, other=0.0)
+    c_old = tl.load(c + b * stride_c + j, mask=m, other=0.0).to(acc)
+    c_new = tl.sigmoid(gf) * c_old + tl.sigmoid(gi) * _tanh(gg)
+    h_new = tl.sigmoid(go) * _tanh(c_new)
+    write = m & (tl.load(emit + b) != 0)
+    tl.store(c + b * stride_c + j, c_new.to(c.dtype.element_ty), mask=write)
+    tl.store(h + b * stride_h + j, h_new.to(h.dtype.element_ty), mask=write)

@@ -100,7 +100,9 @@ class GreedyTransducerDecoder:
     ``blank_window`` (label-looping, RNN-T and TDT): frames decided by one joint call while skipping
     blanks (the same decisions, fewer loop iterations); 1 looks at one frame per step.
     ``kernels`` (label-looping): "triton": fused kernels around the joint's matrix product and the predictor
-    step, with the same tokens and timestamps (scores summed in another order); "torch": the torch stages;
+    step (an LSTM predictor's step as one gate GEMM and one cell kernel), with the same tokens and timestamps
+    (scores summed in another order); "triton_cudnn": the same, the predictor through its own step();
+    "torch": the torch stages;
     "auto" (default): triton on CUDA when it imports, else torch (``kernels_used`` and ``kernels_reason`` say
     which ran last and why; a Triton failure at first use falls back to torch with a warning).
     Computation runs in the joint's dtype. Captured graphs are kept for the largest batch and length
@@ -130,8 +132,8 @@ class GreedyTransducerDecoder:
             raise ValueError(f"blank_window must be an integer >= 1, got {blank_window}")
         if kernels not in label_looping.KERNEL_CHOICES:
             raise ValueError(f"kernels must be one of {label_looping.KERNEL_CHOICES}, got {kernels!r}")
-        if kernels == "triton" and algorithm == "frame_looping":
-            raise ValueError("kernels='triton' is for label_looping; frame_looping runs the torch ops")
+        if kernels in ("triton", "triton_cudnn") and algorithm == "frame_looping":
+            raise ValueError(f"kernels={kernels!r} is for label_looping; frame_looping runs the torch ops")
         if blank_id < 0:
             raise ValueError(f"blank_id must be >= 0, got {blank_id}")
         if algorithm == "frame_looping" and cuda_graphs in ("full", "partial"):

@@ -23,7 +23,7 @@ from torch import Tensor
 
 import workbench.decoding.fused as fused
 
-KERNEL_CHOICES = ("auto", "torch", "triton")
+KERNEL_CHOICES = ("auto", *fused.KERNELS)
 
 
 @dataclass
@@ -64,13 +64,15 @@ class LoopBuffers:
     searching_any: Tensor       # [] bool: loop condition of the inner loop
     kernels: str = "torch"      # "torch": the stages below; "triton": workbench.decoding.fused's kernels
     emit: Tensor | None = None  # triton: [Bc] bool, the rows that emitted in this outer step
+    lstm: fused.LstmStep | None = None  # triton: the fused LSTM step (pred_state contiguous), else predictor.step
 
 
 def resolve_kernels(requested: str, *, device: torch.device, algorithm: str = "label_looping") -> tuple[str, str]:
     """Which stage kernels run on ``device`` ("torch" or "triton") and a one-line reason, for logs.
 
     "auto": the fused Triton kernels for label-looping on CUDA when triton imports, else the torch stages;
-    "torch" and "triton" are taken as asked (a "triton" that cannot run fails at its first kernel).
+    "torch", "triton" and "triton_cudnn" are taken as asked (a Triton choice that cannot run fails at its
+    first kernel).
     """
     if requested not in KERNEL_CHOICES:
         raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {requested!r}")
@@ -90,8 +92,9 @@ def make_buffers(predictor, joint, *, batch_capacity: int, frame_capacity: int, 
                  dtype: torch.dtype, device: torch.device, blank_id: int, durations: list[int] | None,
                  max_symbols: int, window: int = 1, kernels: str = "auto") -> LoopBuffers:
     """Allocate buffers; runs the predictor and joint once on a dummy batch to learn their shapes.
-    ``kernels``: "torch", "triton" (the same decisions through fewer, fused kernels) or "auto" (see
-    :func:`resolve_kernels`)."""
+    ``kernels``: "torch"; "triton" (the same decisions through fewer, fused kernels; an LSTM predictor's step
+    fused too, see :func:`fused.lstm_step_for`); "triton_cudnn" (the same, the predictor through its step());
+    or "auto" (see :func:`resolve_kernels`)."""
     kernels = resolve_kernels(kernels, device=device)[0]
     bc, tc = batch_capacity, frame_capacity
     enc = torch.zeros(bc, tc, enc_dim, dtype=dtype, device=device)
@@ -111,6 +114,7 @@ def make_buffers(predictor, joint, *, batch_capacity: int, frame_capacity: int, 
     window = max(1, int(window))
     longest_jump = max([1, *(durations or [])])
     long = dict(dtype=torch.long, device=device)
+    lstm = fused.lstm_step_for(predictor, blank_id=blank_id, tokens=num_token_outputs) if kernels == "triton" else None
     score_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     return LoopBuffers(
         batch_capacity=bc, frame_capacity=tc, max_symbols=max_symbols, blank_id=blank_id,
@@ -128,15 +132,21 @@ def make_buffers(predictor, joint, *, batch_capacity: int, frame_capacity: int, 
         symbols_at_frame=torch.zeros(bc, **long), num_emitted=torch.zeros(bc, **long),
         tokens=torch.zeros(bc, capacity, **long), timestamps=torch.zeros(bc, capacity, **long),
         scores=torch.zeros(bc, dtype=score_dtype, device=device),
-        pred_state=tuple(torch.zeros_like(s) for s in state), pred_proj=torch.zeros_like(pred_proj),
+        pred_state=tuple(torch.zeros_like(s) if lstm is None else torch.zeros(s.shape, dtype=s.dtype, device=device)
+                         for s in state),                       # the fused LSTM step: contiguous
+        pred_proj=torch.zeros_like(pred_proj),
         active_any=torch.zeros((), dtype=torch.bool, device=device),
         searching_any=torch.zeros((), dtype=torch.bool, device=device),
-        kernels=kernels, emit=torch.zeros(bc, dtype=torch.bool, device=device) if kernels == "triton" else None,
+        kernels="torch" if kernels == "torch" else "triton", lstm=lstm,
+        emit=None if kernels == "torch" else torch.zeros(bc, dtype=torch.bool, device=device),
     )
 
 
 def load_inputs(buf: LoopBuffers, enc: Tensor, lengths: Tensor) -> None:
-    """Copy a batch into the buffers (outside any graph). Needs B <= batch and T <= frame capacity."""
+    """Copy a batch into the buffers (outside any graph; the fused LSTM step's weights are refreshed here if the
+    predictor's parameters changed). Needs B <= batch and T <= frame capacity."""
+    if buf.lstm is not None:
+        fused.refresh_lstm_step(buf.lstm)
     b, t = enc.shape[0], enc.shape[1]
     buf.enc[:b, :t].copy_(enc)
     buf.lengths.zero_()
@@ -171,9 +181,15 @@ def start(buf: LoopBuffers, predictor, joint) -> None:
         t.zero_()
     buf.labels.fill_(buf.blank_id)
     torch.lt(buf.time, buf.lengths, out=buf.active)
-    out, state = predictor.step(buf.labels, predictor.init_state(buf.batch_capacity))
-    for dst, src in zip(buf.pred_state, state):
-        dst.copy_(src)
+    if buf.lstm is not None:
+        for dst, src in zip(buf.pred_state, predictor.init_state(buf.batch_capacity)):
+            dst.copy_(src)
+        buf.emit.fill_(True)
+        out = fused.lstm_step(buf.lstm, buf.labels, buf.pred_state, buf.emit)
+    else:
+        out, state = predictor.step(buf.labels, predictor.init_state(buf.batch_capacity))
+        for dst, src in zip(buf.pred_state, state):
+            dst.copy_(src)
     buf.pred_proj.copy_(joint.project_predictor(out))
     torch.any(buf.active, out=buf.active_any)
 
@@ -296,8 +312,8 @@ def emit_labels(buf: LoopBuffers, predictor, joint) -> None:
     """Emit the found label of every active row, advance the predictor there, move frames."""
     if buf.kernels == "triton":
         fused.emit_update(buf, buf.emit)
-        out, state = predictor.step(buf.labels, buf.pred_state)
-        fused.select_rows(buf.emit, [*zip(buf.pred_state, state), (buf.pred_proj, joint.project_predictor(out))])
+        out, keep = fused_predictor_step(buf, predictor)
+        fused.select_rows(buf.emit, [*keep, (buf.pred_proj, joint.project_predictor(out))])
         return
     emit = buf.active
     buf.tokens[buf.batch_index, buf.num_emitted] = buf.labels       # rows not emitting write past their end
@@ -312,6 +328,15 @@ def emit_labels(buf: LoopBuffers, predictor, joint) -> None:
     buf.symbols_at_frame.copy_(symbols.masked_fill_(forced, 0))
     torch.lt(buf.time, buf.lengths, out=buf.active)
     torch.any(buf.active, out=buf.active_any)
+
+
+def fused_predictor_step(buf: LoopBuffers, predictor) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+    """kernels="triton": the predictor on ``buf.labels`` -> (out [B, H], the (state, new state) pairs still to keep
+    where ``buf.emit``). The fused LSTM step keeps the state itself (in place: no pairs); else predictor.step."""
+    if buf.lstm is not None:
+        return fused.lstm_step(buf.lstm, buf.labels, buf.pred_state, buf.emit), []
+    out, state = predictor.step(buf.labels, buf.pred_state)
+    return out, list(zip(buf.pred_state, state))
 
 
 def advance_predictor(buf: LoopBuffers, predictor, joint, labels: Tensor, emit: Tensor) -> None:

@@ -2,9 +2,11 @@
 
 Every aten op that computes (views and metadata ops left out) is one entry; a Triton kernel of
 ``workbench.decoding.fused`` is one entry named ``triton:<kernel>``. On CUDA most entries are one kernel
-(the LSTM and some indexing ops are several), so the counts show where the graph's kernels come from.
+(cuDNN's LSTM and some indexing ops are several), so the counts show where the graph's kernels come from.
+``kernels="triton_cudnn"`` is "triton" with the predictor's own step() (an ``lstm`` op, cuDNN on CUDA) in place
+of the fused LSTM step (per layer a GEMM and ``triton:lstm``).
 
-    TRITON_INTERPRET=1 python3 -m workbench.bench.decoding.op_count     # both models, torch and triton
+    TRITON_INTERPRET=1 python3 -m workbench.bench.decoding.op_count     # both models, every kernel kind
 """
 
 from __future__ import annotations
@@ -72,28 +74,44 @@ def count_triton_launches(counter: OpCounter):
         fused._k = original
 
 
-def stage_ops(durations: list[int] | None, kernels: str, *, window: int = 16, vocab_size: int = 32,
-              batch: int = 2, frames: int = 6) -> dict[str, list[str]]:
-    """The ops of each stage of one outer iteration (first, one inner step, emit) on a small random toy
-    transducer (one LSTM layer), in the order they run."""
+def _started_toy(durations, kernels, window, vocab_size, batch, frames, num_layers):
+    """A small random toy transducer and its loop buffers, started (inside inference mode)."""
     predictor, joint = make_toy_transducer(vocab_size=vocab_size, enc_dim=8, pred_dim=16, joint_dim=16,
-                                           durations=durations, blank_bias=-2.0)
+                                           num_layers=num_layers, durations=durations, blank_bias=-2.0)
+    buf = label_looping.make_buffers(predictor, joint, batch_capacity=batch, frame_capacity=frames, enc_dim=8,
+                                     dtype=torch.float32, device=torch.device("cpu"), blank_id=vocab_size,
+                                     durations=durations, max_symbols=10, window=window, kernels=kernels)
+    label_looping.load_inputs(buf, torch.randn(batch, frames, 8), torch.full((batch,), frames))
+    label_looping.start(buf, predictor, joint)
+    return predictor, joint, buf
+
+
+def _counted(call) -> list[str]:
+    counter = OpCounter()
+    with count_triton_launches(counter), counter:
+        call()
+    return counter.ops
+
+
+def stage_ops(durations: list[int] | None, kernels: str, *, window: int = 16, vocab_size: int = 32,
+              batch: int = 2, frames: int = 6, num_layers: int = 1) -> dict[str, list[str]]:
+    """The ops of each stage of one outer iteration (first, one inner step, emit) on a small random toy
+    transducer (``num_layers`` LSTM layers), in the order they run."""
     with torch.inference_mode():
-        buf = label_looping.make_buffers(predictor, joint, batch_capacity=batch, frame_capacity=frames, enc_dim=8,
-                                         dtype=torch.float32, device=torch.device("cpu"), blank_id=vocab_size,
-                                         durations=durations, max_symbols=10, window=window, kernels=kernels)
-        label_looping.load_inputs(buf, torch.randn(batch, frames, 8), torch.full((batch,), frames))
-        label_looping.start(buf, predictor, joint)
+        predictor, joint, buf = _started_toy(durations, kernels, window, vocab_size, batch, frames, num_layers)
         calls = {"find_label_first": lambda: label_looping.find_label_first(buf, joint),
                  "find_label_again": lambda: label_looping.find_label_again(buf, joint),
                  "emit_labels": lambda: label_looping.emit_labels(buf, predictor, joint)}
-        out = {}
-        for stage in STAGES:
-            counter = OpCounter()
-            with count_triton_launches(counter), counter:
-                calls[stage]()
-            out[stage] = counter.ops
-    return out
+        return {stage: _counted(calls[stage]) for stage in STAGES}
+
+
+def predictor_step_ops(kernels: str, num_layers: int) -> list[str]:
+    """The ops of the predictor step inside emit_labels (``kernels`` "triton" or "triton_cudnn"): the fused LSTM
+    step, or the toy predictor's own step(); the masked keep of its new state is in ``triton:select`` either way
+    (which "triton" no longer needs for the state)."""
+    with torch.inference_mode():
+        predictor, _, buf = _started_toy(None, kernels, 16, 32, 2, 6, num_layers)
+        return _counted(lambda: label_looping.fused_predictor_step(buf, predictor))
 
 
 def per_outer_iteration(counts: dict[str, int], inner_per_outer: float, full_graph: bool = True) -> float:
@@ -106,15 +124,23 @@ def per_outer_iteration(counts: dict[str, int], inner_per_outer: float, full_gra
 def main() -> int:
     if fused.triton_unavailable_reason(torch.device("cpu")):
         print(f"note: {fused.triton_unavailable_reason(torch.device('cpu'))}; counting the torch stages only")
-    kinds = ["torch"] + ([] if fused.triton_unavailable_reason(torch.device("cpu")) else ["triton"])
+    fusing = not fused.triton_unavailable_reason(torch.device("cpu"))
+    kinds = ["torch"] + (["triton_cudnn", "triton"] if fusing else [])
     for model, durations in (("rnnt", None), ("tdt", [0, 1, 2, 3, 4])):
         for kernels in kinds:
             ops = stage_ops(durations, kernels)
             print(f"{model} kernels={kernels}: " + ", ".join(f"{s} {len(o)}" for s, o in ops.items()))
             for stage, names in ops.items():
-                print(f"  {stage}: " + ", ".join(f"{n} x{c}" if c > 1 else n
-                                                for n, c in collections.Counter(names).items()))
+                print(f"  {stage}: {_listed(names)}")
+    for num_layers in (1, 2, 3) if fusing else ():
+        for kernels in ("triton_cudnn", "triton"):
+            ops = predictor_step_ops(kernels, num_layers)
+            print(f"predictor step, {num_layers} LSTM layer(s), kernels={kernels}: {len(ops)}: {_listed(ops)}")
     return 0
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(f"{n} x{c}" if c > 1 else n for n, c in collections.Counter(names).items())
 
 
 if __name__ == "__main__":
