@@ -161,14 +161,14 @@ def test_rows_run_last_keep_ours_when_nemo_poisons_the_context_and_the_rest_are_
         c.reference, c.reference_method, c.blank_bias = reference, "label-looping fused partial", 0.5
     outcome.deferred = [bench.Deferred(c, full) for c in cases]
     rows = bench.measure_deferred(outcome)
-    ours_full = ["label-looping fused full", "label-looping full"]
-    everything = ["label-looping fused full", "NeMo full graph", "label-looping full"]
+    ours_full = ["label-looping fused full", "label-looping full", "label-looping fused+lstm full"]
+    everything = ["label-looping fused full", "NeMo full graph", "label-looping full", "label-looping fused+lstm full"]
     assert calls == [ours_full, everything]  # rnnt first, then lost
     assert [r["method"] for r in rows] == ["label-looping full"] and rows[0]["equal_to_reference"]
     assert "timed alone" in rows[0]["timing_note"]
     assert any("CUDA context is unusable after NeMo full graph: illegal memory access" in f for f in outcome.failures)
-    assert outcome.skipped == ["tdt float32 B=128 T=2: label-looping fused full, NeMo full graph, label-looping full "
-                               "not run (the CUDA context failed earlier: illegal memory access)"]
+    assert outcome.skipped == ["tdt float32 B=128 T=2: label-looping fused full, NeMo full graph, label-looping full, "
+                               "label-looping fused+lstm full not run (the CUDA context failed earlier: illegal memory access)"]
     assert outcome.deferred == []
 
 
@@ -199,9 +199,10 @@ def test_the_nemo_grid_measures_what_the_targets_need_at_every_size_and_the_slow
     first, later = bench.plan_methods(True, 64, grid)
     assert names(first) == ["label-looping fused full", "label-looping fused partial", "NeMo full graph",
                             "NeMo partial graphs"]
-    assert names(later) == ["label-looping full"]  # the torch stages' full graph: every size, second pass
+    assert names(later) == ["label-looping full", "label-looping fused+lstm full"]  # every size, second pass
     first16, later16 = bench.plan_methods(True, 16, grid)
-    assert first16 == first and names(later16) == ["label-looping full", "label-looping off", "label-looping partial",
+    assert first16 == first and names(later16) == ["label-looping full", "label-looping fused+lstm full",
+                                                   "label-looping off", "label-looping partial",
                                                    "label-looping fused off", "NeMo no graphs"]
     assert sorted(names(first16 + later16)) == sorted(names(bench.NEMO_METHODS))  # B=16 has every method
     assert bench.plan_methods(False, 64, grid) == (bench.METHODS, [])  # decoding.json: one pass, as before
@@ -249,13 +250,13 @@ def test_measure_grid_runs_every_first_pass_before_any_second_pass_and_lists_wha
     assert tags == ["rnnt float32 B=1 T=4", "rnnt float32 B=16 T=4", "tdt float32 B=1 T=4", "tdt float32 B=16 T=4",
                     "rnnt float32 B=1 T=4"]  # the first pass at every size, then the second while time lasts
     assert calls[0][1] == calls[3][1] == [bench.method_name(*m) for m in bench.NEMO_TARGET_METHODS]
-    assert calls[4][1] == ["label-looping full"]
+    assert calls[4][1] == ["label-looping full", "label-looping fused+lstm full"]
     assert outcome.skipped == [
-        "rnnt float32 B=16 T=4: label-looping full, label-looping off, label-looping partial, label-looping fused off, "
-        "NeMo no graphs (second pass)",
-        "tdt float32 B=1 T=4: label-looping full (second pass)",
-        "tdt float32 B=16 T=4: label-looping full, label-looping off, label-looping partial, label-looping fused off, "
-        "NeMo no graphs (second pass)"]
+        "rnnt float32 B=16 T=4: label-looping full, label-looping fused+lstm full, label-looping off, "
+        "label-looping partial, label-looping fused off, NeMo no graphs (second pass)",
+        "tdt float32 B=1 T=4: label-looping full, label-looping fused+lstm full (second pass)",
+        "tdt float32 B=16 T=4: label-looping full, label-looping fused+lstm full, label-looping off, "
+        "label-looping partial, label-looping fused off, NeMo no graphs (second pass)"]
 
 
 def _toy_case(durations, batch=3, frames=30):

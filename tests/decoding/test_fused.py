@@ -163,7 +163,7 @@ def assert_same_hypotheses(got, expected):
 def test_fused_decoder_gives_the_torch_hypotheses(durations, window, max_symbols, batch, num_layers, kernels):
     predictor, joint, enc, lengths = small_case(3, durations, batch, num_layers)
     kw = dict(blank_id=10, durations=durations, blank_window=window, max_symbols=max_symbols, cuda_graphs="off")
-    expected = GreedyTransducerDecoder(predictor, joint, **kw)(enc, lengths)
+    expected = GreedyTransducerDecoder(predictor, joint, kernels="torch", **kw)(enc, lengths)
     got = GreedyTransducerDecoder(predictor, joint, kernels=kernels, **kw)(enc, lengths)
     assert_same_hypotheses(got, expected)
     assert sum(len(h.tokens) for h in expected) > 0
@@ -328,7 +328,7 @@ def test_fused_lstm_step_follows_weights_changed_in_place():
     assert fused.lstm_step_for(predictor, blank_id=10, tokens=11) is step       # the same tensors, refreshed
     assert not torch.equal(step.table, table)
     assert [h.tokens for h in after] != [h.tokens for h in before]
-    assert_same_hypotheses(after, GreedyTransducerDecoder(predictor, joint, **kw)(enc, lengths))
+    assert_same_hypotheses(after, GreedyTransducerDecoder(predictor, joint, kernels="torch", **kw)(enc, lengths))
 
 
 NEMO_MISSING = nemo_peer.nemo_unavailable_reason()
@@ -347,7 +347,7 @@ def test_fused_lstm_step_on_nemos_rnnt_decoder_gives_nemos_hypotheses(durations,
     lengths = torch.tensor([30, 17, 4], device=DEVICE)
     kw = dict(blank_id=40, durations=durations, cuda_graphs="off")
     got = GreedyTransducerDecoder(predictor, joint, kernels="triton", **kw)(enc, lengths)
-    assert_same_hypotheses(got, GreedyTransducerDecoder(predictor, joint, **kw)(enc, lengths))
+    assert_same_hypotheses(got, GreedyTransducerDecoder(predictor, joint, kernels="torch", **kw)(enc, lengths))
     tokens, frames = nemo_peer.NemoGreedy(predictor, joint, durations, "off")(enc, lengths)
     assert tokens == [h.tokens for h in got] and frames == [h.timestamps for h in got]
     assert sum(map(len, tokens)) > 0
@@ -433,7 +433,7 @@ def test_gpu_fused_lstm_step_equals_cudnn(kind, num_layers, dtype, strict_fp32):
 def test_gpu_fused_full_partial_off_agree_and_equal_unfused(seed, kernels, strict_fp32):
     predictor, joint, enc, lengths, blank_id, durations, max_symbols = gpu_case(seed)
     unfused = GreedyTransducerDecoder(predictor, joint, blank_id=blank_id, durations=durations,
-                                      max_symbols=max_symbols, cuda_graphs="off")(enc, lengths)
+                                      max_symbols=max_symbols, cuda_graphs="off", kernels="torch")(enc, lengths)
     decs = gpu_decoders(predictor, joint, blank_id, durations, max_symbols, kernels)
     ref = decs["off"](enc, lengths)
     assert_same_hypotheses(ref, unfused)
@@ -458,7 +458,7 @@ def test_gpu_fused_graphs_follow_lstm_weights_changed_in_place(strict_fp32):
         predictor.embed.weight.mul_(-3.0)
         predictor.lstm.weight_ih_l0.mul_(2.0)
     fresh = GreedyTransducerDecoder(predictor, joint, blank_id=blank_id, durations=durations,
-                                    max_symbols=max_symbols, cuda_graphs="off")(enc, lengths)
+                                    max_symbols=max_symbols, cuda_graphs="off", kernels="torch")(enc, lengths)
     assert [h.tokens for h in fresh] != [h.tokens for h in before["off"]]
     for dec in decs.values():
         assert_same_hypotheses(dec(enc, lengths), fresh)

@@ -72,15 +72,16 @@ def test_bf16_full_equals_off():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_default_decoder_picks_triton_and_equals_the_torch_stages(seed):
-    """What users get (every option at its default) on CUDA: the fused kernels in the full graph, with the
-    torch stages' tokens and timestamps in fp32."""
+    """What users get (every option at its default) on CUDA: the fused kernels (the LSTM step in cuDNN) in the
+    full graph, with the torch stages' tokens and timestamps in fp32."""
     predictor, joint, enc, lengths, blank_id, durations, max_symbols = gpu_case(seed)
     default = GreedyTransducerDecoder(predictor, joint, blank_id=blank_id, durations=durations,
                                       max_symbols=max_symbols)
     torch_stages = GreedyTransducerDecoder(predictor, joint, blank_id=blank_id, durations=durations,
                                            max_symbols=max_symbols, kernels="torch")
     got = default(enc, lengths)
-    assert (default.kernels_used, default.kernels_reason) == ("triton", "triton: CUDA inputs and triton importable")
+    assert default.kernels_used == "triton_cudnn"
+    assert default.kernels_reason == "triton_cudnn: CUDA inputs and triton importable (the LSTM step through cuDNN)"
     assert default.mode_used == "full"
     same(got, torch_stages(enc, lengths))
     assert torch_stages.kernels_used == "torch"

@@ -2,6 +2,7 @@
 kernels fail at first use (CPU; the GPU choice is checked in test_gpu.py)."""
 
 import logging
+import re
 import warnings
 
 import pytest
@@ -41,7 +42,8 @@ def test_auto_picks_torch_on_cpu_and_says_why(caplog):
 
 def test_auto_on_cuda_picks_triton_when_it_imports_else_torch_with_the_reason(monkeypatch):
     monkeypatch.setattr(fused, "triton_unavailable_reason", lambda device: None)
-    assert label_looping.resolve_kernels("auto", device=CUDA) == ("triton", "triton: CUDA inputs and triton importable")
+    assert label_looping.resolve_kernels("auto", device=CUDA) == (
+        "triton_cudnn", "triton_cudnn: CUDA inputs and triton importable (the LSTM step through cuDNN)")
     monkeypatch.setattr(fused, "triton_unavailable_reason",
                         lambda device: "triton is not importable (ModuleNotFoundError: No module named 'triton')")
     kernels, reason = label_looping.resolve_kernels("auto", device=CUDA)
@@ -58,7 +60,7 @@ def test_explicit_kernels_are_taken_as_asked_and_a_bad_value_is_one_error():
     dec = GreedyTransducerDecoder(predictor, joint, blank_id=12, kernels="torch")
     dec(enc, lengths)
     assert (dec.kernels_used, dec.kernels_reason) == ("torch", "torch: asked for")
-    with pytest.raises(ValueError, match=r"^kernels must be one of \('auto', 'torch', 'triton'\), got 'fused'$"):
+    with pytest.raises(ValueError, match="^" + re.escape(f"kernels must be one of {label_looping.KERNEL_CHOICES}, got 'fused'") + "$"):
         GreedyTransducerDecoder(predictor, joint, blank_id=12, kernels="fused")
     with pytest.raises(ValueError, match="kernels must be one of"):
         label_looping.make_buffers(predictor, joint, batch_capacity=2, frame_capacity=3, enc_dim=6,
@@ -83,7 +85,7 @@ def test_a_triton_failure_at_first_use_falls_back_to_torch_with_a_warning(monkey
     monkeypatch.setattr(fused, "gather_window", broken)
     monkeypatch.setattr(label_looping, "resolve_kernels",
                         lambda requested, *, device, algorithm="label_looping":
-                        ("triton", "triton: CUDA inputs and triton importable") if requested == "auto"
+                        ("triton_cudnn", "triton_cudnn: auto") if requested == "auto"
                         else (requested, f"{requested}: asked for"))
     dec = GreedyTransducerDecoder(predictor, joint, **kw)
     with pytest.warns(RuntimeWarning, match="the Triton kernels failed at first use \\(RuntimeError: simulated "

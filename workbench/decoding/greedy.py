@@ -103,7 +103,7 @@ class GreedyTransducerDecoder:
     step (an LSTM predictor's step as one gate GEMM and one cell kernel), with the same tokens and timestamps
     (scores summed in another order); "triton_cudnn": the same, the predictor through its own step();
     "torch": the torch stages;
-    "auto" (default): triton on CUDA when it imports, else torch (``kernels_used`` and ``kernels_reason`` say
+    "auto" (default): triton_cudnn on CUDA when triton imports, else torch (``kernels_used`` and ``kernels_reason`` say
     which ran last and why; a Triton failure at first use falls back to torch with a warning).
     Computation runs in the joint's dtype. Captured graphs are kept for the largest batch and length
     seen and reused for smaller inputs; ``reset()`` releases them.
@@ -142,8 +142,8 @@ class GreedyTransducerDecoder:
         self.blank_id, self.durations, self.max_symbols = blank_id, durations, int(max_symbols)
         self.algorithm, self.cuda_graphs = algorithm, cuda_graphs
         self.blank_window = int(blank_window)
-        self.kernels = kernels                   # as asked: "auto", "torch" or "triton"
-        self.kernels_used: str | None = None     # the stage kernels of the last call: "torch" or "triton"
+        self.kernels = kernels                   # as asked: one of label_looping.KERNEL_CHOICES
+        self.kernels_used: str | None = None     # the stage kernels of the last call: one of fused.KERNELS
         self.kernels_reason: str | None = None   # why, in one line (e.g. "torch: inputs on cpu (...)")
         self.mode_used: str | None = None        # the mode of the last call
         self.last_stats: dict[str, int] = {}     # loop counts of the last eager / partial call
@@ -187,7 +187,7 @@ class GreedyTransducerDecoder:
                 return self._decode(enc, lengths)
 
     def kernel_choice(self, device: torch.device | str) -> tuple[str, str]:
-        """The stage kernels a call on ``device`` runs ("torch" or "triton") and why, in one line."""
+        """The stage kernels a call on ``device`` runs (one of fused.KERNELS) and why, in one line."""
         key = str(torch.device(device))
         if key not in self._kernel_cache:
             self._kernel_cache[key] = label_looping.resolve_kernels(self.kernels, device=torch.device(device),
@@ -303,7 +303,6 @@ class GreedyTransducerDecoder:
         self.captures += 1
         key = (mode, enc.shape[-1], enc.dtype, enc.device, batch, frames)
         return _CapturedDecode(mode=mode, key=key, buffers=buf, graphs=graphs, keep_alive=keep)
-
 
     def _run_eager(self, buf: label_looping.LoopBuffers) -> dict[str, int]:
         """``label_looping.run_eager``; under kernels="auto" the first run of the fused kernels on a device is

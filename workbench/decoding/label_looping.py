@@ -68,9 +68,10 @@ class LoopBuffers:
 
 
 def resolve_kernels(requested: str, *, device: torch.device, algorithm: str = "label_looping") -> tuple[str, str]:
-    """Which stage kernels run on ``device`` ("torch" or "triton") and a one-line reason, for logs.
+    """Which stage kernels run on ``device`` (one of fused.KERNELS) and a one-line reason, for logs.
 
-    "auto": the fused Triton kernels for label-looping on CUDA when triton imports, else the torch stages;
+    "auto": the fused Triton kernels for label-looping on CUDA when triton imports ("triton_cudnn": an LSTM
+    predictor's step stays in cuDNN, whose tokens NeMo's decoders give too), else the torch stages;
     "torch", "triton" and "triton_cudnn" are taken as asked (a Triton choice that cannot run fails at its
     first kernel).
     """
@@ -85,7 +86,7 @@ def resolve_kernels(requested: str, *, device: torch.device, algorithm: str = "l
     problem = fused.triton_unavailable_reason(torch.device(device))
     if problem:
         return "torch", f"torch: {problem}"
-    return "triton", "triton: CUDA inputs and triton importable"
+    return "triton_cudnn", "triton_cudnn: CUDA inputs and triton importable (the LSTM step through cuDNN)"
 
 
 def make_buffers(predictor, joint, *, batch_capacity: int, frame_capacity: int, enc_dim: int,

@@ -68,18 +68,21 @@ MIN_SPEEDUP_OVER_FRAME_LOOPING = 10.0  # the issue's target: full graph vs frame
 MAX_BF16_DISAGREEMENT = 0.25
 # (algorithm, graph mode, blank window); the window applies to label-looping (RNN-T and TDT). Window 1
 # (one frame per search step) runs in fp32 only, to show what the window buys.
-# "label_looping_fused": the same decoder with kernels="triton" (workbench.decoding.fused), where Triton runs.
+# "label_looping_fused": the same decoder with the fused kernels that kernels="auto" picks on CUDA
+# ("triton_cudnn", workbench.decoding.fused), where Triton runs; "label_looping_fused_lstm": kernels="triton",
+# the LSTM predictor's step fused too (its sums in another order than cuDNN's: checked like frame-looping).
 FUSED = "label_looping_fused"
+FUSED_LSTM = "label_looping_fused_lstm"
 METHODS = [("frame_looping", "off", W), ("label_looping", "off", W), ("label_looping", "partial", W),
            ("label_looping", "full", W), ("label_looping", "full", 1),
-           (FUSED, "off", W), (FUSED, "partial", W), (FUSED, "full", W)]
+           (FUSED, "off", W), (FUSED, "partial", W), (FUSED, "full", W), (FUSED_LSTM, "full", W)]
 # --nemo: ours and NeMo's label-looping decoders in each graph mode, on NeMo's modules. First pass, every size:
 # what the targets need (the default kernels' full graph, NeMo's full graph and its partial graphs where the
 # full one fails) and the partial graphs (their loop counts give the full graph's per-iteration figures).
 NEMO_TARGET_METHODS = [(FUSED, "full", W), (FUSED, "partial", W), ("nemo", "full", W), ("nemo", "partial", W)]
 # Second pass, while the budget lasts: the torch stages' full graph at every size; the eager modes and the torch
 # stages' partial graphs (the slow ones) at Grid.breakdown_batches only.
-NEMO_BREAKDOWN_EVERYWHERE = [("label_looping", "full", W)]
+NEMO_BREAKDOWN_EVERYWHERE = [("label_looping", "full", W), (FUSED_LSTM, "full", W)]
 NEMO_BREAKDOWN_METHODS = [("label_looping", "off", W), ("label_looping", "partial", W), (FUSED, "off", W),
                           ("nemo", "off", W)]
 NEMO_METHODS = [*NEMO_TARGET_METHODS, *NEMO_BREAKDOWN_EVERYWHERE, *NEMO_BREAKDOWN_METHODS]
@@ -100,6 +103,8 @@ def method_name(algorithm: str, mode: str, window: int = W) -> str:
     suffix = " window 1" if window == 1 else ""
     if algorithm == FUSED:
         return f"label-looping fused {mode}{suffix}"
+    if algorithm == FUSED_LSTM:
+        return f"label-looping fused+lstm {mode}{suffix}"
     return f"{'frame' if algorithm == 'frame_looping' else 'label'}-looping {mode}{suffix}"
 
 
@@ -107,7 +112,7 @@ def default_method(device: torch.device, mode: str = "full") -> str:
     """The method that ``GreedyTransducerDecoder`` runs by default on ``device`` in graph ``mode``: the fused
     kernels where ``kernels="auto"`` picks them (CUDA, triton importable), else the torch stages."""
     kernels = label_looping.resolve_kernels("auto", device=device)[0]
-    return method_name(FUSED if kernels == "triton" else "label_looping", mode)
+    return method_name("label_looping" if kernels == "torch" else FUSED, mode)
 
 
 def calibrate_blank_bias(decoder: GreedyTransducerDecoder, enc: torch.Tensor, lengths: torch.Tensor,
@@ -325,7 +330,7 @@ def methods_for(case: Case) -> list[tuple[str, str, int]]:
     fused_reason = "CPU" if case.device.type != "cuda" else fused.triton_unavailable_reason(case.device)
     return [(algorithm, mode, window) for algorithm, mode, window in case.methods
             if not ((algorithm == "frame_looping" and case.durations is not None)
-                    or (algorithm == FUSED and fused_reason is not None)
+                    or (algorithm in (FUSED, FUSED_LSTM) and fused_reason is not None)
                     or (case.device.type != "cuda" and mode != "off")
                     or (window == 1 and case.dtype != torch.float32))]
 
@@ -357,8 +362,9 @@ def prepare_method(case: Case, algorithm: str, mode: str, window: int, outcome: 
                 torch.cuda.synchronize(case.device)  # an asynchronous failure shows here, on its own row
             return Prepared(algorithm, mode, window, lambda: nemo(case.enc, case.lengths), key, {},
                             nemo_peer.NEMO_MODES[mode] or "off")
-        if algorithm == FUSED:
-            dec = case.decoder(algorithm="label_looping", cuda_graphs=mode, blank_window=window, kernels="triton")
+        if algorithm in (FUSED, FUSED_LSTM):
+            dec = case.decoder(algorithm="label_looping", cuda_graphs=mode, blank_window=window,
+                               kernels="triton" if algorithm == FUSED_LSTM else "triton_cudnn")
         else:
             dec = case.decoder(algorithm=algorithm, cuda_graphs=mode, blank_window=window, kernels="torch")
         hyps = dec(case.enc, case.lengths)  # also the warm-up (and the graph capture)
@@ -413,8 +419,8 @@ SAME_MATH = {method_name(a, m) for a in ("label_looping", FUSED) for m in ("off"
 
 def check_row(case: Case, row: dict, outcome: Outcome) -> None:
     """Compare a row's tokens and frames with the case's reference. Our label-looping stages (torch or fused,
-    off/partial/full) must agree exactly in every dtype. Frame-looping, window 1 and NeMo run the joint on other
-    GEMM shapes (or other kernels): exactly in fp32; in bf16 a near-tie can round either way and the rest of
+    off/partial/full) must agree exactly in every dtype. Frame-looping, window 1, fused+lstm (the LSTM step's
+    sums in another order than cuDNN's) and NeMo run other GEMM shapes (or other kernels): exactly in fp32; in bf16 a near-tie can round either way and the rest of
     that utterance then follows another path, so there the token disagreement (edit distance) is reported (and,
     for our own methods, checked) instead. A row that differs gets ``first_difference``."""
     key, reference = row.pop("_key"), case.reference
@@ -857,11 +863,11 @@ def live_speed_record(batches=(1, 4), frames: int = 20, repeat: int = 2, blank_b
             lengths = torch.full((b,), frames, device=device)
             methods = [("frame_looping", "off")] if durations is None else []
             base = None
-            fused_rows = [(FUSED, m) for m in modes] if label_looping.resolve_kernels("auto", device=device)[0] == "triton" else []
+            fused_rows = [(FUSED, m) for m in modes] if label_looping.resolve_kernels("auto", device=device)[0] != "torch" else []
             for algorithm, mode in methods + [("label_looping", m) for m in modes] + fused_rows:
                 dec = GreedyTransducerDecoder(predictor, joint, blank_id=64, durations=durations,
                                               algorithm="label_looping" if algorithm == FUSED else algorithm,
-                                              cuda_graphs=mode, kernels="triton" if algorithm == FUSED else "torch")
+                                              cuda_graphs=mode, kernels="triton_cudnn" if algorithm == FUSED else "torch")
                 hyps = dec(enc, lengths)  # also the warm-up (and the graph capture)
                 stats = dict(dec.last_stats)
                 t = timed(lambda: dec(enc, lengths), repeat=repeat, warmup=0, device=device)

@@ -259,7 +259,7 @@ def before_after_table(before: Mapping[str, Any], after: Mapping[str, Any]):
         table[f"{label} ms"] = table.pop(f"{label}_step_s").astype(float) * 1e3
         table[f"{label} audio s/s"] = table.pop(f"{label}_audio_s_per_s").astype(float)
         table[f"{label} MFU %"] = table.pop(f"{label}_mfu").astype(float) * 100
-    table["before/after time"] = table.pop("before_over_after_time").astype(float)
+    table["speedup (before/after time)"] = table.pop("before_over_after_time").astype(float)
     table = table.rename(columns={"shape_source": "shape", "batch_size": "B", "duration_s": "s", "num_tokens": "U"})
     return table.round({"before ms": 1, "after ms": 1, "before audio s/s": 0, "after audio s/s": 0,
-                        "before MFU %": 1, "after MFU %": 1, "before/after time": 2})
+                        "before MFU %": 1, "after MFU %": 1, "speedup (before/after time)": 2})
