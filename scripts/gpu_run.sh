@@ -15,7 +15,7 @@
 # land in $OUT/results.tar.gz (benchmarks/results/*.json, re-packed after every stage, so a call stopped
 # at its limit still returns what finished) and logs in $OUT/*.log; elsewhere OUT defaults to ./gpu_out.
 set -uo pipefail
-STAGES="flow tests tests-allocator decoding decoding-quick decoding-nemo decoding-nemo-quick models models-compile losses oomptimizer oomptimizer-rnnt oomptimizer-aed ddp allocator allocator-roomy throughput-rnnt-prepare throughput-rnnt-train throughput-aed-prepare throughput-aed-train"
+STAGES="flow tests tests-allocator decoding decoding-quick decoding-nemo decoding-nemo-quick models models-compile losses oomptimizer oomptimizer-rnnt oomptimizer-rnnt-chunked oomptimizer-aed ddp allocator allocator-roomy throughput-rnnt-prepare throughput-rnnt-train throughput-aed-prepare throughput-aed-train"
 if [ $# -eq 0 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
   sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; echo "stages: $STAGES"; exit 2
 fi
@@ -110,7 +110,7 @@ budget() {  # seconds left minus a margin, or nothing (and the stage is skipped)
 stage() {  # one stage by name; budgets leave a margin inside the stage's limit
   local b
   case $1 in
-    decoding|decoding-quick|decoding-nemo|oomptimizer-rnnt|oomptimizer-aed|allocator|allocator-roomy)
+    decoding|decoding-quick|decoding-nemo|oomptimizer-rnnt|oomptimizer-rnnt-chunked|oomptimizer-aed|allocator|allocator-roomy)
       b=$(budget 60 60) || { echo "=== $1: SKIPPED (less than a minute of budget left) ==="; return 1; } ;;
   esac
   case $1 in
@@ -142,6 +142,9 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
     oomptimizer)      run_stage oomptimizer 360 python3 -m workbench.bench.oomptimizer --out "$RESULTS" ;;
     oomptimizer-rnnt) run_stage oomptimizer_rnnt 540 python3 -m workbench.bench.oomptimizer --part rnnt \
                         --time-limit-s $(( b - 30 )) --out "$RESULTS" ;;
+    oomptimizer-rnnt-chunked)  # the two predictive searches only; a bucket under way finishes after the limit
+                      run_stage oomptimizer_rnnt_chunked 330 python3 -m workbench.bench.oomptimizer \
+                        --part rnnt-chunked --time-limit-s $(( b < 280 ? b - 30 : 250 )) --out "$RESULTS" ;;
     oomptimizer-aed)  run_stage oomptimizer_aed 300 python3 -m workbench.bench.oomptimizer --part aed \
                         --time-limit-s "$b" --out "$RESULTS" ;;
     ddp)              run_stage ddp 160 python3 -m workbench.bench.oomptimizer --nproc 2 --out "$RESULTS" ;;

@@ -4,7 +4,9 @@
 the model, its buckets ``[(duration s, tokens)]`` and per search (``predictive``, ``bisect``,
 ``comparison``, ``ddp_accounting``) a :class:`SearchFigures`; RNN-T also ``true_max`` per bucket index and
 the ``soak`` report. ``oomptimizer_ddp.json``: ``figures["predictive"]`` of a torchrun run on
-``world_size`` GPUs.
+``world_size`` GPUs. ``oomptimizer_rnnt_chunked.json`` (``part`` "rnnt-chunked"): ``unchunked`` and
+``chunked`` SearchFigures (batch size None for a bucket not searched), ``comparison`` (chunked / unchunked
+per bucket, chunked.ratio_figures) and ``across_runs`` (chunked.across_runs).
 """
 
 from __future__ import annotations
@@ -15,12 +17,16 @@ import pandas as pd
 
 from workbench.oomptimizer.plots import plot_batch_sizes, plot_probe_trace, plot_strategy_comparison, strategy_table
 from workbench.oomptimizer.run import describe_soak
+from workbench.units import GiB
 
-NAME = "oomptimizer"  # oomptimizer.json, oomptimizer_aed.json, oomptimizer_ddp.json
+NAME = "oomptimizer"  # oomptimizer.json, oomptimizer_aed.json, oomptimizer_ddp.json, oomptimizer_rnnt_chunked.json
+CHUNKED_NAME = "oomptimizer_rnnt_chunked"  # --part rnnt-chunked (chunked.py)
+CHUNKED_PART = "rnnt-chunked"
 
 
 class SearchFigures(TypedDict, total=False):
-    batch_sizes: list[int]  # one per bucket, each probed successfully
+    batch_sizes: list[int | None]  # one per bucket, each probed successfully (None: not searched, time limit)
+    stopped: str  # only when the search stopped at its time limit: how many buckets it searched
     probes: int
     ooms: int
     probes_per_bucket: float
@@ -53,6 +59,8 @@ def part_runs(part: Mapping[str, Any]) -> dict[str, dict]:
 
 def summary_lines(figures: Mapping[str, Any]) -> list[str]:
     """The record's lines in benchmarks/SUMMARY.md."""
+    if figures.get("part") == CHUNKED_PART:
+        return chunked_summary_lines(figures)
     out = []
     for name in ("rnnt", "aed"):
         p = figures.get(name, {})
@@ -66,6 +74,44 @@ def summary_lines(figures: Mapping[str, Any]) -> list[str]:
             out.append(f"- {soak_line(p)}")
     if "world_size" in figures:
         out.append(_search_line(f"{figures['model']} DDP on {figures['world_size']} GPUs", figures["predictive"]))
+    out.append(f"- failures: {figures.get('failures') or 'none'}")
+    return out
+
+
+def _spread(r: Mapping[str, Any]) -> str:
+    return f"min {r['min']:.2f}x, median {r['median']:.2f}x, max {r['max']:.2f}x"
+
+
+def chunked_summary_lines(figures: Mapping[str, Any]) -> list[str]:
+    """``oomptimizer_rnnt_chunked.json`` in lines: each search, the chunked / unchunked ratios and the target,
+    the unchunked sizes against the committed record (across runs), failures."""
+    model, k = figures["model"], figures["joint_chunk_size"]
+    out = []
+    for key, label in (("unchunked", "joint whole"), ("chunked", f"joint_chunk_size {k}")):
+        r = figures.get(key)
+        if r is None:
+            out.append(f"- {model} predictive, {label}: not run")
+        elif "error" in r:
+            out.append(f"- {model} predictive, {label}: failed ({r['error'].splitlines()[0]})")
+        else:
+            done = sum(b is not None for b in r["batch_sizes"])
+            peak = "" if r.get("max_peak_bytes") is None else f", peak {r['max_peak_bytes'] / GiB:.1f} GiB"
+            out.append(f"- {model} predictive, {label}: {done} of {len(r['batch_sizes'])} buckets, {r['probes']} "
+                       f"probes ({r['probes_per_bucket']:.2f} per bucket), {r['ooms']} OOMs, {r['seconds']:.0f} s"
+                       f"{peak}" + (f" (stopped: {r['stopped']})" if "stopped" in r else ""))
+    comp = figures.get("comparison")
+    if comp and comp["compared"]:
+        out.append(f"- chunked / unchunked batch size over {comp['compared']} buckets: {_spread(comp)}; "
+                   f">= {comp['target']:g}x at buckets {comp['at_least_target'] or 'none'}")
+    if comp:
+        out.append(f"- target: {comp['target_line']}")
+    across = figures.get("across_runs", {})
+    if "min" in across:
+        out.append(f"- {across['label']}: {_spread(across)}")
+    elif "skipped" in across:
+        out.append(f"- across runs against the committed record: not compared ({across['skipped']})")
+    if figures.get("note"):
+        out.append(f"- note: {figures['note']}")
     out.append(f"- failures: {figures.get('failures') or 'none'}")
     return out
 

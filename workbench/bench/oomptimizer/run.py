@@ -4,6 +4,7 @@
     python3 -m workbench.bench.oomptimizer --out DIR --part rnnt               # GPU 0 ...
     python3 -m workbench.bench.oomptimizer --out DIR --part aed                # ... and GPU 1, at once
     python3 -m workbench.bench.oomptimizer --out benchmarks/results --nproc 2  # two GPUs (torchrun)
+    python3 -m workbench.bench.oomptimizer --out DIR --part rnnt-chunked       # joint whole vs chunked
     python3 -m workbench.bench.oomptimizer --smoke --out /tmp/smoke [--nproc 2]   # CPU, seconds
 
 RNN-T part: large RNN-T on 15 x 2 2D buckets up to 40 s: predictive search on all buckets (the profile),
@@ -14,6 +15,8 @@ under torchrun and writes oomptimizer_ddp.json. Exit 1 when a returned size was 
 needs > 3 probes per bucket, a size is > 3 % (and > 1) below the true maximum, the soak OOMs, or memory
 is left allocated. --smoke: tiny models on a few short buckets; without CUDA the probe is
 ``ModeledMemoryProbe`` (``modeled_probe.py``). ``record.py`` owns the record's fields.
+``--part rnnt-chunked [--joint-chunk-size K]``: the RNN-T predictive search only, with the joint whole and
+over chunks of K utterances (``chunked.py``; oomptimizer_rnnt_chunked.json).
 """
 
 
@@ -53,18 +56,24 @@ from workbench.oomptimizer.synthetic import demo_buckets  # noqa: E402
 TIME_LIMIT_S = 300  # default --time-limit-s: no new part starts after this (skipped parts are named in the JSON)
 
 
+DEFAULT_JOINT_CHUNK_SIZE = 16  # --part rnnt-chunked: utterances per joint + loss chunk
 SMOKE_BUDGET_BYTES = 64 << 20  # modeled activation budget above the weights in --smoke on a CPU
 SMOKE_MAX_BATCH_SIZE = 16  # --smoke with CUDA: tiny models would fit huge batches
+SMOKE_JOINT_CHUNK_SIZE = 2  # --smoke --part rnnt-chunked: smaller than the smoke batch sizes, so chunks run
 
 
-def build(name: str) -> torch.nn.Module:
+def build(name: str, joint_chunk_size: int = 0) -> torch.nn.Module:
     """A workbench model by name (built on the device, so an xl model is never initialized on the host),
-    or ``module:Factory`` for any model with the same contract."""
+    or ``module:Factory`` for any model with the same contract; ``joint_chunk_size`` (transducers):
+    utterances per joint + loss chunk, 0 for the whole batch at once."""
     if ":" in name:
         module, attr = name.split(":")
-        return getattr(importlib.import_module(module), attr)().to(bench_device())
+        model = getattr(importlib.import_module(module), attr)().to(bench_device())
+        if joint_chunk_size:
+            model.config.joint_chunk_size = joint_chunk_size
+        return model
     with bench_device():
-        return build_model(name)
+        return build_model(name, joint_chunk_size=joint_chunk_size)
 
 
 def make_probe(model, dtype: torch.dtype, args, *, ddp_gradient_buckets: bool = False):
@@ -92,20 +101,42 @@ def rnnt_bins(num_buckets: int = 15, num_subbuckets: int = 2, max_duration: floa
             f"estimate_2d_bins(synthetic_cut_arrays({num_cuts}), durations <= {max_duration:g} s)")
 
 
-def run_search(probe, buckets, strategy: str, max_batch_size: int) -> dict:
+class SearchStopped(Exception):
+    """Raised between buckets when a search's stop time has passed."""
+
+
+def run_search(probe, buckets, strategy: str, max_batch_size: int, *, stop_at: float | None = None) -> dict:
+    """One search's figures (record.SearchFigures). ``stop_at`` (a ``time.perf_counter()`` value): no new
+    bucket starts after it; the buckets not searched get batch size None and ``stopped`` says so."""
     release_memory()
     before = allocated_bytes()
-    result = search_batch_sizes(buckets, probe, budget_bytes=probe.budget_bytes, strategy=strategy,
-                                max_batch_size=max_batch_size)
+    done: dict[int, int] = {}
+    probes = []
+
+    def bucket_done(i: int, batch_size: int, _records) -> None:
+        done[i] = batch_size
+        if stop_at is not None and time.perf_counter() >= stop_at and len(done) < len(buckets):
+            raise SearchStopped
+
+    t0 = time.perf_counter()
+    try:
+        search_batch_sizes(buckets, probe, budget_bytes=probe.budget_bytes, strategy=strategy,
+                           max_batch_size=max_batch_size, on_probe=probes.append, on_bucket=bucket_done)
+    except SearchStopped:
+        pass
+    seconds = time.perf_counter() - t0
     release_memory()
-    fitted = {(p.bucket_index, p.batch_size) for p in result.probes if not p.oom}
+    fitted = {(p.bucket_index, p.batch_size) for p in probes if not p.oom}
     after = allocated_bytes()
-    return {"batch_sizes": result.batch_sizes, "probes": result.num_probes, "ooms": result.num_ooms,
-            "probes_per_bucket": round(result.probes_per_bucket, 3), "seconds": round(result.seconds, 2),
-            "all_returned_probed": all((i, b) in fitted for i, b in enumerate(result.batch_sizes)),
-            "leftover_bytes": None if before is None else after - before,  # None: not measurable (CPU)
-            "probe_seconds": summarize([p.seconds for p in result.probes]),
-            "trace": [[p.bucket_index, p.batch_size, p.peak_bytes, p.predicted_bytes] for p in result.probes]}
+    out = {"batch_sizes": [done.get(i) for i in range(len(buckets))], "probes": len(probes),
+           "ooms": sum(p.oom for p in probes), "probes_per_bucket": round(len(probes) / max(len(done), 1), 3),
+           "seconds": round(seconds, 2), "all_returned_probed": all((i, b) in fitted for i, b in done.items()),
+           "leftover_bytes": None if before is None else after - before,  # None: not measurable (CPU)
+           "probe_seconds": summarize([p.seconds for p in probes]),
+           "trace": [[p.bucket_index, p.batch_size, p.peak_bytes, p.predicted_bytes] for p in probes]}
+    if len(done) < len(buckets):
+        out["stopped"] = f"time limit: {len(done)} of {len(buckets)} buckets searched"
+    return out
 
 
 def true_maxima(probe, buckets, indices, start_sizes, max_batch_size: int) -> dict[int, int]:
@@ -406,6 +437,17 @@ def main_ddp(args) -> int:
     return report_failures(failures, smoke=args.smoke)
 
 
+def joint_chunk_size(text: str) -> int:
+    """--joint-chunk-size's value: an integer >= 1 (argparse reports the error in one line)."""
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if k < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 utterance per chunk, got {k}")
+    return k
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -417,12 +459,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-fraction", type=float, default=0.9)
     parser.add_argument("--time-limit-s", type=float, default=TIME_LIMIT_S,
                         help="one-GPU run: start no new part after this many seconds")
-    parser.add_argument("--part", choices=["all", "rnnt", "aed"], default="all",
+    parser.add_argument("--part", choices=["all", "rnnt", "aed", record.CHUNKED_PART], default="all",
                         help="one-GPU run: both models (oomptimizer.json), or one; 'aed' writes "
-                             "oomptimizer_aed.json, so the two parts can run side by side on two GPUs")
+                             "oomptimizer_aed.json, so the two parts can run side by side on two GPUs; "
+                             f"'{record.CHUNKED_PART}': the RNN-T predictive search with the joint whole and "
+                             f"chunked, nothing else ({record.CHUNKED_NAME}.json)")
+    parser.add_argument("--joint-chunk-size", type=joint_chunk_size, default=None,
+                        help=f"--part {record.CHUNKED_PART}: utterances per joint + loss chunk in the chunked "
+                             "search (default 16; 2 with --smoke)")
     parser.add_argument("--nproc", type=int, default=1, help="GPUs for the DDP run (torchrun)")
     parser.add_argument("--max-batch-size", type=int, default=1 << 20, help="cap on any batch size probed")
     args = parser.parse_args(argv)
+    if args.joint_chunk_size is not None and args.part != record.CHUNKED_PART:
+        parser.error(f"--joint-chunk-size belongs to --part {record.CHUNKED_PART}")
+    if args.part == record.CHUNKED_PART and args.joint_chunk_size is None:  # smoke: below the tiny batches
+        args.joint_chunk_size = SMOKE_JOINT_CHUNK_SIZE if args.smoke else DEFAULT_JOINT_CHUNK_SIZE
     if args.smoke:
         check_smoke_out(parser, args.out)
         if args.rnnt == parser.get_default("rnnt"):
@@ -445,6 +496,9 @@ def main(argv: list[str] | None = None) -> int:
     if cuda_missing(args.smoke):
         return 2
     with cpu_smoke:
+        if args.part == record.CHUNKED_PART:
+            from workbench.bench.oomptimizer.chunked import main_chunked  # it imports this module
+            return main_chunked(args)
         return main_single(args)
 
 

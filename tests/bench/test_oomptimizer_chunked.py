@@ -1,0 +1,158 @@
+"""The OOMptimizer bench's --part rnnt-chunked: the smoke run end to end, its ratios and target on given
+numbers, the option's errors, and the record's lines in SUMMARY.md (a run stopped at its time limit too)."""
+
+import argparse
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from workbench.bench import summary
+from workbench.bench.oomptimizer import chunked, record
+
+REPO = Path(__file__).resolve().parents[2]
+BUCKETS = [(10.0, 40.0), (20.0, 80.0), (40.0, 160.0)]
+
+
+def test_ratios_and_target_met_only_when_every_bucket_is_at_least_2x():
+    r = chunked.ratio_figures([100, 50, 10], [250, 100, 21], BUCKETS)
+    assert r["ratios"] == [2.5, 2.0, 2.1] and (r["min"], r["median"], r["max"]) == (2.0, 2.1, 2.5)
+    assert r["at_least_target"] == [0, 1, 2] and r["target_met"] and r["min_bucket"] == 1
+    assert r["target_line"] == ("chunked >= 2x unchunked at every bucket: met "
+                                "(smallest ratio 2.00x at bucket 1 (20 s, 80 tokens))")
+
+
+def test_target_missed_says_by_how_much():
+    r = chunked.ratio_figures([100, 50, 10], [150, 100, 30], BUCKETS)
+    assert r["ratios"] == [1.5, 2.0, 3.0] and r["at_least_target"] == [1, 2] and not r["target_met"]
+    assert r["target_line"] == ("chunked >= 2x unchunked at every bucket: missed (1 of 3 compared buckets below "
+                                "2x; smallest ratio 1.50x at bucket 0 (10 s, 40 tokens), 0.50 short (25%))")
+
+
+def test_buckets_one_search_did_not_reach_are_left_out_and_the_target_is_not_met():
+    r = chunked.ratio_figures([None, 50, 10], [None, None, 30], BUCKETS)
+    assert r["ratios"] == [None, None, 3.0] and r["compared"] == 1 and r["at_least_target"] == [2]
+    assert not r["target_met"]
+    assert r["target_line"] == ("chunked >= 2x unchunked at every bucket: missed (only 1 of 3 buckets searched "
+                                "by both; every compared bucket at >= 2x (smallest ratio 3.00x at bucket 2 "
+                                "(40 s, 160 tokens)))")
+    none = chunked.ratio_figures([None] * 3, [None] * 3, BUCKETS)
+    assert not none["target_met"] and none["target_line"].endswith("not measured (no bucket searched by both)")
+    with pytest.raises(ValueError, match="one batch size per bucket: 2 unchunked, 3 chunked, 3 buckets"):
+        chunked.ratio_figures([1, 2], [1, 2, 3], BUCKETS)
+
+
+def test_across_runs_sets_the_unchunked_sizes_against_the_committed_record():
+    reference = {"git_commit": "21cbce16df47f990", "date": "2026-11-30T08:26:23+00:00",
+                 "figures": {"rnnt": {"buckets": [list(b) for b in BUCKETS],
+                                      "predictive": {"batch_sizes": [80, 40, 10]}}}}
+    a = chunked.across_runs([100, None, 15], BUCKETS, reference)
+    assert a["ratios"] == [1.25, None, 1.5] and (a["min"], a["median"], a["max"]) == (1.25, 1.375, 1.5)
+    assert a["label"].startswith("across runs: ") and "commit 21cbce16df47, 2026-11-30" in a["label"]
+    assert chunked.across_runs([1, 1, 1], BUCKETS, None) == {"skipped": "no oomptimizer.json committed"}
+    other = {"figures": {"rnnt": {"buckets": [[1.0, 2.0]], "predictive": {"batch_sizes": [5]}}}}
+    assert chunked.across_runs([1, 1, 1], BUCKETS, other)["skipped"].startswith("buckets differ")
+
+
+def test_committed_record_buckets_are_the_bins_the_bench_makes():
+    """The runs compare across records only because rnnt_bins() rebuilds the committed record's buckets."""
+    from workbench.bench.oomptimizer import run
+
+    committed = json.loads((REPO / "benchmarks/results/oomptimizer.json").read_text())["figures"]["rnnt"]
+    buckets, source = run.rnnt_bins()
+    assert buckets == [tuple(b) for b in committed["buckets"]] and source == committed["bins_source"]
+
+
+def test_returned_peaks_are_the_probes_at_the_returned_sizes():
+    search = {"batch_sizes": [4, None, 2],
+              "trace": [[0, 8, None, None], [0, 4, 400.0, None], [2, 2, 300.0, 310.0], [2, 3, None, 350.0]]}
+    assert chunked.returned_peaks(search) == [400.0, None, 300.0]
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "two"])
+def test_joint_chunk_size_below_1_is_refused_in_one_line(value, tmp_path, capsys):
+    from workbench.bench.oomptimizer import run
+
+    with pytest.raises(SystemExit):
+        run.main(["--smoke", "--part", "rnnt-chunked", "--joint-chunk-size", value, "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # argparse: the usage, then the one error line
+    assert "error: argument --joint-chunk-size: must be" in err and value in err
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_joint_chunk_size_belongs_to_the_chunked_part(tmp_path, capsys):
+    from workbench.bench.oomptimizer import run
+
+    with pytest.raises(SystemExit):
+        run.main(["--smoke", "--part", "rnnt", "--joint-chunk-size", "4", "--out", str(tmp_path)])
+    assert "--joint-chunk-size belongs to --part rnnt-chunked" in capsys.readouterr().err
+
+
+def _smoke(tmp_path, *extra):
+    from workbench.bench.oomptimizer import run
+
+    assert run.main(["--smoke", "--part", "rnnt-chunked", *extra, "--out", str(tmp_path)]) == 0
+    path = tmp_path / f"{record.CHUNKED_NAME}.json"
+    rec = json.loads(path.read_text())
+    assert rec["name"] == record.CHUNKED_NAME and rec["figures"]["smoke"] and rec["what"].startswith("SMOKE RUN")
+    for key in ("command", "git_commit", "device", "date", "params"):
+        assert key in rec
+    return rec
+
+
+def test_smoke_runs_both_searches_on_the_rnnt_part_bins(tmp_path, capsys):
+    from workbench.bench.oomptimizer import run
+
+    rec = _smoke(tmp_path)
+    fig = rec["figures"]
+    assert fig["complete"] and fig["joint_chunk_size"] == run.SMOKE_JOINT_CHUNK_SIZE and fig["model"] == "tiny-rnnt"
+    assert fig["buckets"] == [list(b) for b in run.rnnt_buckets(argparse.Namespace(smoke=True))[0]]
+    whole, chunks = fig["unchunked"], fig["chunked"]
+    assert (whole["joint_chunk_size"], chunks["joint_chunk_size"]) == (0, run.SMOKE_JOINT_CHUNK_SIZE)
+    for s in (whole, chunks):
+        assert s["all_returned_probed"] and all(b >= 1 for b in s["batch_sizes"]) and "stopped" not in s
+        assert s["probes"] == len(s["trace"]) and s["probe_seconds"]["n"] == s["probes"]
+        assert s["max_peak_bytes"] == max(s["returned_peak_bytes"])
+    # a chunk of 2 runs in every probe that fitted: the smallest returned batch size is above it
+    assert min(chunks["batch_sizes"]) > run.SMOKE_JOINT_CHUNK_SIZE
+    comp = fig["comparison"]
+    assert comp["ratios"] == [c / u for u, c in zip(whole["batch_sizes"], chunks["batch_sizes"])]
+    assert comp["compared"] == len(fig["buckets"])
+    assert fig["across_runs"]["skipped"].startswith("buckets differ")  # smoke buckets are not the record's
+    assert fig["failures"] == []
+    assert "target: chunked >= 2x unchunked at every bucket" in capsys.readouterr().out
+
+
+def test_a_run_stopped_at_its_time_limit_keeps_what_finished_and_renders(tmp_path):
+    rec = _smoke(tmp_path, "--time-limit-s", "0")
+    fig = rec["figures"]
+    n = len(fig["buckets"])
+    for s in (fig["unchunked"], fig["chunked"]):  # one bucket each (the largest), then the stop
+        assert [b is not None for b in s["batch_sizes"]] == [False] * (n - 1) + [True]
+        assert s["stopped"] == f"time limit: 1 of {n} buckets searched"
+    assert fig["comparison"]["compared"] == 1 and not fig["comparison"]["target_met"]
+    assert f"unchunked predictive: time limit: 1 of {n} buckets searched" in fig["failures"]
+    lines = summary.section_for(tmp_path.joinpath(f"{record.CHUNKED_NAME}.json").stem)(fig)
+    assert lines == record.chunked_summary_lines(fig)
+    assert lines[0].startswith(f"- tiny-rnnt predictive, joint whole: 1 of {n} buckets") and "(stopped: " in lines[0]
+    assert any(line.startswith("- target: ") and f"only 1 of {n} buckets" in line for line in lines)
+    text = summary.render(tmp_path)
+    assert f"## {record.CHUNKED_NAME}.json" in text and lines[1] in text
+
+
+def test_summary_lines_of_a_search_that_failed():
+    fig = {"part": record.CHUNKED_PART, "model": "m", "joint_chunk_size": 16,
+           "unchunked": {"error": "RuntimeError: no fit\nmore", "joint_chunk_size": 0},
+           "comparison": chunked.ratio_figures([None], [None], [(1.0, 2.0)]), "across_runs": {"skipped": "x"},
+           "failures": ["m unchunked predictive search: RuntimeError: no fit"]}
+    lines = record.summary_lines(fig)
+    assert lines[:2] == ["- m predictive, joint whole: failed (RuntimeError: no fit)",
+                         "- m predictive, joint_chunk_size 16: not run"]
+    assert lines[2] == "- target: chunked >= 2x unchunked at every bucket: not measured (no bucket searched by both)"
+
+
+def test_the_gpu_script_knows_the_stage():
+    out = subprocess.run(["bash", str(REPO / "scripts/gpu_run.sh"), "--help"], capture_output=True, text=True)
+    assert " oomptimizer-rnnt-chunked " in out.stdout
+    assert "--part rnnt-chunked" in (REPO / "scripts/gpu_run.sh").read_text()
