@@ -1,5 +1,6 @@
-"""The OOMptimizer bench's ``--part rnnt-chunked``: large RNN-T's predictive search twice on the RNN-T part's
-bins, the joint whole (joint_chunk_size 0) and over chunks of K utterances, in one run.
+"""The figures of the OOMptimizer bench's ``--part rnnt-chunked`` (run.py runs it): large RNN-T's predictive
+search twice on the RNN-T part's bins, the joint whole (joint_chunk_size 0) and over chunks of K utterances,
+in one run.
 
     python3 -m workbench.bench.oomptimizer --part rnnt-chunked [--joint-chunk-size 16] --time-limit-s 240
 
@@ -14,18 +15,8 @@ buckets were not searched, and the ratios cover the buckets both searched.
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any, Mapping
 
-import torch
-
-from workbench.bench.oomptimizer import record
-from workbench.bench.oomptimizer import run as bench
-from workbench.bench.results import load_result, report_failures
-from workbench.memory.oom import release_memory
-
-PART = record.CHUNKED_PART
-NAME = record.CHUNKED_NAME
 TARGET_RATIO = 2.0  # the issue's target: chunked batch size >= 2x the unchunked one at every bucket
 UNCHUNKED_SHARE = 0.45  # of --time-limit-s for the unchunked search (the chunked one probes larger batches)
 REFERENCE = "oomptimizer"  # the committed record whose rnnt predictive sizes the unchunked run is set against
@@ -101,57 +92,3 @@ def returned_peaks(search: Mapping[str, Any]) -> list[float | None]:
     """Per bucket the peak bytes of the probe at the returned batch size (None: not searched or no peak)."""
     peaks: dict[tuple[int, int], float] = {(i, b): p for i, b, p, _ in search["trace"] if p is not None}
     return [peaks.get((i, b)) if b is not None else None for i, b in enumerate(search["batch_sizes"])]
-
-
-def search_part(parts: bench.Parts, label: str, joint_chunk_size: int, stop_at: float) -> dict:
-    """One predictive search on the model with that joint chunking (built for it, freed after)."""
-    args, fig = parts.args, parts.figures
-    model = probe = None
-    try:
-        model = bench.build(args.rnnt, joint_chunk_size)
-        probe = bench.make_probe(model, parts.dtype, args)
-        fig["probe"], fig["budget_bytes"] = type(probe).__name__, probe.budget_bytes
-        parts.say(f"{args.rnnt} joint_chunk_size={joint_chunk_size}: predictive over {len(fig['buckets'])} buckets")
-        result = bench.run_search(probe, fig["buckets"], "predictive", args.max_batch_size, stop_at=stop_at)
-        result["joint_chunk_size"] = joint_chunk_size
-        peaks = returned_peaks(result)
-        result["returned_peak_bytes"] = peaks
-        result["max_peak_bytes"] = max((p for p in peaks if p is not None), default=None)
-        bench.check_search(parts, f"{label} predictive", result)
-        if "stopped" in result:
-            parts.failures.append(f"{label} predictive: {result['stopped']}")
-        if result["probes_per_bucket"] > 3 and "stopped" not in result:  # a prefix's first bucket costs more
-            parts.failures.append(f"{label} predictive: {result['probes_per_bucket']:.2f} probes per bucket > 3")
-    except Exception as e:  # noqa: BLE001 - the record keeps what ran
-        bench.part_failed(parts.failures, f"{args.rnnt} {label} predictive search", e)
-        result = {"error": f"{type(e).__name__}: {e}", "joint_chunk_size": joint_chunk_size}
-    del model, probe
-    release_memory()
-    return result
-
-
-def main_chunked(args) -> int:
-    """Both searches, the ratios, the record (rewritten after each search, so a stage timeout keeps what
-    ran); exit 1 on a failed check (a smoke run reports them only)."""
-    buckets, bins_source = bench.rnnt_buckets(args)
-    k = args.joint_chunk_size
-    figures = {"smoke": bool(args.smoke), "complete": False, "part": PART, "model": args.rnnt,
-               "joint_chunk_size": k, "buckets": buckets, "bins_source": bins_source}
-    if args.smoke and not torch.cuda.is_available():
-        figures["note"] = ("the CPU stand-in's modeled peak counts batch elements only, so chunking the joint "
-                           "changes nothing here: the ratios are 1")
-    what = (f"OOMptimizer predictive search for {args.rnnt} on the RNN-T part's {len(buckets)} 2D buckets, twice "
-            f"in one run: the joint whole and over chunks of {k} utterances (joint_chunk_size); one GPU")
-    parts = bench.Parts(args=args, t0=time.perf_counter(), dtype=torch.bfloat16, figures=figures,
-                        failures=[], name=NAME, what=what)
-    figures["unchunked"] = search_part(parts, "unchunked", 0, parts.t0 + UNCHUNKED_SHARE * args.time_limit_s)
-    parts.save()
-    figures["chunked"] = search_part(parts, f"joint_chunk_size={k}", k, parts.t0 + args.time_limit_s)
-    un, ch = (figures[key].get("batch_sizes", [None] * len(buckets)) for key in ("unchunked", "chunked"))
-    figures["comparison"] = ratio_figures(un, ch, buckets)
-    figures["across_runs"] = across_runs(un, buckets, load_result(REFERENCE))
-    figures["complete"] = True
-    path = parts.save()
-    print("\n".join(record.chunked_summary_lines(figures)))
-    print(f"wrote {path}")
-    return report_failures(parts.failures, smoke=args.smoke)

@@ -16,7 +16,7 @@ needs > 3 probes per bucket, a size is > 3 % (and > 1) below the true maximum, t
 is left allocated. --smoke: tiny models on a few short buckets; without CUDA the probe is
 ``ModeledMemoryProbe`` (``modeled_probe.py``). ``record.py`` owns the record's fields.
 ``--part rnnt-chunked [--joint-chunk-size K]``: the RNN-T predictive search only, with the joint whole and
-over chunks of K utterances (``chunked.py``; oomptimizer_rnnt_chunked.json).
+over chunks of K utterances (``main_chunked``; its figures in ``chunked.py``; oomptimizer_rnnt_chunked.json).
 """
 
 
@@ -38,10 +38,11 @@ configure_allocator()  # before CUDA is initialized
 
 import torch  # noqa: E402
 
-from workbench.bench.oomptimizer import record  # noqa: E402
+from workbench.bench.oomptimizer import chunked, record  # noqa: E402
 from workbench.bench.oomptimizer.modeled_probe import ModeledMemoryProbe  # noqa: E402
 from workbench.bench.results import (  # noqa: E402
-    bench_device, check_smoke_out, cpu_smoke_torch, cuda_missing, report_failures, summarize, write_result)
+    bench_device, check_smoke_out, cpu_smoke_torch, cuda_missing, load_result, report_failures, summarize,
+    write_result)
 from workbench.bucketing import estimate_2d_bins  # noqa: E402
 from workbench.bucketing.profile import BucketProfile  # noqa: E402
 from workbench.data.synthetic import synthetic_cut_arrays  # noqa: E402
@@ -391,6 +392,61 @@ def aed_part(parts: Parts) -> None:
     release_memory()
 
 
+def chunked_search(parts: Parts, label: str, joint_chunk_size: int, stop_at: float) -> dict:
+    """One predictive search on the model with that joint chunking (built for it, freed after)."""
+    args, fig = parts.args, parts.figures
+    model = probe = None
+    try:
+        model = build(args.rnnt, joint_chunk_size)
+        probe = make_probe(model, parts.dtype, args)
+        fig["probe"], fig["budget_bytes"] = type(probe).__name__, probe.budget_bytes
+        parts.say(f"{args.rnnt} joint_chunk_size={joint_chunk_size}: predictive over {len(fig['buckets'])} buckets")
+        result = run_search(probe, fig["buckets"], "predictive", args.max_batch_size, stop_at=stop_at)
+        result["joint_chunk_size"] = joint_chunk_size
+        peaks = chunked.returned_peaks(result)
+        result["returned_peak_bytes"] = peaks
+        result["max_peak_bytes"] = max((p for p in peaks if p is not None), default=None)
+        check_search(parts, f"{label} predictive", result)
+        if "stopped" in result:
+            parts.failures.append(f"{label} predictive: {result['stopped']}")
+        if result["probes_per_bucket"] > 3 and "stopped" not in result:  # a prefix's first bucket costs more
+            parts.failures.append(f"{label} predictive: {result['probes_per_bucket']:.2f} probes per bucket > 3")
+    except Exception as e:  # noqa: BLE001 - the record keeps what ran
+        part_failed(parts.failures, f"{args.rnnt} {label} predictive search", e)
+        result = {"error": f"{type(e).__name__}: {e}", "joint_chunk_size": joint_chunk_size}
+    del model, probe
+    release_memory()
+    return result
+
+
+def main_chunked(args) -> int:
+    """Both searches, the ratios, the record (rewritten after each search, so a stage timeout keeps what
+    ran); exit 1 on a failed check (a smoke run reports them only)."""
+    buckets, bins_source = rnnt_buckets(args)
+    k = args.joint_chunk_size
+    figures = {"smoke": bool(args.smoke), "complete": False, "part": record.CHUNKED_PART, "model": args.rnnt,
+               "joint_chunk_size": k, "buckets": buckets, "bins_source": bins_source}
+    if args.smoke and not torch.cuda.is_available():
+        figures["note"] = ("the CPU stand-in's modeled peak counts batch elements only, so chunking the joint "
+                           "changes nothing here: the ratios are 1")
+    what = (f"OOMptimizer predictive search for {args.rnnt} on the RNN-T part's {len(buckets)} 2D buckets, twice "
+            f"in one run: the joint whole and over chunks of {k} utterances (joint_chunk_size); one GPU")
+    parts = Parts(args=args, t0=time.perf_counter(), dtype=torch.bfloat16, figures=figures, failures=[],
+                  name=record.CHUNKED_NAME, what=what)
+    unchunked_stop = parts.t0 + chunked.UNCHUNKED_SHARE * args.time_limit_s
+    figures["unchunked"] = chunked_search(parts, "unchunked", 0, unchunked_stop)
+    parts.save()
+    figures["chunked"] = chunked_search(parts, f"joint_chunk_size={k}", k, parts.t0 + args.time_limit_s)
+    un, ch = (figures[key].get("batch_sizes", [None] * len(buckets)) for key in ("unchunked", "chunked"))
+    figures["comparison"] = chunked.ratio_figures(un, ch, buckets)
+    figures["across_runs"] = chunked.across_runs(un, buckets, load_result(chunked.REFERENCE))
+    figures["complete"] = True
+    path = parts.save()
+    print("\n".join(record.chunked_summary_lines(figures)))
+    print(f"wrote {path}")
+    return report_failures(parts.failures, smoke=args.smoke)
+
+
 def smoke_what(args, what: str) -> str:
     """``what`` of the JSON; a smoke run says first what it stood in for."""
     if not args.smoke:
@@ -497,7 +553,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with cpu_smoke:
         if args.part == record.CHUNKED_PART:
-            from workbench.bench.oomptimizer.chunked import main_chunked  # it imports this module
             return main_chunked(args)
         return main_single(args)
 
