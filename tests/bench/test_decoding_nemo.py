@@ -314,3 +314,26 @@ def test_a_row_that_differs_says_where_and_how_close_our_joint_was_there(duratio
     same = {"method": "label-looping fused full", "_key": case.reference}
     bench.check_row(case, same, outcome)
     assert same["equal_to_reference"] and "first_difference" not in same
+
+
+def test_blank_bias_calibration_keeps_the_closest_bias_tried_when_the_rate_jumps(monkeypatch):
+    """A rate that jumps across the target (0.227 below the jump, 0.5 above): bisection ends at the jump, on
+    either side; the calibration returns the bias whose rate came closest, and leaves the joint at it."""
+    biases = []
+    monkeypatch.setattr(bench, "set_blank_bias", lambda joint, blank, bias: biases.append(bias))
+
+    class Hyp:
+        def __init__(self, n):
+            self.tokens = [0] * n
+
+    def decoder(enc, lengths):  # 150 frames; more labels at a lower blank bias
+        bias = biases[-1]
+        labels = 75 if bias < 1.34 else (48 if bias < 1.35 else 34)
+        return [Hyp(labels)]
+
+    decoder.joint = None
+    bias, rate = bench.calibrate_blank_bias(decoder, None, torch.tensor([150]), steps=11)
+    assert rate == 48 / 150 and 1.34 <= bias < 1.35 and biases[-1] == bias
+    # with no bias in the narrow band tried, the closer side of the jump wins
+    bias, rate = bench.calibrate_blank_bias(decoder, None, torch.tensor([150]), steps=3)
+    assert rate == 34 / 150 and biases[-1] == bias
