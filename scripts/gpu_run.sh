@@ -130,10 +130,11 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
                       run_stage decoding_nemo_quick 150 env PYTHONPATH="$PYTHONPATH:/tmp/nemo_site" \
                         python3 -m workbench.bench.decoding --nemo --quick \
                         --budget-s $(( b < 120 ? b : 120 )) --out "$RESULTS" ;;
-    decoding-nemo)    # the grid's budget; NeMo's full graph at B=128 runs after it (about 30 s)
+    decoding-nemo)    # the grid's budget; NeMo's full graph at B=128 runs after it (about 30 s), then the kernel
+                      # profiles (6 profiled decodes: RNN-T and TDT at B=1, 16, 128, estimated under 15 s)
                       nemo_site
                       run_stage decoding_nemo 300 env PYTHONPATH="$PYTHONPATH:/tmp/nemo_site" \
-                        python3 -m workbench.bench.decoding --nemo \
+                        python3 -m workbench.bench.decoding --nemo --kernel-profile \
                         --budget-s $(( b < 200 ? b : 200 )) --out "$RESULTS" ;;
     models)           run_stage models 300 python3 -m workbench.bench.models --kernels --out "$RESULTS" ;;
     models-compile)   run_stage models_compile 540 python3 -m workbench.bench.models --compile --kernels \

@@ -196,10 +196,24 @@ def test_oomptimizer_bench_keeps_going_and_writes_the_json_when_a_part_raises(tm
 def test_decoding_bench_smoke(tmp_path, capsys):
     from workbench.bench.decoding import run as decoding
 
-    assert decoding.main(["--smoke", "--out", str(tmp_path)]) == 0
-    fig = read_result(tmp_path / "decoding.json")["figures"]
+    assert decoding.main(["--smoke", "--kernel-profile", "--out", str(tmp_path)]) == 0
+    result = read_result(tmp_path / "decoding.json")
+    fig = result["figures"]
     rows = [r for r in fig["rows"] if "time_s" in r]
     cuda = torch.cuda.is_available()
+    # --kernel-profile: the fp32 rows of the profiled method (CPU: the eager torch stages) at B in {1, 3}
+    profiled_method = decoding.method_name(*decoding.profiled_method(decoding.bench_device()))
+    profiled = [r for r in rows if "kernel_profile" in r]
+    assert sorted((r["model"], r["batch"]) for r in profiled) == [("rnnt", 1), ("rnnt", 3), ("tdt", 1), ("tdt", 3)]
+    assert result["params"]["kernel_profile"]["batches"] == [1, 3]
+    for r in profiled:
+        p = r["kernel_profile"]
+        assert r["dtype"] == "float32" and r["method"] == p["method"] == profiled_method
+        assert p["equal_to_reference"] is True and p["outer_iterations"] == r["outer_iterations"]
+        if p["kernels"] or not cuda:  # on CUDA an empty profile is recorded as such
+            assert sum(k["share"] for k in p["kernels"]) == pytest.approx(1.0)
+        else:
+            assert "empty" in p
     reference = decoding.default_method(torch.device("cuda" if cuda else "cpu"), "full" if cuda else "off")
     # 2 dtypes x 2 batch sizes x (RNN-T: frame-looping + label-looping off; TDT: label-looping off); on a
     # GPU the partial/full rows (and window 1 in fp32) come on top.

@@ -10,7 +10,8 @@ same graph mode, and ``speedup_vs_nemo_method`` the NeMo row it is against), ``p
 and ``targets`` against NeMo at every size. ``targets["target_method"]`` names the method the targets judge
 (the full graph with the default kernels: "label-looping fused full" on CUDA), ``targets["torch_stages"]``
 the torch stages' full graph beside it; rows name the ``reference_method`` they were checked against and,
-where they differ, carry ``first_difference``. Older records (without these: the targets judged
+where they differ, carry ``first_difference``. A run with --kernel-profile puts ``kernel_profile``
+(:class:`KernelProfile`) on the rows it profiled. Older records (without these: the targets judged
 "label-looping full" against "label-looping off"; without NeMo rows; with a hand-typed ``nemo_reference``,
 which no reader uses) render too.
 """
@@ -53,6 +54,32 @@ class DecodingTargets(TypedDict, total=False):
     nemo_fp32_rows: int
     nemo_fp32_rows_unequal: list[str]  # NeMo rows whose fp32 hypotheses differ from ours
     goal: str
+
+
+class KernelEntry(TypedDict):
+    name: str  # the kernel's shortened name (kernel_profile.short_kernel_name)
+    calls: int
+    seconds: float  # total over the profiled decode
+    share: float  # of total_s
+    seconds_per_outer_iteration: float | None  # seconds / the decode's outer iterations
+    calls_per_outer_iteration: float | None
+
+
+class KernelProfile(TypedDict, total=False):
+    method: str  # the profiled decoder: the default kernels' partial graphs (CPU: eager)
+    mode_used: str
+    activities: str  # "CUDA kernels and copies, device time" (CPU: "CPU operators, self CPU time")
+    outer_iterations: int | None
+    total_s: float  # all entries together
+    calls: int
+    seconds_per_outer_iteration: float | None
+    calls_per_outer_iteration: float | None
+    kernels: list[KernelEntry]  # by seconds, largest first
+    profiling_wall_s: float  # what profiling the decode took, the profiler's own work included
+    equal_to_reference: bool | None  # the profiled decode's hypotheses against the row's reference
+    timed_seconds_per_outer_iteration: dict[str, float]  # method -> its timed row's (this row, the full graph)
+    empty: str  # why no kernel was recorded
+    unavailable: str  # the profiler raised
 
 
 class DecodingFigures(TypedDict, total=False):
@@ -278,6 +305,12 @@ def summary_lines(figures: dict[str, Any]) -> list[str]:
             out.append(f"  - {r['model']} {r['dtype']} {r['method']}: {_spread(r['time_s'], 1e3, 'ms')}, "
                        f"{r['labels_per_frame']:.3f} labels/frame{extra}")
     for r in figures["rows"]:
+        p = r.get("kernel_profile")
+        if p and p.get("kernels"):
+            top = ", ".join(f"{k['name'][:40]} {k['share']:.0%}" for k in p["kernels"][:3])
+            out.append(f"  - kernel profile {r['model']} B={r['batch']} T={r['frames']} {p['method']}: "
+                       f"{kernel_totals_text(p)}; largest: {top}")
+    for r in figures["rows"]:
         if r.get("method", "").startswith("torchaudio") and "time_s" in r:
             out.append(f"  - torchaudio RNNTBeamSearch beam 1, B=1, {r['frames']} frames: "
                        f"{_spread(r['time_s'], 1e3, 'ms')}")
@@ -331,6 +364,42 @@ def table_lines(figures: dict[str, Any]) -> list[str]:
                "targets: " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                                        for k, v in targets.items() if k != "goal"))
     return out
+
+
+def kernel_profile_lines(figures: dict[str, Any], top: int = 8) -> list[str]:
+    """The kernel profiles of a record's rows (none: no line): per profiled row its totals per outer iteration
+    beside the row's timed seconds per outer iteration, then its ``top`` kernels by time."""
+    out = []
+    for r in figures["rows"]:
+        p = r.get("kernel_profile")
+        if p is None:
+            continue
+        head = f"kernel profile, {r['model']} {r['dtype']} B={r['batch']} T={r['frames']} {p['method']}"
+        if "unavailable" in p or "empty" in p:
+            out.append(f"{head}: {p.get('unavailable') or p['empty']}")
+            continue
+        out.append(f"{head}: {p['activities']}, {kernel_totals_text(p)}")
+        out.append(f"  {'kernel':60} {'calls':>7} {'ms':>8} {'share':>6} {'us/outer':>9}")
+        for k in p["kernels"][:top]:
+            per = k["seconds_per_outer_iteration"]
+            out.append(f"  {k['name'][:60]:60} {k['calls']:>7} {k['seconds'] * 1e3:8.3f} {k['share']:6.1%} "
+                       f"{'' if per is None else f'{per * 1e6:9.2f}'}")
+        if len(p["kernels"]) > top:
+            rest = p["kernels"][top:]
+            out.append(f"  ({len(rest)} more: {sum(k['share'] for k in rest):.1%} of the time)")
+    return out
+
+
+def kernel_totals_text(profile: dict[str, Any]) -> str:
+    """'412 outer iterations; per outer iteration 21.7 calls taking 38.2 us (timed: label-looping fused partial
+    120.0 us, label-looping fused full 95.0 us)'."""
+    per = profile.get("seconds_per_outer_iteration")
+    if per is None:
+        return f"{profile['calls']} calls taking {profile['total_s'] * 1e3:.3f} ms (no outer iteration counted)"
+    timed = profile.get("timed_seconds_per_outer_iteration") or {}
+    return (f"{profile['outer_iterations']} outer iterations; per outer iteration "
+            f"{profile['calls_per_outer_iteration']:.1f} calls taking {per * 1e6:.1f} us"
+            + (" (timed: " + ", ".join(f"{m} {s * 1e6:.1f} us" for m, s in timed.items()) + ")" if timed else ""))
 
 
 def describe_targets(name: str, record: dict[str, Any]) -> str:

@@ -5,6 +5,7 @@ decoders in the same process, on NeMo's own prediction network and joint.
     python3 -m workbench.bench.decoding --out DIR [--quick]          # GPU: decoding.json
     python3 -m workbench.bench.decoding --nemo --out DIR [--quick]   # GPU, NeMo importable: decoding_nemo.json
     python3 -m workbench.bench.decoding --smoke --out DIR            # CPU dry run of both, seconds
+    ... --kernel-profile    # also one profiled decode per size of Grid.profile_batches (kernel_profile.py)
 
 Decoding loop only (encoder outputs given; random weights; vocabulary 1024, predictor and joint 640, encoder
 512): 12 s and 30 s at 80 ms frames, B in {1, 16, 64, 128}, fp32 and bf16 (--quick: B in {1, 16}, 12 s,
@@ -23,8 +24,11 @@ targets need (``NEMO_TARGET_METHODS``), then, while the budget lasts, the rest (
 the torch stages' full graph everywhere, the eager modes and the torch stages' partial graphs at
 ``Grid.breakdown_batches``). NeMo's full graph at B >= ``NEMO_FULL_GRAPH_LAST_FROM_B`` runs after every
 other row, the record written before: an illegal memory access there (seen at B=128) poisons the CUDA
-context, and the rows after it are then listed as not run. ``record.py`` owns the record's fields. More in
-benchmarks/NOTES.md.
+context, and the rows after it are then listed as not run. --kernel-profile: after every timed row, one more
+decode of the default kernels' partial graphs (``profiled_method``; on CPU their eager mode) at each fp32 size
+of ``Grid.profile_batches`` x ``Grid.profile_frames`` runs under torch.profiler, and its row gets
+``kernel_profile`` (kernels by device time, per outer iteration). ``record.py`` owns the record's fields. More
+in benchmarks/NOTES.md.
 """
 
 
@@ -41,7 +45,7 @@ import numpy as np
 
 import torch
 
-from workbench.bench.decoding import nemo_peer, record
+from workbench.bench.decoding import kernel_profile, nemo_peer, record
 from workbench.bench.results import (
     bench_device,
     check_smoke_out,
@@ -108,11 +112,21 @@ def method_name(algorithm: str, mode: str, window: int = W) -> str:
     return f"{'frame' if algorithm == 'frame_looping' else 'label'}-looping {mode}{suffix}"
 
 
+def default_algorithm(device: torch.device) -> str:
+    """The bench's name for what ``GreedyTransducerDecoder`` runs by default on ``device``: the fused kernels
+    (``FUSED``) where ``kernels="auto"`` picks them (CUDA, triton importable), else the torch stages."""
+    return "label_looping" if label_looping.resolve_kernels("auto", device=device)[0] == "torch" else FUSED
+
+
 def default_method(device: torch.device, mode: str = "full") -> str:
-    """The method that ``GreedyTransducerDecoder`` runs by default on ``device`` in graph ``mode``: the fused
-    kernels where ``kernels="auto"`` picks them (CUDA, triton importable), else the torch stages."""
-    kernels = label_looping.resolve_kernels("auto", device=device)[0]
-    return method_name("label_looping" if kernels == "torch" else FUSED, mode)
+    """The method that ``GreedyTransducerDecoder`` runs by default on ``device`` in graph ``mode``."""
+    return method_name(default_algorithm(device), mode)
+
+
+def profiled_method(device: torch.device) -> tuple[str, str, int]:
+    """(algorithm, mode, window) that --kernel-profile profiles: the default kernels' partial graphs on CUDA
+    (the host runs the loop, so every iteration's kernels are traced), their eager mode elsewhere."""
+    return default_algorithm(device), "partial" if device.type == "cuda" else "off", W
 
 
 def calibrate_blank_bias(decoder: GreedyTransducerDecoder, enc: torch.Tensor, lengths: torch.Tensor,
@@ -207,16 +221,20 @@ def torchaudio_reference(frames_list: list[int], device: torch.device) -> list[d
 @dataclass
 class Grid:
     """What one run measures: batch sizes, encoder frames per utterance, dtypes; --nemo runs its breakdown
-    methods (the eager modes, the torch stages' partial graphs) at ``breakdown_batches`` only."""
+    methods (the eager modes, the torch stages' partial graphs) at ``breakdown_batches`` only; --kernel-profile
+    profiles the fp32 sizes of ``profile_batches`` (those in the grid) at ``profile_frames``."""
     batches: list[int]
     frame_counts: list[int]
     dtypes: list[torch.dtype]
     breakdown_batches: list[int] = field(default_factory=lambda: [16])
+    profile_batches: list[int] = field(default_factory=lambda: [1, 16, 128])
+    profile_frames: int = 150
 
     @classmethod
     def of(cls, quick: bool, smoke: bool) -> "Grid":
         if smoke:  # CPU dry run of every code path (off modes only): seconds
-            return cls([1, 3], [20], [torch.float32, torch.bfloat16], breakdown_batches=[1, 3])
+            return cls([1, 3], [20], [torch.float32, torch.bfloat16], breakdown_batches=[1, 3],
+                       profile_batches=[1, 3], profile_frames=20)
         if quick:
             return cls([1, 16], [150], [torch.float32])
         return cls([1, 16, 64, 128], [150, 375], [torch.float32, torch.bfloat16])
@@ -225,6 +243,10 @@ class Grid:
         """(dtype, model, frames, batch) in the order they run: fp32 first, then bf16."""
         return [(dtype, model, frames, batch) for dtype in self.dtypes for model in ("rnnt", "tdt")
                 for frames in self.frame_counts for batch in self.batches]
+
+    def profiled(self, dtype: torch.dtype, frames: int, batch: int) -> bool:
+        """Whether --kernel-profile profiles this size."""
+        return dtype == torch.float32 and frames == self.profile_frames and batch in self.profile_batches
 
 
 @dataclass
@@ -243,6 +265,7 @@ class Case:
     reference: tuple | None = None  # (tokens, frames) per utterance of reference_method
     reference_method: str | None = None
     loop_stats: dict | None = None  # outer and inner iterations (an eager or partial-graph row's)
+    profile_kernels: bool = False  # --kernel-profile: keep profiled_method's decoder for add_kernel_profiles
 
     @property
     def batch(self) -> int:
@@ -269,6 +292,14 @@ class Deferred:
 
 
 @dataclass
+class ToProfile:
+    """A warm decoder of ``profiled_method`` kept for its kernel profile, which runs after every timed row."""
+    case: Case
+    method: str
+    decoder: GreedyTransducerDecoder
+
+
+@dataclass
 class Outcome:
     """What the run has found so far."""
     rows: list[dict[str, Any]] = field(default_factory=list)
@@ -276,6 +307,7 @@ class Outcome:
     skipped: list[str] = field(default_factory=list)
     calibration: dict[str, dict] = field(default_factory=dict)
     deferred: list[Deferred] = field(default_factory=list)
+    to_profile: list[ToProfile] = field(default_factory=list)
 
 
 def empty_while_iteration_seconds(iterations: int = 2000, repeat: int = 10,
@@ -389,6 +421,9 @@ def prepare_method(case: Case, algorithm: str, mode: str, window: int, outcome: 
         probe(case.enc, case.lengths)
         stats = dict(probe.last_stats)
     key = ([h.tokens for h in hyps], [h.timestamps for h in hyps])
+    if (case.profile_kernels and (algorithm, mode, window) == profiled_method(case.device)
+            and not any(item.case is case for item in outcome.to_profile)):
+        outcome.to_profile.append(ToProfile(case, method_name(algorithm, mode, window), dec))
     nodes = None
     if dec.mode_used in ("full", "partial"):
         try:
@@ -620,6 +655,57 @@ def measure_deferred(outcome: Outcome) -> list[dict]:
     return rows
 
 
+def profile_case(case: Case, decoder: GreedyTransducerDecoder, method: str) -> dict[str, Any]:
+    """One more decode of the case by its warm ``decoder`` under torch.profiler: ``kernel_profile.kernel_breakdown``
+    per outer iteration of that decode (from ``decoder.last_stats``), with the method, the graph mode it ran in,
+    the seconds the profiling took and whether its hypotheses equal the case's reference. A profiler that
+    raises gives {"method", "unavailable"}."""
+    set_blank_bias(case.joint, BLANK, case.blank_bias)  # later cases recalibrated the shared joint
+    try:
+        hyps, events, wall = kernel_profile.profile_call(lambda: decoder(case.enc, case.lengths), case.device)
+    except Exception as e:  # noqa: BLE001 - a profile we cannot make is said, not fatal
+        return {"method": method, "unavailable": f"{type(e).__name__}: {e}"}
+    profile = kernel_profile.kernel_breakdown(events, case.device.type, decoder.last_stats.get("outer_iterations"))
+    key = ([h.tokens for h in hyps], [h.timestamps for h in hyps])
+    equal = None if case.reference is None else list(zip(*key)) == list(zip(*case.reference))
+    return {"method": method, "mode_used": decoder.mode_used, "profiling_wall_s": wall,
+            "equal_to_reference": equal, **profile}
+
+
+PROFILE_AFTER_BUDGET_S = 60.0  # --kernel-profile: no profile starts later than this after the budget
+
+
+def add_kernel_profiles(outcome: Outcome, deadline: float = float("inf")) -> None:
+    """Profile every decoder kept in ``outcome.to_profile`` (``profile_case``) and put it in its row as
+    ``kernel_profile``, with ``timed_seconds_per_outer_iteration`` of that row and of the default method's
+    full graph at the same size (where they have one); run after every timed row, so the profiler changes no
+    timing. After a CUDA context failure, or from ``deadline`` (a ``time.perf_counter()`` value) on, the rest are
+    listed as not run."""
+    def row_of(case: Case, method: str) -> dict | None:
+        shape = (case.model, str(case.dtype)[6:], case.batch, case.frames, method)
+        return next((r for r in outcome.rows if (r.get("model"), r.get("dtype"), r.get("batch"), r.get("frames"),
+                                                 r.get("method")) == shape), None)
+
+    for item in outcome.to_profile:
+        case = item.case
+        row = row_of(case, item.method)
+        lost = cuda_context_error(case.device) if case.device.type == "cuda" else None
+        late = time.perf_counter() > deadline
+        if row is None or lost or late:
+            why = (f"the CUDA context failed: {lost}" if lost else "no timed row" if row is None
+                   else "past the time budget")
+            outcome.skipped.append(f"kernel profile {case.tag} {item.method}: not run ({why})")
+            continue
+        row["kernel_profile"] = profile_case(case, item.decoder, item.method)
+        timed = {r["method"]: r["seconds_per_outer_iteration"]
+                 for r in (row, row_of(case, default_method(case.device, "full")))
+                 if r is not None and r.get("seconds_per_outer_iteration")}
+        row["kernel_profile"]["timed_seconds_per_outer_iteration"] = timed
+        print(f"kernel profile {case.tag} {item.method}: {row['kernel_profile'].get('profiling_wall_s', 0):.1f} s",
+              flush=True)
+    outcome.to_profile.clear()
+
+
 def add_speedups(group: list[dict], base_by_shape: dict[tuple, float]) -> None:
     """Speedup over RNN-T frame-looping off of the same B and T (TDT rows use the RNN-T baseline too)."""
     base = next((r for r in group if r["method"] == "frame-looping off"), None)
@@ -658,9 +744,10 @@ def plan_methods(nemo: bool, batch: int, grid: Grid) -> tuple[list, list]:
 
 
 def measure_grid(grid: Grid, device: torch.device, outcome: Outcome, *, t_start: float, budget_s: float,
-                 smoke: bool, nemo: bool = False) -> None:
+                 smoke: bool, nemo: bool = False, kernel_profile: bool = False) -> None:
     """Every (dtype, model, T, B) of the grid while the budget lasts, in two passes (``plan_methods``); what the
-    budget leaves out is listed as skipped."""
+    budget leaves out is listed as skipped. ``kernel_profile``: the cases of ``grid.profiled`` keep their
+    ``profiled_method`` decoder in ``outcome.to_profile``."""
     models = build_models(device, nemo=nemo)
     parts: dict[tuple, tuple] = {}  # (dtype, model) -> predictor, joint, durations, calibrator
     base_by_dtype: dict[torch.dtype, dict] = {}
@@ -678,7 +765,8 @@ def measure_grid(grid: Grid, device: torch.device, outcome: Outcome, *, t_start:
         gen = torch.Generator(device=device).manual_seed(batch * 1000 + frames)
         case = Case(model_name, dtype, predictor, joint, durations,
                     torch.randn(batch, frames, ENC, device=device, generator=gen),
-                    torch.full((batch,), frames, device=device), device, methods=first + later)
+                    torch.full((batch,), frames, device=device), device, methods=first + later,
+                    profile_kernels=kernel_profile and grid.profiled(dtype, frames, batch))
         if time.perf_counter() - t_start > budget_s:
             outcome.skipped.append(case.tag)
             continue
@@ -777,7 +865,7 @@ def nemo_targets_of(rows: list[dict], failures: list[str], *, smoke: bool,
 
 
 def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke: bool = False,
-        nemo: bool = False) -> int:
+        nemo: bool = False, kernel_profile: bool = False) -> int:
     t_start = time.perf_counter()
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32
     torch.backends.cudnn.allow_tf32 = False
@@ -787,7 +875,8 @@ def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke:
     else:
         empty = {"seconds_per_iteration": float("nan"), "note": "not measured on CPU"}
     print(f"empty conditional-while iteration: {empty['seconds_per_iteration'] * 1e6:.2f} us")
-    measure_grid(grid, device, outcome, t_start=t_start, budget_s=budget_s, smoke=smoke, nemo=nemo)
+    measure_grid(grid, device, outcome, t_start=t_start, budget_s=budget_s, smoke=smoke, nemo=nemo,
+                 kernel_profile=kernel_profile)
     if nemo:
         outcome.skipped.append("torchaudio reference (not part of the NeMo comparison)")
     elif smoke:
@@ -827,6 +916,11 @@ def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke:
                   "calibration": "blank bias bisected per row (model, dtype, B, T) on that row's own input, "
                                  "towards 1/3 labels per frame",
                   "timing": "methods of one graph mode timed interleaved, call by call", **params_extra}
+        if kernel_profile:
+            params["kernel_profile"] = {
+                "method": method_name(*profiled_method(device)), "dtype": "float32", "frames": grid.profile_frames,
+                "batches": [b for b in grid.profile_batches if b in grid.batches],
+                "how": "one more decode after every timed row, under torch.profiler (CPU and CUDA activities)"}
         if not nemo:
             params["speedup_note"] = "TDT rows are compared with RNN-T frame-looping off of the same batch and length"
         path = write_result(
@@ -838,21 +932,24 @@ def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke:
             params=params, figures=figures)
         return path, figures
 
+    path = None
     if outcome.deferred:  # written before the rows that may poison the CUDA context
         pending = [d.case.tag for d in outcome.deferred]
         # if the process dies in the rows run last, the record on disk says they never finished
         path, _ = write([*outcome.failures, f"rows run last not finished (full-graph group): {pending}"])
         print(f"wrote {path}; running last: {pending}", flush=True)
         outcome.rows += measure_deferred(outcome)
-        try:
-            path, figures = write(outcome.failures)
-        except Exception as e:  # noqa: BLE001 - e.g. a device query on a failed CUDA context
-            print(f"FAIL: could not rewrite {path} after the rows run last ({type(e).__name__}: {e}); it holds "
-                  f"every row before them. Failures: {outcome.failures}", flush=True)
-            return 1
-    else:
+    # after every timed row: the profiler changes no timing
+    add_kernel_profiles(outcome, deadline=t_start + budget_s + PROFILE_AFTER_BUDGET_S)
+    try:
         path, figures = write(outcome.failures)
-    print("\n".join(record.table_lines(figures)))
+    except Exception as e:  # noqa: BLE001 - e.g. a device query on a failed CUDA context
+        if path is None:
+            raise
+        print(f"FAIL: could not rewrite {path} after the rows run last ({type(e).__name__}: {e}); it holds "
+              f"every row before them. Failures: {outcome.failures}", flush=True)
+        return 1
+    print("\n".join(record.table_lines(figures) + record.kernel_profile_lines(figures)))
     print(f"wrote {path} in {time.perf_counter() - t_start:.0f} s")
     if outcome.skipped:
         print(f"SKIPPED: {outcome.skipped}")
@@ -902,6 +999,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nemo", action="store_true", help="ours against NeMo 3.0.0's greedy decoders, on NeMo's "
                         "modules (NeMo must be importable)")
     parser.add_argument("--budget-s", type=float, default=300.0, help="skip remaining configs after this")
+    parser.add_argument("--kernel-profile", action="store_true", help="after the timed rows, one decode of the "
+                        "default kernels' partial graphs (CPU: eager) per fp32 size of B in {1, 16, 128} (those in "
+                        "the grid) x 150 frames (smoke: B in {1, 3} x 20), under torch.profiler: the row's "
+                        "kernel_profile (kernels by device time, per outer iteration)")
     parser.add_argument("--smoke", action="store_true", help="B in {1, 3}, 20 frames, off modes, on the CPU "
                         "when there is no CUDA: every code path in seconds, nothing measured; without --nemo it "
                         "also dry-runs the NeMo comparison when NeMo is importable")
@@ -915,12 +1016,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAIL: --nemo: {unavailable}; ../shared/tools/fetch_nemo_wheels.sh says how to install it",
               file=sys.stderr)
         return 2
-    rc = run(args.out, args.quick, args.budget_s, bench_device(), smoke=args.smoke, nemo=args.nemo)
+    rc = run(args.out, args.quick, args.budget_s, bench_device(), smoke=args.smoke, nemo=args.nemo,
+             kernel_profile=args.kernel_profile)
     if args.smoke and not args.nemo:
         if unavailable:
             print(f"NeMo comparison of the smoke run skipped: {unavailable}")
         else:
-            rc = max(rc, run(args.out, args.quick, args.budget_s, bench_device(), smoke=True, nemo=True))
+            rc = max(rc, run(args.out, args.quick, args.budget_s, bench_device(), smoke=True, nemo=True,
+                             kernel_profile=args.kernel_profile))
     return rc
 
 
