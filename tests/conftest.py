@@ -1,3 +1,8 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from workbench.reporting import has_cuda as _has_cuda
@@ -21,3 +26,16 @@ def _no_leaked_sync_debug_mode(request):
         import torch
 
         torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.fixture
+def compile_without_interpreter():
+    """Run a Python script (source text) in a fresh process without TRITON_INTERPRET, the repo on its path;
+    returns its stdout, after asserting it exited 0 (the tail of its stderr in the message)."""
+    def run(script: str) -> str:
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+        proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout
+    return run

@@ -10,9 +10,6 @@ if not torch.cuda.is_available():  # before triton is imported: the interpreter 
     os.environ["TRITON_INTERPRET"] = "1"
 
 import dataclasses  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -383,16 +380,11 @@ for tdt in (True, False):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU run compiles them for real")
-def test_the_kernels_compile_for_an_h200_without_one():
+def test_the_kernels_compile_for_an_h200_without_one(compile_without_interpreter):
     """The interpreter accepts code the compiler may not: compile every kernel to a cubin for sm_90 (RNN-T and
     TDT variants, the LSTM cell's first and later layers) in a process without TRITON_INTERPRET."""
     pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
-    proc = subprocess.run([sys.executable, "-c", COMPILE_FOR_H200], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("compiled") == 12
+    assert compile_without_interpreter(COMPILE_FOR_H200).count("compiled") == 12
 
 
 # -- on a GPU ---------------------------------------------------------------------------------------------

@@ -312,17 +312,7 @@ for dtype, nd, ns in (("fp32", 0, 1), ("bf16", 5, 5)):
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="a GPU run compiles them for real")
-def test_the_kernels_compile_for_an_h200_without_one():
+def test_the_kernels_compile_for_an_h200_without_one(compile_without_interpreter):
     """The interpreter accepts code the compiler may not: compile every kernel to a cubin for sm_90 (fp32
     RNN-T and bf16 TDT variants) in a process without TRITON_INTERPRET."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
-    proc = subprocess.run([sys.executable, "-c", COMPILE_FOR_H200], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("compiled") == 6
+    assert compile_without_interpreter(COMPILE_FOR_H200).count("compiled") == 6
