@@ -1,6 +1,8 @@
 """The NeMo comparison of the decoding bench: the adapter on NeMo's modules (when NeMo is importable), the
 --nemo grid's pure logic (speedups, targets, the rows that run last) on hand-made rows, and a GPU run."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -258,6 +260,40 @@ def test_measure_grid_runs_every_first_pass_before_any_second_pass_and_lists_wha
         "tdt float32 B=16 T=4: label-looping full, label-looping fused+lstm full, label-looping off, "
         "label-looping partial, label-looping fused off, NeMo no graphs (second pass)"]
 
+
+
+def test_measure_grid_stops_when_a_case_leaves_the_cuda_context_unusable_and_lists_the_rest(monkeypatch):
+    calls = []
+
+    def fake_measure_case(case, calibrator, outcome, smoke, methods=None):
+        calls.append(case.tag)
+        if case.tag == "rnnt float32 B=16 T=4":
+            outcome.failures.append(f"{case.tag}: label-looping fused full raised AcceleratorError while timed")
+        return []
+
+    linear = torch.nn.Linear(1, 1)
+    monkeypatch.setattr(bench, "build_models", lambda device, nemo: {"rnnt": (linear, linear, None),
+                                                                     "tdt": (linear, linear, [0, 1])})
+    monkeypatch.setattr(bench, "measure_case", fake_measure_case)
+    # the case's device is CPU here; the context check is what reports the loss after the second case
+    monkeypatch.setattr(bench, "cuda_context_error",
+                        lambda device: "AcceleratorError: illegal memory access" if len(calls) >= 2 else None)
+    lost = bench.lost_context
+    monkeypatch.setattr(bench, "lost_context", lambda case, methods, outcome: lost(
+        dataclasses.replace(case, device=torch.device("cuda")), methods, outcome))
+    grid = bench.Grid([1, 16], [4], [torch.float32], breakdown_batches=[16])
+    outcome = bench.Outcome()
+    bench.measure_grid(grid, torch.device("cpu"), outcome, t_start=bench.time.perf_counter(), budget_s=1e9,
+                       smoke=True, nemo=True)
+    assert calls == ["rnnt float32 B=1 T=4", "rnnt float32 B=16 T=4"]
+    assert outcome.context_lost == "AcceleratorError: illegal memory access"
+    assert outcome.failures[0].startswith("rnnt float32 B=16 T=4: label-looping fused full raised")
+    assert outcome.failures[1].startswith("rnnt float32 B=16 T=4: the CUDA context is unusable after "
+                                          "label-looping fused full, label-looping fused partial, NeMo full graph")
+    assert outcome.skipped[:2] == ["tdt float32 B=1 T=4: not run (the CUDA context failed)",
+                                   "tdt float32 B=16 T=4: not run (the CUDA context failed)"]
+    assert outcome.skipped[2].startswith("rnnt float32 B=1 T=4: label-looping full") and "the CUDA context" in outcome.skipped[2]
+    assert len(outcome.skipped) == 3  # the second pass of the one case before the failure
 
 def _toy_case(durations, batch=3, frames=30):
     from workbench.decoding import make_toy_transducer

@@ -257,7 +257,7 @@ def test_gpu_live_speed_table_measures_every_graph_mode_with_equal_hypotheses():
 
     rows = live_speed_record(batches=(2,), frames=8, repeat=1)["figures"]["rows"]
     methods = {(r["model"], r["method"]) for r in rows}
-    fused = label_looping.resolve_kernels("auto", device=torch.device("cuda"))[0] == "triton"
+    fused = label_looping.resolve_kernels("auto", device=torch.device("cuda"))[0] != "torch"
     for model in ("rnnt", "tdt"):
         assert {(model, f"label-looping {m}") for m in ("off", "partial", "full")} <= methods
         assert fused == ({(model, f"label-looping fused {m}") for m in ("off", "partial", "full")} <= methods)

@@ -308,6 +308,7 @@ class Outcome:
     calibration: dict[str, dict] = field(default_factory=dict)
     deferred: list[Deferred] = field(default_factory=list)
     to_profile: list[ToProfile] = field(default_factory=list)
+    context_lost: str | None = None  # the CUDA error that made the context unusable, once one has
 
 
 def empty_while_iteration_seconds(iterations: int = 2000, repeat: int = 10,
@@ -445,6 +446,7 @@ def time_interleaved(case: Case, prepared: list[Prepared], outcome: Outcome) -> 
                 samples[p.name].append(timed(p.call, device=case.device, repeat=1, warmup=0)["median"])
             except Exception as e:  # noqa: BLE001
                 outcome.failures.append(f"{case.tag}: {p.name} raised {type(e).__name__} while timed: {e}")
+                print(f"FAIL: {outcome.failures[-1]}", flush=True)
                 alive.remove(p)
     rows = []
     b, t = case.batch, case.frames
@@ -753,6 +755,10 @@ def measure_grid(grid: Grid, device: torch.device, outcome: Outcome, *, t_start:
     base_by_dtype: dict[torch.dtype, dict] = {}
     second: list[tuple[Case, list]] = []
     for dtype, model_name, frames, batch in grid.cells():
+        if outcome.context_lost:
+            outcome.skipped.append(f"{model_name} {str(dtype)[6:]} B={batch} T={frames}: not run (the CUDA context "
+                                   "failed)")
+            continue
         if (dtype, model_name) not in parts:
             predictor32, joint32, durations = models[model_name]
             predictor, joint = in_dtype(predictor32, dtype), in_dtype(joint32, dtype)
@@ -774,9 +780,15 @@ def measure_grid(grid: Grid, device: torch.device, outcome: Outcome, *, t_start:
         add_speedups(group, base_by_dtype.setdefault(dtype, {}))
         outcome.rows += group
         _print_group(case.tag, group)
+        if lost_context(case, first, outcome):
+            continue
         if later:
             second.append((case, later))
     for case, later in second:
+        if outcome.context_lost:
+            outcome.skipped.append(f"{case.tag}: {', '.join(method_name(*m) for m in later)} (second pass; the CUDA "
+                                   "context failed)")
+            continue
         if time.perf_counter() - t_start > budget_s:
             outcome.skipped.append(f"{case.tag}: {', '.join(method_name(*m) for m in later)} (second pass)")
             continue
@@ -785,6 +797,20 @@ def measure_grid(grid: Grid, device: torch.device, outcome: Outcome, *, t_start:
             row["timing_note"] = "second pass: timed after every size's first pass, not interleaved with its rows"
         outcome.rows += group
         _print_group(f"{case.tag} (second pass)", group)
+        lost_context(case, later, outcome)
+
+
+def lost_context(case: Case, methods: list, outcome: Outcome) -> bool:
+    """After a case on CUDA: whether its methods left the CUDA context unusable (an illegal memory access is
+    sticky). If so the failure names the case and its methods (the first failure listed before it is the one
+    that faulted), every later case is listed as not run, and ``outcome.context_lost`` is set."""
+    if case.device.type != "cuda" or not (lost := cuda_context_error(case.device)):
+        return False
+    outcome.context_lost = lost
+    outcome.failures.append(f"{case.tag}: the CUDA context is unusable after "
+                            f"{', '.join(method_name(*m) for m in methods)} ({lost}); the rest did not run")
+    print(f"FAIL: {outcome.failures[-1]}", flush=True)
+    return True
 
 
 def _print_group(tag: str, group: list[dict]) -> None:
@@ -881,6 +907,8 @@ def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke:
         outcome.skipped.append("torchaudio reference (not part of the NeMo comparison)")
     elif smoke:
         outcome.skipped.append("torchaudio reference (smoke)")
+    elif outcome.context_lost:
+        outcome.skipped.append("torchaudio reference (the CUDA context failed)")
     elif time.perf_counter() - t_start < budget_s:
         outcome.rows += torchaudio_reference(grid.frame_counts, device)
     else:
@@ -933,6 +961,10 @@ def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke:
         return path, figures
 
     path = None
+    if outcome.context_lost:  # nothing more can run on this device: the record keeps what did
+        outcome.skipped += [f"{d.case.tag}: rows run last (the CUDA context failed)" for d in outcome.deferred]
+        outcome.skipped += [f"{p.case.tag}: kernel profile (the CUDA context failed)" for p in outcome.to_profile]
+        outcome.deferred, outcome.to_profile = [], []
     if outcome.deferred:  # written before the rows that may poison the CUDA context
         pending = [d.case.tag for d in outcome.deferred]
         # if the process dies in the rows run last, the record on disk says they never finished
