@@ -91,11 +91,30 @@ def test_profile_shapes_for_skips_or_refuses_a_model_in_no_record(tmp_path):
         profile_shapes_for(["tiny-rnnt", "tiny-ctc"], [rnnt], (0,), strict=True)
 
 
+def test_a_model_in_no_record_takes_its_stand_ins_shapes_marked(tmp_path, monkeypatch):
+    from workbench.bench.models import run as models
+
+    rnnt = _oomptimizer_record(tmp_path / "rnnt.json", {"rnnt": RNNT_PART})
+    monkeypatch.setattr(models, "STAND_INS", {"tiny-tdt": "tiny-rnnt", "tiny-ctc": "tiny-aed"})
+    found, missing = models.profile_shapes_for(["tiny-rnnt", "tiny-tdt", "tiny-ctc"], [rnnt], (0, -1), strict=False)
+    assert found["tiny-tdt"] == [{**shape, "stand_in": "tiny-rnnt"} for shape in found["tiny-rnnt"]]
+    assert missing == {"tiny-ctc": "in no OOMptimizer record (rnnt.json)"}  # its stand-in is in no record either
+    shape, _ = models.row_shapes([], found["tiny-tdt"][:1])[0]
+    assert shape["profile_bucket"] == {"record": "rnnt.json", "index": 0, "model": "tiny-rnnt"}
+    row = {"model": "tiny-tdt", "dtype": "bf16", **shape, "step_s": {"median": 0.5}, "peak_bytes": None, "mfu": 0.2}
+    assert record.shape_text(row).endswith("(tiny-rnnt's profile rnnt.json #0)")
+    line, = record.mfu_target_lines({"parameters": {"tiny-tdt": 1}, "matmul": {}, "steps": [row]},
+                                    targets={"tiny-tdt": 0.25})
+    assert line.startswith("tiny-tdt MFU target >= 25 % at profile shapes (at tiny-rnnt's profile shapes: tiny-tdt "
+                           "has no OOMptimizer record): 20.0 % (B=")
+
+
 def test_the_committed_records_give_profile_shapes_for_large_rnnt_and_xl_aed():
     from workbench.bench.models.run import MODELS, PROFILE_RECORDS, profile_shapes_for
 
     found, missing = profile_shapes_for(MODELS, PROFILE_RECORDS, strict=False)
-    assert sorted(found) == ["large-rnnt", "xl-aed"] and sorted(missing) == ["large-aed", "large-tdt"]
+    assert sorted(found) == ["large-rnnt", "large-tdt", "xl-aed"] and sorted(missing) == ["large-aed"]
+    assert found["large-tdt"] == [{**shape, "stand_in": "large-rnnt"} for shape in found["large-rnnt"]]
     committed = json.loads((RESULTS_DIR / "oomptimizer_aed.json").read_text())["figures"]["aed"]
     assert found["xl-aed"][-1]["batch_size"] == committed["predictive"]["batch_sizes"][-1]
     assert [s["record"] for s in found["large-rnnt"]] == ["oomptimizer.json"] * 2
@@ -142,6 +161,8 @@ def test_models_bench_smoke_measures_profile_shapes_with_mfu(tmp_path, capsys, c
                                      "skipped": {}}
     out = capsys.readouterr().out
     assert "profile shapes (OOMptimizer batch sizes):" in out and record.row_line(profile_rows[0]) in out
+    assert ("top_kernels" in profile_rows[0]) == on_cuda  # the profiled step's kernels, where MFU is judged
+    assert not any("top_kernels" in r for r in fig["steps"] if r["shape_source"] == "fixed")
     summary = record.summary_lines(fig)
     assert any(line.startswith("  - tiny-rnnt bf16 B=1 2 s U=6 (profile oom.json #2): ") and ", MFU " in line
                for line in summary)
@@ -154,6 +175,18 @@ def test_gpu_models_bench_smoke_measures_gpu_busy(tmp_path, capsys, cpu_settings
     assert fig["matmul"]["dtype"] == "bfloat16"
     for r in fig["steps"]:
         assert 0 < r["kernel_s"] and 0 < r["gpu_busy"] < 2 and 0 < r["mfu"] < 1
+    profile_row, = [r for r in fig["steps"] if r["shape_source"] == "profile"]
+    top = profile_row["top_kernels"]
+    assert 0 < len(top) <= 8 and all(k["self_s"] > 0 and k["calls"] > 0 for k in top)
+    assert record.row_kernel_lines(profile_row)[0].endswith(record._short(top[0]["name"]))
+
+
+def test_row_kernel_lines_show_share_time_calls_and_name():
+    row = {"top_kernels": [{"name": "k" * 70, "self_s": 0.012345, "share": 0.312, "calls": 96},
+                           {"name": "elementwise", "self_s": 0.001, "share": 0.05, "calls": 3}]}
+    assert record.row_kernel_lines(row) == [" 31.2 %     12.345 ms     96x  " + "k" * 57 + "...",
+                                            "  5.0 %      1.000 ms      3x  elementwise"]
+    assert record.row_kernel_lines({"model": "m"}) == []
 
 
 def _row(model, dtype, b, s, u, median, **extra):
@@ -211,3 +244,25 @@ def test_before_after_rows_pair_shapes_and_keep_rows_only_one_record_has():
     table = record.before_after_table(before, after)
     assert list(table["before ms"].fillna(-1)) == [80.0, -1, 120.0]
     assert list(table["after MFU %"].fillna(-1)) == [5.0, 30.0, -1]
+
+
+def test_models_bench_only_profile_shapes_measures_the_profile_rows(tmp_path, cpu_settings_kept):
+    from workbench.bench.models import run as models
+
+    path = _oomptimizer_record(tmp_path / "oom.json", {"rnnt": {**RNNT_PART, "predictive": {"batch_sizes": [2, 1, 1]}}})
+    args = ["--smoke", "--models", "tiny-rnnt", "--profile-shapes", str(path), "--profile-buckets", "0", "-1",
+            "--only-profile-shapes", "--out", str(tmp_path)]
+    assert models.main(args) == 0
+    fig = json.loads((tmp_path / "models.json").read_text())["figures"]
+    assert [(r["shape_source"], r["batch_size"]) for r in fig["steps"]] == [("profile", 2), ("profile", 1)]
+    assert fig["bf16_vs_fp32"] == []
+
+
+def test_models_bench_only_profile_shapes_refuses_when_no_model_has_them(tmp_path, capsys):
+    from workbench.bench.models import run as models
+
+    with pytest.raises(SystemExit) as e:
+        models.main(["--smoke", "--models", "tiny-aed", "--only-profile-shapes", "--out", str(tmp_path / "o")])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("--only-profile-shapes: no model asked for has profile shapes")
+    assert not (tmp_path / "o").exists()

@@ -60,9 +60,11 @@ def _percent(value: float | None) -> str:
 
 
 def shape_text(r: Mapping[str, Any]) -> str:
-    """"large-rnnt bf16 B=16 15 s U=120", with "(profile oomptimizer.json #0)" for a profile row."""
-    where = (f" (profile {r['profile_bucket']['record']} #{r['profile_bucket']['index']})"
-             if r.get("shape_source") == "profile" else "")
+    """"large-rnnt bf16 B=16 15 s U=120", with "(profile oomptimizer.json #0)" for a profile row ("(large-rnnt's
+    profile ...)" for another model's shape)."""
+    bucket = r.get("profile_bucket") or {}
+    of = f"{bucket['model']}'s " if "model" in bucket else ""
+    where = f" ({of}profile {bucket['record']} #{bucket['index']})" if r.get("shape_source") == "profile" else ""
     return f"{r['model']} {r['dtype']} B={r['batch_size']} {r['duration_s']:g} s U={r['num_tokens']}{where}"
 
 
@@ -105,11 +107,20 @@ def mfu_target_lines(figures: Mapping[str, Any], targets: Mapping[str, float] = 
             out.append(f"{head}: not judged ({why})")
             continue
         values = ", ".join(f"{_percent(r['mfu'])} (B={r['batch_size']} x {r['duration_s']:g} s)" for r in rows)
+        stand_ins = sorted({r["profile_bucket"]["model"] for r in rows if "model" in r.get("profile_bucket", {})})
+        if stand_ins:
+            head += f" (at {', '.join(stand_ins)}'s profile shapes: {model} has no OOMptimizer record)"
         worst, short = min(r["mfu"] for r in rows), sum(r["mfu"] < target for r in rows)
         verdict = ("met" if not short else
                    f"missed at {short} of {len(rows)} ({100 * (target - worst):.1f} points short at worst)")
         out.append(f"{head}: {values}: {verdict}")
     return out
+
+
+def row_kernel_lines(r: Mapping[str, Any], rows: int = 5) -> list[str]:
+    """A profile-sized row's top kernels, one line each ("  31.2 %   12.345 ms   96x  name"); [] without them."""
+    return [f"{100 * k['share']:5.1f} %  {k['self_s'] * 1e3:9.3f} ms  {k['calls']:5d}x  {_short(k['name'])}"
+            for k in r.get("top_kernels", [])[:rows]]
 
 
 def loss_line(loss: Mapping[str, Any]) -> str:

@@ -67,6 +67,10 @@ REPEAT, WARMUP = 5, 2  # timed steps and warm-up steps per row
 SMOKE_REPEAT, SMOKE_WARMUP = 2, 1
 PROFILE_RECORDS = (RESULTS_DIR / "oomptimizer.json", RESULTS_DIR / "oomptimizer_aed.json")
 PROFILE_BUCKETS = (0, -1)  # bucket indices of a profile measured: its shortest and its longest bucket
+# A model that no OOMptimizer record holds takes the profile shapes of a model that fits the same batches or
+# fewer: large-tdt has large-rnnt's encoder and predictor and a joint 5 duration outputs wider.
+STAND_INS = {"large-tdt": "large-rnnt"}
+ROW_KERNELS = 8  # kernels kept on each profile-sized row
 PROFILE_DTYPE = "bf16"  # the dtype the OOMptimizer's profiles are searched in
 
 
@@ -133,7 +137,8 @@ def read_profile_shapes(path, model: str, buckets=PROFILE_BUCKETS) -> list[dict]
 def profile_shapes_for(models, paths, buckets=PROFILE_BUCKETS, *, strict: bool) -> tuple[dict, dict]:
     """({model: shapes} from the first record in ``paths`` that holds it, {model: why it has none}).
     ``strict``: a model that no record holds raises :class:`ModelNotInRecord` (records given explicitly);
-    otherwise it is only named in the second dict. Any other problem with a record always raises."""
+    otherwise it is only named in the second dict, unless its ``STAND_INS`` model was found: then it takes that
+    model's shapes, each marked "stand_in". Any other problem with a record always raises."""
     found, missing = {}, {}
     for model in models:
         for path in paths:
@@ -145,6 +150,10 @@ def profile_shapes_for(models, paths, buckets=PROFILE_BUCKETS, *, strict: bool) 
                     raise
         else:
             missing[model] = f"in no OOMptimizer record ({', '.join(Path(p).name for p in paths) or 'none given'})"
+    for model, other in STAND_INS.items():
+        if model in missing and other in found:
+            found[model] = [{**shape, "stand_in": other} for shape in found[other]]
+            missing.pop(model)
     return found, missing
 
 
@@ -225,11 +234,12 @@ def add_utilization(row: dict, flops: float | None, flops_per_s: float | None, k
 def row_shapes(shapes, profile_shapes) -> list[tuple[dict, list[str]]]:
     """(shape, dtypes) to measure: each fixed (batch, seconds, tokens) in every dtype, each profile shape in
     the profile's dtype; a shape dict carries "shape_source" ("fixed" or "profile") and a profile's
-    "profile_bucket" ({"record", "index"})."""
+    "profile_bucket" ({"record", "index"}, and "model" when the shape is another model's, see ``STAND_INS``)."""
     out = [({"batch_size": b, "duration_s": s, "num_tokens": u, "shape_source": "fixed"}, list(DTYPES))
            for b, s, u in shapes]
     out += [({"batch_size": p["batch_size"], "duration_s": p["duration_s"], "num_tokens": p["num_tokens"],
-              "shape_source": "profile", "profile_bucket": {"record": p["record"], "index": p["bucket_index"]}},
+              "shape_source": "profile", "profile_bucket": {"record": p["record"], "index": p["bucket_index"],
+                                                           **({"model": p["stand_in"]} if "stand_in" in p else {})}},
              [PROFILE_DTYPE]) for p in profile_shapes]
     return out
 
@@ -278,8 +288,10 @@ def measure_model(name: str, shapes, failures: list[str], *, device: torch.devic
                 if not all(torch.isfinite(x).item() for x in losses):
                     failures.append(f"{name} {dtype_name} B={batch_size} {seconds}s: loss not finite "
                                     f"{[float(x) for x in losses]}")
-                kernel_s = profiled_step(model, batch, dtype, device)["total_s"] if on_cuda else None
-                add_utilization(row, flops, flops_per_s, kernel_s)
+                profiled = profiled_step(model, batch, dtype, device) if on_cuda else None
+                add_utilization(row, flops, flops_per_s, None if profiled is None else profiled["total_s"])
+                if profiled is not None and shape["shape_source"] == "profile":  # where MFU is judged
+                    row["top_kernels"] = profiled["top"][:ROW_KERNELS]
             except Exception as e:  # noqa: BLE001
                 note_failure(row, e, failures, f"{name} {dtype_name} B={batch_size} {seconds}s")
             model.zero_grad(set_to_none=True)
@@ -288,6 +300,8 @@ def measure_model(name: str, shapes, failures: list[str], *, device: torch.devic
             release_memory()
             rows.append(row)
             print(f"  {record.row_line(row)}", flush=True)
+            for line in record.row_kernel_lines(row):
+                print(f"    {line}", flush=True)
     kernels = None if kernel_shape is None else profile_step(model, name, kernel_shape, failures, device=device)
     model = None  # noqa: F841 - free the weights before the next model is built
     release_memory()
@@ -386,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-buckets", nargs="+", type=int, default=list(PROFILE_BUCKETS), metavar="INDEX",
                         help=f"bucket indices of each profile measured, negative from the end "
                         f"(default: {' '.join(map(str, PROFILE_BUCKETS))})")
+    parser.add_argument("--only-profile-shapes", action="store_true", help="measure the profile-sized rows only "
+                        "(where the MFU targets are judged), not the fixed shapes")
     parser.add_argument("--smoke", action="store_true", help="tiny models, small shapes, seconds (CPU without "
                         "CUDA); never into benchmarks/results")
     args = parser.parse_args(argv)
@@ -398,6 +414,10 @@ def main(argv: list[str] | None = None) -> int:
             strict=args.profile_shapes is not None)
     except ProfileShapeError as e:
         parser.error(str(e))
+    if args.only_profile_shapes:  # a model without profile shapes would have no row
+        args.models = [m for m in args.models if m in args.profile]
+        if not args.models:
+            parser.error("--only-profile-shapes: no model asked for has profile shapes")
     if cuda_missing(args.smoke):
         return 2
     device = bench_device()
@@ -409,7 +429,7 @@ def run(args, device: torch.device) -> int:
     """The measurements of :func:`main`'s parsed ``args`` (with ``profile`` and ``profile_missing`` from
     :func:`profile_shapes_for`) on ``device``; writes models.json, returns the exit code."""
     models = args.models
-    shapes = SMOKE_SHAPES if args.smoke else SHAPES
+    shapes = [] if getattr(args, "only_profile_shapes", False) else SMOKE_SHAPES if args.smoke else SHAPES
     repeat, warmup = (SMOKE_REPEAT, SMOKE_WARMUP) if args.smoke else (REPEAT, WARMUP)
     started = time.perf_counter()
     failures: list[str] = []
