@@ -271,3 +271,51 @@ def test_gpu_compiled_encoder_trains_new_shapes_without_recompiling():
         model.training_step(batch, dtype=torch.bfloat16)
     finally:
         torch.cuda.set_sync_debug_mode(0)
+
+
+def _subsampling_pass(sub, features, lengths, **autocast):
+    sub.zero_grad(set_to_none=True)
+    features = features.clone().requires_grad_()
+    with torch.autocast(features.device.type, **autocast) if autocast else torch.enable_grad():
+        out, out_lengths = sub(features, lengths)
+    (out.float() * torch.linspace(-1, 1, out.shape[-1], device=out.device)).sum().backward()
+    return out.float(), out_lengths, features.grad, [p.grad.clone() for p in sub.parameters()]
+
+
+def test_channels_last_subsampling_equals_the_default_layout():
+    from workbench.models.encoder import Subsampling
+
+    torch.manual_seed(0)
+    sub = Subsampling(n_mels=16, channels=8, d_model=12)
+    features, lengths = torch.randn(3, 37, 16), torch.tensor([37, 20, 9])
+    results = {}
+    for layout in (False, True):
+        sub.channels_last = layout
+        results[layout] = _subsampling_pass(sub, features, lengths)
+    (a, la, ga, pa), (b, lb, gb, pb) = results[False], results[True]
+    assert torch.equal(la, lb) and a.shape == (3, 5, 12)
+    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gb, ga, rtol=1e-5, atol=1e-6)
+    for x, y in zip(pb, pa):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+    assert Subsampling(16, 8, 12).channels_last is None  # the default: decided by the input's device
+
+
+@pytest.mark.gpu
+def test_gpu_subsampling_depthwise_convolutions_run_in_cudnn_and_equal_the_default_layout():
+    from workbench.models.encoder import Subsampling
+
+    torch.manual_seed(0)
+    sub = Subsampling(n_mels=80, channels=64, d_model=128).cuda()
+    features = torch.randn(8, 400, 80, device="cuda")
+    lengths = torch.tensor([400, 380, 300, 250, 200, 150, 100, 33], device="cuda")
+    sub.channels_last = False
+    a, _, ga, _ = _subsampling_pass(sub, features, lengths, dtype=torch.bfloat16)
+    sub.channels_last = None  # the default on CUDA: channels last
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        b, _, gb, _ = _subsampling_pass(sub, features, lengths, dtype=torch.bfloat16)
+        torch.cuda.synchronize()
+    names = [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert names and not [n for n in names if "conv_depthwise2d" in n]  # PyTorch's native depthwise kernels
+    torch.testing.assert_close(b, a, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(gb, ga, rtol=2e-2, atol=2e-2)
