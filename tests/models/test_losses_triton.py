@@ -210,12 +210,27 @@ def test_dispatch_says_why():
 
 
 def test_dispatch_without_triton_names_the_import_error(monkeypatch):
-    monkeypatch.setattr(losses, "_triton_problem", lambda: "triton not importable (ModuleNotFoundError: x)")
+    asked = []
+
+    def unavailable(device, *, kernels_module=None):
+        asked.append((torch.device(device).type, kernels_module))
+        return "triton is not importable (ModuleNotFoundError: x)"
+
+    monkeypatch.setattr(losses, "triton_unavailable_reason", unavailable)
     backend, reason = loss_backend(torch.zeros(1, 1, 1, 2, device=DEVICE))
-    assert backend == "torch" and reason == ("torch: triton not importable (ModuleNotFoundError: x)" if DEVICE == "cuda"
-                                             else "torch: logits on cpu (the Triton kernels run on CUDA)")
-    with pytest.raises(ValueError, match="backend='triton': triton not importable"):
+    assert backend == "torch" and reason == ("torch: triton is not importable (ModuleNotFoundError: x)"
+                                             if DEVICE == "cuda" else "torch: logits on cpu (the Triton kernels run on CUDA)")
+    with pytest.raises(ValueError, match=r"^backend='triton': triton is not importable \(ModuleNotFoundError: x\)$"):
         loss_backend(torch.zeros(1, 1, 1, 2), "triton")
+    assert asked[-1] == ("cpu", "workbench.models.losses_triton")  # the loss kernels' module is checked too
+
+
+def test_backend_triton_on_cpu_without_the_interpreter_says_how_to_get_it(compile_without_interpreter):
+    out = compile_without_interpreter(
+        "import torch\nfrom workbench.models.losses import loss_backend\n"
+        "try:\n    loss_backend(torch.zeros(1, 1, 1, 2), 'triton')\nexcept ValueError as e:\n    print(e)\n")
+    assert out.strip() == ("backend='triton': on CPU the Triton kernels need its interpreter: "
+                           "set TRITON_INTERPRET=1 before triton is imported")
 
 
 def test_public_loss_with_backend_triton_runs_the_kernels(monkeypatch):

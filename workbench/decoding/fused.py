@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from workbench import triton_support
+
 # "triton_cudnn": the "triton" kernels, but the predictor runs its own step() (for an nn.LSTM: cuDNN)
 KERNELS = ("torch", "triton", "triton_cudnn")
 LSTM_TABLE_LIMIT_BYTES = 256 << 20    # largest first-layer input table (tokens x 4 hidden) the fused step makes
@@ -40,25 +42,9 @@ logger = logging.getLogger("workbench.decoding")
 
 
 def triton_unavailable_reason(device: torch.device) -> str | None:
-    """Why the Triton kernels cannot run on ``device`` (None when they can; on CPU: the interpreter)."""
-    try:
-        import triton  # noqa: F401
-        import triton.language  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - any import failure is a reason
-        return f"triton is not importable ({type(e).__name__}: {e})"
-    if device.type == "cpu" and not _interpreting():
-        return "on CPU the Triton kernels need its interpreter: set TRITON_INTERPRET=1 before triton is imported"
-    if device.type not in ("cuda", "cpu"):
-        return f"Triton kernels run on CUDA (or the CPU interpreter), not {device.type}"
-    return None
-
-
-def _interpreting() -> bool:
-    """Whether Triton runs kernels in its interpreter (chosen when triton.language is first imported)."""
-    import triton
-    import triton.language as tl
-
-    return bool(triton.knobs.runtime.interpret) and type(tl.max).__name__ == "InterpretedFunction"
+    """Why these kernels cannot run on ``device`` (one line; None when they can; on CPU: the interpreter).
+    See :func:`workbench.triton_support.triton_unavailable_reason`."""
+    return triton_support.triton_unavailable_reason(device, kernels_module="workbench.decoding.fused_kernels")
 
 
 @functools.cache

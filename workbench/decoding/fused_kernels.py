@@ -1,5 +1,5 @@
-"""The Triton kernels of :mod:`workbench.decoding.fused` (imported only when they run: on CPU, Triton's
-interpreter runs them when TRITON_INTERPRET=1 is set before this module and triton are imported).
+"""The Triton kernels of :mod:`workbench.decoding.fused` (imported only when they are checked or run: on CPU,
+Triton's interpreter runs them when TRITON_INTERPRET=1 is set before this module and triton are imported).
 
 Loop bounds are compile-time constants throughout (the interpreter needs them so).
 """

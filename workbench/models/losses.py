@@ -27,8 +27,6 @@ The loss is the negative log of the sum over every valid alignment (per utteranc
 
 from __future__ import annotations
 
-import functools
-import os
 from typing import Sequence
 
 import torch
@@ -37,6 +35,7 @@ import torch.nn.functional as F
 from workbench.models.loss_inputs import LOG_ZERO, check_durations, check_num_classes  # noqa: F401 - public here too
 from workbench.models.loss_inputs import check_inputs as _check_inputs
 from workbench.models.loss_inputs import reduce_losses as _reduce
+from workbench.triton_support import triton_unavailable_reason
 
 
 BACKENDS = ("auto", "triton", "torch")
@@ -51,29 +50,16 @@ def loss_backend(logits: torch.Tensor, backend: str = "auto") -> tuple[str, str]
         return "torch", "torch: asked for the pure-PyTorch reference"
     if backend == "auto" and logits.device.type != "cuda":  # decided without importing triton
         return "torch", f"torch: logits on {logits.device.type} (the Triton kernels run on CUDA)"
-    problem = _triton_problem()
+    problem = triton_unavailable_reason(logits.device, kernels_module="workbench.models.losses_triton")
     if backend == "triton":
         if problem:
             raise ValueError(f"backend='triton': {problem}")
-        if logits.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError(f"backend='triton': logits on {logits.device.type}; the kernels need CUDA "
-                             "(or TRITON_INTERPRET=1 set before import)")
         return "triton", "triton: asked for"
     if problem:
         return "torch", f"torch: {problem}"
     if logits.dtype not in (torch.float32, torch.bfloat16):
         return "torch", f"torch: logits are {logits.dtype} (the Triton kernels take float32 or bfloat16)"
     return "triton", "triton: CUDA logits and triton importable"
-
-
-@functools.lru_cache(maxsize=1)
-def _triton_problem() -> str | None:
-    """Why the Triton losses cannot be imported (one line), or None when they can."""
-    try:
-        import workbench.models.losses_triton  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - any import failure means the reference runs, and the reason says why
-        return f"triton not importable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-    return None
 
 
 def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,

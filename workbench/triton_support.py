@@ -1,0 +1,56 @@
+"""Whether Triton kernels can run on a device, and if not, why, in one line.
+
+The fused decoding stages (:mod:`workbench.decoding.fused`) and the transducer losses
+(:mod:`workbench.models.losses`) both ask :func:`triton_unavailable_reason` before they run their kernels.
+Triton runs them on CUDA devices, and on the CPU only under its interpreter, which is chosen when
+``triton.language`` is first imported: ``TRITON_INTERPRET=1`` must be set before that import (and still be set).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import torch
+
+
+def triton_unavailable_reason(device: torch.device | str, *, kernels_module: str | None = None) -> str | None:
+    """Why Triton kernels cannot run on ``device`` (one line), or None when they can.
+
+    The checks, in order: triton and triton.language import; ``kernels_module`` (the module that defines the
+    kernels, e.g. "workbench.models.losses_triton"), when given, imports; on CPU, the interpreter is on; any
+    other device than CUDA or CPU is a reason. Import outcomes are remembered for the process.
+    """
+    error = _import_error("triton.language")
+    if error:
+        return f"triton is not importable ({error})"
+    if kernels_module is not None:
+        error = _import_error(kernels_module)
+        if error:
+            return f"{kernels_module} is not importable ({error})"
+    kind = torch.device(device).type
+    if kind == "cpu" and not _interpreting():
+        return "on CPU the Triton kernels need its interpreter: set TRITON_INTERPRET=1 before triton is imported"
+    if kind not in ("cuda", "cpu"):
+        return f"Triton kernels run on CUDA (or the CPU interpreter), not {kind}"
+    return None
+
+
+@functools.cache
+def _import_error(module: str) -> str | None:
+    """``module``'s import failure as "ExceptionType: first line of its message", or None when it imports."""
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - any import failure is a reason
+        message = str(e).splitlines()[0] if str(e) else ""
+        return f"{type(e).__name__}: {message}" if message else type(e).__name__
+    return None
+
+
+def _interpreting() -> bool:
+    """Whether Triton runs kernels in its interpreter: TRITON_INTERPRET is set now, and was set when
+    triton.language was imported (its own jitted functions are interpreted ones)."""
+    import triton
+    import triton.language as tl
+
+    return bool(triton.knobs.runtime.interpret) and type(tl.max).__name__ == "InterpretedFunction"
