@@ -232,7 +232,7 @@ def test_decoding_bench_smoke(tmp_path, capsys):
 
 
 def test_token_disagreement_is_an_edit_distance():
-    from workbench.bench.decoding.run import token_disagreement
+    from workbench.bench.decoding.checks import token_disagreement
 
     assert token_disagreement([[1, 2, 3]], [[1, 2, 3]]) == 0
     assert token_disagreement([[1, 3]], [[1, 2, 3]]) == pytest.approx(1 / 3)       # one deletion

@@ -9,6 +9,9 @@ import torch
 from workbench.bench.decoding import kernel_profile
 from workbench.bench.decoding import record as plots
 from workbench.bench.decoding import run
+from workbench.bench.decoding.cases import Case, Outcome, ToProfile
+from workbench.bench.decoding.grid import Grid
+from workbench.bench.decoding.methods import BLANK, ENC, VOCAB, W, default_method, method_name, profiled_method
 from workbench.bench.results import cpu_smoke_torch
 from workbench.decoding import make_toy_transducer
 
@@ -71,17 +74,17 @@ def test_a_cuda_profile_without_kernels_says_so():
 
 
 def _case(batch=2, frames=6):
-    predictor, joint = make_toy_transducer(vocab_size=run.VOCAB, enc_dim=8, pred_dim=12, joint_dim=10, seed=3)
+    predictor, joint = make_toy_transducer(vocab_size=VOCAB, enc_dim=8, pred_dim=12, joint_dim=10, seed=3)
     gen = torch.Generator().manual_seed(5)
-    return run.Case("rnnt", torch.float32, predictor, joint, None, torch.randn(batch, frames, 8, generator=gen),
-                    torch.full((batch,), frames), torch.device("cpu"),
-                    methods=[run.profiled_method(torch.device("cpu"))], blank_bias=1.0, profile_kernels=True)
+    return Case("rnnt", torch.float32, predictor, joint, None, torch.randn(batch, frames, 8, generator=gen),
+                torch.full((batch,), frames), torch.device("cpu"),
+                methods=[profiled_method(torch.device("cpu"))], blank_bias=1.0, profile_kernels=True)
 
 
 def test_a_profiled_size_keeps_its_decoder_and_its_row_gets_the_profile_after_the_timed_rows(cpu_settings_kept):
-    case, outcome = _case(), run.Outcome()
+    case, outcome = _case(), Outcome()
     with cpu_smoke_torch():
-        run.set_blank_bias(case.joint, run.BLANK, case.blank_bias)
+        run.set_blank_bias(case.joint, BLANK, case.blank_bias)
         rows = run.measure_methods(case, case.methods, outcome)
         run.finish_rows(case, rows, outcome)
         outcome.rows += rows
@@ -103,12 +106,12 @@ def test_a_profiled_size_keeps_its_decoder_and_its_row_gets_the_profile_after_th
 
 
 def test_only_fp32_sizes_of_the_profile_batches_at_the_profile_frames_are_profiled():
-    grid = run.Grid.of(quick=False, smoke=False)
+    grid = Grid.of(quick=False, smoke=False)
     assert [b for b in grid.batches if grid.profiled(torch.float32, 150, b)] == [1, 16, 128]
     assert not grid.profiled(torch.bfloat16, 150, 16) and not grid.profiled(torch.float32, 375, 16)
-    quick = run.Grid.of(quick=True, smoke=False)
+    quick = Grid.of(quick=True, smoke=False)
     assert [b for b in quick.batches if quick.profiled(torch.float32, 150, b)] == [1, 16]
-    assert run.profiled_method(torch.device("cpu")) == ("label_looping", "off", run.W)
+    assert profiled_method(torch.device("cpu")) == ("label_looping", "off", W)
 
 
 def _figures(rows):
@@ -153,9 +156,9 @@ def test_a_kernel_profile_reads_as_a_table_and_a_summary_line():
 
 def test_profiles_are_listed_as_not_run_past_the_deadline_or_without_a_timed_row():
     case = _case()
-    outcome = run.Outcome(rows=[{"model": "rnnt", "dtype": "float32", "batch": 2, "frames": 6,
-                                 "method": "label-looping off"}])
-    outcome.to_profile = [run.ToProfile(case, "label-looping off", None), run.ToProfile(case, "other", None)]
+    outcome = Outcome(rows=[{"model": "rnnt", "dtype": "float32", "batch": 2, "frames": 6,
+                             "method": "label-looping off"}])
+    outcome.to_profile = [ToProfile(case, "label-looping off", None), ToProfile(case, "other", None)]
     run.add_kernel_profiles(outcome, deadline=0.0)  # the decoder (None here) is never called
     assert "kernel_profile" not in outcome.rows[0] and outcome.to_profile == []
     assert outcome.skipped == [f"kernel profile {case.tag} label-looping off: not run (past the time budget)",
@@ -167,21 +170,21 @@ def test_the_partial_graphs_kernels_are_traced_on_the_gpu():
     """The profiled method at bench sizes, B=4 x 40 frames: its replayed kernels appear in the profile, at least
     as many per outer iteration as its stage graphs hold (the host's flag copies and per-decode work come on top)."""
     device = torch.device("cuda")
-    algorithm, mode, window = run.profiled_method(device)
+    algorithm, mode, window = profiled_method(device)
     assert mode == "partial"
-    outcome = run.Outcome()
+    outcome = Outcome()
     predictor, joint, durations = run.build_models(device)["tdt"]
-    calibrator = run.GreedyTransducerDecoder(predictor, joint, blank_id=run.BLANK, durations=durations)
-    case = run.Case("tdt", torch.float32, predictor, joint, durations, torch.randn(4, 40, run.ENC, device=device),
-                    torch.tensor([40, 31, 7, 0], device=device), device,
-                    methods=[(algorithm, mode, window), (algorithm, "full", window)], profile_kernels=True)
+    calibrator = run.GreedyTransducerDecoder(predictor, joint, blank_id=BLANK, durations=durations)
+    case = Case("tdt", torch.float32, predictor, joint, durations, torch.randn(4, 40, ENC, device=device),
+                torch.tensor([40, 31, 7, 0], device=device), device,
+                methods=[(algorithm, mode, window), (algorithm, "full", window)], profile_kernels=True)
     outcome.rows += run.measure_case(case, calibrator, outcome, smoke=True)
     run.add_kernel_profiles(outcome)
     assert outcome.failures == [] and outcome.skipped == []
-    row = next(r for r in outcome.rows if r["method"] == run.method_name(algorithm, mode, window))
+    row = next(r for r in outcome.rows if r["method"] == method_name(algorithm, mode, window))
     p = row["kernel_profile"]
     assert p["mode_used"] == "partial" and p["equal_to_reference"] is True
-    assert set(p["timed_seconds_per_outer_iteration"]) == {row["method"], run.default_method(device, "full")}
+    assert set(p["timed_seconds_per_outer_iteration"]) == {row["method"], default_method(device, "full")}
     if not p["kernels"]:
         pytest.xfail(p["empty"])  # recorded by the bench as such; this CUDA / CUPTI does not trace graph replays
     assert sum(k["share"] for k in p["kernels"]) == pytest.approx(1.0)

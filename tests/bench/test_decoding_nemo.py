@@ -8,7 +8,24 @@ import torch
 
 from workbench.bench.decoding import nemo_peer
 from workbench.bench.decoding import run as bench
+from workbench.bench.decoding.calibration import calibrate_blank_bias
+from workbench.bench.decoding.cases import Case, Deferred, Outcome
+from workbench.bench.decoding.checks import check_row, first_difference
+from workbench.bench.decoding.grid import NEMO_FULL_GRAPH_LAST_FROM_B, Grid, deferred_methods, plan_methods
+from workbench.bench.decoding.iterations import add_iteration_counts
+from workbench.bench.decoding.methods import (
+    BLANK,
+    ENC,
+    METHODS,
+    NEMO_METHODS,
+    NEMO_TARGET_METHODS,
+    VOCAB,
+    default_method,
+    method_name,
+)
+from workbench.bench.decoding.targets import add_nemo_speedups, nemo_targets_of
 from workbench.bench.results import load_result
+from workbench.decoding import label_looping
 
 NEMO_MISSING = nemo_peer.nemo_unavailable_reason()
 needs_nemo = pytest.mark.skipif(NEMO_MISSING is not None, reason=f"{NEMO_MISSING}; install NeMo's wheels "
@@ -25,7 +42,7 @@ def test_our_rows_get_nemo_seconds_over_ours_in_the_same_mode_and_full_falls_bac
             _row("rnnt", "label-looping full", 10), _row("rnnt", "NeMo full graph", 45),
             _row("tdt", "label-looping full", 20, batch=128), _row("tdt", "NeMo partial graphs", 30, batch=128),
             _row("tdt", "label-looping partial", 25, batch=128)]
-    bench.add_nemo_speedups(rows)
+    add_nemo_speedups(rows)
     assert rows[0]["speedup_vs_nemo"] == 2.5 and rows[0]["speedup_vs_nemo_method"] == "NeMo no graphs"
     assert rows[2]["speedup_vs_nemo"] == 4.5 and rows[2]["speedup_vs_nemo_method"] == "NeMo full graph"
     # NeMo's full graph has no row at B=128 (it failed): our full graph is compared with its partial graphs
@@ -34,7 +51,7 @@ def test_our_rows_get_nemo_seconds_over_ours_in_the_same_mode_and_full_falls_bac
     assert "speedup_vs_nemo" not in rows[1]  # NeMo's own rows carry no ratio
 
     failures = []
-    targets = bench.nemo_targets_of(rows, failures, smoke=False)
+    targets = nemo_targets_of(rows, failures, smoke=False)
     assert targets["full_graph_rows_vs_nemo"] == 2
     assert targets["speedup_vs_nemo_missed"] == ["tdt float32 B=128 T=150: 1.50x NeMo partial graphs"]  # < 2x
     assert targets["speedup_vs_nemo_full_rnnt"] == 4.5 and targets["nemo_rnnt_full_s"] == 0.045
@@ -45,21 +62,21 @@ def test_our_rows_get_nemo_seconds_over_ours_in_the_same_mode_and_full_falls_bac
 def test_nemo_rows_with_other_hypotheses_in_fp32_are_listed():
     rows = [_row("rnnt", "label-looping full", 10), _row("rnnt", "NeMo full graph", 50)]
     rows[1]["equal_to_reference"] = False
-    bench.add_nemo_speedups(rows)
+    add_nemo_speedups(rows)
     failures = []
-    targets = bench.nemo_targets_of(rows, failures, smoke=False)
+    targets = nemo_targets_of(rows, failures, smoke=False)
     assert targets["nemo_fp32_rows_unequal"] == ["rnnt B=16 T=150 NeMo full graph"] and failures == []
     # (the differing utterances themselves are a failure of check_row, where the row is checked)
 
 
 def test_nemo_full_graph_at_large_batches_runs_last_with_its_mode_group():
     def case(batch):
-        return bench.Case("rnnt", torch.float32, None, None, None, torch.zeros(batch, 2, 1), torch.zeros(batch),
-                          torch.device("cpu"), methods=list(bench.NEMO_METHODS))
-    full = [m for m in bench.NEMO_METHODS if m[1] == "full"]
-    assert bench.deferred_methods(case(bench.NEMO_FULL_GRAPH_LAST_FROM_B), bench.NEMO_METHODS) == full
-    assert bench.deferred_methods(case(bench.NEMO_FULL_GRAPH_LAST_FROM_B - 1), bench.NEMO_METHODS) == []
-    assert bench.deferred_methods(case(256), bench.METHODS) == []  # no NeMo: nothing deferred
+        return Case("rnnt", torch.float32, None, None, None, torch.zeros(batch, 2, 1), torch.zeros(batch),
+                    torch.device("cpu"), methods=list(NEMO_METHODS))
+    full = [m for m in NEMO_METHODS if m[1] == "full"]
+    assert deferred_methods(case(NEMO_FULL_GRAPH_LAST_FROM_B), NEMO_METHODS) == full
+    assert deferred_methods(case(NEMO_FULL_GRAPH_LAST_FROM_B - 1), NEMO_METHODS) == []
+    assert deferred_methods(case(256), METHODS) == []  # no NeMo: nothing deferred
 
 
 def test_nemo_bench_refuses_clearly_when_nemo_is_missing(tmp_path, capsys):
@@ -114,25 +131,25 @@ def test_nemo_smoke_run_compares_hypotheses_on_cpu(tmp_path):
 def test_nemo_comparison_on_the_gpu_at_a_small_size(monkeypatch):
     """Every graph mode of ours and NeMo's on NeMo's modules (bench sizes), B=4, 40 frames, fp32: hypotheses
     equal to ours, a ratio on each of our rows; the full-graph group runs last (as at B=128 in the bench)."""
-    monkeypatch.setattr(bench, "NEMO_FULL_GRAPH_LAST_FROM_B", 4)
+    monkeypatch.setattr("workbench.bench.decoding.grid.NEMO_FULL_GRAPH_LAST_FROM_B", 4)
     device = torch.device("cuda")
-    outcome = bench.Outcome()
+    outcome = Outcome()
     for name, (predictor, joint, durations) in bench.build_models(device, nemo=True).items():
-        calibrator = bench.GreedyTransducerDecoder(predictor, joint, blank_id=bench.BLANK, durations=durations)
-        case = bench.Case(name, torch.float32, predictor, joint, durations,
-                          torch.randn(4, 40, bench.ENC, device=device), torch.tensor([40, 31, 7, 0], device=device),
-                          device, methods=list(bench.NEMO_METHODS))
+        calibrator = bench.GreedyTransducerDecoder(predictor, joint, blank_id=BLANK, durations=durations)
+        case = Case(name, torch.float32, predictor, joint, durations,
+                    torch.randn(4, 40, ENC, device=device), torch.tensor([40, 31, 7, 0], device=device),
+                    device, methods=list(NEMO_METHODS))
         outcome.rows += bench.measure_case(case, calibrator, outcome, smoke=True)
     assert [d.case.model for d in outcome.deferred] == ["rnnt", "tdt"]
     outcome.rows += bench.measure_deferred(outcome)
-    bench.add_nemo_speedups(outcome.rows)
+    add_nemo_speedups(outcome.rows)
     assert not outcome.failures, outcome.failures
-    assert len(outcome.rows) == 2 * len(bench.NEMO_METHODS)  # ours (torch and fused) and NeMo's, every mode
+    assert len(outcome.rows) == 2 * len(NEMO_METHODS)  # ours (torch and fused) and NeMo's, every mode
     assert all(r["equal_to_reference"] for r in outcome.rows)
     # the default method's row (the fused partial graphs: the full group ran last) is every row's reference
     assert {r["reference_method"] for r in outcome.rows} == {"label-looping fused partial"}
     ours = [r for r in outcome.rows if r["method"].startswith("label-looping")]
-    assert all(r["speedup_vs_nemo"] > 0 and r["speedup_vs_nemo_method"] == bench.method_name("nemo", r["method"].split()[-1])
+    assert all(r["speedup_vs_nemo"] > 0 and r["speedup_vs_nemo_method"] == method_name("nemo", r["method"].split()[-1])
                for r in ours)  # each against NeMo in its own graph mode
 
 
@@ -140,13 +157,13 @@ def test_rows_run_last_keep_ours_when_nemo_poisons_the_context_and_the_rest_are_
     """measure_deferred's bookkeeping with the measuring faked: the first group's NeMo full graph leaves the
     CUDA context unusable, so our full graph keeps its row timed alone, and the next group is not run."""
     def case(model, batch):
-        return bench.Case(model, torch.float32, None, None, None, torch.zeros(batch, 2, 1), torch.zeros(batch),
-                          torch.device("cpu"), methods=list(bench.NEMO_METHODS))
-    full = [m for m in bench.NEMO_METHODS if m[1] == "full"]
+        return Case(model, torch.float32, None, None, None, torch.zeros(batch, 2, 1), torch.zeros(batch),
+                    torch.device("cpu"), methods=list(NEMO_METHODS))
+    full = [m for m in NEMO_METHODS if m[1] == "full"]
     calls = []
 
     def fake_measure(case, methods, outcome):
-        calls.append([bench.method_name(*m) for m in methods])
+        calls.append([method_name(*m) for m in methods])
         if any(m[0] == "nemo" for m in methods):
             outcome.failures.append(f"{case.tag}: NeMo full graph raised")
             return []
@@ -156,12 +173,12 @@ def test_rows_run_last_keep_ours_when_nemo_poisons_the_context_and_the_rest_are_
     monkeypatch.setattr(bench, "measure_methods", fake_measure)
     monkeypatch.setattr(bench, "set_blank_bias", lambda *a: None)
     monkeypatch.setattr(bench, "cuda_context_error", lambda device: "illegal memory access")
-    outcome = bench.Outcome()
+    outcome = Outcome()
     reference = ([[1]] * 128, [[0]] * 128)
     cases = [case("tdt", 128), case("rnnt", 128)]
     for c in cases:
         c.reference, c.reference_method, c.blank_bias = reference, "label-looping fused partial", 0.5
-    outcome.deferred = [bench.Deferred(c, full) for c in cases]
+    outcome.deferred = [Deferred(c, full) for c in cases]
     rows = bench.measure_deferred(outcome)
     ours_full = ["label-looping fused full", "label-looping full", "label-looping fused+lstm full"]
     everything = ["label-looping fused full", "NeMo full graph", "label-looping full", "label-looping fused+lstm full"]
@@ -181,12 +198,12 @@ def test_kernels_per_outer_iteration_count_the_inner_steps_and_the_full_graphs_c
     partial = {"method": "label-looping partial", "mode_used": "partial", "time_s": {"median": 0.01},
                "graph_nodes": nodes}
     full = dict(partial, method="label-looping full", mode_used="full")
-    bench.add_iteration_counts(partial, stats)
-    bench.add_iteration_counts(full, stats)
+    add_iteration_counts(partial, stats)
+    add_iteration_counts(full, stats)
     assert partial["kernels_per_outer_iteration"] == 10 + 15 + 0.25 * 8  # 27.0
     assert full["kernels_per_outer_iteration"] == 27.0 + 2 + 0.25  # one condition per loop test
     off = {"method": "label-looping off", "mode_used": "off", "time_s": {"median": 0.01}}
-    bench.add_iteration_counts(off, stats)
+    add_iteration_counts(off, stats)
     assert "kernels_per_outer_iteration" not in off and off["outer_iterations"] == 40
 
 
@@ -194,41 +211,41 @@ def test_kernels_per_outer_iteration_count_the_inner_steps_and_the_full_graphs_c
 
 
 def test_the_nemo_grid_measures_what_the_targets_need_at_every_size_and_the_slow_rest_at_b16():
-    grid = bench.Grid.of(quick=False, smoke=False)
+    grid = Grid.of(quick=False, smoke=False)
     cells = grid.cells()
     assert len(cells) == 32 and {c[0] for c in cells[:16]} == {torch.float32}  # fp32 first, then bf16
-    names = lambda methods: [bench.method_name(*m) for m in methods]  # noqa: E731
-    first, later = bench.plan_methods(True, 64, grid)
+    names = lambda methods: [method_name(*m) for m in methods]  # noqa: E731
+    first, later = plan_methods(True, 64, grid)
     assert names(first) == ["label-looping fused full", "label-looping fused partial", "NeMo full graph",
                             "NeMo partial graphs"]
     assert names(later) == ["label-looping full", "label-looping fused+lstm full"]  # every size, second pass
-    first16, later16 = bench.plan_methods(True, 16, grid)
+    first16, later16 = plan_methods(True, 16, grid)
     assert first16 == first and names(later16) == ["label-looping full", "label-looping fused+lstm full",
                                                    "label-looping off", "label-looping partial",
                                                    "label-looping fused off", "NeMo no graphs"]
-    assert sorted(names(first16 + later16)) == sorted(names(bench.NEMO_METHODS))  # B=16 has every method
-    assert bench.plan_methods(False, 64, grid) == (bench.METHODS, [])  # decoding.json: one pass, as before
-    assert bench.Grid.of(quick=True, smoke=False).breakdown_batches == [16]
+    assert sorted(names(first16 + later16)) == sorted(names(NEMO_METHODS))  # B=16 has every method
+    assert plan_methods(False, 64, grid) == (METHODS, [])  # decoding.json: one pass, as before
+    assert Grid.of(quick=True, smoke=False).breakdown_batches == [16]
 
 
 def test_the_targets_judge_the_method_users_get_by_default(monkeypatch):
     cpu = torch.device("cpu")
-    assert bench.default_method(cpu) == "label-looping full" and bench.default_method(cpu, "off") == "label-looping off"
-    monkeypatch.setattr(bench.label_looping, "resolve_kernels",
+    assert default_method(cpu) == "label-looping full" and default_method(cpu, "off") == "label-looping off"
+    monkeypatch.setattr(label_looping, "resolve_kernels",
                         lambda requested, *, device, algorithm="label_looping": ("triton", "triton: test"))
-    assert bench.default_method(torch.device("cuda")) == "label-looping fused full"
+    assert default_method(torch.device("cuda")) == "label-looping fused full"
     rows = [_row("tdt", "label-looping full", 16), _row("tdt", "label-looping fused full", 6.5),
             _row("tdt", "NeMo full graph", 15.5), _row("tdt", "label-looping fused partial", 8.5),
             _row("tdt", "NeMo partial graphs", 18.7)]
-    bench.add_nemo_speedups(rows)
+    add_nemo_speedups(rows)
     failures = []
-    targets = bench.nemo_targets_of(rows, failures, smoke=False, target_method="label-looping fused full")
+    targets = nemo_targets_of(rows, failures, smoke=False, target_method="label-looping fused full")
     assert targets["target_method"] == "label-looping fused full" and targets["full_graph_rows_vs_nemo"] == 1
     assert targets["speedup_vs_nemo_missed"] == [] and failures == []  # 15.5 / 6.5 = 2.38x >= 2x
     assert targets["speedup_vs_nemo_full_tdt"] == pytest.approx(15.5 / 6.5)
     assert targets["torch_stages"]["speedup_vs_nemo_missed"] == ["tdt float32 B=16 T=150: 0.97x NeMo full graph"]
     failures = []  # judged on the torch stages (the old way) the same rows miss
-    assert bench.nemo_targets_of(rows, failures, smoke=False)["speedup_vs_nemo_missed"] == [
+    assert nemo_targets_of(rows, failures, smoke=False)["speedup_vs_nemo_missed"] == [
         "tdt float32 B=16 T=150: 0.97x NeMo full graph"] and len(failures) == 1
 
 
@@ -236,7 +253,7 @@ def test_measure_grid_runs_every_first_pass_before_any_second_pass_and_lists_wha
     calls, clock = [], [0.0]
 
     def fake_measure_case(case, calibrator, outcome, smoke, methods=None):
-        calls.append((case.tag, [bench.method_name(*m) for m in methods]))
+        calls.append((case.tag, [method_name(*m) for m in methods]))
         clock[0] += 10.0
         return []
 
@@ -245,13 +262,13 @@ def test_measure_grid_runs_every_first_pass_before_any_second_pass_and_lists_wha
                                                                      "tdt": (linear, linear, [0, 1])})
     monkeypatch.setattr(bench, "measure_case", fake_measure_case)
     monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
-    grid = bench.Grid([1, 16], [4], [torch.float32], breakdown_batches=[16])
-    outcome = bench.Outcome()
+    grid = Grid([1, 16], [4], [torch.float32], breakdown_batches=[16])
+    outcome = Outcome()
     bench.measure_grid(grid, torch.device("cpu"), outcome, t_start=0.0, budget_s=45.0, smoke=True, nemo=True)
     tags = [tag for tag, _ in calls]
     assert tags == ["rnnt float32 B=1 T=4", "rnnt float32 B=16 T=4", "tdt float32 B=1 T=4", "tdt float32 B=16 T=4",
                     "rnnt float32 B=1 T=4"]  # the first pass at every size, then the second while time lasts
-    assert calls[0][1] == calls[3][1] == [bench.method_name(*m) for m in bench.NEMO_TARGET_METHODS]
+    assert calls[0][1] == calls[3][1] == [method_name(*m) for m in NEMO_TARGET_METHODS]
     assert calls[4][1] == ["label-looping full", "label-looping fused+lstm full"]
     assert outcome.skipped == [
         "rnnt float32 B=16 T=4: label-looping full, label-looping fused+lstm full, label-looping off, "
@@ -281,8 +298,8 @@ def test_measure_grid_stops_when_a_case_leaves_the_cuda_context_unusable_and_lis
     lost = bench.lost_context
     monkeypatch.setattr(bench, "lost_context", lambda case, methods, outcome: lost(
         dataclasses.replace(case, device=torch.device("cuda")), methods, outcome))
-    grid = bench.Grid([1, 16], [4], [torch.float32], breakdown_batches=[16])
-    outcome = bench.Outcome()
+    grid = Grid([1, 16], [4], [torch.float32], breakdown_batches=[16])
+    outcome = Outcome()
     bench.measure_grid(grid, torch.device("cpu"), outcome, t_start=bench.time.perf_counter(), budget_s=1e9,
                        smoke=True, nemo=True)
     assert calls == ["rnnt float32 B=1 T=4", "rnnt float32 B=16 T=4"]
@@ -298,11 +315,11 @@ def test_measure_grid_stops_when_a_case_leaves_the_cuda_context_unusable_and_lis
 def _toy_case(durations, batch=3, frames=30):
     from workbench.decoding import make_toy_transducer
 
-    predictor, joint = make_toy_transducer(vocab_size=bench.VOCAB, enc_dim=8, pred_dim=16, joint_dim=16, seed=3,
+    predictor, joint = make_toy_transducer(vocab_size=VOCAB, enc_dim=8, pred_dim=16, joint_dim=16, seed=3,
                                            durations=durations, blank_bias=2.0, logit_scale=4.0)
     enc = torch.randn(batch, frames, 8, generator=torch.Generator().manual_seed(3))
-    case = bench.Case("tdt" if durations else "rnnt", torch.float32, predictor, joint, durations, enc,
-                      torch.tensor([frames, frames - 7, frames - 12]), torch.device("cpu"))
+    case = Case("tdt" if durations else "rnnt", torch.float32, predictor, joint, durations, enc,
+                torch.tensor([frames, frames - 7, frames - 12]), torch.device("cpu"))
     hyps = case.decoder(cuda_graphs="off", kernels="torch")(case.enc, case.lengths)
     case.reference = ([h.tokens for h in hyps], [h.timestamps for h in hyps])
     case.reference_method = "label-looping off"
@@ -311,17 +328,17 @@ def _toy_case(durations, batch=3, frames=30):
 
 def test_first_difference_finds_the_utterance_label_and_frame_where_two_decodings_part():
     reference = ([[5, 6, 7], [1, 2], []], [[0, 3, 3], [1, 4], []])
-    assert bench.first_difference(reference, reference) is None
+    assert first_difference(reference, reference) is None
     changed = ([[5, 6, 7], [1, 9], []], [[0, 3, 3], [1, 4], []])
-    assert bench.first_difference(reference, changed) == {
+    assert first_difference(reference, changed) == {
         "utterance": 1, "label_index": 1, "reference_token": 2, "reference_frame": 4, "token": 9, "frame": 4,
         "reference_labels": 2, "labels": 2}
     shorter = ([[5, 6], [1, 2], []], [[0, 3], [1, 4], []])
-    assert bench.first_difference(reference, shorter) == {
+    assert first_difference(reference, shorter) == {
         "utterance": 0, "label_index": 2, "reference_token": 7, "reference_frame": 3, "token": None, "frame": None,
         "reference_labels": 3, "labels": 2}
     moved = ([[5, 6, 7], [1, 2], []], [[0, 3, 4], [1, 4], []])  # same token, another frame
-    assert bench.first_difference(reference, moved)["label_index"] == 2
+    assert first_difference(reference, moved)["label_index"] == 2
 
 
 @pytest.mark.parametrize("durations", [None, [0, 1, 2, 3, 4]], ids=["rnnt", "tdt"])
@@ -334,8 +351,8 @@ def test_a_row_that_differs_says_where_and_how_close_our_joint_was_there(duratio
     theirs[0][1] = theirs[0][1][:label]  # the other decoder stops 2 labels early in utterance 1
     theirs[1][1] = theirs[1][1][:label]
     row = {"method": "NeMo full graph", "_key": theirs}
-    outcome = bench.Outcome()
-    bench.check_row(case, row, outcome)
+    outcome = Outcome()
+    check_row(case, row, outcome)
     assert row["utterances_differing_from_reference"] == 1 and not row["equal_to_reference"]
     assert row["reference_method"] == "label-looping off"
     diff = row["first_difference"]
@@ -348,7 +365,7 @@ def test_a_row_that_differs_says_where_and_how_close_our_joint_was_there(duratio
     assert outcome.failures == [f"{case.model} float32 B=3 T=30: NeMo full graph: 1 of 3 utterances differ from "
                                 "label-looping off"]
     same = {"method": "label-looping fused full", "_key": case.reference}
-    bench.check_row(case, same, outcome)
+    check_row(case, same, outcome)
     assert same["equal_to_reference"] and "first_difference" not in same
 
 
@@ -356,7 +373,7 @@ def test_blank_bias_calibration_keeps_the_closest_bias_tried_when_the_rate_jumps
     """A rate that jumps across the target (0.227 below the jump, 0.5 above): bisection ends at the jump, on
     either side; the calibration returns the bias whose rate came closest, and leaves the joint at it."""
     biases = []
-    monkeypatch.setattr(bench, "set_blank_bias", lambda joint, blank, bias: biases.append(bias))
+    monkeypatch.setattr("workbench.bench.decoding.calibration.set_blank_bias", lambda joint, blank, bias: biases.append(bias))
 
     class Hyp:
         def __init__(self, n):
@@ -368,8 +385,8 @@ def test_blank_bias_calibration_keeps_the_closest_bias_tried_when_the_rate_jumps
         return [Hyp(labels)]
 
     decoder.joint = None
-    bias, rate = bench.calibrate_blank_bias(decoder, None, torch.tensor([150]), steps=11)
+    bias, rate = calibrate_blank_bias(decoder, None, torch.tensor([150]), steps=11)
     assert rate == 48 / 150 and 1.34 <= bias < 1.35 and biases[-1] == bias
     # with no bias in the narrow band tried, the closer side of the jump wins
-    bias, rate = bench.calibrate_blank_bias(decoder, None, torch.tensor([150]), steps=3)
+    bias, rate = calibrate_blank_bias(decoder, None, torch.tensor([150]), steps=3)
     assert rate == 34 / 150 and biases[-1] == bias

@@ -7,7 +7,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 from workbench.bench.decoding import record as plots  # noqa: E402
-from workbench.bench.decoding import run  # noqa: E402
+from workbench.bench.decoding.targets import add_nemo_speedups, nemo_targets_of  # noqa: E402
 from workbench.bench.results import RESULTS_DIR  # noqa: E402
 
 
@@ -74,9 +74,9 @@ def _nemo_record(target_method="label-looping full"):
     for r in rows:
         r.update(frames=150, labels_per_frame=0.3, equal_to_reference=True, reference_method=FUSED_FULL)
         r["time_s"].update(min=r["time_s"]["median"], max=r["time_s"]["median"], n=3)
-    run.add_nemo_speedups(rows)
+    add_nemo_speedups(rows)
     failures = []
-    targets = run.nemo_targets_of(rows, failures, smoke=False, target_method=target_method)
+    targets = nemo_targets_of(rows, failures, smoke=False, target_method=target_method)
     return {"git_commit": "abcdef0123", "figures": {
         "rows": rows, "targets": targets, "failures": failures, "skipped_for_time": [],
         "empty_while_iteration": {"seconds_per_iteration": 4e-6},

@@ -27,8 +27,10 @@ other row, the record written before: an illegal memory access there (seen at B=
 context, and the rows after it are then listed as not run. --kernel-profile: after every timed row, one more
 decode of the default kernels' partial graphs (``profiled_method``; on CPU their eager mode) at each fp32 size
 of ``Grid.profile_batches`` x ``Grid.profile_frames`` runs under torch.profiler, and its row gets
-``kernel_profile`` (kernels by device time, per outer iteration). ``record.py`` owns the record's fields. More
-in benchmarks/NOTES.md.
+``kernel_profile`` (kernels by device time, per outer iteration). The parts: ``methods.py`` (sizes, methods,
+names), ``grid.py`` (what runs where), ``cases.py``, ``calibration.py``, ``checks.py``, ``iterations.py``,
+``targets.py``, the peers (``nemo_peer.py``, ``torchaudio_peer.py``), ``empty_loop.py``, ``kernel_profile.py``,
+``live.py`` (the notebook's table); ``record.py`` owns the record's fields. More in benchmarks/NOTES.md.
 """
 
 
@@ -38,14 +40,39 @@ import argparse
 import copy
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 import torch
 
 from workbench.bench.decoding import kernel_profile, nemo_peer, record
+from workbench.bench.decoding.calibration import calibrate_blank_bias
+from workbench.bench.decoding.cases import Case, Deferred, Outcome, ToProfile
+from workbench.bench.decoding.checks import SAME_MATH, check_row
+from workbench.bench.decoding.empty_loop import empty_while_iteration_seconds
+from workbench.bench.decoding.grid import Grid, deferred_methods, methods_for, plan_methods
+from workbench.bench.decoding.iterations import add_iteration_counts
+from workbench.bench.decoding.methods import (
+    BLANK,
+    ENC,
+    FRAME_S,
+    FUSED,
+    FUSED_LSTM,
+    JOINT,
+    NEMO_BREAKDOWN_EVERYWHERE,
+    NEMO_BREAKDOWN_METHODS,
+    NEMO_TARGET_METHODS,
+    PRED,
+    REFERENCE_ORDER,
+    TDT_DURATIONS,
+    VOCAB,
+    W,
+    default_method,
+    method_name,
+    profiled_method,
+)
+from workbench.bench.decoding.targets import add_nemo_speedups, add_speedups, nemo_targets_of, targets_of
+from workbench.bench.decoding.torchaudio_peer import torchaudio_reference
 from workbench.bench.results import (
     bench_device,
     check_smoke_out,
@@ -55,295 +82,12 @@ from workbench.bench.results import (
     timer_for,
     write_result,
 )
-from workbench.decoding import GreedyTransducerDecoder, fused, label_looping, make_toy_transducer
-from workbench.decoding.cuda_graphs import DriverGraph, capture_partial_graphs
-from workbench.decoding.greedy import DEFAULT_BLANK_WINDOW
-from workbench.decoding.protocol import module_dtype
+from workbench.decoding import GreedyTransducerDecoder, label_looping, make_toy_transducer
 from workbench.decoding.toy_models import set_blank_bias
-
-VOCAB, PRED, JOINT, ENC = 1024, 640, 640, 512  # the sizes of the issue's NeMo comparison
-BLANK = VOCAB
-FRAME_S = 0.08
-TDT_DURATIONS = [0, 1, 2, 3, 4]
-W = DEFAULT_BLANK_WINDOW
-MIN_SPEEDUP_OVER_FRAME_LOOPING = 10.0  # the issue's target: full graph vs frame-looping off, B=16, 12 s, fp32
-# bf16 frame-looping vs label-looping: one near-tie flips the rest of an utterance (benchmarks/NOTES.md
-# gives the disagreement measured); a wrong decision rule disagrees far more.
-MAX_BF16_DISAGREEMENT = 0.25
-# (algorithm, graph mode, blank window); the window applies to label-looping (RNN-T and TDT). Window 1
-# (one frame per search step) runs in fp32 only, to show what the window buys.
-# "label_looping_fused": the same decoder with the fused kernels that kernels="auto" picks on CUDA
-# ("triton_cudnn", workbench.decoding.fused), where Triton runs; "label_looping_fused_lstm": kernels="triton",
-# the LSTM predictor's step fused too (its sums in another order than cuDNN's: checked like frame-looping).
-FUSED = "label_looping_fused"
-FUSED_LSTM = "label_looping_fused_lstm"
-METHODS = [("frame_looping", "off", W), ("label_looping", "off", W), ("label_looping", "partial", W),
-           ("label_looping", "full", W), ("label_looping", "full", 1),
-           (FUSED, "off", W), (FUSED, "partial", W), (FUSED, "full", W), (FUSED_LSTM, "full", W)]
-# --nemo: ours and NeMo's label-looping decoders in each graph mode, on NeMo's modules. First pass, every size:
-# what the targets need (the default kernels' full graph, NeMo's full graph and its partial graphs where the
-# full one fails) and the partial graphs (their loop counts give the full graph's per-iteration figures).
-NEMO_TARGET_METHODS = [(FUSED, "full", W), (FUSED, "partial", W), ("nemo", "full", W), ("nemo", "partial", W)]
-# Second pass, while the budget lasts: the torch stages' full graph at every size; the eager modes and the torch
-# stages' partial graphs (the slow ones) at Grid.breakdown_batches only.
-NEMO_BREAKDOWN_EVERYWHERE = [("label_looping", "full", W), (FUSED_LSTM, "full", W)]
-NEMO_BREAKDOWN_METHODS = [("label_looping", "off", W), ("label_looping", "partial", W), (FUSED, "off", W),
-                          ("nemo", "off", W)]
-NEMO_METHODS = [*NEMO_TARGET_METHODS, *NEMO_BREAKDOWN_EVERYWHERE, *NEMO_BREAKDOWN_METHODS]
-# The reference of each size, when the default method has no row there: the first of these that has one.
-REFERENCE_ORDER = [(FUSED, "full", W), ("label_looping", "off", W), (FUSED, "partial", W), ("label_looping", "full", W),
-                   ("label_looping", "partial", W), (FUSED, "off", W)]
-MIN_SPEEDUP_OVER_NEMO = {"rnnt": 4.0, "tdt": 2.0}  # our full graph over NeMo's, every B, length and dtype
-NEMO_FULL_GRAPH_LAST_FROM_B = 128
 
 
 def timed(fn, repeat: int, warmup: int, device: torch.device) -> dict[str, float]:
     return timer_for(device)(fn, repeat=repeat, warmup=warmup)
-
-
-def method_name(algorithm: str, mode: str, window: int = W) -> str:
-    if algorithm == "nemo":
-        return {"off": "NeMo no graphs", "partial": "NeMo partial graphs", "full": "NeMo full graph"}[mode]
-    suffix = " window 1" if window == 1 else ""
-    if algorithm == FUSED:
-        return f"label-looping fused {mode}{suffix}"
-    if algorithm == FUSED_LSTM:
-        return f"label-looping fused+lstm {mode}{suffix}"
-    return f"{'frame' if algorithm == 'frame_looping' else 'label'}-looping {mode}{suffix}"
-
-
-def default_algorithm(device: torch.device) -> str:
-    """The bench's name for what ``GreedyTransducerDecoder`` runs by default on ``device``: the fused kernels
-    (``FUSED``) where ``kernels="auto"`` picks them (CUDA, triton importable), else the torch stages."""
-    return "label_looping" if label_looping.resolve_kernels("auto", device=device)[0] == "torch" else FUSED
-
-
-def default_method(device: torch.device, mode: str = "full") -> str:
-    """The method that ``GreedyTransducerDecoder`` runs by default on ``device`` in graph ``mode``."""
-    return method_name(default_algorithm(device), mode)
-
-
-def profiled_method(device: torch.device) -> tuple[str, str, int]:
-    """(algorithm, mode, window) that --kernel-profile profiles: the default kernels' partial graphs on CUDA
-    (the host runs the loop, so every iteration's kernels are traced), their eager mode elsewhere."""
-    return default_algorithm(device), "partial" if device.type == "cuda" else "off", W
-
-
-def calibrate_blank_bias(decoder: GreedyTransducerDecoder, enc: torch.Tensor, lengths: torch.Tensor,
-                         target: float = 1 / 3, steps: int = 11) -> tuple[float, float]:
-    """Bisect the blank bias of ``decoder``'s joint so labels per frame on this very input is about
-    ``target``; returns (bias, labels per frame): of every bias tried, the one whose rate came closest.
-    Each row of the table is calibrated on its own input: the rate of a random model at one fixed bias varies
-    a lot between random inputs, and on one short utterance it jumps (one label more changes the rest of
-    the path), so the last midpoint can sit on the far side of a jump."""
-    frames = float(lengths.sum())
-
-    def rate_at(bias: float) -> float:
-        set_blank_bias(decoder.joint, BLANK, bias)
-        return sum(len(h.tokens) for h in decoder(enc, lengths)) / frames
-
-    low, high = -10.0, 10.0
-    tried = []
-    for _ in range(steps):
-        mid = (low + high) / 2
-        rate = rate_at(mid)
-        tried.append((abs(rate - target), mid, rate))
-        low, high = (mid, high) if rate > target else (low, mid)
-    end = (low + high) / 2
-    end_rate = rate_at(end)
-    tried.append((abs(end_rate - target), end, end_rate))
-    _, bias, rate = min(tried)
-    set_blank_bias(decoder.joint, BLANK, bias)
-    return bias, rate
-
-
-def token_disagreement(hyps: list[list[int]], reference: list[list[int]]) -> float:
-    """Edit distance between two decodings of the same utterances, over the longer sequence of each
-    pair: 0 when equal, 1 when nothing matches (two empty decodings agree: 0)."""
-    if len(hyps) != len(reference):
-        raise ValueError(f"token_disagreement: {len(hyps)} hypotheses for {len(reference)} references")
-    errors = total = 0
-    for h, r in zip(hyps, reference):
-        row = list(range(len(r) + 1))
-        for i, a in enumerate(h, 1):
-            prev, row[0] = row[0], i
-            for j, b in enumerate(r, 1):
-                prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (a != b))
-        errors += row[-1]
-        total += max(len(h), len(r))
-    return errors / max(total, 1)
-
-
-def torchaudio_reference(frames_list: list[int], device: torch.device) -> list[dict[str, Any]]:
-    """torchaudio RNNTBeamSearch, beam 1, B=1, fp32, on an equal-sized torchaudio RNN-T (encoder given)."""
-    try:  # optional dependency: torchaudio is on the GPU machines, not in pyproject.toml
-        from torchaudio.models import RNNT, RNNTBeamSearch
-        from torchaudio.models.rnnt import _Joiner, _Predictor
-    except ImportError as e:  # torchaudio missing or the API removed
-        print(f"torchaudio reference unavailable: {e}")
-        return [{"method": "torchaudio RNNTBeamSearch beam 1", "unavailable": str(e)}]
-
-    class PassThrough(torch.nn.Module):
-        def forward(self, x, lengths):
-            return x, lengths
-
-        def infer(self, x, lengths, states):
-            return x, lengths, []
-
-    torch.manual_seed(0)
-    predictor = _Predictor(num_symbols=VOCAB + 1, output_dim=JOINT, symbol_embedding_dim=PRED,
-                           num_lstm_layers=1, lstm_hidden_dim=PRED)
-    model = RNNT(PassThrough(), predictor, _Joiner(JOINT, VOCAB + 1)).to(device).eval()
-    search = RNNTBeamSearch(model, BLANK, step_max_tokens=10)
-    rows = []
-    with torch.inference_mode():
-        short = torch.randn(1, 50, JOINT, device=device)
-        low, high = -20.0, 20.0
-        for _ in range(8):  # coarse blank-bias bisection towards 1 label per 3 frames
-            mid = (low + high) / 2
-            model.joiner.linear.bias[BLANK] = mid
-            rate = (len(search(short, torch.tensor([50], device=device), 1)[0][0]) - 1) / 50
-            low, high = (mid, high) if rate > 1 / 3 else (low, mid)
-        model.joiner.linear.bias[BLANK] = (low + high) / 2
-        for frames in frames_list:
-            enc = torch.randn(1, frames, JOINT, device=device)
-            length = torch.tensor([frames], device=device)
-            labels = len(search(enc, length, 1)[0][0]) - 1
-            t = timed(lambda: search(enc, length, 1), device=device, repeat=3 if frames <= 150 else 1,
-                          warmup=1 if frames <= 150 else 0)
-            rows.append({"model": "rnnt", "dtype": "float32", "batch": 1, "frames": frames,
-                         "audio_seconds": frames * FRAME_S, "method": "torchaudio RNNTBeamSearch beam 1",
-                         "time_s": t, "audio_s_per_s": frames * FRAME_S / t["median"],
-                         "labels_per_frame": labels / frames})
-    return rows
-
-
-@dataclass
-class Grid:
-    """What one run measures: batch sizes, encoder frames per utterance, dtypes; --nemo runs its breakdown
-    methods (the eager modes, the torch stages' partial graphs) at ``breakdown_batches`` only; --kernel-profile
-    profiles the fp32 sizes of ``profile_batches`` (those in the grid) at ``profile_frames``."""
-    batches: list[int]
-    frame_counts: list[int]
-    dtypes: list[torch.dtype]
-    breakdown_batches: list[int] = field(default_factory=lambda: [16])
-    profile_batches: list[int] = field(default_factory=lambda: [1, 16, 128])
-    profile_frames: int = 150
-
-    @classmethod
-    def of(cls, quick: bool, smoke: bool) -> "Grid":
-        if smoke:  # CPU dry run of every code path (off modes only): seconds
-            return cls([1, 3], [20], [torch.float32, torch.bfloat16], breakdown_batches=[1, 3],
-                       profile_batches=[1, 3], profile_frames=20)
-        if quick:
-            return cls([1, 16], [150], [torch.float32])
-        return cls([1, 16, 64, 128], [150, 375], [torch.float32, torch.bfloat16])
-
-    def cells(self) -> list[tuple[torch.dtype, str, int, int]]:
-        """(dtype, model, frames, batch) in the order they run: fp32 first, then bf16."""
-        return [(dtype, model, frames, batch) for dtype in self.dtypes for model in ("rnnt", "tdt")
-                for frames in self.frame_counts for batch in self.batches]
-
-    def profiled(self, dtype: torch.dtype, frames: int, batch: int) -> bool:
-        """Whether --kernel-profile profiles this size."""
-        return dtype == torch.float32 and frames == self.profile_frames and batch in self.profile_batches
-
-
-@dataclass
-class Case:
-    """One row group of the table: a model in a dtype on one random input of B utterances x T frames."""
-    model: str
-    dtype: torch.dtype
-    predictor: torch.nn.Module
-    joint: torch.nn.Module
-    durations: list[int] | None
-    enc: torch.Tensor  # [B, T, ENC]
-    lengths: torch.Tensor  # [B]
-    device: torch.device
-    methods: list[tuple[str, str, int]] = field(default_factory=lambda: list(METHODS))
-    blank_bias: float | None = None  # None until calibrated
-    reference: tuple | None = None  # (tokens, frames) per utterance of reference_method
-    reference_method: str | None = None
-    loop_stats: dict | None = None  # outer and inner iterations (an eager or partial-graph row's)
-    profile_kernels: bool = False  # --kernel-profile: keep profiled_method's decoder for add_kernel_profiles
-
-    @property
-    def batch(self) -> int:
-        return self.enc.shape[0]
-
-    @property
-    def frames(self) -> int:
-        return self.enc.shape[1]
-
-    @property
-    def tag(self) -> str:
-        return f"{self.model} {str(self.dtype)[6:]} B={self.batch} T={self.frames}"
-
-    def decoder(self, **kw) -> GreedyTransducerDecoder:
-        return GreedyTransducerDecoder(self.predictor, self.joint, blank_id=BLANK, durations=self.durations, **kw)
-
-
-@dataclass
-class Deferred:
-    """Methods of a case that run after every other row (NeMo's full graph at large B); the case holds what
-    checks them."""
-    case: Case
-    methods: list[tuple[str, str, int]]
-
-
-@dataclass
-class ToProfile:
-    """A warm decoder of ``profiled_method`` kept for its kernel profile, which runs after every timed row."""
-    case: Case
-    method: str
-    decoder: GreedyTransducerDecoder
-
-
-@dataclass
-class Outcome:
-    """What the run has found so far."""
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    calibration: dict[str, dict] = field(default_factory=dict)
-    deferred: list[Deferred] = field(default_factory=list)
-    to_profile: list[ToProfile] = field(default_factory=list)
-    context_lost: str | None = None  # the CUDA error that made the context unusable, once one has
-
-
-def empty_while_iteration_seconds(iterations: int = 2000, repeat: int = 10,
-                                  device: torch.device | None = None) -> dict[str, float]:
-    """Seconds of one iteration of a conditional WHILE node whose body is only its condition kernel (median
-    over ``repeat`` replays; built as the decoders' full graph is), and of a replay with zero iterations."""
-    device = device or torch.device("cuda", torch.cuda.current_device())
-    remaining = torch.zeros((), dtype=torch.int32, device=device)
-    count = torch.zeros((), dtype=torch.int32, device=device)
-    start = capture_partial_graphs({"start": lambda: remaining.copy_(count)}, device)["start"]
-    graph = DriverGraph(device)
-    loop = graph.conditional_handle()
-    node = graph.child(graph.root, [], start, "start")
-    node = graph.condition(graph.root, [node], "while_count_down", loop, remaining)
-    _, body = graph.while_loop(graph.root, [node], loop)
-    graph.condition(body, [], "while_count_down", loop, remaining)
-    graph.instantiate()
-
-    def replay_seconds(n: int) -> float:
-        count.fill_(n)
-        samples = []
-        for _ in range(repeat + 2):
-            start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start_event.record()
-            graph.replay()
-            end_event.record()
-            end_event.synchronize()
-            samples.append(start_event.elapsed_time(end_event) / 1000.0)
-        if int(remaining) != 0:
-            raise RuntimeError(f"count-down loop did not run to 0 (left {int(remaining)})")
-        return float(np.median(samples[2:]))
-
-    zero, many = replay_seconds(0), replay_seconds(iterations)
-    return {"seconds_per_iteration": (many - zero) / iterations, "replay_seconds_zero_iterations": zero,
-            "iterations": iterations}
 
 
 def build_models(device: torch.device, nemo: bool = False) -> dict[str, tuple]:
@@ -366,17 +110,6 @@ def flatten_lstm_weights(module: torch.nn.Module) -> None:
     for m in module.modules():
         if isinstance(m, torch.nn.LSTM):
             m.flatten_parameters()
-
-
-def methods_for(case: Case) -> list[tuple[str, str, int]]:
-    """The case's methods that apply: frame-looping is RNN-T only, graphs need CUDA, window 1 runs in fp32, the
-    fused kernels run on CUDA with Triton (not in the CPU smoke run: Triton's interpreter is far too slow)."""
-    fused_reason = "CPU" if case.device.type != "cuda" else fused.triton_unavailable_reason(case.device)
-    return [(algorithm, mode, window) for algorithm, mode, window in case.methods
-            if not ((algorithm == "frame_looping" and case.durations is not None)
-                    or (algorithm in (FUSED, FUSED_LSTM) and fused_reason is not None)
-                    or (case.device.type != "cuda" and mode != "off")
-                    or (window == 1 and case.dtype != torch.float32))]
 
 
 @dataclass
@@ -460,105 +193,6 @@ def time_interleaved(case: Case, prepared: list[Prepared], outcome: Outcome) -> 
         if p.graph_nodes is not None:
             rows[-1]["graph_nodes"] = p.graph_nodes
     return rows
-
-
-SAME_MATH = {method_name(a, m) for a in ("label_looping", FUSED) for m in ("off", "partial", "full")}
-
-
-def check_row(case: Case, row: dict, outcome: Outcome) -> None:
-    """Compare a row's tokens and frames with the case's reference. Our label-looping stages (torch or fused,
-    off/partial/full) must agree exactly in every dtype. Frame-looping, window 1, fused+lstm (the LSTM step's
-    sums in another order than cuDNN's) and NeMo run other GEMM shapes (or other kernels): exactly in fp32; in bf16 a near-tie can round either way and the rest of
-    that utterance then follows another path, so there the token disagreement (edit distance) is reported (and,
-    for our own methods, checked) instead. A row that differs gets ``first_difference``."""
-    key, reference = row.pop("_key"), case.reference
-    differing = sum(a != b for a, b in zip(zip(*key), zip(*reference))) if reference else case.batch
-    row["reference_method"] = case.reference_method
-    row["utterances_differing_from_reference"] = differing
-    row["equal_to_reference"] = differing == 0
-    if reference is not None and differing:
-        row["first_difference"] = first_difference(reference, key)
-        try:
-            row["first_difference"].update(decision_margins(case, row["first_difference"], reference))
-        except Exception as e:  # noqa: BLE001 - a diagnostic we cannot make is said, not fatal
-            row["first_difference"]["margins_unavailable"] = f"{type(e).__name__}: {e}"
-    if reference is not None and row["method"] not in SAME_MATH and case.dtype != torch.float32:
-        row["token_disagreement"] = token_disagreement(key[0], reference[0])
-        if row["token_disagreement"] > MAX_BF16_DISAGREEMENT and not row["method"].startswith("NeMo"):
-            outcome.failures.append(f"{case.tag}: {row['method']}: token disagreement {row['token_disagreement']:.3f} "
-                                    f"with {case.reference_method} (allowed {MAX_BF16_DISAGREEMENT} in bf16)")
-    elif differing:
-        outcome.failures.append(f"{case.tag}: {row['method']}: {differing} of {case.batch} utterances differ from "
-                                f"{case.reference_method}")
-
-
-def first_difference(reference: tuple, key: tuple) -> dict[str, Any] | None:
-    """Where ``key``'s hypotheses first depart from ``reference``'s (each (tokens, frames) per utterance): the first
-    differing utterance, the index of its first differing label, and each side's token and frame there (None
-    past the end of a side's labels), with each side's label count in that utterance. None when equal."""
-    for utterance, (ours_t, ours_f, theirs_t, theirs_f) in enumerate(zip(*reference, *key)):
-        ours, theirs = list(zip(ours_t, ours_f)), list(zip(theirs_t, theirs_f))
-        if ours == theirs:
-            continue
-        label = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
-        mine = ours[label] if label < len(ours) else (None, None)
-        other = theirs[label] if label < len(theirs) else (None, None)
-        return {"utterance": utterance, "label_index": label, "reference_token": mine[0], "reference_frame": mine[1],
-                "token": other[0], "frame": other[1], "reference_labels": len(ours), "labels": len(theirs)}
-    return None
-
-
-@torch.inference_mode()
-def decision_margins(case: Case, diff: dict, reference: tuple) -> dict[str, Any]:
-    """Our joint at the first difference: the predictor after the common labels, at the earlier of the two sides'
-    frames (the last frame when both ended): the top-2 tokens and their log-probability margin and, for TDT, the
-    duration picked and the duration margin. A small margin is a rounding near-tie."""
-    u, label = diff["utterance"], diff["label_index"]
-    frames = [f for f in (diff["reference_frame"], diff["frame"]) if f is not None]
-    frame = min(frames) if frames else int(case.lengths[u]) - 1
-    prefix = reference[0][u][:label]
-    p, j = case.predictor, case.joint
-    labels = torch.full((1,), BLANK, dtype=torch.long, device=case.device)
-    out, state = p.step(labels, p.init_state(1))
-    for token in prefix:
-        out, state = p.step(torch.full((1,), token, dtype=torch.long, device=case.device), state)
-    enc = case.enc[u:u + 1, frame:frame + 1].to(module_dtype(j, case.enc.dtype))
-    logits = j.joint_after_projection(j.project_encoder(enc)[:, 0], j.project_predictor(out))[0].float()
-    v1 = logits.shape[0] - len(case.durations or [])
-    top = torch.log_softmax(logits[:v1], dim=-1).topk(2)
-    result = {"at_frame": frame, "top2_tokens": top.indices.tolist(),
-              "top2_token_margin": float(top.values[0] - top.values[1])}
-    if case.durations:
-        top_d = torch.log_softmax(logits[v1:], dim=-1).topk(2)
-        result.update(top2_durations=[case.durations[i] for i in top_d.indices.tolist()],
-                      top2_duration_margin=float(top_d.values[0] - top_d.values[1]))
-    return result
-
-
-def add_iteration_counts(row: dict, stats: dict | None) -> None:
-    """Outer and inner label-looping iterations, and seconds per iteration, on a label-looping row; on a graph
-    row, kernels per outer iteration: those of find_label_first and emit_labels, those of find_label_again
-    times inner iterations per outer one, and in the full graph its condition kernels (2 + inner per outer)."""
-    if row["method"].startswith("label") and stats is not None and "outer_iterations" in stats:
-        outer, inner, seconds = stats["outer_iterations"], stats["inner_iterations"], row["time_s"]["median"]
-        row.update(outer_iterations=outer, inner_iterations=inner,
-                   seconds_per_outer_iteration=seconds / max(1, outer),
-                   seconds_per_iteration=seconds / max(1, outer + inner))
-        nodes = row.get("graph_nodes") or {}
-        if all(isinstance(nodes.get(s), dict) for s in ("find_label_first", "find_label_again", "emit_labels")):
-            per_outer_inner = inner / max(1, outer)
-            kernels = (nodes["find_label_first"]["kernels"] + nodes["emit_labels"]["kernels"]
-                       + per_outer_inner * nodes["find_label_again"]["kernels"])
-            if row.get("mode_used") == "full":
-                kernels += 2 + per_outer_inner
-            row["kernels_per_outer_iteration"] = kernels
-
-
-def deferred_methods(case: Case, methods: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
-    """The methods that run last: the full-graph group when NeMo's full graph is in it at a large B."""
-    if case.batch >= NEMO_FULL_GRAPH_LAST_FROM_B and ("nemo", "full", W) in methods:
-        return [m for m in methods if m[1] == "full"]
-    return []
 
 
 def measure_methods(case: Case, methods: list[tuple[str, str, int]], outcome: Outcome) -> list[dict]:
@@ -708,43 +342,6 @@ def add_kernel_profiles(outcome: Outcome, deadline: float = float("inf")) -> Non
     outcome.to_profile.clear()
 
 
-def add_speedups(group: list[dict], base_by_shape: dict[tuple, float]) -> None:
-    """Speedup over RNN-T frame-looping off of the same B and T (TDT rows use the RNN-T baseline too)."""
-    base = next((r for r in group if r["method"] == "frame-looping off"), None)
-    if base is not None:
-        base_by_shape[(base["batch"], base["frames"])] = base["time_s"]["median"]
-    for row in group:
-        if (row["batch"], row["frames"]) in base_by_shape:
-            row["speedup_vs_frame_looping_off"] = base_by_shape[(row["batch"], row["frames"])] / row["time_s"]["median"]
-
-
-def add_nemo_speedups(rows: list[dict]) -> None:
-    """On each of our label-looping rows: NeMo's seconds over ours in the same graph mode (``speedup_vs_nemo``,
-    > 1: we are faster) and which NeMo row that is; our full graph falls back to NeMo's partial graphs where
-    NeMo's full graph has no row (it failed)."""
-    nemo = {(r["model"], r["dtype"], r["batch"], r["frames"], r["method"]): r["time_s"]["median"]
-            for r in rows if r["method"].startswith("NeMo")}
-    for r in rows:
-        if not r["method"].startswith("label-looping") or r["method"].endswith("window 1"):
-            continue
-        mode = r["method"].split()[-1]
-        candidates = [method_name("nemo", mode)] + ([method_name("nemo", "partial")] if mode == "full" else [])
-        shape = (r["model"], r["dtype"], r["batch"], r["frames"])
-        against = next((m for m in candidates if (*shape, m) in nemo), None)
-        if against is not None:
-            r["speedup_vs_nemo"], r["speedup_vs_nemo_method"] = nemo[(*shape, against)] / r["time_s"]["median"], against
-
-
-def plan_methods(nemo: bool, batch: int, grid: Grid) -> tuple[list, list]:
-    """(first pass, second pass) methods of a size: without --nemo every method in one pass; with it, what the
-    targets need first, and the breakdown after every size's first pass (its eager modes and the torch stages'
-    partial graphs at ``grid.breakdown_batches`` only)."""
-    if not nemo:
-        return list(METHODS), []
-    later = NEMO_BREAKDOWN_EVERYWHERE + (NEMO_BREAKDOWN_METHODS if batch in grid.breakdown_batches else [])
-    return list(NEMO_TARGET_METHODS), list(later)
-
-
 def measure_grid(grid: Grid, device: torch.device, outcome: Outcome, *, t_start: float, budget_s: float,
                  smoke: bool, nemo: bool = False, kernel_profile: bool = False) -> None:
     """Every (dtype, model, T, B) of the grid while the budget lasts, in two passes (``plan_methods``); what the
@@ -816,78 +413,6 @@ def lost_context(case: Case, methods: list, outcome: Outcome) -> bool:
 def _print_group(tag: str, group: list[dict]) -> None:
     if group:
         print(f"{tag}: " + ", ".join(f"{r['method']} {r['time_s']['median'] * 1e3:.2f} ms" for r in group), flush=True)
-
-
-def _b16_median(rows: list[dict], model: str, method: str) -> float | None:
-    r = next((r for r in rows if r.get("model") == model and r.get("dtype") == "float32" and r.get("batch") == 16
-              and r.get("frames") == 150 and r.get("method") == method), None)
-    return None if r is None else r["time_s"]["median"]
-
-
-def targets_of(rows: list[dict], failures: list[str], target_method: str = "label-looping full") -> dict[str, Any]:
-    """The targets at B=16, 12 s, fp32, judged on ``target_method`` (the default kernels' full graph); a missed
-    one is added to ``failures``."""
-    rnnt_full, tdt_full = _b16_median(rows, "rnnt", target_method), _b16_median(rows, "tdt", target_method)
-    rnnt_frame = _b16_median(rows, "rnnt", "frame-looping off")
-    targets = {
-        "target_method": target_method,
-        "full_speedup_vs_frame_looping_off_rnnt": None if not (rnnt_full and rnnt_frame) else rnnt_frame / rnnt_full,
-        "rnnt_full_s": rnnt_full, "tdt_full_s": tdt_full,
-        "goal": f"{target_method} >= {MIN_SPEEDUP_OVER_FRAME_LOOPING:g}x frame-looping off",
-    }
-    if target_method != "label-looping full":
-        torch_full = _b16_median(rows, "rnnt", "label-looping full")
-        targets["torch_stages"] = {
-            "method": "label-looping full", "rnnt_full_s": torch_full, "tdt_full_s": _b16_median(rows, "tdt", "label-looping full"),
-            "full_speedup_vs_frame_looping_off_rnnt": None if not (torch_full and rnnt_frame) else rnnt_frame / torch_full}
-    speedup = targets["full_speedup_vs_frame_looping_off_rnnt"]
-    if speedup is None or speedup < MIN_SPEEDUP_OVER_FRAME_LOOPING:
-        failures.append(f"{target_method} is not >= {MIN_SPEEDUP_OVER_FRAME_LOOPING:g}x frame-looping off at B=16, "
-                        f"12 s, fp32: {speedup}")
-    return targets
-
-
-def _vs_nemo(rows: list[dict], method: str) -> tuple[list[dict], list[str]]:
-    """``method``'s rows with a NeMo ratio, and those below the target as 'rnnt float32 B=1 T=150: 1.51x ...'."""
-    full = [r for r in rows if r["method"] == method and "speedup_vs_nemo" in r]
-    misses = [f"{r['model']} {r['dtype']} B={r['batch']} T={r['frames']}: {r['speedup_vs_nemo']:.2f}x "
-              f"{r['speedup_vs_nemo_method']}" for r in full if r["speedup_vs_nemo"] < MIN_SPEEDUP_OVER_NEMO[r["model"]]]
-    return full, misses
-
-
-def nemo_targets_of(rows: list[dict], failures: list[str], *, smoke: bool,
-                    target_method: str = "label-looping full") -> dict[str, Any]:
-    """``target_method`` (the default kernels' full graph) against NeMo's full graph at every (model, dtype, B,
-    T), the torch stages' full graph beside it, and the fp32 equality of NeMo's hypotheses with ours; a missed
-    target is added to ``failures`` (on CPU, where no graph runs, only the equality is checked)."""
-    full, misses = _vs_nemo(rows, target_method)
-    nemo32 = [r for r in rows if r["method"].startswith("NeMo") and r["dtype"] == "float32"]
-    unequal = [f"{r['model']} B={r['batch']} T={r['frames']} {r['method']}" for r in nemo32
-               if not r.get("equal_to_reference", r.get("equal_to_label_looping_off"))]
-    rnnt_full, tdt_full = _b16_median(rows, "rnnt", target_method), _b16_median(rows, "tdt", target_method)
-    nemo_rnnt, nemo_tdt = _b16_median(rows, "rnnt", "NeMo full graph"), _b16_median(rows, "tdt", "NeMo full graph")
-    targets = {
-        "target_method": target_method,
-        "rnnt_full_s": rnnt_full, "tdt_full_s": tdt_full, "nemo_rnnt_full_s": nemo_rnnt, "nemo_tdt_full_s": nemo_tdt,
-        "speedup_vs_nemo_full_rnnt": nemo_rnnt / rnnt_full if rnnt_full and nemo_rnnt else None,
-        "speedup_vs_nemo_full_tdt": nemo_tdt / tdt_full if tdt_full and nemo_tdt else None,
-        "min_speedup_vs_nemo": dict(MIN_SPEEDUP_OVER_NEMO), "full_graph_rows_vs_nemo": len(full),
-        "speedup_vs_nemo_missed": misses, "nemo_fp32_rows": len(nemo32), "nemo_fp32_rows_unequal": unequal,
-        "goal": f"{target_method} >= " + ", ".join(f"{k.upper()} {v:g}x" for k, v in MIN_SPEEDUP_OVER_NEMO.items())
-                + " NeMo's full graph at every size; NeMo's hypotheses equal to ours in fp32",
-    }
-    if target_method != "label-looping full":  # reported, not judged
-        torch_full, torch_misses = _vs_nemo(rows, "label-looping full")
-        targets["torch_stages"] = {"method": "label-looping full", "rnnt_full_s": _b16_median(rows, "rnnt", "label-looping full"),
-                                   "tdt_full_s": _b16_median(rows, "tdt", "label-looping full"),
-                                   "full_graph_rows_vs_nemo": len(torch_full), "speedup_vs_nemo_missed": torch_misses}
-    if misses:
-        failures.append(f"{target_method} below the NeMo target at {len(misses)} of {len(full)} sizes: {misses}")
-    if not nemo32:
-        failures.append("no fp32 NeMo row to compare hypotheses with")
-    if not smoke and not full:
-        failures.append(f"no {target_method} row with a NeMo time to compare with")
-    return targets
 
 
 def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke: bool = False,
@@ -986,42 +511,6 @@ def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke:
     if outcome.skipped:
         print(f"SKIPPED: {outcome.skipped}")
     return report_failures(outcome.failures, smoke=smoke)
-
-
-def live_speed_record(batches=(1, 4), frames: int = 20, repeat: int = 2, blank_bias: float = 4.0) -> dict[str, Any]:
-    """A small measurement of the decoding table on this machine (CPU: eager modes only), in the record's
-    shape: toy models (vocabulary 64), ``frames`` encoder frames per utterance, ``repeat`` timed calls."""
-    device = bench_device()
-    modes = ["off", "partial", "full"] if device.type == "cuda" else ["off"]
-    rows = []
-    for model, durations in (("rnnt", None), ("tdt", [0, 1, 2, 3, 4])):
-        predictor, joint = make_toy_transducer(vocab_size=64, enc_dim=32, pred_dim=64, joint_dim=64,
-                                               durations=durations, blank_bias=blank_bias, logit_scale=4.0,
-                                               device=device)
-        for b in batches:
-            enc = torch.randn(b, frames, 32, device=device)
-            lengths = torch.full((b,), frames, device=device)
-            methods = [("frame_looping", "off")] if durations is None else []
-            base = None
-            fused_rows = [(FUSED, m) for m in modes] if label_looping.resolve_kernels("auto", device=device)[0] != "torch" else []
-            for algorithm, mode in methods + [("label_looping", m) for m in modes] + fused_rows:
-                dec = GreedyTransducerDecoder(predictor, joint, blank_id=64, durations=durations,
-                                              algorithm="label_looping" if algorithm == FUSED else algorithm,
-                                              cuda_graphs=mode, kernels="triton_cudnn" if algorithm == FUSED else "torch")
-                hyps = dec(enc, lengths)  # also the warm-up (and the graph capture)
-                stats = dict(dec.last_stats)
-                t = timed(lambda: dec(enc, lengths), repeat=repeat, warmup=0, device=device)
-                base = t["median"] if algorithm == "frame_looping" else base
-                row = {"model": model, "dtype": "float32", "batch": b, "audio_seconds": frames * FRAME_S,
-                       "method": method_name(algorithm, mode), "time_s": t,
-                       "audio_s_per_s": b * frames * FRAME_S / t["median"],
-                       "speedup_vs_frame_looping_off": None if base is None else base / t["median"],
-                       "labels_per_frame": sum(len(h.tokens) for h in hyps) / (b * frames)}
-                if "outer_iterations" in stats:
-                    row["seconds_per_outer_iteration"] = t["median"] / max(1, stats["outer_iterations"])
-                    row["outer_iterations"] = stats["outer_iterations"]
-                rows.append(row)
-    return {"figures": {"rows": rows, "empty_while_iteration": {"seconds_per_iteration": None}}}
 
 
 def main(argv: list[str] | None = None) -> int:

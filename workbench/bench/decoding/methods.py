@@ -1,0 +1,65 @@
+"""The bench's model sizes and decoding methods: (algorithm, graph mode, blank window) tuples and their names."""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.decoding import label_looping
+from workbench.decoding.greedy import DEFAULT_BLANK_WINDOW
+
+VOCAB, PRED, JOINT, ENC = 1024, 640, 640, 512  # the sizes of the issue's NeMo comparison
+BLANK = VOCAB
+FRAME_S = 0.08
+TDT_DURATIONS = [0, 1, 2, 3, 4]
+W = DEFAULT_BLANK_WINDOW
+# (algorithm, graph mode, blank window); the window applies to label-looping (RNN-T and TDT). Window 1
+# (one frame per search step) runs in fp32 only, to show what the window buys.
+# "label_looping_fused": the same decoder with the fused kernels that kernels="auto" picks on CUDA
+# ("triton_cudnn", workbench.decoding.fused), where Triton runs; "label_looping_fused_lstm": kernels="triton",
+# the LSTM predictor's step fused too (its sums in another order than cuDNN's: checked like frame-looping).
+FUSED = "label_looping_fused"
+FUSED_LSTM = "label_looping_fused_lstm"
+METHODS = [("frame_looping", "off", W), ("label_looping", "off", W), ("label_looping", "partial", W),
+           ("label_looping", "full", W), ("label_looping", "full", 1),
+           (FUSED, "off", W), (FUSED, "partial", W), (FUSED, "full", W), (FUSED_LSTM, "full", W)]
+# --nemo: ours and NeMo's label-looping decoders in each graph mode, on NeMo's modules. First pass, every size:
+# what the targets need (the default kernels' full graph, NeMo's full graph and its partial graphs where the
+# full one fails) and the partial graphs (their loop counts give the full graph's per-iteration figures).
+NEMO_TARGET_METHODS = [(FUSED, "full", W), (FUSED, "partial", W), ("nemo", "full", W), ("nemo", "partial", W)]
+# Second pass, while the budget lasts: the torch stages' full graph at every size; the eager modes and the torch
+# stages' partial graphs (the slow ones) at Grid.breakdown_batches only.
+NEMO_BREAKDOWN_EVERYWHERE = [("label_looping", "full", W), (FUSED_LSTM, "full", W)]
+NEMO_BREAKDOWN_METHODS = [("label_looping", "off", W), ("label_looping", "partial", W), (FUSED, "off", W),
+                          ("nemo", "off", W)]
+NEMO_METHODS = [*NEMO_TARGET_METHODS, *NEMO_BREAKDOWN_EVERYWHERE, *NEMO_BREAKDOWN_METHODS]
+# The reference of each size, when the default method has no row there: the first of these that has one.
+REFERENCE_ORDER = [(FUSED, "full", W), ("label_looping", "off", W), (FUSED, "partial", W), ("label_looping", "full", W),
+                   ("label_looping", "partial", W), (FUSED, "off", W)]
+
+
+def method_name(algorithm: str, mode: str, window: int = W) -> str:
+    if algorithm == "nemo":
+        return {"off": "NeMo no graphs", "partial": "NeMo partial graphs", "full": "NeMo full graph"}[mode]
+    suffix = " window 1" if window == 1 else ""
+    if algorithm == FUSED:
+        return f"label-looping fused {mode}{suffix}"
+    if algorithm == FUSED_LSTM:
+        return f"label-looping fused+lstm {mode}{suffix}"
+    return f"{'frame' if algorithm == 'frame_looping' else 'label'}-looping {mode}{suffix}"
+
+
+def default_algorithm(device: torch.device) -> str:
+    """The bench's name for what ``GreedyTransducerDecoder`` runs by default on ``device``: the fused kernels
+    (``FUSED``) where ``kernels="auto"`` picks them (CUDA, triton importable), else the torch stages."""
+    return "label_looping" if label_looping.resolve_kernels("auto", device=device)[0] == "torch" else FUSED
+
+
+def default_method(device: torch.device, mode: str = "full") -> str:
+    """The method that ``GreedyTransducerDecoder`` runs by default on ``device`` in graph ``mode``."""
+    return method_name(default_algorithm(device), mode)
+
+
+def profiled_method(device: torch.device) -> tuple[str, str, int]:
+    """(algorithm, mode, window) that --kernel-profile profiles: the default kernels' partial graphs on CUDA
+    (the host runs the loop, so every iteration's kernels are traced), their eager mode elsewhere."""
+    return default_algorithm(device), "partial" if device.type == "cuda" else "off", W
