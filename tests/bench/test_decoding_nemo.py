@@ -16,10 +16,12 @@ from workbench.bench.decoding.iterations import add_iteration_counts
 from workbench.bench.decoding.methods import (
     BLANK,
     ENC,
+    FUSED,
     METHODS,
     NEMO_METHODS,
     NEMO_TARGET_METHODS,
     VOCAB,
+    W,
     default_method,
     method_name,
 )
@@ -69,14 +71,15 @@ def test_nemo_rows_with_other_hypotheses_in_fp32_are_listed():
     # (the differing utterances themselves are a failure of check_row, where the row is checked)
 
 
-def test_nemo_full_graph_at_large_batches_runs_last_with_its_mode_group():
+def test_nemo_full_graph_runs_last_with_its_mode_group_at_every_size():
     def case(batch):
         return Case("rnnt", torch.float32, None, None, None, torch.zeros(batch, 2, 1), torch.zeros(batch),
                     torch.device("cpu"), methods=list(NEMO_METHODS))
     full = [m for m in NEMO_METHODS if m[1] == "full"]
-    assert deferred_methods(case(NEMO_FULL_GRAPH_LAST_FROM_B), NEMO_METHODS) == full
-    assert deferred_methods(case(NEMO_FULL_GRAPH_LAST_FROM_B - 1), NEMO_METHODS) == []
+    for batch in (1, 16, NEMO_FULL_GRAPH_LAST_FROM_B):
+        assert deferred_methods(case(batch), NEMO_METHODS) == full
     assert deferred_methods(case(256), METHODS) == []  # no NeMo: nothing deferred
+    assert deferred_methods(case(16), [m for m in NEMO_METHODS if m != ("nemo", "full", W)]) == []
 
 
 def test_nemo_bench_refuses_clearly_when_nemo_is_missing(tmp_path, capsys):
@@ -130,8 +133,7 @@ def test_nemo_smoke_run_compares_hypotheses_on_cpu(tmp_path):
 @pytest.mark.gpu
 def test_nemo_comparison_on_the_gpu_at_a_small_size(monkeypatch):
     """Every graph mode of ours and NeMo's on NeMo's modules (bench sizes), B=4, 40 frames, fp32: hypotheses
-    equal to ours, a ratio on each of our rows; the full-graph group runs last (as at B=128 in the bench)."""
-    monkeypatch.setattr("workbench.bench.decoding.grid.NEMO_FULL_GRAPH_LAST_FROM_B", 4)
+    equal to ours, a ratio on each of our rows; NeMo's full graph runs last, beside our full graphs again."""
     device = torch.device("cuda")
     outcome = Outcome()
     for name, (predictor, joint, durations) in bench.build_models(device, nemo=True).items():
@@ -146,49 +148,71 @@ def test_nemo_comparison_on_the_gpu_at_a_small_size(monkeypatch):
     assert not outcome.failures, outcome.failures
     assert len(outcome.rows) == 2 * len(NEMO_METHODS)  # ours (torch and fused) and NeMo's, every mode
     assert all(r["equal_to_reference"] for r in outcome.rows)
-    # the default method's row (the fused partial graphs: the full group ran last) is every row's reference
-    assert {r["reference_method"] for r in outcome.rows} == {"label-looping fused partial"}
+    # the default method's row (the fused full graph, timed in the pass too) is every row's reference
+    assert {r["reference_method"] for r in outcome.rows} == {"label-looping fused full"}
+    assert not [r for r in outcome.rows if "timing_note" in r]  # NeMo's full graph ran beside ours
     ours = [r for r in outcome.rows if r["method"].startswith("label-looping")]
     assert all(r["speedup_vs_nemo"] > 0 and r["speedup_vs_nemo_method"] == method_name("nemo", r["method"].split()[-1])
                for r in ours)  # each against NeMo in its own graph mode
 
 
-def test_rows_run_last_keep_ours_when_nemo_poisons_the_context_and_the_rest_are_listed(monkeypatch):
-    """measure_deferred's bookkeeping with the measuring faked: the first group's NeMo full graph leaves the
-    CUDA context unusable, so our full graph keeps its row timed alone, and the next group is not run."""
+def test_rows_run_last_replace_ours_and_keep_ours_from_the_pass_when_nemo_poisons_the_context(monkeypatch):
+    """measure_deferred's bookkeeping with the measuring faked: the small size runs first and its interleaved
+    rows replace ours from the pass; at B=128 NeMo's full graph leaves the CUDA context unusable, so ours keep
+    their rows from the pass (with a note), and the last group is listed as not run."""
     def case(model, batch):
         return Case(model, torch.float32, None, None, None, torch.zeros(batch, 2, 1), torch.zeros(batch),
                     torch.device("cpu"), methods=list(NEMO_METHODS))
-    full = [m for m in NEMO_METHODS if m[1] == "full"]
+    group = [(FUSED, "full", W), ("nemo", "full", W)]
     calls = []
 
-    def fake_measure(case, methods, outcome):
-        calls.append([method_name(*m) for m in methods])
-        if any(m[0] == "nemo" for m in methods):
-            outcome.failures.append(f"{case.tag}: NeMo full graph raised")
+    def row(c, method, seconds):
+        return {"model": c.model, "dtype": "float32", "batch": c.batch, "frames": c.frames, "method": method,
+                "_key": ([[1]] * c.batch, [[0]] * c.batch), "_stats": {}, "time_s": {"median": seconds}}
+
+    def fake_measure(c, methods, outcome):
+        calls.append((c.tag, [method_name(*m) for m in methods]))
+        if c.batch >= 128:
+            outcome.failures.append(f"{c.tag}: NeMo full graph raised")
             return []
-        return [{"method": "label-looping full", "_key": ([[1]] * case.batch, [[0]] * case.batch), "_stats": {},
-                 "time_s": {"median": 0.01}}]
+        return [row(c, method_name(*m), 0.02) for m in methods]
 
     monkeypatch.setattr(bench, "measure_methods", fake_measure)
     monkeypatch.setattr(bench, "set_blank_bias", lambda *a: None)
-    monkeypatch.setattr(bench, "cuda_context_error", lambda device: "illegal memory access")
+    monkeypatch.setattr(bench, "cuda_context_error",
+                        lambda device: "illegal memory access" if len(calls) >= 2 else None)
+    cases = [case("tdt", 128), case("rnnt", 128), case("rnnt", 16)]
     outcome = Outcome()
-    reference = ([[1]] * 128, [[0]] * 128)
-    cases = [case("tdt", 128), case("rnnt", 128)]
     for c in cases:
-        c.reference, c.reference_method, c.blank_bias = reference, "label-looping fused partial", 0.5
-    outcome.deferred = [Deferred(c, full) for c in cases]
+        c.reference, c.reference_method, c.blank_bias = ([[1]] * c.batch, [[0]] * c.batch), "label-looping fused full", 0.5
+        outcome.rows.append({k: v for k, v in row(c, "label-looping fused full", 0.01).items() if k[0] != "_"})
+    outcome.deferred = [Deferred(c, group) for c in cases]
     rows = bench.measure_deferred(outcome)
-    ours_full = ["label-looping fused full", "label-looping full", "label-looping fused+lstm full"]
-    everything = ["label-looping fused full", "NeMo full graph", "label-looping full", "label-looping fused+lstm full"]
-    assert calls == [ours_full, everything]  # rnnt first, then lost
-    assert [r["method"] for r in rows] == ["label-looping full"] and rows[0]["equal_to_reference"]
-    assert "timed alone" in rows[0]["timing_note"]
+    assert [tag for tag, _ in calls] == ["rnnt float32 B=16 T=2", "rnnt float32 B=128 T=2"]  # small sizes first
+    assert calls[0][1] == ["label-looping fused full", "NeMo full graph"]
+    assert [(r["batch"], r["method"]) for r in rows] == [(16, "label-looping fused full"), (16, "NeMo full graph")]
+    assert all(r["equal_to_reference"] for r in rows)
+    kept = [(r["model"], r["batch"], r["time_s"]["median"], "timing_note" in r) for r in outcome.rows]
+    assert kept == [("tdt", 128, 0.01, True), ("rnnt", 128, 0.01, True)]  # B=16's pass row gave way to its new one
+    assert outcome.context_lost == "illegal memory access"
     assert any("CUDA context is unusable after NeMo full graph: illegal memory access" in f for f in outcome.failures)
-    assert outcome.skipped == ["tdt float32 B=128 T=2: label-looping fused full, NeMo full graph, label-looping full, "
-                               "label-looping fused+lstm full not run (the CUDA context failed earlier: illegal memory access)"]
+    assert outcome.skipped == ["tdt float32 B=128 T=2: label-looping fused full, NeMo full graph not run (the CUDA "
+                               "context failed earlier: illegal memory access)"]
     assert outcome.deferred == []
+
+
+def test_rows_run_last_stop_at_their_deadline(monkeypatch):
+    def case(batch):
+        return Case("rnnt", torch.float32, None, None, None, torch.zeros(batch, 2, 1), torch.zeros(batch),
+                    torch.device("cpu"), methods=list(NEMO_METHODS))
+    monkeypatch.setattr(bench, "measure_methods", lambda *a: pytest.fail("nothing runs past the deadline"))
+    outcome = Outcome()
+    outcome.rows = [{"model": "rnnt", "dtype": "float32", "batch": 1, "frames": 2, "method": "label-looping fused full"}]
+    outcome.deferred = [Deferred(case(1), [(FUSED, "full", W), ("nemo", "full", W)])]
+    assert bench.measure_deferred(outcome, deadline=bench.time.perf_counter() - 1) == []
+    assert outcome.skipped == ["rnnt float32 B=1 T=2: label-looping fused full, NeMo full graph not run (past the "
+                               "time for the rows run last)"]
+    assert "NeMo's did not run" in outcome.rows[0]["timing_note"]
 
 
 def test_kernels_per_outer_iteration_count_the_inner_steps_and_the_full_graphs_conditions():

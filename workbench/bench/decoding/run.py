@@ -22,9 +22,11 @@ there). Targets (exit 1 when missed) judge our full graph with the default kerne
 the torch stages' full graph is reported beside. --nemo runs in two passes: first, at every size, what the
 targets need (``NEMO_TARGET_METHODS``), then, while the budget lasts, the rest (``NEMO_BREAKDOWN_METHODS``:
 the torch stages' full graph everywhere, the eager modes and the torch stages' partial graphs at
-``Grid.breakdown_batches``). NeMo's full graph at B >= ``NEMO_FULL_GRAPH_LAST_FROM_B`` runs after every
-other row, the record written before: an illegal memory access there (seen at B=128) poisons the CUDA
-context, and the rows after it are then listed as not run. --kernel-profile: after every timed row, one more
+``Grid.breakdown_batches``). NeMo's full graph runs only after every other row, the record written before
+(an illegal memory access there, seen at B=128, poisons the CUDA context): at each size, timed interleaved with
+our full-graph methods, whose rows from the pass then give way to these; sizes from
+``NEMO_FULL_GRAPH_LAST_FROM_B`` come last. After a failure there, ours keep their rows from the pass and the
+sizes not reached are listed as not run. --kernel-profile: after every timed row, one more
 decode of the default kernels' partial graphs (``profiled_method``; on CPU their eager mode) at each fp32 size
 of ``Grid.profile_batches`` x ``Grid.profile_frames`` runs under torch.profiler, and its row gets
 ``kernel_profile`` (kernels by device time, per outer iteration). The parts: ``methods.py`` (sizes, methods,
@@ -45,6 +47,7 @@ from typing import Any
 
 import torch
 
+from workbench.bench.decoding import grid as grid_rules
 from workbench.bench.decoding import kernel_profile, nemo_peer, record
 from workbench.bench.decoding.calibration import calibrate_blank_bias
 from workbench.bench.decoding.cases import Case, Deferred, Outcome, ToProfile
@@ -243,7 +246,7 @@ def measure_case(case: Case, calibrator: GreedyTransducerDecoder | None, outcome
     wanted = case.methods if methods is None else methods
     methods = [m for m in methods_for(case) if m in wanted]
     later = deferred_methods(case, methods)
-    group = measure_methods(case, [m for m in methods if m not in later], outcome)
+    group = measure_methods(case, [m for m in methods if m not in later or m[0] != "nemo"], outcome)
     finish_rows(case, group, outcome)
     if later:
         outcome.deferred.append(Deferred(case, later))
@@ -260,35 +263,55 @@ def cuda_context_error(device: torch.device) -> str | None:
     return None
 
 
-def measure_deferred(outcome: Outcome) -> list[dict]:
-    """The deferred method groups, fp32 first. Our methods of a group are first timed alone, so they keep a
-    row when NeMo's then fails; when NeMo's run, the group is timed again interleaved and those rows count.
-    After a failure that leaves the CUDA context unusable, the rest are listed as not run."""
+def measure_deferred(outcome: Outcome, deadline: float = float("inf")) -> list[dict]:
+    """The deferred groups (NeMo's full graph with our full-graph methods of that size), those below
+    ``NEMO_FULL_GRAPH_LAST_FROM_B`` first, fp32 first: each timed interleaved; when NeMo's ran, these rows of
+    ours replace the ones from the pass in ``outcome.rows``; when it failed, ours keep theirs (with a note).
+    After a failure that leaves the CUDA context unusable, or past ``deadline``, the rest are listed as not
+    run. Returns NeMo's rows and the replacing rows of ours."""
     rows, lost = [], None
-    for item in sorted(outcome.deferred, key=lambda d: (d.case.dtype != torch.float32, d.case.model,
-                                                        d.case.frames, d.case.batch)):
+    order = sorted(outcome.deferred, key=lambda d: (d.case.batch >= grid_rules.NEMO_FULL_GRAPH_LAST_FROM_B,
+                                                    d.case.dtype != torch.float32, d.case.model, d.case.frames,
+                                                    d.case.batch))
+    for item in order:
         case = item.case
-        if lost:
-            outcome.skipped.append(f"{case.tag}: {', '.join(method_name(*m) for m in item.methods)} not run "
-                                   f"(the CUDA context failed earlier: {lost})")
+        names = ", ".join(method_name(*m) for m in item.methods)
+        if lost or time.perf_counter() > deadline:
+            why = f"the CUDA context failed earlier: {lost}" if lost else "past the time for the rows run last"
+            outcome.skipped.append(f"{case.tag}: {names} not run ({why})")
+            _note_timed_without_nemo(outcome.rows, case, item)
             continue
         set_blank_bias(case.joint, BLANK, case.blank_bias)  # later cases recalibrated the shared joint
-        group = measure_methods(case, [m for m in item.methods if m[0] != "nemo"], outcome)
-        for row in group:
-            row["timing_note"] = "timed alone: NeMo's method of this graph mode did not run"
         failures_before = len(outcome.failures)
         interleaved = measure_methods(case, item.methods, outcome)
         lost = cuda_context_error(case.device)
         if lost:
+            outcome.context_lost = lost
             outcome.failures.append(f"{case.tag}: the CUDA context is unusable after "
                                     f"{', '.join(method_name(*m) for m in item.methods if m[0] == 'nemo')}: {lost}")
-        elif len(outcome.failures) == failures_before:
-            group = interleaved
-        finish_rows(case, group, outcome)
-        _print_group(f"{case.tag} (run last)", group)
-        rows += group
+        if lost or len(outcome.failures) != failures_before:
+            _note_timed_without_nemo(outcome.rows, case, item)
+            continue
+        finish_rows(case, interleaved, outcome)
+        replaced = {r["method"] for r in interleaved}
+        outcome.rows[:] = [r for r in outcome.rows if not (_same_size(r, case) and r["method"] in replaced)]
+        _print_group(f"{case.tag} (run last)", interleaved)
+        rows += interleaved
     outcome.deferred.clear()
     return rows
+
+
+def _same_size(row: dict, case: Case) -> bool:
+    return (row.get("model"), row.get("dtype"), row.get("batch"), row.get("frames")) == (
+        case.model, str(case.dtype)[6:], case.batch, case.frames)
+
+
+def _note_timed_without_nemo(rows: list[dict], case: Case, item: Deferred) -> None:
+    """Mark our rows of the deferred group's methods at the case's size: NeMo's full graph did not run beside them."""
+    names = {method_name(*m) for m in item.methods if m[0] != "nemo"}
+    for row in rows:
+        if _same_size(row, case) and row["method"] in names:
+            row["timing_note"] = "timed in the pass without NeMo's full graph beside it (NeMo's did not run)"
 
 
 def profile_case(case: Case, decoder: GreedyTransducerDecoder, method: str) -> dict[str, Any]:
@@ -308,7 +331,8 @@ def profile_case(case: Case, decoder: GreedyTransducerDecoder, method: str) -> d
             "equal_to_reference": equal, **profile}
 
 
-PROFILE_AFTER_BUDGET_S = 60.0  # --kernel-profile: no profile starts later than this after the budget
+DEFERRED_AFTER_BUDGET_S = 70.0  # no group run last starts later than this after the budget
+PROFILE_AFTER_BUDGET_S = 90.0   # --kernel-profile: no profile starts later than this after the budget
 
 
 def add_kernel_profiles(outcome: Outcome, deadline: float = float("inf")) -> None:
@@ -495,7 +519,10 @@ def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke:
         # if the process dies in the rows run last, the record on disk says they never finished
         path, _ = write([*outcome.failures, f"rows run last not finished (full-graph group): {pending}"])
         print(f"wrote {path}; running last: {pending}", flush=True)
-        outcome.rows += measure_deferred(outcome)
+        outcome.rows += measure_deferred(outcome, deadline=t_start + budget_s + DEFERRED_AFTER_BUDGET_S)
+    if outcome.context_lost:
+        outcome.skipped += [f"{p.case.tag}: kernel profile (the CUDA context failed)" for p in outcome.to_profile]
+        outcome.to_profile = []
     # after every timed row: the profiler changes no timing
     add_kernel_profiles(outcome, deadline=t_start + budget_s + PROFILE_AFTER_BUDGET_S)
     try:
