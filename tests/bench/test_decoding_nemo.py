@@ -34,16 +34,18 @@ needs_nemo = pytest.mark.skipif(NEMO_MISSING is not None, reason=f"{NEMO_MISSING
                                 "(../shared/tools/fetch_nemo_wheels.sh) and put them on PYTHONPATH")
 
 
-def _row(model, method, ms, batch=16, frames=150, dtype="float32"):
+def _row(model, method, ms, batch=16, frames=150, dtype="float32", **extra):
     return {"model": model, "dtype": dtype, "batch": batch, "frames": frames, "audio_seconds": frames * 0.08,
-            "method": method, "time_s": {"median": ms / 1e3}, "equal_to_reference": True}
+            "method": method, "time_s": {"median": ms / 1e3}, "equal_to_reference": True, **extra}
 
 
 def test_our_rows_get_nemo_seconds_over_ours_in_the_same_mode_and_full_falls_back_to_partial():
     rows = [_row("rnnt", "label-looping off", 100), _row("rnnt", "NeMo no graphs", 250),
             _row("rnnt", "label-looping full", 10), _row("rnnt", "NeMo full graph", 45),
-            _row("tdt", "label-looping full", 20, batch=128), _row("tdt", "NeMo partial graphs", 30, batch=128),
-            _row("tdt", "label-looping partial", 25, batch=128)]
+            _row("tdt", "label-looping full", 20, batch=128, nemo_full_graph="failed"),
+            _row("tdt", "NeMo partial graphs", 30, batch=128), _row("tdt", "label-looping partial", 25, batch=128),
+            _row("tdt", "label-looping full", 20, batch=64, nemo_full_graph="not run (past the time)"),
+            _row("tdt", "NeMo partial graphs", 30, batch=64)]
     add_nemo_speedups(rows)
     assert rows[0]["speedup_vs_nemo"] == 2.5 and rows[0]["speedup_vs_nemo_method"] == "NeMo no graphs"
     assert rows[2]["speedup_vs_nemo"] == 4.5 and rows[2]["speedup_vs_nemo_method"] == "NeMo full graph"
@@ -51,14 +53,17 @@ def test_our_rows_get_nemo_seconds_over_ours_in_the_same_mode_and_full_falls_bac
     assert rows[4]["speedup_vs_nemo"] == 1.5 and rows[4]["speedup_vs_nemo_method"] == "NeMo partial graphs"
     assert rows[6]["speedup_vs_nemo"] == 1.2
     assert "speedup_vs_nemo" not in rows[1]  # NeMo's own rows carry no ratio
+    # at B=64 NeMo's full graph only did not run (time): no fallback, the size is not judged
+    assert "speedup_vs_nemo" not in rows[7]
 
     failures = []
     targets = nemo_targets_of(rows, failures, smoke=False)
     assert targets["full_graph_rows_vs_nemo"] == 2
     assert targets["speedup_vs_nemo_missed"] == ["tdt float32 B=128 T=150: 1.50x NeMo partial graphs"]  # < 2x
+    assert targets["sizes_not_judged"] == ["tdt float32 B=64 T=150: not run (past the time)"]
     assert targets["speedup_vs_nemo_full_rnnt"] == 4.5 and targets["nemo_rnnt_full_s"] == 0.045
-    assert targets["nemo_fp32_rows"] == 3 and targets["nemo_fp32_rows_unequal"] == []
-    assert len(failures) == 1 and "1 of 2 sizes" in failures[0]
+    assert targets["nemo_fp32_rows"] == 4 and targets["nemo_fp32_rows_unequal"] == []
+    assert len(failures) == 2 and "1 of 2 sizes" in failures[0] and "not judged against NeMo at 1 sizes" in failures[1]
 
 
 def test_nemo_rows_with_other_hypotheses_in_fp32_are_listed():
@@ -162,7 +167,7 @@ def test_rows_run_last_replace_ours_and_keep_ours_from_the_pass_when_nemo_poison
     their rows from the pass (with a note), and the last group is listed as not run."""
     def case(model, batch):
         return Case(model, torch.float32, None, None, None, torch.zeros(batch, 2, 1), torch.zeros(batch),
-                    torch.device("cpu"), methods=list(NEMO_METHODS))
+                    torch.device("cuda"), methods=list(NEMO_METHODS))  # only named: the measuring is faked
     group = [(FUSED, "full", W), ("nemo", "full", W)]
     calls = []
 
@@ -190,10 +195,12 @@ def test_rows_run_last_replace_ours_and_keep_ours_from_the_pass_when_nemo_poison
     rows = bench.measure_deferred(outcome)
     assert [tag for tag, _ in calls] == ["rnnt float32 B=16 T=2", "rnnt float32 B=128 T=2"]  # small sizes first
     assert calls[0][1] == ["label-looping fused full", "NeMo full graph"]
-    assert [(r["batch"], r["method"]) for r in rows] == [(16, "label-looping fused full"), (16, "NeMo full graph")]
-    assert all(r["equal_to_reference"] for r in rows)
-    kept = [(r["model"], r["batch"], r["time_s"]["median"], "timing_note" in r) for r in outcome.rows]
-    assert kept == [("tdt", 128, 0.01, True), ("rnnt", 128, 0.01, True)]  # B=16's pass row gave way to its new one
+    assert [(r["batch"], r["method"]) for r in rows] == [(16, "NeMo full graph")]  # returned: NeMo's rows only
+    kept = [(r["model"], r["batch"], r["time_s"]["median"], r.get("nemo_full_graph")) for r in outcome.rows]
+    assert kept == [("tdt", 128, 0.01, "not run (the CUDA context failed earlier: illegal memory access)"),
+                    ("rnnt", 128, 0.01, "failed"),
+                    ("rnnt", 16, 0.02, None)]  # B=16's pass row gave way, in its place, to the interleaved one
+    assert outcome.rows[2]["equal_to_reference"] and rows[0]["equal_to_reference"]
     assert outcome.context_lost == "illegal memory access"
     assert any("CUDA context is unusable after NeMo full graph: illegal memory access" in f for f in outcome.failures)
     assert outcome.skipped == ["tdt float32 B=128 T=2: label-looping fused full, NeMo full graph not run (the CUDA "
@@ -212,7 +219,8 @@ def test_rows_run_last_stop_at_their_deadline(monkeypatch):
     assert bench.measure_deferred(outcome, deadline=bench.time.perf_counter() - 1) == []
     assert outcome.skipped == ["rnnt float32 B=1 T=2: label-looping fused full, NeMo full graph not run (past the "
                                "time for the rows run last)"]
-    assert "NeMo's did not run" in outcome.rows[0]["timing_note"]
+    assert "without NeMo's full graph" in outcome.rows[0]["timing_note"]
+    assert outcome.rows[0]["nemo_full_graph"] == "not run (past the time for the rows run last)"
 
 
 def test_kernels_per_outer_iteration_count_the_inner_steps_and_the_full_graphs_conditions():
@@ -308,6 +316,7 @@ def test_measure_grid_stops_when_a_case_leaves_the_cuda_context_unusable_and_lis
 
     def fake_measure_case(case, calibrator, outcome, smoke, methods=None):
         calls.append(case.tag)
+        case.measured = [m for m in methods if m != ("nemo", "full", W)]
         if case.tag == "rnnt float32 B=16 T=4":
             outcome.failures.append(f"{case.tag}: label-looping fused full raised AcceleratorError while timed")
         return []
@@ -320,8 +329,8 @@ def test_measure_grid_stops_when_a_case_leaves_the_cuda_context_unusable_and_lis
     monkeypatch.setattr(bench, "cuda_context_error",
                         lambda device: "AcceleratorError: illegal memory access" if len(calls) >= 2 else None)
     lost = bench.lost_context
-    monkeypatch.setattr(bench, "lost_context", lambda case, methods, outcome: lost(
-        dataclasses.replace(case, device=torch.device("cuda")), methods, outcome))
+    monkeypatch.setattr(bench, "lost_context", lambda case, outcome: lost(
+        dataclasses.replace(case, device=torch.device("cuda")), outcome))
     grid = Grid([1, 16], [4], [torch.float32], breakdown_batches=[16])
     outcome = Outcome()
     bench.measure_grid(grid, torch.device("cpu"), outcome, t_start=bench.time.perf_counter(), budget_s=1e9,
@@ -330,7 +339,8 @@ def test_measure_grid_stops_when_a_case_leaves_the_cuda_context_unusable_and_lis
     assert outcome.context_lost == "AcceleratorError: illegal memory access"
     assert outcome.failures[0].startswith("rnnt float32 B=16 T=4: label-looping fused full raised")
     assert outcome.failures[1].startswith("rnnt float32 B=16 T=4: the CUDA context is unusable after "
-                                          "label-looping fused full, label-looping fused partial, NeMo full graph")
+                                          "label-looping fused full, label-looping fused partial, NeMo partial "
+                                          "graphs (AcceleratorError")
     assert outcome.skipped[:2] == ["tdt float32 B=1 T=4: not run (the CUDA context failed)",
                                    "tdt float32 B=16 T=4: not run (the CUDA context failed)"]
     assert outcome.skipped[2].startswith("rnnt float32 B=1 T=4: label-looping full") and "the CUDA context" in outcome.skipped[2]

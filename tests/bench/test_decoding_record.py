@@ -69,7 +69,7 @@ def _nemo_record(target_method="label-looping full"):
                  _row("rnnt", b, "label-looping full", ours_full), _row("rnnt", b, FUSED_FULL, ours_full / 2),
                  _row("rnnt", b, "NeMo full graph", nemo_full)]
     rows += [dict(_row("rnnt", 16, "label-looping full", 12.0), dtype="bfloat16"),
-             dict(_row("rnnt", 16, FUSED_FULL, 6.0), dtype="bfloat16"),
+             dict(_row("rnnt", 16, FUSED_FULL, 6.0), dtype="bfloat16", nemo_full_graph="failed"),
              dict(_row("rnnt", 16, "NeMo partial graphs", 30.0), dtype="bfloat16")]
     for r in rows:
         r.update(frames=150, labels_per_frame=0.3, equal_to_reference=True, reference_method=FUSED_FULL)
@@ -164,3 +164,19 @@ def test_every_committed_decoding_record_renders():
         assert not plots.readable_speed_table(record).empty
         plots.nemo_comparison_table(record), plots.describe_targets(path.stem, record)
         assert plots.table_lines(record["figures"])[-1].startswith("empty while iteration")
+
+
+def test_summary_names_the_sizes_not_judged_against_nemo():
+    from workbench.bench.decoding import record as decoding_record
+
+    figures = {"peer": {"name": "NeMo"}, "rows": [], "failures": [], "skipped_for_time": [],
+               "empty_while_iteration": {"seconds_per_iteration": 4e-6},
+               "targets": {
+        "target_method": "label-looping fused full", "full_graph_rows_vs_nemo": 1, "speedup_vs_nemo_missed": [],
+        "sizes_not_judged": ["tdt float32 B=64 T=150: not run (past the time for the rows run last)"],
+        "nemo_fp32_rows": 1, "nemo_fp32_rows_unequal": []}}
+    lines = decoding_record.summary_lines(figures)
+    assert "- not judged against NeMo (no NeMo full-graph row, and it did not fail there): tdt float32 B=64 T=150: " \
+           "not run (past the time for the rows run last)" in lines
+    del figures["targets"]["sizes_not_judged"]  # an older record
+    assert not [line for line in decoding_record.summary_lines(figures) if "not judged" in line]

@@ -99,6 +99,8 @@ def test_a_model_in_no_record_takes_its_stand_ins_shapes_marked(tmp_path, monkey
     found, missing = models.profile_shapes_for(["tiny-rnnt", "tiny-tdt", "tiny-ctc"], [rnnt], (0, -1), strict=False)
     assert found["tiny-tdt"] == [{**shape, "stand_in": "tiny-rnnt"} for shape in found["tiny-rnnt"]]
     assert missing == {"tiny-ctc": "in no OOMptimizer record (rnnt.json)"}  # its stand-in is in no record either
+    alone, _ = models.profile_shapes_for(["tiny-tdt"], [rnnt], (0, -1), strict=False)  # stand-in not asked for
+    assert alone == {"tiny-tdt": found["tiny-tdt"]}
     shape, _ = models.row_shapes([], found["tiny-tdt"][:1])[0]
     assert shape["profile_bucket"] == {"record": "rnnt.json", "index": 0, "model": "tiny-rnnt"}
     row = {"model": "tiny-tdt", "dtype": "bf16", **shape, "step_s": {"median": 0.5}, "peak_bytes": None, "mfu": 0.2}

@@ -28,6 +28,7 @@ class Case:
     reference_method: str | None = None
     loop_stats: dict | None = None  # outer and inner iterations (an eager or partial-graph row's)
     profile_kernels: bool = False  # --kernel-profile: keep profiled_method's decoder for add_kernel_profiles
+    measured: list[tuple[str, str, int]] = field(default_factory=list)  # the methods the last pass over it ran
 
     @property
     def batch(self) -> int:
@@ -47,8 +48,8 @@ class Case:
 
 @dataclass
 class Deferred:
-    """Methods of a case that run after every other row (NeMo's full graph at large B); the case holds what
-    checks them."""
+    """Methods of a case that run after every other row (NeMo's full graph beside our full graphs); the case
+    holds what checks them."""
     case: Case
     methods: list[tuple[str, str, int]]
 

@@ -24,7 +24,8 @@ METHODS = [("frame_looping", "off", W), ("label_looping", "off", W), ("label_loo
            (FUSED, "off", W), (FUSED, "partial", W), (FUSED, "full", W), (FUSED_LSTM, "full", W)]
 # --nemo: ours and NeMo's label-looping decoders in each graph mode, on NeMo's modules. First pass, every size:
 # what the targets need (the default kernels' full graph, NeMo's full graph and its partial graphs where the
-# full one fails) and the partial graphs (their loop counts give the full graph's per-iteration figures).
+# full one fails) and the partial graphs (their loop counts give the full graph's per-iteration figures);
+# NeMo's full graph itself runs after every other row (grid.deferred_methods).
 NEMO_TARGET_METHODS = [(FUSED, "full", W), (FUSED, "partial", W), ("nemo", "full", W), ("nemo", "partial", W)]
 # Second pass, while the budget lasts: the torch stages' full graph at every size; the eager modes and the torch
 # stages' partial graphs (the slow ones) at Grid.breakdown_batches only.

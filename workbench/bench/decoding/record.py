@@ -280,6 +280,10 @@ def summary_lines(figures: dict[str, Any]) -> list[str]:
         out.append(f"- {'our full graph' if ours_name == 'full graph' else judged} against NeMo's ({t.get('goal', '')}): {t.get('full_graph_rows_vs_nemo', 0) - len(missed)}"
                    f" of {t.get('full_graph_rows_vs_nemo', 0)} sizes meet the target"
                    + (f"; below: {'; '.join(missed)}" if missed else ""))
+        not_judged = t.get("sizes_not_judged", [])
+        if not_judged:
+            out.append(f"- not judged against NeMo (no NeMo full-graph row, and it did not fail there): "
+                       f"{'; '.join(not_judged)}")
         torch_stages = t.get("torch_stages")
         if torch_stages:
             below = torch_stages.get("speedup_vs_nemo_missed", [])

@@ -47,13 +47,12 @@ from typing import Any
 
 import torch
 
-from workbench.bench.decoding import grid as grid_rules
 from workbench.bench.decoding import kernel_profile, nemo_peer, record
 from workbench.bench.decoding.calibration import calibrate_blank_bias
 from workbench.bench.decoding.cases import Case, Deferred, Outcome, ToProfile
 from workbench.bench.decoding.checks import SAME_MATH, check_row
 from workbench.bench.decoding.empty_loop import empty_while_iteration_seconds
-from workbench.bench.decoding.grid import Grid, deferred_methods, methods_for, plan_methods
+from workbench.bench.decoding.grid import NEMO_FULL_GRAPH_LAST_FROM_B, Grid, deferred_methods, methods_for, plan_methods
 from workbench.bench.decoding.iterations import add_iteration_counts
 from workbench.bench.decoding.methods import (
     BLANK,
@@ -246,7 +245,8 @@ def measure_case(case: Case, calibrator: GreedyTransducerDecoder | None, outcome
     wanted = case.methods if methods is None else methods
     methods = [m for m in methods_for(case) if m in wanted]
     later = deferred_methods(case, methods)
-    group = measure_methods(case, [m for m in methods if m not in later or m[0] != "nemo"], outcome)
+    case.measured = [m for m in methods if m not in later or m[0] != "nemo"]
+    group = measure_methods(case, case.measured, outcome)
     finish_rows(case, group, outcome)
     if later:
         outcome.deferred.append(Deferred(case, later))
@@ -265,12 +265,12 @@ def cuda_context_error(device: torch.device) -> str | None:
 
 def measure_deferred(outcome: Outcome, deadline: float = float("inf")) -> list[dict]:
     """The deferred groups (NeMo's full graph with our full-graph methods of that size), those below
-    ``NEMO_FULL_GRAPH_LAST_FROM_B`` first, fp32 first: each timed interleaved; when NeMo's ran, these rows of
-    ours replace the ones from the pass in ``outcome.rows``; when it failed, ours keep theirs (with a note).
-    After a failure that leaves the CUDA context unusable, or past ``deadline``, the rest are listed as not
-    run. Returns NeMo's rows and the replacing rows of ours."""
+    ``NEMO_FULL_GRAPH_LAST_FROM_B`` first, fp32 first, each timed interleaved. When NeMo's ran, these rows of
+    ours take the place of the ones from the pass in ``outcome.rows`` and NeMo's is returned; when it failed,
+    ours keep theirs (marked ``nemo_full_graph: "failed"``). After a failure that leaves the CUDA context
+    unusable, or past ``deadline``, the rest are listed as not run (and their rows marked so)."""
     rows, lost = [], None
-    order = sorted(outcome.deferred, key=lambda d: (d.case.batch >= grid_rules.NEMO_FULL_GRAPH_LAST_FROM_B,
+    order = sorted(outcome.deferred, key=lambda d: (d.case.batch >= NEMO_FULL_GRAPH_LAST_FROM_B,
                                                     d.case.dtype != torch.float32, d.case.model, d.case.frames,
                                                     d.case.batch))
     for item in order:
@@ -279,39 +279,43 @@ def measure_deferred(outcome: Outcome, deadline: float = float("inf")) -> list[d
         if lost or time.perf_counter() > deadline:
             why = f"the CUDA context failed earlier: {lost}" if lost else "past the time for the rows run last"
             outcome.skipped.append(f"{case.tag}: {names} not run ({why})")
-            _note_timed_without_nemo(outcome.rows, case, item)
+            _note_timed_without_nemo(outcome.rows, case, item, f"not run ({why})")
             continue
         set_blank_bias(case.joint, BLANK, case.blank_bias)  # later cases recalibrated the shared joint
-        failures_before = len(outcome.failures)
         interleaved = measure_methods(case, item.methods, outcome)
-        lost = cuda_context_error(case.device)
+        lost = cuda_context_error(case.device) if case.device.type == "cuda" else None
         if lost:
             outcome.context_lost = lost
             outcome.failures.append(f"{case.tag}: the CUDA context is unusable after "
                                     f"{', '.join(method_name(*m) for m in item.methods if m[0] == 'nemo')}: {lost}")
-        if lost or len(outcome.failures) != failures_before:
-            _note_timed_without_nemo(outcome.rows, case, item)
+        if lost or method_name("nemo", "full") not in {r["method"] for r in interleaved}:
+            _note_timed_without_nemo(outcome.rows, case, item, "failed")  # ours keep their rows from the pass
             continue
         finish_rows(case, interleaved, outcome)
-        replaced = {r["method"] for r in interleaved}
-        outcome.rows[:] = [r for r in outcome.rows if not (_same_size(r, case) and r["method"] in replaced)]
+        by_method = {r["method"]: r for r in interleaved}
+        for index, row in enumerate(outcome.rows):  # ours in their places, NeMo's returned
+            if _same_size(row, case) and row["method"] in by_method:
+                outcome.rows[index] = by_method.pop(row["method"])
         _print_group(f"{case.tag} (run last)", interleaved)
-        rows += interleaved
+        rows += list(by_method.values())
     outcome.deferred.clear()
     return rows
 
 
 def _same_size(row: dict, case: Case) -> bool:
+    """Whether ``row`` is of the case's model, dtype, B and T."""
     return (row.get("model"), row.get("dtype"), row.get("batch"), row.get("frames")) == (
         case.model, str(case.dtype)[6:], case.batch, case.frames)
 
 
-def _note_timed_without_nemo(rows: list[dict], case: Case, item: Deferred) -> None:
-    """Mark our rows of the deferred group's methods at the case's size: NeMo's full graph did not run beside them."""
+def _note_timed_without_nemo(rows: list[dict], case: Case, item: Deferred, why: str) -> None:
+    """Mark our rows of the deferred group's methods at the case's size: NeMo's full graph did not run beside
+    them; ``nemo_full_graph`` says why ("failed", or "not run (...)")."""
     names = {method_name(*m) for m in item.methods if m[0] != "nemo"}
     for row in rows:
         if _same_size(row, case) and row["method"] in names:
-            row["timing_note"] = "timed in the pass without NeMo's full graph beside it (NeMo's did not run)"
+            row["timing_note"] = "timed in the pass without NeMo's full graph beside it"
+            row["nemo_full_graph"] = why
 
 
 def profile_case(case: Case, decoder: GreedyTransducerDecoder, method: str) -> dict[str, Any]:
@@ -401,7 +405,7 @@ def measure_grid(grid: Grid, device: torch.device, outcome: Outcome, *, t_start:
         add_speedups(group, base_by_dtype.setdefault(dtype, {}))
         outcome.rows += group
         _print_group(case.tag, group)
-        if lost_context(case, first, outcome):
+        if lost_context(case, outcome):
             continue
         if later:
             second.append((case, later))
@@ -418,18 +422,19 @@ def measure_grid(grid: Grid, device: torch.device, outcome: Outcome, *, t_start:
             row["timing_note"] = "second pass: timed after every size's first pass, not interleaved with its rows"
         outcome.rows += group
         _print_group(f"{case.tag} (second pass)", group)
-        lost_context(case, later, outcome)
+        lost_context(case, outcome)
 
 
-def lost_context(case: Case, methods: list, outcome: Outcome) -> bool:
-    """After a case on CUDA: whether its methods left the CUDA context unusable (an illegal memory access is
-    sticky). If so the failure names the case and its methods (the first failure listed before it is the one
-    that faulted), every later case is listed as not run, and ``outcome.context_lost`` is set."""
+def lost_context(case: Case, outcome: Outcome) -> bool:
+    """After a pass over a case on CUDA: whether the methods it ran (``case.measured``) left the CUDA context
+    unusable (an illegal memory access is sticky). If so the failure names the case and those methods (the
+    first failure listed before it is the one that faulted), every later case is listed as not run, and
+    ``outcome.context_lost`` is set."""
     if case.device.type != "cuda" or not (lost := cuda_context_error(case.device)):
         return False
     outcome.context_lost = lost
     outcome.failures.append(f"{case.tag}: the CUDA context is unusable after "
-                            f"{', '.join(method_name(*m) for m in methods)} ({lost}); the rest did not run")
+                            f"{', '.join(method_name(*m) for m in case.measured)} ({lost}); the rest did not run")
     print(f"FAIL: {outcome.failures[-1]}", flush=True)
     return True
 
@@ -481,7 +486,8 @@ def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke:
                             "passes": "first at every size: " + ", ".join(method_name(*m) for m in NEMO_TARGET_METHODS)
                             + "; then " + ", ".join(method_name(*m) for m in NEMO_BREAKDOWN_EVERYWHERE)
                             + " at every size and " + ", ".join(method_name(*m) for m in NEMO_BREAKDOWN_METHODS)
-                            + " at the breakdown batches"}
+                            + " at the breakdown batches; NeMo's full graph after every other row, at each size "
+                            "interleaved with our full graph of the first pass (whose row it then replaces)"}
         else:
             params_extra = {}
         params = {"vocab": VOCAB, "predictor": PRED, "joint": JOINT, "encoder_dim": ENC, "frame_s": FRAME_S,
@@ -511,6 +517,8 @@ def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke:
 
     path = None
     if outcome.context_lost:  # nothing more can run on this device: the record keeps what did
+        for d in outcome.deferred:
+            _note_timed_without_nemo(outcome.rows, d.case, d, "not run (the CUDA context failed)")
         outcome.skipped += [f"{d.case.tag}: rows run last (the CUDA context failed)" for d in outcome.deferred]
         outcome.skipped += [f"{p.case.tag}: kernel profile (the CUDA context failed)" for p in outcome.to_profile]
         outcome.deferred, outcome.to_profile = [], []

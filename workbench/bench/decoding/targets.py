@@ -22,16 +22,19 @@ def add_speedups(group: list[dict], base_by_shape: dict[tuple, float]) -> None:
 
 def add_nemo_speedups(rows: list[dict]) -> None:
     """On each of our label-looping rows: NeMo's seconds over ours in the same graph mode (``speedup_vs_nemo``,
-    > 1: we are faster) and which NeMo row that is; our full graph falls back to NeMo's partial graphs where
-    NeMo's full graph has no row (it failed)."""
+    > 1: we are faster) and which NeMo row that is; our full graph falls back to NeMo's partial graphs at the
+    sizes where NeMo's full graph failed (a row of that size says ``nemo_full_graph: "failed"``), not where it
+    only did not run."""
     nemo = {(r["model"], r["dtype"], r["batch"], r["frames"], r["method"]): r["time_s"]["median"]
             for r in rows if r["method"].startswith("NeMo")}
+    failed = {(r["model"], r["dtype"], r["batch"], r["frames"]) for r in rows if r.get("nemo_full_graph") == "failed"}
     for r in rows:
         if not r["method"].startswith("label-looping") or r["method"].endswith("window 1"):
             continue
         mode = r["method"].split()[-1]
-        candidates = [method_name("nemo", mode)] + ([method_name("nemo", "partial")] if mode == "full" else [])
         shape = (r["model"], r["dtype"], r["batch"], r["frames"])
+        fallback = mode == "full" and shape in failed
+        candidates = [method_name("nemo", mode)] + ([method_name("nemo", "partial")] if fallback else [])
         against = next((m for m in candidates if (*shape, m) in nemo), None)
         if against is not None:
             r["speedup_vs_nemo"], r["speedup_vs_nemo_method"] = nemo[(*shape, against)] / r["time_s"]["median"], against
@@ -80,6 +83,8 @@ def nemo_targets_of(rows: list[dict], failures: list[str], *, smoke: bool,
     T), the torch stages' full graph beside it, and the fp32 equality of NeMo's hypotheses with ours; a missed
     target is added to ``failures`` (on CPU, where no graph runs, only the equality is checked)."""
     full, misses = _vs_nemo(rows, target_method)
+    not_judged = [f"{r['model']} {r['dtype']} B={r['batch']} T={r['frames']}: {r.get('nemo_full_graph', 'no NeMo row')}"
+                  for r in rows if r["method"] == target_method and "speedup_vs_nemo" not in r]
     nemo32 = [r for r in rows if r["method"].startswith("NeMo") and r["dtype"] == "float32"]
     unequal = [f"{r['model']} B={r['batch']} T={r['frames']} {r['method']}" for r in nemo32
                if not r.get("equal_to_reference", r.get("equal_to_label_looping_off"))]
@@ -91,7 +96,7 @@ def nemo_targets_of(rows: list[dict], failures: list[str], *, smoke: bool,
         "speedup_vs_nemo_full_rnnt": nemo_rnnt / rnnt_full if rnnt_full and nemo_rnnt else None,
         "speedup_vs_nemo_full_tdt": nemo_tdt / tdt_full if tdt_full and nemo_tdt else None,
         "min_speedup_vs_nemo": dict(MIN_SPEEDUP_OVER_NEMO), "full_graph_rows_vs_nemo": len(full),
-        "speedup_vs_nemo_missed": misses, "nemo_fp32_rows": len(nemo32), "nemo_fp32_rows_unequal": unequal,
+        "speedup_vs_nemo_missed": misses, "sizes_not_judged": not_judged, "nemo_fp32_rows": len(nemo32), "nemo_fp32_rows_unequal": unequal,
         "goal": f"{target_method} >= " + ", ".join(f"{k.upper()} {v:g}x" for k, v in MIN_SPEEDUP_OVER_NEMO.items())
                 + " NeMo's full graph at every size; NeMo's hypotheses equal to ours in fp32",
     }
@@ -106,4 +111,6 @@ def nemo_targets_of(rows: list[dict], failures: list[str], *, smoke: bool,
         failures.append("no fp32 NeMo row to compare hypotheses with")
     if not smoke and not full:
         failures.append(f"no {target_method} row with a NeMo time to compare with")
+    if not smoke and not_judged:
+        failures.append(f"{target_method} not judged against NeMo at {len(not_judged)} sizes: {not_judged}")
     return targets

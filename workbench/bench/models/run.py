@@ -151,10 +151,22 @@ def profile_shapes_for(models, paths, buckets=PROFILE_BUCKETS, *, strict: bool) 
         else:
             missing[model] = f"in no OOMptimizer record ({', '.join(Path(p).name for p in paths) or 'none given'})"
     for model, other in STAND_INS.items():
-        if model in missing and other in found:
-            found[model] = [{**shape, "stand_in": other} for shape in found[other]]
-            missing.pop(model)
+        if model in missing:
+            shapes = found.get(other) or _first_profile_shapes(other, paths, buckets)
+            if shapes:
+                found[model] = [{**shape, "stand_in": other} for shape in shapes]
+                missing.pop(model)
     return found, missing
+
+
+def _first_profile_shapes(model: str, paths, buckets) -> list[dict] | None:
+    """``read_profile_shapes`` of the first record in ``paths`` that holds ``model``, else None."""
+    for path in paths:
+        try:
+            return read_profile_shapes(path, model, buckets)
+        except ModelNotInRecord:
+            continue
+    return None
 
 
 def top_kernels(events, device_type: str, top: int = TOP_KERNELS) -> dict:
