@@ -116,8 +116,11 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
   case $1 in
     flow)             run_stage flow 420 env WORKBENCH_FLOW_OUT="$RESULTS" python3 -m pytest -q -s -m gpu \
                         -p no:cacheprovider tests/bench/test_flow.py ;;
-    tests)            # GPU_TESTS: the paths to run (default: every gpu test); GPU_TESTS_LIMIT: seconds
-                      run_stage tests "${GPU_TESTS_LIMIT:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests)            # GPU_TESTS: the paths to run (default: every gpu test); GPU_TESTS_LIMIT: seconds. NeMo on the
+                      # path, so the NeMo-gated gpu tests (ours beside NeMo's decoders) run too
+                      nemo_site
+                      run_stage tests "${GPU_TESTS_LIMIT:-150}" env PYTHONPATH="$PYTHONPATH:/tmp/nemo_site" \
+                        python3 -m pytest -q -m gpu -p no:cacheprovider \
                         --durations=5 --ignore=tests/bench/test_flow.py ${GPU_TESTS:-tests} ;;
     tests-allocator)  run_stage tests_allocator 120 python3 -m pytest -q -p no:cacheprovider \
                         tests/memory/test_allocator_gpu.py tests/bench/test_bench_smoke.py::test_allocator_bench_smoke ;;
