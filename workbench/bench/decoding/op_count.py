@@ -114,13 +114,6 @@ def predictor_step_ops(kernels: str, num_layers: int) -> list[str]:
         return _counted(lambda: label_looping.fused_predictor_step(buf, predictor))
 
 
-def per_outer_iteration(counts: dict[str, int], inner_per_outer: float, full_graph: bool = True) -> float:
-    """Ops of one outer iteration: first + emit + inner steps x again (+ the full graph's condition kernels,
-    2 + inner per outer)."""
-    total = counts["find_label_first"] + counts["emit_labels"] + inner_per_outer * counts["find_label_again"]
-    return total + (2 + inner_per_outer if full_graph else 0)
-
-
 def main() -> int:
     if fused.triton_unavailable_reason(torch.device("cpu")):
         print(f"note: {fused.triton_unavailable_reason(torch.device('cpu'))}; counting the torch stages only")
