@@ -60,6 +60,7 @@ nemo_site() {  # NeMo's wheels into /tmp/nemo_site, once per call, when a NeMo s
       .whl-nemo/*.whl || echo "note: NeMo's wheels did not install; the stage will say NeMo is missing"
   fi
   NEMO_INSTALLED=1
+  NEMO_ENV=(env PYTHONPATH="$PYTHONPATH:/tmp/nemo_site")  # a stage's command prefix with NeMo importable
 }
 python3 - <<'PY' || exit 1
 import torch, lhotse
@@ -119,7 +120,7 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
     tests)            # GPU_TESTS: the paths to run (default: every gpu test); GPU_TESTS_LIMIT: seconds. NeMo on the
                       # path, so the NeMo-gated gpu tests (ours beside NeMo's decoders) run too
                       nemo_site
-                      run_stage tests "${GPU_TESTS_LIMIT:-150}" env PYTHONPATH="$PYTHONPATH:/tmp/nemo_site" \
+                      run_stage tests "${GPU_TESTS_LIMIT:-150}" "${NEMO_ENV[@]}" \
                         python3 -m pytest -q -m gpu -p no:cacheprovider \
                         --durations=5 --ignore=tests/bench/test_flow.py ${GPU_TESTS:-tests} ;;
     tests-allocator)  run_stage tests_allocator 120 python3 -m pytest -q -p no:cacheprovider \
@@ -130,14 +131,14 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
                         --budget-s $(( b < 120 ? b : 120 )) --out "$RESULTS" ;;
     decoding-nemo-quick)  # B in {1, 16}, 12 s, fp32; the margin covers NeMo's import and the rows run last
                       nemo_site; b=$(budget 90 30) || { echo "=== $1: SKIPPED (less than two minutes left) ==="; return 1; }
-                      run_stage decoding_nemo_quick 180 env PYTHONPATH="$PYTHONPATH:/tmp/nemo_site" \
+                      run_stage decoding_nemo_quick 180 "${NEMO_ENV[@]}" \
                         python3 -m workbench.bench.decoding --nemo --quick \
                         --budget-s $(( b < 80 ? b : 80 )) --out "$RESULTS" ;;
     decoding-nemo)    # the grid's budget; then NeMo's full graph at every size beside ours (up to 70 s), then the
                       # kernel profiles (6 profiled decodes: RNN-T and TDT at B=1, 16, 128, estimated under 15 s):
                       # the margin covers NeMo's import (~20 s) and those tails (they start up to 90 s after the budget)
                       nemo_site; b=$(budget 130 60) || { echo "=== $1: SKIPPED (less than 190 s left) ==="; return 1; }
-                      run_stage decoding_nemo 300 env PYTHONPATH="$PYTHONPATH:/tmp/nemo_site" \
+                      run_stage decoding_nemo 300 "${NEMO_ENV[@]}" \
                         python3 -m workbench.bench.decoding --nemo --kernel-profile \
                         --budget-s $(( b < 160 ? b : 160 )) --out "$RESULTS" ;;
     models)           run_stage models 330 python3 -m workbench.bench.models --kernels --out "$RESULTS" ;;

@@ -89,6 +89,9 @@ def test_profile_shapes_for_skips_or_refuses_a_model_in_no_record(tmp_path):
     assert missing == {"tiny-ctc": "in no OOMptimizer record (aed.json, rnnt.json)"}
     with pytest.raises(ModelNotInRecord, match="'tiny-ctc'"):
         profile_shapes_for(["tiny-rnnt", "tiny-ctc"], [rnnt], (0,), strict=True)
+    # given records: a model in the second one is found (the first one lacking it is no refusal)
+    strict, _ = profile_shapes_for(["tiny-rnnt"], [other, rnnt], (0,), strict=True)
+    assert strict["tiny-rnnt"] == found["tiny-rnnt"]
 
 
 def test_a_model_in_no_record_takes_its_stand_ins_shapes_marked(tmp_path, monkeypatch):

@@ -156,3 +156,35 @@ def test_the_gpu_script_knows_the_stage():
     out = subprocess.run(["bash", str(REPO / "scripts/gpu_run.sh"), "--help"], capture_output=True, text=True)
     assert " oomptimizer-rnnt-chunked " in out.stdout
     assert "--part rnnt-chunked" in (REPO / "scripts/gpu_run.sh").read_text()
+
+
+def test_smoke_chunked_search_runs_the_chunked_joint_and_the_unchunked_one_never(tmp_path, monkeypatch):
+    """On CPU both searches return the same sizes, so the ratios cannot show which ran chunked: count the calls."""
+    from workbench.bench.oomptimizer import run
+    from workbench.models import model as model_module
+
+    calls, real = [], model_module.chunked_joint_loss
+    phase = {"chunk": None}
+    real_build = run.build
+
+    def build(name, joint_chunk_size=0):
+        phase["chunk"] = joint_chunk_size
+        return real_build(name, joint_chunk_size)
+
+    def counted(joint, enc, pred, nll_of, chunk, **kw):
+        calls.append((phase["chunk"], chunk))
+        return real(joint, enc, pred, nll_of, chunk, **kw)
+
+    monkeypatch.setattr(run, "build", build)
+    monkeypatch.setattr(model_module, "chunked_joint_loss", counted)
+    _smoke(tmp_path)
+    assert calls and {c for c in calls} == {(run.SMOKE_JOINT_CHUNK_SIZE, run.SMOKE_JOINT_CHUNK_SIZE)}
+    assert run.build("tiny-rnnt", 2).config.joint_chunk_size == 2
+
+
+def test_too_many_probes_is_a_failure_unless_the_search_stopped_early():
+    from workbench.bench.oomptimizer.run import too_many_probes
+
+    assert too_many_probes("rnnt", {"probes_per_bucket": 3.0}) == []
+    assert too_many_probes("rnnt", {"probes_per_bucket": 3.5}) == ["rnnt predictive: 3.50 probes per bucket > 3"]
+    assert too_many_probes("rnnt", {"probes_per_bucket": 3.5, "stopped": "time limit"}) == []

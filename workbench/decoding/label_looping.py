@@ -133,8 +133,9 @@ def make_buffers(predictor, joint, *, batch_capacity: int, frame_capacity: int, 
         symbols_at_frame=torch.zeros(bc, **long), num_emitted=torch.zeros(bc, **long),
         tokens=torch.zeros(bc, capacity, **long), timestamps=torch.zeros(bc, capacity, **long),
         scores=torch.zeros(bc, dtype=score_dtype, device=device),
+        # the predictor's own layout (its step() then copies nothing); contiguous for the fused LSTM step
         pred_state=tuple(torch.zeros_like(s) if lstm is None else torch.zeros(s.shape, dtype=s.dtype, device=device)
-                         for s in state),                       # the fused LSTM step: contiguous
+                         for s in state),
         pred_proj=torch.zeros_like(pred_proj),
         active_any=torch.zeros((), dtype=torch.bool, device=device),
         searching_any=torch.zeros((), dtype=torch.bool, device=device),

@@ -115,9 +115,10 @@ def predictor_step_ops(kernels: str, num_layers: int) -> list[str]:
 
 
 def main() -> int:
-    if fused.triton_unavailable_reason(torch.device("cpu")):
-        print(f"note: {fused.triton_unavailable_reason(torch.device('cpu'))}; counting the torch stages only")
-    fusing = not fused.triton_unavailable_reason(torch.device("cpu"))
+    reason = fused.triton_unavailable_reason(torch.device("cpu"))
+    if reason:
+        print(f"note: {reason}; counting the torch stages only")
+    fusing = reason is None
     kinds = ["torch"] + (["triton_cudnn", "triton"] if fusing else [])
     for model, durations in (("rnnt", None), ("tdt", [0, 1, 2, 3, 4])):
         for kernels in kinds:

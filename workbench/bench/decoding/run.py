@@ -346,9 +346,7 @@ def add_kernel_profiles(outcome: Outcome, deadline: float = float("inf")) -> Non
     timing. After a CUDA context failure, or from ``deadline`` (a ``time.perf_counter()`` value) on, the rest are
     listed as not run."""
     def row_of(case: Case, method: str) -> dict | None:
-        shape = (case.model, str(case.dtype)[6:], case.batch, case.frames, method)
-        return next((r for r in outcome.rows if (r.get("model"), r.get("dtype"), r.get("batch"), r.get("frames"),
-                                                 r.get("method")) == shape), None)
+        return next((r for r in outcome.rows if _same_size(r, case) and r.get("method") == method), None)
 
     for item in outcome.to_profile:
         case = item.case
@@ -481,7 +479,6 @@ def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke:
                    "skipped_for_time": outcome.skipped, "elapsed_s": time.perf_counter() - t_start}
         if nemo:
             figures["peer"] = nemo_peer.peer_description()
-        if nemo:
             params_extra = {"breakdown_batches": grid.breakdown_batches,
                             "passes": "first at every size: " + ", ".join(method_name(*m) for m in NEMO_TARGET_METHODS)
                             + "; then " + ", ".join(method_name(*m) for m in NEMO_BREAKDOWN_EVERYWHERE)

@@ -141,32 +141,32 @@ def profile_shapes_for(models, paths, buckets=PROFILE_BUCKETS, *, strict: bool) 
     model's shapes, each marked "stand_in". Any other problem with a record always raises."""
     found, missing = {}, {}
     for model in models:
-        for path in paths:
-            try:
-                found[model] = read_profile_shapes(path, model, buckets)
-                break
-            except ModelNotInRecord:
-                if strict:
-                    raise
+        shapes, why = _first_profile_shapes(model, paths, buckets)
+        if shapes is not None:
+            found[model] = shapes
+        elif strict and why is not None:
+            raise why
         else:
             missing[model] = f"in no OOMptimizer record ({', '.join(Path(p).name for p in paths) or 'none given'})"
     for model, other in STAND_INS.items():
         if model in missing:
-            shapes = found.get(other) or _first_profile_shapes(other, paths, buckets)
+            shapes = found.get(other) or _first_profile_shapes(other, paths, buckets)[0]
             if shapes:
                 found[model] = [{**shape, "stand_in": other} for shape in shapes]
                 missing.pop(model)
     return found, missing
 
 
-def _first_profile_shapes(model: str, paths, buckets) -> list[dict] | None:
-    """``read_profile_shapes`` of the first record in ``paths`` that holds ``model``, else None."""
+def _first_profile_shapes(model: str, paths, buckets) -> tuple[list[dict] | None, ModelNotInRecord | None]:
+    """(``read_profile_shapes`` of the first record in ``paths`` that holds ``model``, None), else (None, the
+    last record's refusal; None when no path was given)."""
+    why = None
     for path in paths:
         try:
-            return read_profile_shapes(path, model, buckets)
-        except ModelNotInRecord:
-            continue
-    return None
+            return read_profile_shapes(path, model, buckets), None
+        except ModelNotInRecord as e:
+            why = e
+    return None, why
 
 
 def top_kernels(events, device_type: str, top: int = TOP_KERNELS) -> dict:

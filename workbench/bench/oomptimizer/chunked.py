@@ -14,8 +14,9 @@ buckets were not searched, and the ratios cover the buckets both searched.
 
 from __future__ import annotations
 
-import statistics
 from typing import Any, Mapping
+
+from workbench.bench.results import summarize
 
 TARGET_RATIO = 2.0  # the target: chunked batch size >= 2x the unchunked one at every bucket
 UNCHUNKED_SHARE = 0.45  # of --time-limit-s for the unchunked search (the chunked one probes larger batches)
@@ -35,9 +36,8 @@ def ratio_figures(unchunked: list[int | None], chunked: list[int | None],
                            "at_least_target": [i for i in compared if ratios[i] >= target], "target": target}
     if compared:
         values = [ratios[i] for i in compared]
-        out.update({"min": min(values), "median": statistics.median(values), "max": max(values),
-                    "min_bucket": min(compared, key=lambda i: ratios[i])})
-    out["target_met"] = bool(compared) and len(compared) == len(buckets) and len(out["at_least_target"]) == len(buckets)
+        out.update(summarize(values), min_bucket=min(compared, key=lambda i: ratios[i]))
+    out["target_met"] = len(out["at_least_target"]) == len(buckets) > 0
     out["target_line"] = target_line(out, buckets)
     return out
 
@@ -84,7 +84,7 @@ def across_runs(unchunked: list[int | None], buckets: list[tuple[float, float]],
                     f"(commit {str(reference.get('git_commit', '?'))[:12]}, {str(reference.get('date', '?'))[:10]})",
            "reference_batch_sizes": old, "ratios": ratios}
     if values:
-        out.update({"min": min(values), "median": statistics.median(values), "max": max(values)})
+        out.update(summarize(values))
     return out
 
 

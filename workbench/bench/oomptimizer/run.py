@@ -243,6 +243,17 @@ def main_single(args) -> int:
     return report_failures(parts.failures, smoke=args.smoke)
 
 
+MAX_PROBES_PER_BUCKET = 3  # a predictive search that needs more has predicted badly
+
+
+def too_many_probes(label: str, result: dict) -> list[str]:
+    """The failure of a predictive search that took more than MAX_PROBES_PER_BUCKET probes per bucket; none
+    for a search stopped early (a prefix of buckets: its first bucket costs more than the average)."""
+    if result["probes_per_bucket"] <= MAX_PROBES_PER_BUCKET or "stopped" in result:
+        return []
+    return [f"{label} predictive: {result['probes_per_bucket']:.2f} probes per bucket > {MAX_PROBES_PER_BUCKET}"]
+
+
 def check_search(parts: Parts, label: str, result: dict) -> None:
     """A search's failures: a returned size not probed, bytes left allocated."""
     if not result["all_returned_probed"]:
@@ -263,8 +274,7 @@ def rnnt_part(parts: Parts) -> None:
         rnnt["predictive"] = pred = run_search(probe, parts.buckets, "predictive", args.max_batch_size)
         rnnt["probe_seconds"] = pred["probe_seconds"]
         check_search(parts, "rnnt predictive", pred)
-        if pred["probes_per_bucket"] > 3:
-            parts.failures.append(f"rnnt predictive: {pred['probes_per_bucket']:.2f} probes per bucket > 3")
+        parts.failures += too_many_probes("rnnt", pred)
     except Exception as e:  # noqa: BLE001 - without the profile nothing else of the RNN-T part can run
         part_failed(parts.failures, f"{args.rnnt} predictive search", e)
         pred = None
@@ -409,8 +419,7 @@ def chunked_search(parts: Parts, label: str, joint_chunk_size: int, stop_at: flo
         check_search(parts, f"{label} predictive", result)
         if "stopped" in result:
             parts.failures.append(f"{label} predictive: {result['stopped']}")
-        if result["probes_per_bucket"] > 3 and "stopped" not in result:  # a prefix's first bucket costs more
-            parts.failures.append(f"{label} predictive: {result['probes_per_bucket']:.2f} probes per bucket > 3")
+        parts.failures += too_many_probes(label, result)
     except Exception as e:  # noqa: BLE001 - the record keeps what ran
         part_failed(parts.failures, f"{args.rnnt} {label} predictive search", e)
         result = {"error": f"{type(e).__name__}: {e}", "joint_chunk_size": joint_chunk_size}
@@ -474,8 +483,7 @@ def main_ddp(args) -> int:
     probe = make_probe(model, torch.bfloat16, args, ddp_gradient_buckets=True)
     res = run_search(probe, buckets, "predictive", args.max_batch_size)
     failures = [] if res["all_returned_probed"] else ["ddp: a returned batch size was not probed"]
-    if res["probes_per_bucket"] > 3:
-        failures.append(f"ddp predictive: {res['probes_per_bucket']:.2f} probes per bucket > 3")
+    failures += too_many_probes("ddp", res)
     torch.distributed.barrier()
     if rank == 0:
         figures = {"smoke": bool(args.smoke), "probe": type(probe).__name__, "model": args.rnnt,
