@@ -10,6 +10,7 @@ import pytest
 
 from workbench.bench import summary
 from workbench.bench.oomptimizer import chunked, record
+from workbench.units import GiB
 
 REPO = Path(__file__).resolve().parents[2]
 BUCKETS = [(10.0, 40.0), (20.0, 80.0), (40.0, 160.0)]
@@ -68,6 +69,8 @@ def test_returned_peaks_are_the_probes_at_the_returned_sizes():
     search = {"batch_sizes": [4, None, 2],
               "trace": [[0, 8, None, None], [0, 4, 400.0, None], [2, 2, 300.0, 310.0], [2, 3, None, 350.0]]}
     assert chunked.returned_peaks(search) == [400.0, None, 300.0]
+    assert record.max_returned_peak_bytes(search) == 400.0
+    assert record.max_returned_peak_bytes({"batch_sizes": [None], "trace": []}) is None
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "two"])
@@ -113,10 +116,14 @@ def test_smoke_runs_both_searches_on_the_rnnt_part_bins(tmp_path, capsys):
     for s in (whole, chunks):
         assert s["all_returned_probed"] and all(b >= 1 for b in s["batch_sizes"]) and "stopped" not in s
         assert s["probes"] == len(s["trace"]) and s["probe_seconds"]["n"] == s["probes"]
-        assert s["max_peak_bytes"] == max(s["returned_peak_bytes"])
+        assert s["probe"] == "ModeledMemoryProbe" and s["budget_bytes"] > 0
+    # each search keeps its own probe's budget: the chunked model has the same weights, so the same budget here
+    assert whole["budget_bytes"] == chunks["budget_bytes"]
+    assert not {"probe", "budget_bytes", "comparison"} & set(fig)  # nothing overwritten or derived at the top
+    assert not {"max_peak_bytes", "returned_peak_bytes"} & set(whole)
     # a chunk of 2 runs in every probe that fitted: the smallest returned batch size is above it
     assert min(chunks["batch_sizes"]) > run.SMOKE_JOINT_CHUNK_SIZE
-    comp = fig["comparison"]
+    comp = record.chunked_comparison(fig)
     assert comp["ratios"] == [c / u for u, c in zip(whole["batch_sizes"], chunks["batch_sizes"])]
     assert comp["compared"] == len(fig["buckets"])
     assert fig["across_runs"]["skipped"].startswith("buckets differ")  # smoke buckets are not the record's
@@ -131,22 +138,23 @@ def test_a_run_stopped_at_its_time_limit_keeps_what_finished_and_renders(tmp_pat
     for s in (fig["unchunked"], fig["chunked"]):  # one bucket each (the largest), then the stop
         assert [b is not None for b in s["batch_sizes"]] == [False] * (n - 1) + [True]
         assert s["stopped"] == f"time limit: 1 of {n} buckets searched"
-    assert fig["comparison"]["compared"] == 1 and not fig["comparison"]["target_met"]
+    comp = record.chunked_comparison(fig)
+    assert comp["compared"] == 1 and not comp["target_met"]
     assert f"unchunked predictive: time limit: 1 of {n} buckets searched" in fig["failures"]
     lines = summary.section_for(tmp_path.joinpath(f"{record.CHUNKED_NAME}.json").stem)(fig)
     assert lines == record.chunked_summary_lines(fig)
     assert lines[0].startswith(f"- tiny-rnnt predictive, joint whole: 1 of {n} buckets") and "(stopped: " in lines[0]
+    assert f", peak {record.max_returned_peak_bytes(fig['unchunked']) / GiB:.1f} GiB" in lines[0]
     assert any(line.startswith("- target: ") and f"only 1 of {n} buckets" in line for line in lines)
     text = summary.render(tmp_path)
     assert f"## {record.CHUNKED_NAME}.json" in text and lines[1] in text
 
 
 def test_summary_lines_of_a_search_that_failed():
-    fig = {"part": record.CHUNKED_PART, "model": "m", "joint_chunk_size": 16,
+    fig = {"part": record.CHUNKED_PART, "model": "m", "joint_chunk_size": 16, "buckets": [[1.0, 2.0]],
            "unchunked": {"error": "RuntimeError: no fit\nmore", "joint_chunk_size": 0},
-           "comparison": chunked.ratio_figures([None], [None], [(1.0, 2.0)]), "across_runs": {"skipped": "x"},
-           "failures": ["m unchunked predictive search: RuntimeError: no fit"]}
-    lines = record.summary_lines(fig)
+           "across_runs": {"skipped": "x"}, "failures": ["m unchunked predictive search: RuntimeError: no fit"]}
+    lines = summary.section_for(record.CHUNKED_NAME)(fig)
     assert lines[:2] == ["- m predictive, joint whole: failed (RuntimeError: no fit)",
                          "- m predictive, joint_chunk_size 16: not run"]
     assert lines[2] == "- target: chunked >= 2x unchunked at every bucket: not measured (no bucket searched by both)"

@@ -143,3 +143,37 @@ def test_max_batch_size_caps_tiny_buckets():
     model = SyntheticMemory(kind="linear")
     result = search_batch_sizes([(0.1, 1.0)], model.probe, max_batch_size=100)
     assert result.batch_sizes == [100]
+
+
+@pytest.mark.parametrize("strategy", ["predictive", "bisect"])
+def test_stop_between_buckets_leaves_the_rest_not_searched(strategy):
+    model = SyntheticMemory(kind="quadratic")
+    buckets = demo_buckets(4, 1)  # ascending: searched largest first, so 3, then 2
+    done, asked, probes_when_stopped = [], [], []
+
+    def stop():
+        asked.append(len(done))
+        if len(done) >= 2:
+            probes_when_stopped.append(len(seen))
+        return len(done) >= 2
+
+    seen = []
+    result = search_batch_sizes(buckets, model.probe, budget_bytes=model.budget_bytes, strategy=strategy,
+                                on_probe=seen.append, on_bucket=lambda i, bs, recs: done.append(i), stop=stop)
+    assert done == [3, 2] and asked == [1, 2]  # asked between buckets only, never before the first
+    assert result.not_searched == [0, 1] and result.num_searched == 2
+    assert result.batch_sizes[:2] == [None, None] and result.stop_reasons[:2] == ["not searched"] * 2
+    full = search_batch_sizes(buckets, model.probe, budget_bytes=model.budget_bytes, strategy=strategy)
+    assert result.batch_sizes[2:] == full.batch_sizes[2:]  # the searched buckets as in a full search
+    assert probes_when_stopped == [len(seen)] == [result.num_probes]  # no probe after the stop
+    assert {p.bucket_index for p in result.probes} == {2, 3}
+    assert result.probes_per_bucket == result.num_probes / 2
+    with pytest.raises(ValueError, match=r"stopped after 2 of 4 buckets \(not searched: \[0, 1\]\): no profile"):
+        result.profile_batch_sizes()
+    assert full.profile_batch_sizes() == full.batch_sizes and full.not_searched == []
+
+
+def test_stop_is_not_asked_after_the_last_bucket():
+    asked = []
+    result = search_batch_sizes([(1.0, 5.0)], SyntheticMemory().probe, stop=lambda: asked.append(1) or True)
+    assert asked == [] and result.not_searched == [] and result.batch_sizes[0] >= 1

@@ -31,6 +31,7 @@ SECTIONS: dict[str, Callable[[dict], list[str]]] = {
     manifest_reading.NAME: manifest_reading.summary_lines,
     **{name: bucketing.summary_lines for name in bucketing.NAMES},
     models.NAME: models.summary_lines,
+    oomptimizer.CHUNKED_NAME: oomptimizer.chunked_summary_lines,  # before the prefix "oomptimizer" matches
     oomptimizer.NAME: oomptimizer.summary_lines,
     allocator.NAME: allocator.summary_lines,
     decoding.NAME: decoding.summary_lines,

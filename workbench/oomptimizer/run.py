@@ -68,7 +68,7 @@ def oomptimize(model: torch.nn.Module, model_name: str, bins: BucketProfile, *, 
     leftover = torch.cuda.memory_allocated() - probe.baseline_bytes
     if leftover != 0:
         raise RuntimeError(f"probes left {leftover} bytes allocated (baseline {probe.baseline_bytes})")
-    bin_list, batch_sizes, tps = list(bins.bucket_duration_bins), list(result.batch_sizes), bins.max_tps
+    bin_list, batch_sizes, tps = list(bins.bucket_duration_bins), result.profile_batch_sizes(), bins.max_tps
     if merge:
         per_bucket_tps = tps if isinstance(tps, list) else None
         bin_list, batch_sizes, merged_tps = merge_equal_buckets(bin_list, batch_sizes, per_bucket_tps)

@@ -16,6 +16,9 @@ Two strategies:
   predicted below it (on a GPU steps fail a little before the limit), then it is learned from the
   OOMs; with no budget given it is learned from OOMs alone. Noisy peaks (the fit's residual) make the
   proof use an optimistic reading. Buckets run largest first.
+
+``stop()`` (optional) is asked between buckets: once it returns True no new bucket starts, and the
+buckets not searched keep batch size None (``SearchResult.not_searched``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from workbench.oomptimizer.memory_model import MemoryFit, fit_base_and_costs, fi
 Bucket = tuple[float, float]  # (max duration in seconds, max tokens) of one bucket
 Probe = Callable[[Bucket, int], float]
 STRATEGIES = ("predictive", "bisect")
+NOT_SEARCHED = "not searched"  # stop reason of a bucket the search stopped before
 
 
 @dataclass
@@ -51,7 +55,8 @@ class ProbeRecord:
 @dataclass
 class SearchResult:
     buckets: list[Bucket]
-    batch_sizes: list[int]  # one per bucket, in the caller's order, each probed successfully
+    batch_sizes: list[int | None]  # one per bucket, in the caller's order, each probed successfully;
+    # None for a bucket not searched (``stop`` said so before it started)
     probes: list[ProbeRecord]  # the trace, in the order run
     strategy: str
     rel_gap: float
@@ -59,7 +64,17 @@ class SearchResult:
     seconds: float
     fit: MemoryFit | None = None  # the final memory model (predictive)
     budget_bounds: tuple[float, float] | None = None  # what the search knows of the budget (bytes)
-    stop_reasons: list[str] = field(default_factory=list)  # per bucket: "gap", "budget", "exhausted"
+    # per bucket: "gap", "budget", "max_batch_size", "exhausted", or NOT_SEARCHED
+    stop_reasons: list[str] = field(default_factory=list)
+
+    @property
+    def not_searched(self) -> list[int]:
+        """Indices of the buckets the search stopped before (batch size None); empty for a full search."""
+        return [i for i, b in enumerate(self.batch_sizes) if b is None]
+
+    @property
+    def num_searched(self) -> int:
+        return len(self.buckets) - len(self.not_searched)
 
     @property
     def num_probes(self) -> int:
@@ -67,26 +82,39 @@ class SearchResult:
 
     @property
     def probes_per_bucket(self) -> float:
-        return len(self.probes) / max(len(self.buckets), 1)
+        """Probes per bucket searched."""
+        return len(self.probes) / max(self.num_searched, 1)
 
     @property
     def num_ooms(self) -> int:
         return sum(p.oom for p in self.probes)
+
+    def profile_batch_sizes(self) -> list[int]:
+        """Every bucket's batch size, for a profile; ValueError when the search stopped before some bucket
+        (a profile with a bucket left out would be wrong, not short)."""
+        missing = self.not_searched
+        if missing:
+            raise ValueError(f"search stopped after {self.num_searched} of {len(self.buckets)} buckets "
+                             f"(not searched: {missing}): no profile from a partial search")
+        return list(self.batch_sizes)
 
 
 def search_batch_sizes(buckets, probe: Probe, *, budget_bytes: float | None = None, rel_gap: float = 0.05,
                        start_batch_size: int = 32, strategy: str = "predictive",
                        max_batch_size: int = 1 << 20, max_probes_per_bucket: int = 40,
                        on_probe: Callable[[ProbeRecord], None] | None = None,
-                       on_bucket: Callable[[int, int, list[ProbeRecord]], None] | None = None) -> SearchResult:
+                       on_bucket: Callable[[int, int, list[ProbeRecord]], None] | None = None,
+                       stop: Callable[[], bool] | None = None) -> SearchResult:
     """The largest batch size per bucket that fits, found with few probes.
 
     ``buckets``: list of ``(duration_seconds, num_tokens)``, any order. ``budget_bytes``: the memory limit
     the probe's peaks are measured against (an upper bound; OOMs below it are learned), or None to learn
     it from OOMs alone. ``max_batch_size``: no size above it is probed. ``rel_gap``: stop once
     (smallest OOM - largest fit) / smallest OOM <= rel_gap. ``on_probe(record)`` after every probe;
-    ``on_bucket(index, batch_size, records)`` when a bucket is done. Raises ValueError on bad input
-    and RuntimeError when a bucket does not fit even at batch size 1.
+    ``on_bucket(index, batch_size, records)`` when a bucket is done. ``stop()`` is asked after each
+    bucket but the last: True starts no further bucket (those get batch size None and stop reason
+    NOT_SEARCHED), so a stopped search has searched at least the largest bucket. Raises ValueError on
+    bad input and RuntimeError when a bucket does not fit even at batch size 1.
     """
     buckets = [_check_bucket(i, b) for i, b in enumerate(buckets)]
     if not buckets:
@@ -103,10 +131,12 @@ def search_batch_sizes(buckets, probe: Probe, *, budget_bytes: float | None = No
                          max_probes_per_bucket, on_probe)
     t0 = time.perf_counter()
     order = sorted(range(len(buckets)), key=lambda i: (buckets[i][0], buckets[i][1]), reverse=True)
-    result = [0] * len(buckets)
-    reasons = [""] * len(buckets)
+    result: list[int | None] = [None] * len(buckets)
+    reasons = [NOT_SEARCHED] * len(buckets)
     previous = int(start_batch_size)
-    for i in order:
+    for k, i in enumerate(order):
+        if k > 0 and stop is not None and stop():
+            break
         if strategy == "bisect":
             result[i], reasons[i] = state.bisect_bucket(i, previous)
             previous = result[i]

@@ -4,12 +4,14 @@ in one run.
 
     python3 -m workbench.bench.oomptimizer --part rnnt-chunked [--joint-chunk-size 16] --time-limit-s 240
 
-Writes ``oomptimizer_rnnt_chunked.json``: both searches (record.SearchFigures), per bucket the chunked /
-unchunked batch size ratio with its min/median/max, the buckets at >= 2x and the target line, and the
-unchunked sizes against the committed ``oomptimizer.json`` (across runs). Only the two searches run (no
-bisect, true maxima, soak or DDP accounting). ``--time-limit-s``: the unchunked search starts no new
-bucket after ``UNCHUNKED_SHARE`` of it, the chunked one none after all of it; the record says which
-buckets were not searched, and the ratios cover the buckets both searched.
+Writes ``oomptimizer_rnnt_chunked.json``: both searches (record.SearchFigures, each with its probe and
+budget), and the unchunked sizes against the committed ``oomptimizer.json`` (across runs, fixed at run
+time since that record may be rerun). The reader derives per bucket the chunked / unchunked batch size
+ratio with its min/median/max, the buckets at >= 2x and the target line (:func:`ratio_figures`, through
+record.chunked_comparison). Only the two searches run (no bisect, true maxima, soak or DDP accounting).
+``--time-limit-s``: the unchunked search starts no new bucket after ``UNCHUNKED_SHARE`` of it, the chunked
+one none after all of it; the record says which buckets were not searched, and the ratios cover the
+buckets both searched.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def ratio_figures(unchunked: list[int | None], chunked: list[int | None],
                          f"{len(buckets)} buckets")
     ratios = [c / u if u and c else None for u, c in zip(unchunked, chunked)]
     compared = [i for i, r in enumerate(ratios) if r is not None]
-    out: dict[str, Any] = {"ratios": ratios, "compared": len(compared), "buckets": len(buckets),
+    out: dict[str, Any] = {"ratios": ratios, "compared": len(compared),
                            "at_least_target": [i for i in compared if ratios[i] >= target], "target": target}
     if compared:
         values = [ratios[i] for i in compared]
@@ -54,8 +56,8 @@ def target_line(r: Mapping[str, Any], buckets: list[tuple[float, float]]) -> str
         return f"{head}: met ({smallest})"
     below = r["compared"] - len(r["at_least_target"])
     parts = []
-    if r["compared"] < r["buckets"]:
-        parts.append(f"only {r['compared']} of {r['buckets']} buckets searched by both")
+    if r["compared"] < len(buckets):
+        parts.append(f"only {r['compared']} of {len(buckets)} buckets searched by both")
     if below:
         short = r["target"] - r["min"]
         parts.append(f"{below} of {r['compared']} compared buckets below {r['target']:g}x; {smallest}, "

@@ -4,9 +4,10 @@
 the model, its buckets ``[(duration s, tokens)]`` and per search (``predictive``, ``bisect``,
 ``comparison``, ``ddp_accounting``) a :class:`SearchFigures`; RNN-T also ``true_max`` per bucket index and
 the ``soak`` report. ``oomptimizer_ddp.json``: ``figures["predictive"]`` of a torchrun run on
-``world_size`` GPUs. ``oomptimizer_rnnt_chunked.json`` (``part`` "rnnt-chunked"): ``unchunked`` and
-``chunked`` SearchFigures (batch size None for a bucket not searched), ``comparison`` (chunked / unchunked
-per bucket, chunked.ratio_figures) and ``across_runs`` (chunked.across_runs).
+``world_size`` GPUs. ``oomptimizer_rnnt_chunked.json`` (``part`` "rnnt-chunked"): the buckets, the
+``unchunked`` and ``chunked`` SearchFigures (batch size None for a bucket not searched) each with its
+``joint_chunk_size``, ``probe`` and ``budget_bytes``, and ``across_runs`` (chunked.across_runs); the
+chunked / unchunked comparison is derived when read (:func:`chunked_comparison`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Mapping, TypedDict
 
 import pandas as pd
 
+from workbench.bench.oomptimizer import chunked
 from workbench.oomptimizer.plots import plot_batch_sizes, plot_probe_trace, plot_strategy_comparison, strategy_table
 from workbench.oomptimizer.run import describe_soak
 from workbench.units import GiB
@@ -58,9 +60,7 @@ def part_runs(part: Mapping[str, Any]) -> dict[str, dict]:
 
 
 def summary_lines(figures: Mapping[str, Any]) -> list[str]:
-    """The record's lines in benchmarks/SUMMARY.md."""
-    if figures.get("part") == CHUNKED_PART:
-        return chunked_summary_lines(figures)
+    """The lines in benchmarks/SUMMARY.md of oomptimizer.json, oomptimizer_aed.json, oomptimizer_ddp.json."""
     out = []
     for name in ("rnnt", "aed"):
         p = figures.get(name, {})
@@ -82,6 +82,19 @@ def _spread(r: Mapping[str, Any]) -> str:
     return f"min {r['min']:.2f}x, median {r['median']:.2f}x, max {r['max']:.2f}x"
 
 
+def chunked_comparison(figures: Mapping[str, Any]) -> dict[str, Any]:
+    """chunked.ratio_figures of ``oomptimizer_rnnt_chunked.json``'s two searches (a search that failed or
+    did not run has no bucket searched)."""
+    bs = buckets(figures)
+    sizes = [(figures.get(key) or {}).get("batch_sizes", [None] * len(bs)) for key in ("unchunked", "chunked")]
+    return chunked.ratio_figures(*sizes, bs)
+
+
+def max_returned_peak_bytes(search: Mapping[str, Any]) -> float | None:
+    """The largest peak of a search's probes at its returned batch sizes (None: no bucket searched)."""
+    return max((p for p in chunked.returned_peaks(search) if p is not None), default=None)
+
+
 def chunked_summary_lines(figures: Mapping[str, Any]) -> list[str]:
     """``oomptimizer_rnnt_chunked.json`` in lines: each search, the chunked / unchunked ratios and the target,
     the unchunked sizes against the committed record (across runs), failures."""
@@ -95,16 +108,16 @@ def chunked_summary_lines(figures: Mapping[str, Any]) -> list[str]:
             out.append(f"- {model} predictive, {label}: failed ({r['error'].splitlines()[0]})")
         else:
             done = sum(b is not None for b in r["batch_sizes"])
-            peak = "" if r.get("max_peak_bytes") is None else f", peak {r['max_peak_bytes'] / GiB:.1f} GiB"
+            max_peak = max_returned_peak_bytes(r)
+            peak = "" if max_peak is None else f", peak {max_peak / GiB:.1f} GiB"
             out.append(f"- {model} predictive, {label}: {done} of {len(r['batch_sizes'])} buckets, {r['probes']} "
                        f"probes ({r['probes_per_bucket']:.2f} per bucket), {r['ooms']} OOMs, {r['seconds']:.0f} s"
                        f"{peak}" + (f" (stopped: {r['stopped']})" if "stopped" in r else ""))
-    comp = figures.get("comparison")
-    if comp and comp["compared"]:
+    comp = chunked_comparison(figures)
+    if comp["compared"]:
         out.append(f"- chunked / unchunked batch size over {comp['compared']} buckets: {_spread(comp)}; "
                    f">= {comp['target']:g}x at buckets {comp['at_least_target'] or 'none'}")
-    if comp:
-        out.append(f"- target: {comp['target_line']}")
+    out.append(f"- target: {comp['target_line']}")
     across = figures.get("across_runs", {})
     if "min" in across:
         out.append(f"- {across['label']}: {_spread(across)}")

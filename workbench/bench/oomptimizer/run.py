@@ -102,41 +102,26 @@ def rnnt_bins(num_buckets: int = 15, num_subbuckets: int = 2, max_duration: floa
             f"estimate_2d_bins(synthetic_cut_arrays({num_cuts}), durations <= {max_duration:g} s)")
 
 
-class SearchStopped(Exception):
-    """Raised between buckets when a search's stop time has passed."""
-
-
 def run_search(probe, buckets, strategy: str, max_batch_size: int, *, stop_at: float | None = None) -> dict:
     """One search's figures (record.SearchFigures). ``stop_at`` (a ``time.perf_counter()`` value): no new
     bucket starts after it; the buckets not searched get batch size None and ``stopped`` says so."""
     release_memory()
     before = allocated_bytes()
-    done: dict[int, int] = {}
-    probes = []
-
-    def bucket_done(i: int, batch_size: int, _records) -> None:
-        done[i] = batch_size
-        if stop_at is not None and time.perf_counter() >= stop_at and len(done) < len(buckets):
-            raise SearchStopped
-
-    t0 = time.perf_counter()
-    try:
-        search_batch_sizes(buckets, probe, budget_bytes=probe.budget_bytes, strategy=strategy,
-                           max_batch_size=max_batch_size, on_probe=probes.append, on_bucket=bucket_done)
-    except SearchStopped:
-        pass
-    seconds = time.perf_counter() - t0
+    stop = None if stop_at is None else (lambda: time.perf_counter() >= stop_at)
+    result = search_batch_sizes(buckets, probe, budget_bytes=probe.budget_bytes, strategy=strategy,
+                                max_batch_size=max_batch_size, stop=stop)
     release_memory()
-    fitted = {(p.bucket_index, p.batch_size) for p in probes if not p.oom}
     after = allocated_bytes()
-    out = {"batch_sizes": [done.get(i) for i in range(len(buckets))], "probes": len(probes),
-           "ooms": sum(p.oom for p in probes), "probes_per_bucket": round(len(probes) / max(len(done), 1), 3),
-           "seconds": round(seconds, 2), "all_returned_probed": all((i, b) in fitted for i, b in done.items()),
+    fitted = {(p.bucket_index, p.batch_size) for p in result.probes if not p.oom}
+    searched = [(i, b) for i, b in enumerate(result.batch_sizes) if b is not None]
+    out = {"batch_sizes": result.batch_sizes, "probes": result.num_probes, "ooms": result.num_ooms,
+           "probes_per_bucket": round(result.probes_per_bucket, 3), "seconds": round(result.seconds, 2),
+           "all_returned_probed": all(ib in fitted for ib in searched),
            "leftover_bytes": None if before is None else after - before,  # None: not measurable (CPU)
-           "probe_seconds": summarize([p.seconds for p in probes]),
-           "trace": [[p.bucket_index, p.batch_size, p.peak_bytes, p.predicted_bytes] for p in probes]}
-    if len(done) < len(buckets):
-        out["stopped"] = f"time limit: {len(done)} of {len(buckets)} buckets searched"
+           "probe_seconds": summarize([p.seconds for p in result.probes]),
+           "trace": [[p.bucket_index, p.batch_size, p.peak_bytes, p.predicted_bytes] for p in result.probes]}
+    if result.not_searched:
+        out["stopped"] = f"time limit: {result.num_searched} of {len(buckets)} buckets searched"
     return out
 
 
@@ -403,19 +388,16 @@ def aed_part(parts: Parts) -> None:
 
 
 def chunked_search(parts: Parts, label: str, joint_chunk_size: int, stop_at: float) -> dict:
-    """One predictive search on the model with that joint chunking (built for it, freed after)."""
+    """One predictive search on the model with that joint chunking (built for it, freed after): its
+    SearchFigures with the joint chunk size, the probe's class and its budget (bytes)."""
     args, fig = parts.args, parts.figures
     model = probe = None
     try:
         model = build(args.rnnt, joint_chunk_size)
         probe = make_probe(model, parts.dtype, args)
-        fig["probe"], fig["budget_bytes"] = type(probe).__name__, probe.budget_bytes
         parts.say(f"{args.rnnt} joint_chunk_size={joint_chunk_size}: predictive over {len(fig['buckets'])} buckets")
         result = run_search(probe, fig["buckets"], "predictive", args.max_batch_size, stop_at=stop_at)
-        result["joint_chunk_size"] = joint_chunk_size
-        peaks = chunked.returned_peaks(result)
-        result["returned_peak_bytes"] = peaks
-        result["max_peak_bytes"] = max((p for p in peaks if p is not None), default=None)
+        result.update(joint_chunk_size=joint_chunk_size, probe=type(probe).__name__, budget_bytes=probe.budget_bytes)
         check_search(parts, f"{label} predictive", result)
         if "stopped" in result:
             parts.failures.append(f"{label} predictive: {result['stopped']}")
@@ -429,8 +411,9 @@ def chunked_search(parts: Parts, label: str, joint_chunk_size: int, stop_at: flo
 
 
 def main_chunked(args) -> int:
-    """Both searches, the ratios, the record (rewritten after each search, so a stage timeout keeps what
-    ran); exit 1 on a failed check (a smoke run reports them only)."""
+    """Both searches, the unchunked sizes against the committed record, the record (rewritten after each
+    search, so a stage timeout keeps what ran; the ratios are read from it, record.chunked_comparison);
+    exit 1 on a failed check (a smoke run reports them only)."""
     buckets, bins_source = rnnt_buckets(args)
     k = args.joint_chunk_size
     figures = {"smoke": bool(args.smoke), "complete": False, "part": record.CHUNKED_PART, "model": args.rnnt,
@@ -446,9 +429,8 @@ def main_chunked(args) -> int:
     figures["unchunked"] = chunked_search(parts, "unchunked", 0, unchunked_stop)
     parts.save()
     figures["chunked"] = chunked_search(parts, f"joint_chunk_size={k}", k, parts.t0 + args.time_limit_s)
-    un, ch = (figures[key].get("batch_sizes", [None] * len(buckets)) for key in ("unchunked", "chunked"))
-    figures["comparison"] = chunked.ratio_figures(un, ch, buckets)
-    figures["across_runs"] = chunked.across_runs(un, buckets, load_result(chunked.REFERENCE))
+    unchunked_sizes = figures["unchunked"].get("batch_sizes", [None] * len(buckets))
+    figures["across_runs"] = chunked.across_runs(unchunked_sizes, buckets, load_result(chunked.REFERENCE))
     figures["complete"] = True
     path = parts.save()
     print("\n".join(record.chunked_summary_lines(figures)))
