@@ -13,6 +13,7 @@ import dataclasses  # noqa: E402
 
 import pytest  # noqa: E402
 
+from workbench import triton_support  # noqa: E402
 from workbench.decoding import GreedyTransducerDecoder, fused, label_looping, make_toy_transducer  # noqa: E402
 from workbench.bench.decoding import nemo_peer  # noqa: E402
 from workbench.bench.decoding.op_count import predictor_step_ops, stage_ops  # noqa: E402
@@ -164,6 +165,38 @@ def test_fused_decoder_gives_the_torch_hypotheses(durations, window, max_symbols
     got = GreedyTransducerDecoder(predictor, joint, kernels=kernels, **kw)(enc, lengths)
     assert_same_hypotheses(got, expected)
     assert sum(len(h.tokens) for h in expected) > 0
+
+
+@needs_triton
+@pytest.mark.parametrize("durations", [None, [0, 1, 2, 3]], ids=["rnnt", "tdt"])
+@pytest.mark.parametrize("kernels", ["triton", "triton_cudnn"])
+def test_an_eager_decode_asks_whether_triton_runs_once_per_call_not_per_launch(monkeypatch, durations, kernels):
+    """Whether the kernels run is asked when the buffers are made (and the fused LSTM step found), a bounded number
+    of times per call whatever the loop's length, and again for every call's new buffers; the tokens stay the
+    torch stages'."""
+    asked = []
+    real = triton_support.triton_unavailable_reason
+
+    def counted(device, **kw):
+        asked.append(torch.device(device))
+        return real(device, **kw)
+
+    monkeypatch.setattr(triton_support, "triton_unavailable_reason", counted)
+    predictor, joint, enc, lengths = small_case(3, durations, batch=5, num_layers=2)
+    kw = dict(blank_id=10, durations=durations, blank_window=1, max_symbols=2, cuda_graphs="off")
+    dec = GreedyTransducerDecoder(predictor, joint, kernels=kernels, **kw)
+    ref = GreedyTransducerDecoder(predictor, joint, kernels="torch", **kw)
+    per_call, iterations = [], []
+    for frames in (2, 9):
+        short_enc, short_lengths = enc[:, :frames], lengths.clamp(max=frames)
+        asked.clear()
+        got = dec(short_enc, short_lengths)
+        per_call.append(len(asked))
+        iterations.append(dec.last_stats["outer_iterations"] + dec.last_stats["inner_iterations"])
+        assert_same_hypotheses(got, ref(short_enc, short_lengths))
+    assert asked and set(asked) == {DEVICE}
+    assert per_call[0] == per_call[1] and 1 <= per_call[0] <= 2, per_call
+    assert iterations[1] > iterations[0] + 5, iterations   # a longer loop, and more launches than asks
 
 
 def test_bad_kernels_option_is_one_clear_error():

@@ -83,6 +83,7 @@ def test_a_triton_failure_at_first_use_falls_back_to_torch_with_a_warning(monkey
         raise RuntimeError("simulated Triton compile failure\nsecond line of the compiler log")
 
     monkeypatch.setattr(fused, "gather_window", broken)
+    monkeypatch.setattr(fused, "triton_unavailable_reason", lambda device: None)  # the setup's check passes
     monkeypatch.setattr(label_looping, "resolve_kernels",
                         lambda requested, *, device, algorithm="label_looping":
                         ("triton_cudnn", "triton_cudnn: auto") if requested == "auto"
@@ -104,3 +105,35 @@ def test_a_triton_failure_at_first_use_falls_back_to_torch_with_a_warning(monkey
     # fused LSTM step, which off CUDA needs the interpreter)
     with pytest.raises(RuntimeError, match="simulated Triton compile failure"):
         GreedyTransducerDecoder(predictor, joint, kernels="triton_cudnn", **kw)(enc, lengths)
+
+
+NO_TRITON = "triton is not importable (ModuleNotFoundError: No module named 'triton')"
+
+
+@pytest.mark.parametrize("kernels", ["triton", "triton_cudnn"])
+def test_a_triton_choice_that_cannot_run_is_one_error_at_setup_before_any_stage(monkeypatch, kernels):
+    predictor, joint, enc, lengths = toy()
+    monkeypatch.setattr(fused, "triton_unavailable_reason", lambda device: NO_TRITON)
+    stages, real_start = [], label_looping.start
+    monkeypatch.setattr(label_looping, "start", lambda *args: (stages.append("start"), real_start(*args)))
+    dec = GreedyTransducerDecoder(predictor, joint, blank_id=12, cuda_graphs="off", kernels=kernels)
+    with pytest.raises(RuntimeError, match="^" + re.escape(f"kernels='triton': {NO_TRITON}") + "$"):
+        dec(enc, lengths)
+    with pytest.raises(RuntimeError, match="^" + re.escape(f"kernels='triton': {NO_TRITON}") + "$"):
+        fused.lstm_step_for(predictor, blank_id=12, tokens=13)
+    assert stages == []
+    auto = GreedyTransducerDecoder(predictor, joint, blank_id=12, cuda_graphs="off")(enc, lengths)  # CPU: torch
+    expected = GreedyTransducerDecoder(predictor, joint, blank_id=12, cuda_graphs="off", kernels="torch")(enc, lengths)
+    assert [h.tokens for h in auto] == [h.tokens for h in expected] and stages == ["start", "start"]
+
+
+def test_the_fused_kernels_refuse_buffers_made_for_the_torch_stages():
+    predictor, joint, *_ = toy()
+    buf = label_looping.make_buffers(predictor, joint, batch_capacity=2, frame_capacity=3, enc_dim=6,
+                                     dtype=torch.float32, device=CPU, blank_id=12, durations=None, max_symbols=2,
+                                     kernels="torch")
+    message = "the fused kernels need loop buffers made with kernels='triton' or 'triton_cudnn', not 'torch'"
+    for call in (lambda: fused.gather_window(buf), lambda: fused.emit_update(buf, buf.active),
+                 lambda: fused.search_epilogue(buf, torch.zeros(2, 13), buf.active)):
+        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+            call()

@@ -21,6 +21,8 @@ taken in another order. The fused LSTM step sums the gates in another order than
 rounding), so its decisions can differ where two logits are within that rounding; every graph mode runs the
 same step, so they agree with each other exactly.
 On CPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1 before triton is imported; slow, for tests).
+Whether they can run is asked once per setup (:func:`require_triton`, from ``make_buffers`` and
+:func:`lstm_step_for`); the kernel functions then launch without asking again.
 """
 
 from __future__ import annotations
@@ -56,11 +58,24 @@ def _kernels() -> dict:
             "emit": k.emit_kernel, "select": k.select_kernel, "lstm": k.lstm_cell_kernel}
 
 
-def _k(name: str, t: Tensor):
-    reason = triton_unavailable_reason(t.device)
+def require_triton(device: torch.device | str) -> None:
+    """Raise RuntimeError("kernels='triton': <why>") if these kernels cannot run on ``device``. Asked once per
+    decode setup (:func:`workbench.decoding.label_looping.make_buffers`, :func:`lstm_step_for`), never per
+    launch: the kernel functions below run on buffers made that way."""
+    reason = triton_unavailable_reason(torch.device(device))
     if reason:
         raise RuntimeError(f"kernels='triton': {reason}")
+
+
+def _k(name: str):
+    """The jitted kernel ``name`` (its device was checked when the buffers were made)."""
     return _kernels()[name]
+
+
+def _fused_buffers(buf) -> None:
+    if buf.kernels != "triton":
+        raise ValueError(f"the fused kernels need loop buffers made with kernels='triton' or 'triton_cudnn', "
+                         f"not {buf.kernels!r}")
 
 
 def _pow2(n: int) -> int:
@@ -75,15 +90,16 @@ def _bytes(flag: Tensor) -> Tensor:
 def gather_window(buf) -> tuple[Tensor, Tensor]:
     """Joint inputs of frames time..time+W-1 (clamped to the buffer) for every row: (enc [B*W, J],
     pred [B*W, J])."""
+    _fused_buffers(buf)
     bc, w = buf.batch_capacity, buf.window
     j = buf.enc_proj.shape[-1]
     if buf.enc_proj.stride(-1) != 1 or buf.pred_proj.stride() != (j, 1):
         raise ValueError("fused kernels need the encoder and predictor projections contiguous in their last dim")
     enc = buf.enc_proj.new_empty(bc * w, j)
     pred = buf.pred_proj.new_empty(bc * w, j)
-    _k("gather", enc)[(bc * w,)](buf.enc_proj, buf.pred_proj, buf.time, enc, pred, buf.frame_capacity,
-                                buf.enc_proj.stride(0), buf.enc_proj.stride(1),
-                                J=j, W=w, BLOCK_J=min(1024, _pow2(j)))
+    _k("gather")[(bc * w,)](buf.enc_proj, buf.pred_proj, buf.time, enc, pred, buf.frame_capacity,
+                           buf.enc_proj.stride(0), buf.enc_proj.stride(1),
+                           J=j, W=w, BLOCK_J=min(1024, _pow2(j)))
     return enc, pred
 
 
@@ -91,6 +107,7 @@ def search_epilogue(buf, logits: Tensor, rows: Tensor) -> None:
     """One search step for ``rows`` ([B] bool, read before anything is written) from the joint's logits of
     the window ([B*W, outputs]): one kernel decides every (row, frame) pair, one more scans each row's
     window and updates the loop state as the torch stages do, and ``searching_any``."""
+    _fused_buffers(buf)
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     k = 0 if buf.durations is None else buf.durations.shape[0]
@@ -98,27 +115,28 @@ def search_epilogue(buf, logits: Tensor, rows: Tensor) -> None:
     v1, n = buf.num_token_outputs, logits.shape[0]
     token, duration = buf.time.new_empty(n), buf.time.new_empty(n)
     score = buf.scores.new_empty(n)
-    _k("decide", logits)[(n,)](logits, logits.stride(0), buf.durations if tdt else buf.time, token, duration, score,
-                               buf.blank_id, v1, K=max(k, 1), TDT=tdt, BLOCK_V=_pow2(v1), BLOCK_K=_pow2(max(k, 1)))
-    _k("scan", logits)[(1,)](token, duration, score, _bytes(rows), buf.time, buf.lengths, buf.labels,
-                             buf.step_duration, buf.scores, buf.symbols_at_frame, _bytes(buf.active),
-                             _bytes(buf.searching), _bytes(buf.searching_any), buf.blank_id, buf.batch_capacity,
-                             W=buf.window, TDT=tdt, BLOCK_B=_pow2(buf.batch_capacity), BLOCK_W=_pow2(buf.window))
+    _k("decide")[(n,)](logits, logits.stride(0), buf.durations if tdt else buf.time, token, duration, score,
+                       buf.blank_id, v1, K=max(k, 1), TDT=tdt, BLOCK_V=_pow2(v1), BLOCK_K=_pow2(max(k, 1)))
+    _k("scan")[(1,)](token, duration, score, _bytes(rows), buf.time, buf.lengths, buf.labels,
+                     buf.step_duration, buf.scores, buf.symbols_at_frame, _bytes(buf.active),
+                     _bytes(buf.searching), _bytes(buf.searching_any), buf.blank_id, buf.batch_capacity,
+                     W=buf.window, TDT=tdt, BLOCK_B=_pow2(buf.batch_capacity), BLOCK_W=_pow2(buf.window))
 
 
 def emit_update(buf, emit: Tensor) -> None:
     """Write every row's label and frame at its count; in the active rows (copied to ``emit``) count it and
     move the frame as the torch stage does; update ``active`` and ``active_any``."""
-    _k("emit", emit)[(1,)](buf.labels, buf.time, buf.lengths, _bytes(buf.active), _bytes(emit), buf.num_emitted,
-                           buf.tokens, buf.timestamps, buf.step_duration, buf.symbols_at_frame,
-                           _bytes(buf.active_any), buf.batch_capacity, buf.tokens.shape[1], buf.max_symbols,
-                           BLOCK_B=_pow2(buf.batch_capacity))
+    _fused_buffers(buf)
+    _k("emit")[(1,)](buf.labels, buf.time, buf.lengths, _bytes(buf.active), _bytes(emit), buf.num_emitted,
+                     buf.tokens, buf.timestamps, buf.step_duration, buf.symbols_at_frame,
+                     _bytes(buf.active_any), buf.batch_capacity, buf.tokens.shape[1], buf.max_symbols,
+                     BLOCK_B=_pow2(buf.batch_capacity))
 
 
 def select_rows(emit: Tensor, pairs: list[tuple[Tensor, Tensor]]) -> None:
     """``dst[b] = src[b]`` where ``emit[b]``, for each (dst, src) pair (in place; batch on dim 0, up to 3 dims,
     any strides): up to three pairs of one dtype per launch; a pair of other shapes or dtypes falls back to
-    ``torch.where``."""
+    ``torch.where``. The device is the fused buffers' (checked when they were made)."""
     slots = []
     for dst, src in pairs:
         if dst.shape != src.shape or dst.dim() > 3 or dst.dtype != src.dtype or dst.device != src.device:
@@ -136,7 +154,7 @@ def select_rows(emit: Tensor, pairs: list[tuple[Tensor, Tensor]]) -> None:
         block = min(1024, _pow2(longest))
         padded = group + [group[0]] * (3 - len(group))        # unused slots: never run (grid stops short)
         args = [a for slot in padded for a in slot]
-        _k("select", emit)[(emit.shape[0], len(group))](_bytes(emit), *args, LONGEST=longest, BLOCK=block)
+        _k("select")[(emit.shape[0], len(group))](_bytes(emit), *args, LONGEST=longest, BLOCK=block)
 
 
 # -- the LSTM predictor's step ---------------------------------------------------------------------------------
@@ -208,7 +226,8 @@ def refresh_lstm_step(step: LstmStep) -> None:
 
 def lstm_step(step: LstmStep, labels: Tensor, state: tuple[Tensor, Tensor], emit: Tensor) -> Tensor:
     """Advance the LSTM on ``labels`` ([B] long) where ``emit`` ([B] bool), in place on ``state`` = (h, c), each
-    [B, layers, H] contiguous; the other rows keep their state. Returns the top layer's h ([B, H], a view)."""
+    [B, layers, H] contiguous; the other rows keep their state. Returns the top layer's h ([B, H], a view).
+    ``step`` comes from :func:`lstm_step_for`, which checked that the kernels run on its device."""
     h, c = state
     batch, layers, hidden = h.shape
     if h.stride() != (layers * hidden, hidden, 1) or c.stride() != h.stride():
@@ -221,8 +240,8 @@ def lstm_step(step: LstmStep, labels: Tensor, state: tuple[Tensor, Tensor], emit
         else:       # [h of layer n-1, just written | h of layer n] is one [B, 2H] view of the state
             gates = torch.addmm(step.biases[n - 1], h[:, n - 1:n + 1].reshape(batch, 2 * hidden),
                                 step.weights[n - 1].t())
-        _k("lstm", gates)[grid](gates, gates.stride(0), step.table, step.table.stride(0), labels, h[:, n], c[:, n],
-                               h.stride(0), c.stride(0), _bytes(emit), H=hidden, BLOCK_H=block, FIRST=n == 0)
+        _k("lstm")[grid](gates, gates.stride(0), step.table, step.table.stride(0), labels, h[:, n], c[:, n],
+                        h.stride(0), c.stride(0), _bytes(emit), H=hidden, BLOCK_H=block, FIRST=n == 0)
     return h[:, layers - 1]
 
 
@@ -293,9 +312,13 @@ def _make_lstm_step(predictor, blank_id: int, tokens: int) -> LstmStep | str:
 def lstm_step_for(predictor, *, blank_id: int, tokens: int) -> LstmStep | None:
     """The fused step of ``predictor`` if it is an LSTM predictor whose step() the fused step reproduces (checked
     once per predictor and parameter layout), refreshed to its current weights; else None, logged once with the
-    reason (the decoder then calls predictor.step). ``tokens``: how many label ids the decoder can feed it."""
+    reason (the decoder then calls predictor.step). ``tokens``: how many label ids the decoder can feed it.
+    Raises :func:`require_triton`'s error if the kernels cannot run on the predictor's device."""
     params = getattr(predictor, "named_parameters", None)
-    key = (blank_id, tokens, tuple((n, p.shape, p.dtype, p.device) for n, p in params()) if params else None)
+    named = list(params()) if params else []
+    if named:
+        require_triton(named[0][1].device)
+    key = (blank_id, tokens, tuple((n, p.shape, p.dtype, p.device) for n, p in named) if params else None)
     try:
         cached = _LSTM_STEPS.get(predictor)
     except TypeError:                           # not weakly referable: checked every time

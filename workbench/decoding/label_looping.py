@@ -72,8 +72,8 @@ def resolve_kernels(requested: str, *, device: torch.device, algorithm: str = "l
 
     "auto": the fused Triton kernels for label-looping on CUDA when triton imports ("triton_cudnn": an LSTM
     predictor's step stays in cuDNN, whose tokens NeMo's decoders give too), else the torch stages;
-    "torch", "triton" and "triton_cudnn" are taken as asked (a Triton choice that cannot run fails at its
-    first kernel).
+    "torch", "triton" and "triton_cudnn" are taken as asked (a Triton choice that cannot run fails in
+    :func:`make_buffers`, in one line).
     """
     if requested not in KERNEL_CHOICES:
         raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {requested!r}")
@@ -95,8 +95,11 @@ def make_buffers(predictor, joint, *, batch_capacity: int, frame_capacity: int, 
     """Allocate buffers; runs the predictor and joint once on a dummy batch to learn their shapes.
     ``kernels``: "torch"; "triton" (the same decisions through fewer, fused kernels; an LSTM predictor's step
     fused too, see :func:`fused.lstm_step_for`); "triton_cudnn" (the same, the predictor through its step());
-    or "auto" (see :func:`resolve_kernels`)."""
+    or "auto" (see :func:`resolve_kernels`). A Triton choice is checked here, once for these buffers
+    (:func:`fused.require_triton`): the loop's kernel launches do not ask again."""
     kernels = resolve_kernels(kernels, device=device)[0]
+    if kernels != "torch":
+        fused.require_triton(device)
     bc, tc = batch_capacity, frame_capacity
     enc = torch.zeros(bc, tc, enc_dim, dtype=dtype, device=device)
     enc_proj = joint.project_encoder(enc[:, :1])

@@ -52,8 +52,8 @@ def count_triton_launches(counter: OpCounter):
     Triton's interpreter runs to launch it."""
     original = fused._k
 
-    def counting(name, t):
-        launcher = original(name, t)
+    def counting(name):
+        launcher = original(name)
 
         class Launch:
             def __getitem__(self, grid):
