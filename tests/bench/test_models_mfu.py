@@ -189,8 +189,8 @@ def test_gpu_models_bench_smoke_measures_gpu_busy(tmp_path, capsys, cpu_settings
 def test_row_kernel_lines_show_share_time_calls_and_name():
     row = {"top_kernels": [{"name": "k" * 70, "self_s": 0.012345, "share": 0.312, "calls": 96},
                            {"name": "elementwise", "self_s": 0.001, "share": 0.05, "calls": 3}]}
-    assert record.row_kernel_lines(row) == [" 31.2 %     12.345 ms     96x  " + "k" * 57 + "...",
-                                            "  5.0 %      1.000 ms      3x  elementwise"]
+    assert record.row_kernel_lines(row) == [" 31.2%    12.345 ms    96x  " + "k" * 57 + "...",
+                                            "  5.0%     1.000 ms     3x  elementwise"]
     assert record.row_kernel_lines({"model": "m"}) == []
 
 

@@ -13,12 +13,9 @@ failing.
 from __future__ import annotations
 
 import re
-import time
-from typing import Any, Callable
+from typing import Any
 
-import torch
-
-from workbench.bench.models.run import top_kernels
+from workbench.bench.profiling import profile_call, top_kernels  # noqa: F401 - run.py profiles through profile_call here
 
 NAME_CHARS = 96  # a shortened kernel name is at most this long (the rest becomes "...")
 
@@ -51,7 +48,7 @@ def kernel_breakdown(events, device_type: str, outer_iterations: int | None) -> 
     ``seconds_per_outer_iteration`` and ``calls_per_outer_iteration`` (the decode's totals over its outer
     iterations: per-decode work such as loading the inputs is spread over them too). ``empty`` says why
     there is no entry."""
-    found = top_kernels(events, device_type, top=len(events))["top"]
+    found = top_kernels(events, device_type, top=None)["top"]
     merged: dict[str, list] = {}
     for entry in found:
         slot = merged.setdefault(short_kernel_name(entry["name"]), [0, 0.0])
@@ -74,20 +71,3 @@ def kernel_breakdown(events, device_type: str, outer_iterations: int | None) -> 
                         + (" (kernels replayed from CUDA graphs not traced by this CUDA / CUPTI?)"
                            if device_type == "cuda" else ""))
     return out
-
-
-def profile_call(call: Callable[[], Any], device: torch.device) -> tuple[Any, Any, float]:
-    """Run ``call()`` once under torch.profiler (CPU and, on CUDA, CUDA activities; the device synchronized
-    inside): (its result, ``prof.key_averages()``, wall seconds of it all: the call, the profiler's start,
-    stop and processing of the trace)."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    with torch.profiler.profile(activities=activities) as prof:
-        result = call()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    averages = prof.key_averages()
-    return result, averages, time.perf_counter() - start

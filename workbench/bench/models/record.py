@@ -18,7 +18,7 @@ profile rows and ``shape_source`` (every row of theirs is fixed); every reading 
 
 from __future__ import annotations
 
-from typing import Any, Mapping, TypedDict
+from typing import Any, Mapping, Sequence, TypedDict
 
 from workbench.bench.results import times_faster
 from workbench.units import GiB
@@ -117,10 +117,16 @@ def mfu_target_lines(figures: Mapping[str, Any], targets: Mapping[str, float] = 
     return out
 
 
+def kernel_lines(top: Sequence[Mapping[str, Any]], rows: int = 5) -> list[str]:
+    """The first ``rows`` entries of a top-kernel list (``name``, ``self_s``, ``share``, ``calls``), one line
+    each: " 31.2%    12.345 ms    96x  name"."""
+    return [f"{k['share']:>6.1%} {k['self_s'] * 1e3:>9.3f} ms {k['calls']:>5}x  {_short(k['name'])}"
+            for k in top[:rows]]
+
+
 def row_kernel_lines(r: Mapping[str, Any], rows: int = 5) -> list[str]:
-    """A profile-sized row's top kernels, one line each ("  31.2 %   12.345 ms   96x  name"); [] without them."""
-    return [f"{100 * k['share']:5.1f} %  {k['self_s'] * 1e3:9.3f} ms  {k['calls']:5d}x  {_short(k['name'])}"
-            for k in r.get("top_kernels", [])[:rows]]
+    """A profile-sized row's top kernels (:func:`kernel_lines`); [] without them."""
+    return kernel_lines(r.get("top_kernels", []), rows)
 
 
 def loss_line(loss: Mapping[str, Any]) -> str:
@@ -153,8 +159,7 @@ def kernel_table_lines(kernels: Mapping[str, Mapping[str, Any]], rows: int = 5) 
     out = []
     for model, profile in kernels.items():
         out.append(kernel_line(model, profile))
-        for k in profile.get("top", [])[:rows]:
-            out.append(f"  {k['share']:>6.1%} {k['self_s'] * 1e3:>9.3f} ms {k['calls']:>5}x  {_short(k['name'])}")
+        out += [f"  {line}" for line in kernel_lines(profile.get("top", []), rows)]
     return out
 
 

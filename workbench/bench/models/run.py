@@ -48,6 +48,7 @@ import torch
 
 from workbench.bench.mfu import busy_share, matmul_flops_per_second, step_flops, utilization
 from workbench.bench.models import record
+from workbench.bench.profiling import TOP_KERNELS, profile_call, top_kernels
 from workbench.bench.results import (RESULTS_DIR, bench_device, check_smoke_out, cpu_smoke_torch, cuda_missing,
                                      report_failures, timer_for, write_result)
 from workbench.memory.oom import is_oom_error, release_memory
@@ -62,7 +63,6 @@ LOSS_SHAPE = (8, 120, 40, 1024)  # (batch, frames, labels, vocab) of the loss co
 SMOKE_LOSS_SHAPE = (2, 12, 5, 16)
 KERNEL_SHAPE = (16, 15.0, 120)  # (batch, seconds, tokens) of the profiled step
 SMOKE_KERNEL_SHAPE = (2, 1.0, 8)
-TOP_KERNELS = 12  # kernels kept per model
 REPEAT, WARMUP = 5, 2  # timed steps and warm-up steps per row
 SMOKE_REPEAT, SMOKE_WARMUP = 2, 1
 PROFILE_RECORDS = (RESULTS_DIR / "oomptimizer.json", RESULTS_DIR / "oomptimizer_aed.json")
@@ -169,34 +169,12 @@ def _first_profile_shapes(model: str, paths, buckets) -> tuple[list[dict] | None
     return None, why
 
 
-def top_kernels(events, device_type: str, top: int = TOP_KERNELS) -> dict:
-    """The profiler's averages (``prof.key_averages()``) -> {"total_s", "top": [{"name", "self_s", "share",
-    "calls"}]}: on "cuda" the CUDA kernels (and copies) by self device time, else the CPU operators by
-    self CPU time; share is of the summed self time of all of them."""
-    if device_type == "cuda":
-        rows = [(e.key, e.self_device_time_total, e.count) for e in events
-                if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0]
-    else:
-        rows = [(e.key, e.self_cpu_time_total, e.count) for e in events if e.self_cpu_time_total > 0]
-    total_us = sum(t for _, t, _ in rows)
-    rows.sort(key=lambda r: -r[1])
-    return {"total_s": total_us / 1e6,
-            "top": [{"name": key, "self_s": t / 1e6, "share": t / total_us, "calls": int(count)}
-                    for key, t, count in rows[:top]]}
-
-
 def profiled_step(model, batch, dtype: torch.dtype, device: torch.device) -> dict:
     """:func:`top_kernels` of one training step of ``model`` (warm: run a step before) under torch.profiler."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
     model.zero_grad(set_to_none=True)
-    with torch.profiler.profile(activities=activities) as prof:
-        model.training_step(batch, dtype=dtype)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+    _, events, _ = profile_call(lambda: model.training_step(batch, dtype=dtype), device)
     model.zero_grad(set_to_none=True)
-    return top_kernels(prof.key_averages(), device.type)
+    return top_kernels(events, device.type, TOP_KERNELS)
 
 
 def profile_step(model, name: str, shape, failures: list[str], *, device: torch.device,
