@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from workbench.bench.decoding import nemo_peer
+from workbench.bench.decoding import grid as grid_module
 from workbench.bench.decoding import run as bench
 from workbench.bench.decoding.calibration import calibrate_blank_bias
 from workbench.bench.decoding.cases import Case, Deferred, Outcome
@@ -250,9 +251,11 @@ def test_the_nemo_grid_measures_what_the_targets_need_at_every_size_and_the_slow
     first, later = plan_methods(True, 64, grid)
     assert names(first) == ["label-looping fused full", "label-looping fused partial", "NeMo full graph",
                             "NeMo partial graphs"]
-    assert names(later) == ["label-looping full", "label-looping fused+lstm full"]  # every size, second pass
+    assert names(later) == ["label-looping full", "label-looping fused+lstm full",
+                            "label-looping fused full window 16"]  # every size, second pass (where it applies)
     first16, later16 = plan_methods(True, 16, grid)
     assert first16 == first and names(later16) == ["label-looping full", "label-looping fused+lstm full",
+                                                   "label-looping fused full window 16",
                                                    "label-looping off", "label-looping partial",
                                                    "label-looping fused off", "NeMo no graphs"]
     assert sorted(names(first16 + later16)) == sorted(names(NEMO_METHODS))  # B=16 has every method
@@ -424,3 +427,21 @@ def test_blank_bias_calibration_keeps_the_closest_bias_tried_when_the_rate_jumps
     # with no bias in the narrow band tried, the closer side of the jump wins
     bias, rate = calibrate_blank_bias(decoder, None, torch.tensor([150]), steps=3)
     assert rate == 34 / 150 and biases[-1] == bias
+
+
+def test_window_16_runs_only_where_the_default_window_is_another(monkeypatch):
+    """The explicit window-16 row shows what blank_window="auto" buys: it runs where auto takes another window
+    (TDT in fp32 from 33 utterances), nowhere else."""
+    monkeypatch.setattr(grid_module.fused, "triton_unavailable_reason", lambda device: None)  # as on a GPU
+
+    def case(model, batch, dtype):
+        return Case(model, dtype, None, None, [0, 1, 2, 3, 4] if model == "tdt" else None,
+                    torch.zeros(batch, 2, 1), torch.zeros(batch), torch.device("cuda"),
+                    methods=[("label_looping_fused", "full", 16), ("label_looping", "full", 1),
+                             ("label_looping_fused", "full", "auto")])
+    runs16 = {(m, b, str(d)[6:]) for m in ("rnnt", "tdt") for b in (16, 32, 33, 128)
+              for d in (torch.float32, torch.bfloat16)
+              if ("label_looping_fused", "full", 16) in grid_module.methods_for(case(m, b, d))}
+    assert runs16 == {("tdt", 33, "float32"), ("tdt", 128, "float32")}
+    assert method_name("label_looping_fused", "full", 16) == "label-looping fused full window 16"
+    assert method_name("label_looping_fused", "full", "auto") == "label-looping fused full"

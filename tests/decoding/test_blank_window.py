@@ -111,3 +111,36 @@ def test_window_cuts_inner_iterations_not_outer(durations):
     assert stats[1]["outer_iterations"] == stats[4]["outer_iterations"] == stats[8]["outer_iterations"]
     assert stats[8]["inner_iterations"] <= stats[4]["inner_iterations"] < stats[1]["inner_iterations"], stats
     assert stats[8]["inner_iterations"] < stats[1]["inner_iterations"] / 2, stats
+
+
+def test_the_auto_window_is_16_but_8_for_large_fp32_tdt_batches():
+    from workbench.decoding.greedy import auto_blank_window
+
+    for dtype in (torch.float32, torch.float64):
+        assert [auto_blank_window(b, tdt=True, dtype=dtype) for b in (1, 32, 33, 128)] == [16, 16, 8, 8]
+    for b in (1, 33, 512):
+        assert auto_blank_window(b, tdt=False, dtype=torch.float32) == 16     # RNN-T blanks move one frame
+        assert auto_blank_window(b, tdt=True, dtype=torch.bfloat16) == 16      # tensor cores: rows are cheap
+
+
+@pytest.mark.parametrize("durations", [None, [0, 1, 2, 3, 4]], ids=["rnnt", "tdt"])
+def test_the_decoder_takes_the_auto_window_by_batch_and_says_so(durations):
+    """blank_window="auto" (the default) picks the window from the batch (window_used), an integer is taken as
+    given, and every window gives the same hypotheses."""
+    predictor, joint = make_toy_transducer(vocab_size=6, enc_dim=4, pred_dim=4, joint_dim=4, durations=durations,
+                                           blank_bias=1.0, logit_scale=3.0, seed=2)
+    enc = torch.randn(40, 9, 4, generator=torch.Generator().manual_seed(0))
+    lengths = torch.randint(0, 10, (40,), generator=torch.Generator().manual_seed(1))
+    auto = GreedyTransducerDecoder(predictor, joint, blank_id=6, durations=durations, cuda_graphs="off")
+    assert auto.blank_window == "auto"
+    small = auto(enc[:4], lengths[:4])
+    assert auto.window_used == 16
+    large = auto(enc, lengths)
+    assert auto.window_used == (8 if durations else 16)
+    fixed = GreedyTransducerDecoder(predictor, joint, blank_id=6, durations=durations, cuda_graphs="off",
+                                    blank_window=3)
+    assert [h.tokens for h in fixed(enc, lengths)] == [h.tokens for h in large] and fixed.window_used == 3
+    assert [h.tokens for h in small] == [h.tokens for h in large[:4]]
+    for bad in ("wide", 0, 2.5, True):
+        with pytest.raises(ValueError, match="blank_window must be 'auto' or an integer >= 1"):
+            GreedyTransducerDecoder(predictor, joint, blank_id=6, blank_window=bad)

@@ -86,10 +86,13 @@ def twin(buf):
     """A copy of ``buf`` that runs the torch stages."""
     fields = {}
     for f in dataclasses.fields(buf):
+        if f.name == "joint_output":            # (joint, layer): not state; the torch stages never read it
+            continue
         value = getattr(buf, f.name)
         fields[f.name] = (value.clone() if isinstance(value, torch.Tensor)
                           else tuple(v.clone() for v in value) if isinstance(value, tuple) else value)
-    return dataclasses.replace(buf, **{**fields, "kernels": "torch", "emit": None, "lstm": None})
+    return dataclasses.replace(buf, **{**fields, "kernels": "torch", "emit": None, "lstm": None,
+                                     "joint_output": None})
 
 
 def assert_same_state(got, expected):
@@ -210,11 +213,11 @@ def test_bad_kernels_option_is_one_clear_error():
 @needs_triton
 @pytest.mark.parametrize("durations", [None, [0, 1, 2]], ids=["rnnt", "tdt"])
 def test_fused_stages_run_far_fewer_ops(durations):
-    """Op counts of one stage on CPU: the fused search step is gather, the joint's own ops, decide, scan."""
+    """Op counts of one stage on CPU: the fused search step is gather (with the joint's add and ReLU), the joint's
+    output layer, decide, scan."""
     torch_ops = stage_ops(durations, "torch", window=4)
     fused_ops = stage_ops(durations, "triton", window=4)
-    assert fused_ops["find_label_again"] == ["triton:gather", "add", "relu", "linear", "triton:decide",
-                                             "triton:scan"]
+    assert fused_ops["find_label_again"] == ["triton:gather", "linear", "triton:decide", "triton:scan"]
     assert fused_ops["emit_labels"] == ["triton:emit", "mm", "triton:lstm", "linear", "triton:select"]
     assert stage_ops(durations, "triton_cudnn", window=4)["emit_labels"] == [
         "triton:emit", "embedding", "lstm", "linear", "triton:select"]
@@ -222,6 +225,81 @@ def test_fused_stages_run_far_fewer_ops(durations):
     assert len(torch_ops["emit_labels"]) > 3 * len(fused_ops["emit_labels"])
     assert predictor_step_ops("triton", 2) == ["mm", "triton:lstm", "addmm", "triton:lstm"]   # per layer: GEMM, cell
     assert predictor_step_ops("triton_cudnn", 2) == ["embedding", "lstm"]
+
+
+# -- the joint's hidden layer in the gather kernel ---------------------------------------------------------------
+
+
+def gathered_hidden_rows(dtype, window):
+    """(joint_hidden_window, torch's relu(enc + pred) of gather_window) on a random loop state in ``dtype``."""
+    _, _, buf = random_loop_state(3, None, window, 4, 2, "triton")
+    with torch.no_grad():
+        buf.enc_proj.copy_(torch.randn(buf.enc_proj.shape, generator=torch.Generator().manual_seed(5)))
+    buf = dataclasses.replace(buf, enc_proj=buf.enc_proj.to(dtype), pred_proj=buf.pred_proj.to(dtype))
+    enc, pred = fused.gather_window(buf)
+    hidden = fused.joint_hidden_window(buf)
+    assert hidden.dtype == dtype and hidden.shape == enc.shape
+    expected = torch.relu(enc + pred)
+    assert (expected == 0).any() and (expected > 0).any()
+    return hidden, expected
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["fp32", "bf16", "fp64"])
+@pytest.mark.parametrize("window", [1, 3])
+def test_the_gathered_hidden_rows_are_the_joints_relu_of_the_sum(dtype, window):
+    """joint_hidden_window gives relu(enc + pred) of the gathered rows bit for bit, as torch computes it in the
+    buffers' dtype (frames past the buffer clamped as the gather does). Triton's interpreter rounds float32 to
+    bfloat16 towards zero where the GPU rounds to nearest even as torch does: on CPU bf16 is checked to one
+    bf16 step (test_gpu_gathered_hidden_rows_are_exact checks it exactly)."""
+    hidden, expected = gathered_hidden_rows(dtype, window)
+    if dtype == torch.bfloat16 and DEVICE.type == "cpu":
+        torch.testing.assert_close(hidden.float(), expected.float(), rtol=2 ** -7, atol=0)
+    else:
+        assert torch.equal(hidden, expected)
+
+
+class NotQuiteRelu(torch.nn.Module):
+    """A joint that declares out(relu(enc + pred)) but computes out(tanh(enc + pred))."""
+
+    def __init__(self, joint):
+        super().__init__()
+        self.inner = joint
+
+    def project_encoder(self, enc):
+        return self.inner.project_encoder(enc)
+
+    def project_predictor(self, out):
+        return self.inner.project_predictor(out)
+
+    def joint_after_projection(self, enc_proj, pred_proj):
+        return self.inner.out(torch.tanh(enc_proj + pred_proj))
+
+    def activation_and_output(self):
+        return "relu", self.inner.out
+
+
+@needs_triton
+def test_a_joint_whose_declaration_does_not_hold_runs_its_own_joint(caplog):
+    """The declared structure is checked: a joint that is not what it declares, or declares no ReLU, keeps its
+    joint_after_projection in the fused search (the torch stages' hypotheses); ours and a plain ReLU joint fuse."""
+    predictor, joint = make_toy_transducer(vocab_size=9, enc_dim=6, pred_dim=8, joint_dim=8, blank_bias=0.5,
+                                           logit_scale=3.0, seed=4)
+    assert fused.joint_output_for(joint) is joint.out
+    liar = NotQuiteRelu(joint)
+    with caplog.at_level("INFO", logger="workbench.decoding"):
+        assert fused.joint_output_for(liar) is None
+    assert "differs from output(relu(enc + pred))" in caplog.text
+    enc = torch.randn(3, 12, 6, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    lengths = torch.tensor([12, 7, 1], device=DEVICE)
+    kw = dict(blank_id=9, cuda_graphs="off")
+    got = GreedyTransducerDecoder(predictor, liar, kernels="triton", **kw)(enc, lengths)
+    assert_same_hypotheses(got, GreedyTransducerDecoder(predictor, liar, kernels="torch", **kw)(enc, lengths))
+    liar.activation_and_output = lambda: ("tanh", joint.out)
+    fused._JOINT_OUTPUTS.pop(liar, None)
+    with caplog.at_level("INFO", logger="workbench.decoding"):
+        assert fused.joint_output_for(liar) is None
+    assert "its activation is 'tanh'" in caplog.text
 
 
 # -- the fused LSTM step ----------------------------------------------------------------------------------------
@@ -373,6 +451,7 @@ def test_fused_lstm_step_on_nemos_rnnt_decoder_gives_nemos_hypotheses(durations,
     predictor, joint = nemo_peer.make_nemo_transducer(vocab_size=40, enc_dim=16, pred_dim=32, joint_dim=24,
                                                       durations=durations, seed=1, device=DEVICE)
     assert fused.lstm_step_for(predictor, blank_id=40, tokens=41) is not None
+    assert fused.joint_output_for(joint) is joint.out  # NeMo's ReLU joint: its hidden layer in the gather kernel
     enc = torch.randn(3, 30, 16, generator=torch.Generator().manual_seed(0)).to(DEVICE)
     lengths = torch.tensor([30, 17, 4], device=DEVICE)
     kw = dict(blank_id=40, durations=durations, cuda_graphs="off")
@@ -401,7 +480,8 @@ for tdt in (True, False):
         signature, constexprs = {}, {}
         for name, param in zip(kernel.arg_names, kernel.params):
             if param.is_constexpr:      # TDT: both variants; FIRST (the LSTM's first layer or another): both
-                signature[name], constexprs[name] = "constexpr", tdt if name in ("TDT", "FIRST") else CONSTANTS[name]
+                signature[name], constexprs[name] = "constexpr", (tdt if name in ("TDT", "FIRST", "RELU")
+                                                                    else CONSTANTS[name])
             else:
                 signature[name] = ("*u8" if name in FLAGS else "*fp32" if name in FLOATS
                                    else "*i64" if name in LONGS else "i64")
@@ -415,7 +495,8 @@ for tdt in (True, False):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU run compiles them for real")
 def test_the_kernels_compile_for_an_h200_without_one(compile_without_interpreter):
     """The interpreter accepts code the compiler may not: compile every kernel to a cubin for sm_90 (RNN-T and
-    TDT variants, the LSTM cell's first and later layers) in a process without TRITON_INTERPRET."""
+    TDT variants, the LSTM cell's first and later layers, the gather with and without the joint's ReLU) in a
+    process without TRITON_INTERPRET."""
     pytest.importorskip("triton")
     assert compile_without_interpreter(COMPILE_FOR_H200).count("compiled") == 12
 
@@ -437,6 +518,14 @@ def gpu_decoders(predictor, joint, blank_id, durations, max_symbols, kernels):
     return {mode: GreedyTransducerDecoder(predictor, joint, blank_id=blank_id, durations=durations,
                                           max_symbols=max_symbols, cuda_graphs=mode, kernels=kernels)
             for mode in ("off", "partial", "full")}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gpu_gathered_hidden_rows_are_exact(dtype):
+    """On the GPU the gather kernel's relu(enc + pred) is torch's bit for bit, in bf16 too."""
+    hidden, expected = gathered_hidden_rows(dtype, 3)
+    assert hidden.is_cuda and torch.equal(hidden, expected)
 
 
 @pytest.mark.gpu

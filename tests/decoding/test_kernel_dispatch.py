@@ -83,6 +83,7 @@ def test_a_triton_failure_at_first_use_falls_back_to_torch_with_a_warning(monkey
         raise RuntimeError("simulated Triton compile failure\nsecond line of the compiler log")
 
     monkeypatch.setattr(fused, "gather_window", broken)
+    monkeypatch.setattr(fused, "joint_hidden_window", broken)   # the toy joint's search starts here
     monkeypatch.setattr(fused, "triton_unavailable_reason", lambda device: None)  # the setup's check passes
     monkeypatch.setattr(label_looping, "resolve_kernels",
                         lambda requested, *, device, algorithm="label_looping":
@@ -133,7 +134,8 @@ def test_the_fused_kernels_refuse_buffers_made_for_the_torch_stages():
                                      dtype=torch.float32, device=CPU, blank_id=12, durations=None, max_symbols=2,
                                      kernels="torch")
     message = "the fused kernels need loop buffers made with kernels='triton' or 'triton_cudnn', not 'torch'"
-    for call in (lambda: fused.gather_window(buf), lambda: fused.emit_update(buf, buf.active),
+    for call in (lambda: fused.gather_window(buf), lambda: fused.joint_hidden_window(buf),
+                 lambda: fused.emit_update(buf, buf.active),
                  lambda: fused.search_epilogue(buf, torch.zeros(2, 13), buf.active)):
         with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
             call()

@@ -3,7 +3,10 @@
 Six kernels replace the chains of small torch ops around the joint and the predictor:
 
 - :func:`gather_window`: the encoder projections of frames time..time+W-1 and the predictor projection,
-  one row per (utterance, frame), ready for the joint (plain copies).
+  one row per (utterance, frame), ready for the joint (plain copies); for a joint that is
+  output(relu(enc + pred)) (:func:`joint_output_for`), :func:`joint_hidden_window` writes the hidden rows
+  relu(enc + pred) instead, so the joint's add and activation take no kernels of their own and only its
+  output layer runs.
 - :func:`search_epilogue`: after the joint (whose matrix product stays in cuBLAS): the log-softmax argmax
   over tokens (and durations) of every (utterance, frame) pair in one kernel, then in one more the
   blank-window scan and the masked update of time, label, duration, score, symbols, active and searching
@@ -93,14 +96,30 @@ def gather_window(buf) -> tuple[Tensor, Tensor]:
     _fused_buffers(buf)
     bc, w = buf.batch_capacity, buf.window
     j = buf.enc_proj.shape[-1]
-    if buf.enc_proj.stride(-1) != 1 or buf.pred_proj.stride() != (j, 1):
-        raise ValueError("fused kernels need the encoder and predictor projections contiguous in their last dim")
     enc = buf.enc_proj.new_empty(bc * w, j)
     pred = buf.pred_proj.new_empty(bc * w, j)
-    _k("gather")[(bc * w,)](buf.enc_proj, buf.pred_proj, buf.time, enc, pred, buf.frame_capacity,
-                           buf.enc_proj.stride(0), buf.enc_proj.stride(1),
-                           J=j, W=w, BLOCK_J=min(1024, _pow2(j)))
+    _launch_gather(buf, enc, pred, relu=False)
     return enc, pred
+
+
+def joint_hidden_window(buf) -> Tensor:
+    """The joint's hidden rows relu(enc + pred) of frames time..time+W-1 for every row ([B*W, J]), in one
+    kernel: what :func:`gather_window` and then the joint's add and activation give, for a joint whose
+    output layer :func:`joint_output_for` found."""
+    _fused_buffers(buf)
+    hidden = buf.enc_proj.new_empty(buf.batch_capacity * buf.window, buf.enc_proj.shape[-1])
+    _launch_gather(buf, hidden, hidden, relu=True)
+    return hidden
+
+
+def _launch_gather(buf, enc_out: Tensor, pred_out: Tensor, *, relu: bool) -> None:
+    bc, w = buf.batch_capacity, buf.window
+    j = buf.enc_proj.shape[-1]
+    if buf.enc_proj.stride(-1) != 1 or buf.pred_proj.stride() != (j, 1):
+        raise ValueError("fused kernels need the encoder and predictor projections contiguous in their last dim")
+    _k("gather")[(bc * w,)](buf.enc_proj, buf.pred_proj, buf.time, enc_out, pred_out, buf.frame_capacity,
+                           buf.enc_proj.stride(0), buf.enc_proj.stride(1),
+                           J=j, W=w, BLOCK_J=min(1024, _pow2(j)), RELU=relu)
 
 
 def search_epilogue(buf, logits: Tensor, rows: Tensor) -> None:
@@ -155,6 +174,85 @@ def select_rows(emit: Tensor, pairs: list[tuple[Tensor, Tensor]]) -> None:
         padded = group + [group[0]] * (3 - len(group))        # unused slots: never run (grid stops short)
         args = [a for slot in padded for a in slot]
         _k("select")[(emit.shape[0], len(group))](_bytes(emit), *args, LONGEST=longest, BLOCK=block)
+
+
+def _parameter_layout(module) -> tuple | None:
+    """What a check of ``module`` depends on: its parameters' names, shapes, dtypes and devices (None if it has none)."""
+    params = getattr(module, "named_parameters", None)
+    return tuple((n, p.shape, p.dtype, p.device) for n, p in params()) if params else None
+
+
+def _checked_once(cache: "weakref.WeakKeyDictionary", module, key, make, why_not: str):
+    """``make()`` for ``module``, once per ``key``, kept in ``cache`` (a module that cannot be weakly referenced
+    is checked every time); a str result is the reason it does not apply, logged once after ``why_not``."""
+    try:
+        cached = cache.get(module)
+    except TypeError:
+        cached = None
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    result = make()
+    if isinstance(result, str):
+        logger.info(f"{why_not}: {result}")
+    try:
+        cache[module] = (key, result)
+    except TypeError:
+        pass
+    return result
+
+
+# -- the joint's hidden layer -----------------------------------------------------------------------------------
+
+_JOINT_OUTPUTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # joint -> (key, nn.Linear or reason)
+
+
+def _declared_output(joint) -> torch.nn.Linear | str:
+    """The output layer a joint declares through ``activation_and_output()`` (see
+    :class:`workbench.decoding.protocol.JointProtocol`) if its activation is ReLU, else why not."""
+    declare = getattr(joint, "activation_and_output", None)
+    if declare is None:
+        return f"{type(joint).__name__} has no activation_and_output()"
+    parts = declare()
+    if parts is None:
+        return f"{type(joint).__name__}.activation_and_output() gives None"
+    activation, out = parts
+    if activation != "relu":
+        return f"its activation is {activation!r} (only relu is applied in the gather kernel)"
+    if not isinstance(out, torch.nn.Linear):
+        return f"its output layer is a {type(out).__name__}, not an nn.Linear"
+    return out
+
+
+def _output_matches_joint(joint, out: torch.nn.Linear) -> str | None:
+    """None if out(relu(enc + pred)) gives the joint's joint_after_projection on random inputs, else what differs."""
+    weight = out.weight
+    g = torch.Generator().manual_seed(0)
+    enc, pred = (torch.randn(4, out.in_features, generator=g).to(device=weight.device, dtype=weight.dtype)
+                 for _ in range(2))
+    expected = joint.joint_after_projection(enc, pred)
+    mine = torch.nn.functional.linear(torch.relu(enc + pred), weight, out.bias)
+    tol = 2e-2 if weight.dtype in (torch.float16, torch.bfloat16) else 1e-5
+    if expected.shape != mine.shape or not torch.allclose(expected.float(), mine.float(), rtol=tol, atol=tol):
+        return "its joint_after_projection differs from output(relu(enc + pred))"
+    return None
+
+
+def joint_output_for(joint) -> torch.nn.Linear | None:
+    """The joint's output layer when its joint_after_projection(enc, pred) is output(relu(enc + pred)), as declared
+    by ``activation_and_output()`` and checked once per joint and parameter layout on random inputs; the fused
+    search then computes the hidden rows in its gather kernel (:func:`joint_hidden_window`) and calls the output
+    layer alone (the same matrix product in cuBLAS). Else None, logged once with the reason (the search calls
+    joint_after_projection)."""
+    def make():
+        result = _declared_output(joint)
+        if isinstance(result, str):
+            return result
+        with torch.inference_mode(False), torch.no_grad():
+            return _output_matches_joint(joint, result) or result
+
+    result = _checked_once(_JOINT_OUTPUTS, joint, _parameter_layout(joint), make,
+                           "kernels='triton': the joint runs its own joint_after_projection after the gather")
+    return None if isinstance(result, str) else result
 
 
 # -- the LSTM predictor's step ---------------------------------------------------------------------------------
@@ -318,21 +416,9 @@ def lstm_step_for(predictor, *, blank_id: int, tokens: int) -> LstmStep | None:
     named = list(params()) if params else []
     if named:
         require_triton(named[0][1].device)
-    key = (blank_id, tokens, tuple((n, p.shape, p.dtype, p.device) for n, p in named) if params else None)
-    try:
-        cached = _LSTM_STEPS.get(predictor)
-    except TypeError:                           # not weakly referable: checked every time
-        cached = None
-    if cached is not None and cached[0] == key:
-        result = cached[1]
-    else:
-        result = _make_lstm_step(predictor, blank_id, tokens)
-        if isinstance(result, str):
-            logger.info(f"kernels='triton': the predictor runs its own step(), not the fused LSTM step: {result}")
-        try:
-            _LSTM_STEPS[predictor] = (key, result)
-        except TypeError:
-            pass
+    result = _checked_once(_LSTM_STEPS, predictor, (blank_id, tokens, _parameter_layout(predictor)),
+                           lambda: _make_lstm_step(predictor, blank_id, tokens),
+                           "kernels='triton': the predictor runs its own step(), not the fused LSTM step")
     if isinstance(result, str):
         return None
     refresh_lstm_step(result)

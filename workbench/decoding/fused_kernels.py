@@ -11,16 +11,28 @@ import triton.language as tl
 @triton.jit
 def gather_window_kernel(enc_proj, pred_proj, time, enc_out, pred_out,
                          frame_capacity, stride_eb, stride_et,
-                         J: tl.constexpr, W: tl.constexpr, BLOCK_J: tl.constexpr):
-    row = tl.program_id(0)                      # one (utterance, window offset) pair
+                         J: tl.constexpr, W: tl.constexpr, BLOCK_J: tl.constexpr, RELU: tl.constexpr):
+    """One (utterance, window offset) row: the encoder projection of its frame and the predictor projection,
+    or with RELU the joint's hidden row relu(enc + pred) alone (a half-precision sum taken in float32 and
+    rounded, as torch's add does, so the output layer sees the very values the joint would give it)."""
+    row = tl.program_id(0)
     b = row // W
     w = row % W
     frame = tl.minimum(tl.load(time + b) + w, frame_capacity - 1)
     for j0 in range(0, J, BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
         m = j < J
-        tl.store(enc_out + row * J + j, tl.load(enc_proj + b * stride_eb + frame * stride_et + j, mask=m), mask=m)
-        tl.store(pred_out + row * J + j, tl.load(pred_proj + b * J + j, mask=m), mask=m)
+        e = tl.load(enc_proj + b * stride_eb + frame * stride_et + j, mask=m)
+        p = tl.load(pred_proj + b * J + j, mask=m)
+        if RELU:
+            if e.dtype.is_fp16() or e.dtype.is_bf16():
+                hidden = (e.to(tl.float32) + p.to(tl.float32)).to(enc_out.dtype.element_ty, fp_downcast_rounding="rtne")
+            else:
+                hidden = e + p
+            tl.store(enc_out + row * J + j, tl.maximum(hidden, 0.0).to(enc_out.dtype.element_ty), mask=m)
+        else:
+            tl.store(enc_out + row * J + j, e, mask=m)
+            tl.store(pred_out + row * J + j, p, mask=m)
 
 
 @triton.jit

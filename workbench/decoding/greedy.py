@@ -32,6 +32,10 @@ DEFAULT_MAX_SYMBOLS = 10
 # window-16 and window-1 rows record the inner iteration counts), and the joint over B x 16 rows is still a
 # small matrix product, so each iteration costs about the same.
 DEFAULT_BLANK_WINDOW = 16
+# blank_window="auto" (see auto_blank_window): TDT with a float32/float64 joint takes this window from this many
+# utterances on, where the joint's matrix product over batch x 16 rows (no tensor cores in exact fp32) outweighs
+# the inner iterations a shorter window adds.
+AUTO_TDT_FP32_WINDOW, AUTO_TDT_FP32_FROM_BATCH = 8, 33
 _already_logged: set[str] = set()
 
 
@@ -39,6 +43,16 @@ def _log_once(level: int, message: str) -> None:
     if message not in _already_logged:
         _already_logged.add(message)
         logger.log(level, message)
+
+
+def auto_blank_window(batch: int, *, tdt: bool, dtype: torch.dtype) -> int:
+    """The frames per search step that ``blank_window="auto"`` takes for ``batch`` utterances (the buffers'
+    capacity): 16; for TDT with a float32 or float64 joint, 8 from 33 utterances on. A TDT blank jumps up to
+    max(durations) frames, so 8 frames still hold the next label of most searches, at half the joint's rows;
+    an RNN-T blank moves one frame, and a half-precision joint runs on tensor cores, so they keep 16."""
+    if tdt and dtype in (torch.float32, torch.float64) and batch >= AUTO_TDT_FP32_FROM_BATCH:
+        return AUTO_TDT_FP32_WINDOW
+    return DEFAULT_BLANK_WINDOW
 
 
 def resolve_graph_mode(requested: str, *, algorithm: str, device_type: str, full_reason: str | None,
@@ -98,7 +112,9 @@ class GreedyTransducerDecoder:
     ``durations=None`` is RNN-T; a list of frame counts (e.g. [0, 1, 2, 3, 4]) is TDT, whose joint
     output ends with one logit per duration. ``max_symbols`` bounds labels per frame (None -> 10).
     ``blank_window`` (label-looping, RNN-T and TDT): frames decided by one joint call while skipping
-    blanks (the same decisions, fewer loop iterations); 1 looks at one frame per step.
+    blanks (the same decisions, fewer loop iterations); 1 looks at one frame per step; "auto" (default): 16, or
+    fewer where the joint's rows cost more than the iterations saved (:func:`auto_blank_window`;
+    ``window_used`` says which the last call took).
     ``kernels`` (label-looping): "triton": fused kernels around the joint's matrix product and the predictor
     step (an LSTM predictor's step as one gate GEMM and one cell kernel), with the same tokens and timestamps
     (scores summed in another order); "triton_cudnn": the same, the predictor through its own step();
@@ -111,7 +127,7 @@ class GreedyTransducerDecoder:
 
     def __init__(self, predictor, joint, *, blank_id: int, durations: list[int] | None = None,
                  max_symbols: int | None = DEFAULT_MAX_SYMBOLS, algorithm: str = "label_looping",
-                 cuda_graphs: str = "auto", blank_window: int = DEFAULT_BLANK_WINDOW, kernels: str = "auto"):
+                 cuda_graphs: str = "auto", blank_window: int | str = "auto", kernels: str = "auto"):
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
         if cuda_graphs not in GRAPH_MODES:
@@ -128,8 +144,9 @@ class GreedyTransducerDecoder:
                 raise ValueError(f"durations must be a non-empty list of frame counts >= 0, got {durations}")
             if algorithm == "frame_looping":
                 raise ValueError("frame_looping decodes RNN-T only; use label_looping for TDT (durations given)")
-        if int(blank_window) != blank_window or blank_window < 1:
-            raise ValueError(f"blank_window must be an integer >= 1, got {blank_window}")
+        if blank_window != "auto" and (isinstance(blank_window, (str, bool)) or int(blank_window) != blank_window
+                                       or blank_window < 1):
+            raise ValueError(f"blank_window must be 'auto' or an integer >= 1, got {blank_window!r}")
         if kernels not in label_looping.KERNEL_CHOICES:
             raise ValueError(f"kernels must be one of {label_looping.KERNEL_CHOICES}, got {kernels!r}")
         if kernels in ("triton", "triton_cudnn") and algorithm == "frame_looping":
@@ -141,7 +158,8 @@ class GreedyTransducerDecoder:
         self.predictor, self.joint = predictor, joint
         self.blank_id, self.durations, self.max_symbols = blank_id, durations, int(max_symbols)
         self.algorithm, self.cuda_graphs = algorithm, cuda_graphs
-        self.blank_window = int(blank_window)
+        self.blank_window = blank_window if blank_window == "auto" else int(blank_window)  # as asked
+        self.window_used: int | None = None      # the blank window of the last call's buffers
         self.kernels = kernels                   # as asked: one of label_looping.KERNEL_CHOICES
         self.kernels_used: str | None = None     # the stage kernels of the last call: one of fused.KERNELS
         self.kernels_reason: str | None = None   # why, in one line (e.g. "torch: inputs on cpu (...)")
@@ -245,16 +263,23 @@ class GreedyTransducerDecoder:
         self.mode_used = self._mode_cache[key]
         return self.mode_used
 
+    def window_for(self, batch: int, dtype: torch.dtype) -> int:
+        """The blank window of buffers for ``batch`` utterances in ``dtype``: as asked, or :func:`auto_blank_window`."""
+        if self.blank_window != "auto":
+            return self.blank_window
+        return auto_blank_window(batch, tdt=self.durations is not None, dtype=dtype)
+
     def _new_buffers(self, batch: int, frames: int, enc: Tensor) -> label_looping.LoopBuffers:
         return label_looping.make_buffers(
             self.predictor, self.joint, batch_capacity=batch, frame_capacity=max(frames, 1),
             enc_dim=enc.shape[-1], dtype=enc.dtype, device=enc.device, blank_id=self.blank_id,
-            durations=self.durations, max_symbols=self.max_symbols, window=self.blank_window,
+            durations=self.durations, max_symbols=self.max_symbols, window=self.window_for(batch, enc.dtype),
             kernels=self.kernel_choice(enc.device)[0])
 
     def _decode_eager(self, enc: Tensor, lengths: Tensor) -> list[Hypothesis]:
         batch, frames = enc.shape[0], enc.shape[1]
         buf = self._new_buffers(batch, frames, enc)
+        self.window_used = buf.window
         label_looping.load_inputs(buf, enc, lengths)
         if self.algorithm == "frame_looping":
             max_frames = int(lengths.max()) if frames else 0
@@ -276,6 +301,7 @@ class GreedyTransducerDecoder:
             captured = self._capture(mode, batch, frames, enc, lengths)
             self._captured = captured
         buf = captured.buffers
+        self.window_used = buf.window
         label_looping.load_inputs(buf, enc, lengths)
         if mode == "full":
             captured.graphs.replay()

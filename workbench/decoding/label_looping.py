@@ -65,6 +65,8 @@ class LoopBuffers:
     kernels: str = "torch"      # "torch": the stages below; "triton": workbench.decoding.fused's kernels
     emit: Tensor | None = None  # triton: [Bc] bool, the rows that emitted in this outer step
     lstm: fused.LstmStep | None = None  # triton: the fused LSTM step (pred_state contiguous), else predictor.step
+    # triton: (the joint, its output layer) when that joint is output(relu(enc + pred)) (fused.joint_output_for)
+    joint_output: tuple[object, torch.nn.Linear] | None = None
 
 
 def resolve_kernels(requested: str, *, device: torch.device, algorithm: str = "label_looping") -> tuple[str, str]:
@@ -143,6 +145,7 @@ def make_buffers(predictor, joint, *, batch_capacity: int, frame_capacity: int, 
         active_any=torch.zeros((), dtype=torch.bool, device=device),
         searching_any=torch.zeros((), dtype=torch.bool, device=device),
         kernels="torch" if kernels == "torch" else "triton", lstm=lstm,
+        joint_output=None if kernels == "torch" or (out := fused.joint_output_for(joint)) is None else (joint, out),
         emit=None if kernels == "torch" else torch.zeros(bc, dtype=torch.bool, device=device),
     )
 
@@ -286,10 +289,15 @@ def _search_window_tdt(buf: LoopBuffers, joint, rows: Tensor) -> None:
 
 
 def _search_fused(buf: LoopBuffers, joint, rows: Tensor) -> None:
-    """One search step through the fused kernels: gather the window, the joint, the epilogue (any window;
-    with window 1 the same decisions as :func:`_take_decision`)."""
-    enc, pred = fused.gather_window(buf)
-    fused.search_epilogue(buf, joint.joint_after_projection(enc, pred), rows)
+    """One search step through the fused kernels: gather the window (with the joint's hidden layer when
+    ``buf.joint_output`` is this joint's), the joint, the epilogue (any window; with window 1 the same decisions as
+    :func:`_take_decision`)."""
+    if buf.joint_output is not None and buf.joint_output[0] is joint:
+        out = buf.joint_output[1]  # the joint's add and activation in the gather kernel, its output layer as it is
+        logits = torch.nn.functional.linear(fused.joint_hidden_window(buf), out.weight, out.bias)
+    else:
+        logits = joint.joint_after_projection(*fused.gather_window(buf))
+    fused.search_epilogue(buf, logits, rows)
 
 
 def _search(buf: LoopBuffers, joint, rows: Tensor, first: bool) -> None:

@@ -35,6 +35,10 @@ class JointProtocol(Protocol):
     def joint_after_projection(self, enc_proj: Tensor, pred_proj: Tensor) -> Tensor:
         """[B, J], [B, J] -> [B, V + 1 (+ number of durations)] logits."""
 
+    # Optional: ``activation_and_output() -> (activation name, output nn.Linear) | None``, declaring that
+    # joint_after_projection(e, p) is output(activation(e + p)). With "relu", the fused kernels compute the hidden
+    # rows while gathering the window and call only the output layer (checked once on random inputs).
+
 
 @dataclass
 class Hypothesis:

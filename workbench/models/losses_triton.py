@@ -45,6 +45,12 @@ _MAX_BLOCK_U = 256   # label block of the per-utterance kernels (longer targets 
 _SHAPE_ARGS = ["T", "U1", "U", "NDIAG"]  # change with every batch: one compiled kernel for all their values
 
 
+def _lattice_warps(block_u: int, block_s: int) -> int:
+    """Warps of a lattice program: 4, or 8 once a diagonal's [BLOCK_U, BLOCK_S] tile passes 512 edges (TDT's
+    slots), so that each thread keeps at most 4 edges of each of the tile's four loads in flight."""
+    return 8 if block_u * block_s > 512 else 4
+
+
 @triton.jit
 def _lse_add(m, s, x):
     """Online log-sum-exp: (running max, scaled sum) after adding x."""
@@ -308,7 +314,7 @@ class _TritonTransducerLoss(torch.autograd.Function):
         log_likelihood = torch.empty(batch, **small)
         _lattice_kernel[(batch, 2 if want_grad else 1)](  # beta alongside alpha only when backward will run
             weights, alpha, beta, log_likelihood, logit_lengths, target_lengths, edges, num_diagonals, num_cols,
-            NS=num_slots, BLOCK_S=block_s, BLOCK_U=block_u)
+            NS=num_slots, BLOCK_S=block_s, BLOCK_U=block_u, num_warps=_lattice_warps(block_u, block_s))
         ctx.save_for_backward(logits, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta,
                               log_likelihood, edges)  # not the edge weights: backward reads them from the logits
         ctx.sizes = (blank, num_tokens, float(sigma), block_v, block_s, num_dur, num_slots)

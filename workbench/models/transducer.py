@@ -79,6 +79,10 @@ class Joint(nn.Module):
     def joint_after_projection(self, enc_proj: torch.Tensor, pred_proj: torch.Tensor) -> torch.Tensor:
         return self.out(torch.relu(enc_proj + pred_proj))
 
+    def activation_and_output(self) -> tuple[str, nn.Linear]:
+        """joint_after_projection is out(relu(enc + pred)) (the decoders' fused kernels use it)."""
+        return "relu", self.out
+
     def padded_joint_after_projection(self, enc_proj: torch.Tensor, pred_proj: torch.Tensor) -> torch.Tensor:
         """:meth:`joint_after_projection` with the last dim padded to ``padded_width(num_outputs)``: the
         padding columns are exactly 0 and their weight rows get no gradient (they are not parameters)."""

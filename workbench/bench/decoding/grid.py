@@ -15,6 +15,7 @@ from workbench.bench.decoding.methods import (
     NEMO_BREAKDOWN_METHODS,
     NEMO_TARGET_METHODS,
     W,
+    window_runs_here,
 )
 from workbench.decoding import fused
 
@@ -53,14 +54,16 @@ class Grid:
 
 
 def methods_for(case: Case) -> list[tuple[str, str, int]]:
-    """The case's methods that apply: frame-looping is RNN-T only, graphs need CUDA, window 1 runs in fp32, the
-    fused kernels run on CUDA with Triton (not in the CPU smoke run: Triton's interpreter is far too slow)."""
+    """The case's methods that apply: frame-looping is RNN-T only, graphs need CUDA, window 1 runs in fp32, window
+    16 where the default window is another, the fused kernels run on CUDA with Triton (not in the CPU smoke run:
+    Triton's interpreter is far too slow)."""
     fused_reason = "CPU" if case.device.type != "cuda" else fused.triton_unavailable_reason(case.device)
     return [(algorithm, mode, window) for algorithm, mode, window in case.methods
             if not ((algorithm == "frame_looping" and case.durations is not None)
                     or (algorithm in (FUSED, FUSED_LSTM) and fused_reason is not None)
                     or (case.device.type != "cuda" and mode != "off")
-                    or (window == 1 and case.dtype != torch.float32))]
+                    or (window == 1 and case.dtype != torch.float32)
+                    or not window_runs_here(window, case.batch, case.durations is not None, case.dtype))]
 
 
 def plan_methods(nemo: bool, batch: int, grid: Grid) -> tuple[list, list]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from workbench.bench.profiling import profile_call, top_kernels  # noqa: F401 - run.py profiles through profile_call here
+from workbench.bench.profiling import top_kernels
 
 NAME_CHARS = 96  # a shortened kernel name is at most this long (the rest becomes "...")
 

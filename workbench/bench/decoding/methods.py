@@ -5,15 +5,17 @@ from __future__ import annotations
 import torch
 
 from workbench.decoding import label_looping
-from workbench.decoding.greedy import DEFAULT_BLANK_WINDOW
+from workbench.decoding.greedy import DEFAULT_BLANK_WINDOW, auto_blank_window
 
 VOCAB, PRED, JOINT, ENC = 1024, 640, 640, 512  # the sizes of the issue's NeMo comparison
 BLANK = VOCAB
 FRAME_S = 0.08
 TDT_DURATIONS = [0, 1, 2, 3, 4]
-W = DEFAULT_BLANK_WINDOW
+W = "auto"  # the decoder's default blank window (greedy.auto_blank_window); rows say which window it took
+W16 = DEFAULT_BLANK_WINDOW
 # (algorithm, graph mode, blank window); the window applies to label-looping (RNN-T and TDT). Window 1
-# (one frame per search step) runs in fp32 only, to show what the window buys.
+# (one frame per search step) runs in fp32 only, to show what the window buys; window 16 runs only where "auto"
+# takes another, to show what that choice buys.
 # "label_looping_fused": the same decoder with the fused kernels that kernels="auto" picks on CUDA
 # ("triton_cudnn", workbench.decoding.fused), where Triton runs; "label_looping_fused_lstm": kernels="triton",
 # the LSTM predictor's step fused too (its sums in another order than cuDNN's: checked like frame-looping).
@@ -29,7 +31,7 @@ METHODS = [("frame_looping", "off", W), ("label_looping", "off", W), ("label_loo
 NEMO_TARGET_METHODS = [(FUSED, "full", W), (FUSED, "partial", W), ("nemo", "full", W), ("nemo", "partial", W)]
 # Second pass, while the budget lasts: the torch stages' full graph at every size; the eager modes and the torch
 # stages' partial graphs (the slow ones) at Grid.breakdown_batches only.
-NEMO_BREAKDOWN_EVERYWHERE = [("label_looping", "full", W), (FUSED_LSTM, "full", W)]
+NEMO_BREAKDOWN_EVERYWHERE = [("label_looping", "full", W), (FUSED_LSTM, "full", W), (FUSED, "full", W16)]
 NEMO_BREAKDOWN_METHODS = [("label_looping", "off", W), ("label_looping", "partial", W), (FUSED, "off", W),
                           ("nemo", "off", W)]
 NEMO_METHODS = [*NEMO_TARGET_METHODS, *NEMO_BREAKDOWN_EVERYWHERE, *NEMO_BREAKDOWN_METHODS]
@@ -41,7 +43,7 @@ REFERENCE_ORDER = [(FUSED, "full", W), ("label_looping", "off", W), (FUSED, "par
 def method_name(algorithm: str, mode: str, window: int = W) -> str:
     if algorithm == "nemo":
         return {"off": "NeMo no graphs", "partial": "NeMo partial graphs", "full": "NeMo full graph"}[mode]
-    suffix = " window 1" if window == 1 else ""
+    suffix = "" if window == W else f" window {window}"
     if algorithm == FUSED:
         return f"label-looping fused {mode}{suffix}"
     if algorithm == FUSED_LSTM:
@@ -64,3 +66,14 @@ def profiled_method(device: torch.device) -> tuple[str, str, int]:
     """(algorithm, mode, window) that --kernel-profile profiles: the default kernels' partial graphs on CUDA
     (the host runs the loop, so every iteration's kernels are traced), their eager mode elsewhere."""
     return default_algorithm(device), "partial" if device.type == "cuda" else "off", W
+
+
+def own_window(method: str) -> bool:
+    """Whether the method (by name) runs a blank window given explicitly instead of the decoder's default."""
+    return " window " in method
+
+
+def window_runs_here(window, batch: int, tdt: bool, dtype: torch.dtype) -> bool:
+    """Whether a method of blank ``window`` runs at this size: the default always, an explicit window only where
+    "auto" takes another (else its row would repeat the default's)."""
+    return window == W or window != auto_blank_window(batch, tdt=tdt, dtype=dtype)

@@ -70,6 +70,14 @@ class NemoJoint(torch.nn.Module):
         """[N, J], [N, J] -> [N, outputs]: NeMo's joint on N (frame, label) pairs."""
         return self.joint.joint_after_projection(enc_proj.unsqueeze(1), pred_proj.unsqueeze(1))[:, 0, 0]
 
+    def activation_and_output(self) -> tuple[str, torch.nn.Linear] | None:
+        """("relu", its output layer) when NeMo's joint network is ReLU, (dropout,) Linear; else None."""
+        layers = list(self.joint.joint_net)
+        if len(layers) < 2 or not isinstance(layers[0], torch.nn.ReLU) or not isinstance(layers[-1], torch.nn.Linear) \
+                or not all(isinstance(m, torch.nn.Dropout) for m in layers[1:-1]):
+            return None
+        return "relu", layers[-1]
+
 
 def make_nemo_transducer(*, vocab_size: int, enc_dim: int, pred_dim: int, joint_dim: int,
                          durations: list[int] | None = None, seed: int = 0,

@@ -96,8 +96,15 @@ OLD_TARGET_METHOD = "label-looping full"  # what records without ``target_method
 
 METHOD_ORDER = ["frame-looping off", "label-looping off", "label-looping fused off", "NeMo no graphs",
                 "label-looping partial", "label-looping fused partial", "NeMo partial graphs",
-                "label-looping full window 1", "label-looping full", "label-looping fused full", "NeMo full graph",
+                "label-looping full window 1", "label-looping full", "label-looping fused full",
+                "label-looping fused full window 16", "NeMo full graph",
                 "torchaudio RNNTBeamSearch beam 1"]
+
+
+def method_order(methods) -> list[str]:
+    """The methods present in ``methods``, in METHOD_ORDER's order, then any other in the order first seen."""
+    present = list(dict.fromkeys(methods))
+    return [m for m in METHOD_ORDER if m in present] + [m for m in present if m not in METHOD_ORDER]
 
 
 def speed_table(record: dict[str, Any]) -> pd.DataFrame:
@@ -120,7 +127,7 @@ def speed_table(record: dict[str, Any]) -> pd.DataFrame:
                      "labels_per_frame": r.get("labels_per_frame")})
     df = pd.DataFrame(rows)
     if not df.empty:
-        df["method"] = pd.Categorical(df["method"], [m for m in METHOD_ORDER if m in set(df["method"])], ordered=True)
+        df["method"] = pd.Categorical(df["method"], method_order(df["method"]), ordered=True)
         df = df.sort_values(["model", "dtype", "audio_s", "B", "method"]).reset_index(drop=True)
     return df
 
@@ -146,7 +153,7 @@ def speed_bars(table: pd.DataFrame, *, model: str = "rnnt", dtype: str = "float3
     """Bar chart: milliseconds per batch for each method and batch size (log scale), with IQR whiskers."""
     sub = table[(table["model"] == model) & (table["dtype"] == dtype) & (table["audio_s"].round(1) == audio_s)]
     fig, ax = plt.subplots(figsize=(8, 3.6))
-    methods = [m for m in METHOD_ORDER if m in set(sub["method"])]
+    methods = method_order(sub["method"])
     batches = sorted(sub["B"].unique())
     width = 0.8 / max(1, len(methods))
     for i, method in enumerate(methods):

@@ -71,10 +71,13 @@ from workbench.bench.decoding.methods import (
     W,
     default_method,
     method_name,
+    own_window,
     profiled_method,
+    window_runs_here,
 )
 from workbench.bench.decoding.targets import add_nemo_speedups, add_speedups, nemo_targets_of, targets_of
 from workbench.bench.decoding.torchaudio_peer import torchaudio_reference
+from workbench.bench.profiling import profile_call
 from workbench.bench.results import (
     bench_device,
     check_smoke_out,
@@ -125,6 +128,7 @@ class Prepared:
     stats: dict
     mode_used: str
     graph_nodes: dict | None = None  # our graph modes: nodes and kernels of each captured stage graph
+    window_used: int | None = None  # our decoders: the blank window they took
 
     @property
     def name(self) -> str:
@@ -152,8 +156,8 @@ def prepare_method(case: Case, algorithm: str, mode: str, window: int, outcome: 
         print(f"FAIL: {outcome.failures[-1]}", flush=True)
         return None
     stats = dict(dec.last_stats)
-    if algorithm == "label_looping" and window == 1:  # its iteration counts, from an eager run
-        probe = case.decoder(cuda_graphs="off", blank_window=1, kernels="torch")
+    if window != W and algorithm != "frame_looping":  # an explicit window's own iteration counts, from an eager run
+        probe = case.decoder(cuda_graphs="off", blank_window=window, kernels="torch")
         probe(case.enc, case.lengths)
         stats = dict(probe.last_stats)
     key = ([h.tokens for h in hyps], [h.timestamps for h in hyps])
@@ -166,7 +170,8 @@ def prepare_method(case: Case, algorithm: str, mode: str, window: int, outcome: 
             nodes = dec.stage_graph_nodes()
         except Exception as e:  # noqa: BLE001 - a count we cannot make is said, not fatal
             nodes = {"unavailable": f"{type(e).__name__}: {e}"}
-    return Prepared(algorithm, mode, window, lambda: dec(case.enc, case.lengths), key, stats, dec.mode_used, nodes)
+    return Prepared(algorithm, mode, window, lambda: dec(case.enc, case.lengths), key, stats, dec.mode_used, nodes,
+                    dec.window_used)
 
 
 def time_interleaved(case: Case, prepared: list[Prepared], outcome: Outcome) -> list[dict]:
@@ -194,6 +199,8 @@ def time_interleaved(case: Case, prepared: list[Prepared], outcome: Outcome) -> 
                      "_key": p.key, "_stats": p.stats})
         if p.graph_nodes is not None:
             rows[-1]["graph_nodes"] = p.graph_nodes
+        if p.window_used is not None and p.algorithm != "frame_looping":
+            rows[-1]["blank_window"] = p.window_used
     return rows
 
 
@@ -209,7 +216,7 @@ def measure_methods(case: Case, methods: list[tuple[str, str, int]], outcome: Ou
 
 def finish_rows(case: Case, rows: list[dict], outcome: Outcome) -> None:
     """Take the case's reference and loop counts from these rows where it has none yet, then check every row
-    and add its iteration counts (window 1: its own)."""
+    and add its iteration counts (a window given explicitly: its own)."""
     if case.reference is None:
         names = [method_name(*m) for m in REFERENCE_ORDER]
         default = default_method(case.device, "full" if case.device.type == "cuda" else "off")
@@ -224,7 +231,7 @@ def finish_rows(case: Case, rows: list[dict], outcome: Outcome) -> None:
         stats = row.pop("_stats")
         check_row(case, row, outcome)
         row["blank_bias"] = case.blank_bias
-        add_iteration_counts(row, stats if row["method"].endswith("window 1") else case.loop_stats)
+        add_iteration_counts(row, stats if own_window(row["method"]) else case.loop_stats)
 
 
 def measure_case(case: Case, calibrator: GreedyTransducerDecoder | None, outcome: Outcome, smoke: bool,
@@ -325,7 +332,7 @@ def profile_case(case: Case, decoder: GreedyTransducerDecoder, method: str) -> d
     raises gives {"method", "unavailable"}."""
     set_blank_bias(case.joint, BLANK, case.blank_bias)  # later cases recalibrated the shared joint
     try:
-        hyps, events, wall = kernel_profile.profile_call(lambda: decoder(case.enc, case.lengths), case.device)
+        hyps, events, wall = profile_call(lambda: decoder(case.enc, case.lengths), case.device)
     except Exception as e:  # noqa: BLE001 - a profile we cannot make is said, not fatal
         return {"method": method, "unavailable": f"{type(e).__name__}: {e}"}
     profile = kernel_profile.kernel_breakdown(events, case.device.type, decoder.last_stats.get("outer_iterations"))
@@ -391,6 +398,7 @@ def measure_grid(grid: Grid, device: torch.device, outcome: Outcome, *, t_start:
             parts[(dtype, model_name)] = (predictor, joint, durations, calibrator)
         predictor, joint, durations, calibrator = parts[(dtype, model_name)]
         first, later = plan_methods(nemo, batch, grid)
+        later = [m for m in later if window_runs_here(m[2], batch, durations is not None, dtype)]
         gen = torch.Generator(device=device).manual_seed(batch * 1000 + frames)
         case = Case(model_name, dtype, predictor, joint, durations,
                     torch.randn(batch, frames, ENC, device=device, generator=gen),

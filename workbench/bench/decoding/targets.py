@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from workbench.bench.decoding.methods import method_name
+from workbench.bench.decoding.methods import method_name, own_window
 
 MIN_SPEEDUP_OVER_FRAME_LOOPING = 10.0  # the target: full graph vs frame-looping off, B=16, 12 s, fp32
 MIN_SPEEDUP_OVER_NEMO = {"rnnt": 4.0, "tdt": 2.0}  # our full graph over NeMo's, every B, length and dtype
@@ -29,7 +29,7 @@ def add_nemo_speedups(rows: list[dict]) -> None:
             for r in rows if r["method"].startswith("NeMo")}
     failed = {(r["model"], r["dtype"], r["batch"], r["frames"]) for r in rows if r.get("nemo_full_graph") == "failed"}
     for r in rows:
-        if not r["method"].startswith("label-looping") or r["method"].endswith("window 1"):
+        if not r["method"].startswith("label-looping") or own_window(r["method"]):
             continue
         mode = r["method"].split()[-1]
         shape = (r["model"], r["dtype"], r["batch"], r["frames"])

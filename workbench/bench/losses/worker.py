@@ -76,14 +76,11 @@ def peak_above_inputs(fn: Callable[[], object], device: torch.device) -> int | N
 
 
 def profiled_kernels(fn: Callable[[], object]) -> dict:
-    """The CUDA kernels of one ``fn()`` by device time (the models bench's :func:`top_kernels` dict)."""
-    from workbench.bench.models.run import top_kernels
+    """The CUDA kernels of one ``fn()`` by device time (:func:`workbench.bench.profiling.top_kernels`' dict)."""
+    from workbench.bench.profiling import profile_call, top_kernels
 
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return top_kernels(prof.key_averages(), "cuda")
+    _, events, _ = profile_call(fn, torch.device("cuda", torch.cuda.current_device()))
+    return top_kernels(events, "cuda")
 
 
 def measure(impl: str, shape: list[int], device: torch.device, *, dtype: torch.dtype = torch.float32,
