@@ -489,6 +489,13 @@ for tdt in (True, False):
                            target=GPUTarget("cuda", 90, 32))
         assert compiled.asm["cubin"], kernel.__name__
         print(kernel.__name__, tdt, "compiled")
+signature = {name: "constexpr" if param.is_constexpr else "*bf16" if name in FLOATS else "*i64" if name in LONGS
+             else "i64" for name, param in zip(K.gather_window_kernel.arg_names, K.gather_window_kernel.params)}
+constexprs = {"J": 640, "W": 16, "BLOCK_J": 1024, "RELU": True}  # bf16 buffers: the hidden rows rounded in-kernel
+compiled = compile(ASTSource(fn=K.gather_window_kernel, signature=signature, constexprs=constexprs),
+                   target=GPUTarget("cuda", 90, 32))
+assert compiled.asm["cubin"]
+print("gather_window_kernel bf16 relu compiled")
 """
 
 
@@ -498,7 +505,7 @@ def test_the_kernels_compile_for_an_h200_without_one(compile_without_interpreter
     TDT variants, the LSTM cell's first and later layers, the gather with and without the joint's ReLU) in a
     process without TRITON_INTERPRET."""
     pytest.importorskip("triton")
-    assert compile_without_interpreter(COMPILE_FOR_H200).count("compiled") == 12
+    assert compile_without_interpreter(COMPILE_FOR_H200).count("compiled") == 13
 
 
 # -- on a GPU ---------------------------------------------------------------------------------------------
