@@ -302,6 +302,44 @@ def test_a_joint_whose_declaration_does_not_hold_runs_its_own_joint(caplog):
     assert "its activation is 'tanh'" in caplog.text
 
 
+@needs_triton
+def test_a_replaced_output_layer_or_a_mode_switch_is_checked_again():
+    """The check is kept per joint, train/eval mode and parameter tensors: a new output layer of the same shape is
+    the one the fused search uses, and decodes give the torch stages' hypotheses before and after."""
+    predictor, joint = make_toy_transducer(vocab_size=9, enc_dim=6, pred_dim=8, joint_dim=8, blank_bias=0.5,
+                                           logit_scale=3.0, seed=5)
+    enc = torch.randn(2, 10, 6, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    lengths = torch.tensor([10, 6], device=DEVICE)
+    kw = dict(blank_id=9, cuda_graphs="off")
+    decode = lambda kernels: [h.tokens for h in GreedyTransducerDecoder(predictor, joint, kernels=kernels, **kw)(  # noqa: E731
+        enc, lengths)]
+    assert fused.joint_output_for(joint) is joint.out and decode("triton") == decode("torch")
+    with torch.no_grad():
+        new_out = torch.nn.Linear(8, 10).to(DEVICE)
+        new_out.weight.mul_(6.0)
+    joint.out = new_out
+    assert fused.joint_output_for(joint) is new_out
+    assert decode("triton") == decode("torch")
+    joint.train()
+    assert fused.joint_output_for(joint) is new_out  # no dropout in ours: train mode fuses too, checked again
+    assert fused._JOINT_OUTPUTS[joint][0][0] is True
+
+
+@needs_triton
+def test_a_joint_the_check_cannot_run_on_keeps_its_own_joint(caplog):
+    """A declaration the check cannot use (a layer of the wrong width, a malformed answer) is a logged reason, not
+    a crash of the decoder."""
+    _, joint = make_toy_transducer(vocab_size=9, enc_dim=6, pred_dim=8, joint_dim=8, seed=6)
+    wrong = NotQuiteRelu(joint)
+    wrong.activation_and_output = lambda: ("relu", torch.nn.Linear(5, 10).to(DEVICE))
+    malformed = NotQuiteRelu(joint)
+    malformed.activation_and_output = lambda: "relu"
+    with caplog.at_level("INFO", logger="workbench.decoding"):
+        assert fused.joint_output_for(wrong) is None and fused.joint_output_for(malformed) is None
+    assert "checking it raised RuntimeError" in caplog.text
+    assert "activation_and_output() gives str, not (activation, layer)" in caplog.text
+
+
 # -- the fused LSTM step ----------------------------------------------------------------------------------------
 
 
@@ -452,6 +490,10 @@ def test_fused_lstm_step_on_nemos_rnnt_decoder_gives_nemos_hypotheses(durations,
                                                       durations=durations, seed=1, device=DEVICE)
     assert fused.lstm_step_for(predictor, blank_id=40, tokens=41) is not None
     assert fused.joint_output_for(joint) is joint.out  # NeMo's ReLU joint: its hidden layer in the gather kernel
+    joint.train()
+    assert joint.activation_and_output() is None or not any(  # dropout active in train mode: not declared
+        isinstance(m, torch.nn.Dropout) and m.p > 0 for m in joint.joint.joint_net)
+    joint.eval()
     enc = torch.randn(3, 30, 16, generator=torch.Generator().manual_seed(0)).to(DEVICE)
     lengths = torch.tensor([30, 17, 4], device=DEVICE)
     kw = dict(blank_id=40, durations=durations, cuda_graphs="off")

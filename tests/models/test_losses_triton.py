@@ -298,6 +298,24 @@ def test_beta_runs_alongside_alpha_only_when_a_gradient_is_wanted(monkeypatch):
     assert grids == [(2, 1), (2, 1), (2, 2)]
 
 
+def test_the_lattice_kernel_takes_8_warps_only_for_wide_tiles(monkeypatch):
+    """4 warps for RNN-T's one slot and for short targets; 8 once a diagonal's tile passes 512 edges (TDT's 5
+    slots, padded to 8, at 128 labels), as launched."""
+    assert [losses_triton._lattice_warps(u, s) for u, s in ((128, 1), (256, 1), (64, 8), (128, 8), (256, 8))] == \
+        [4, 4, 4, 8, 8]
+    warps = []
+    kernel = losses_triton._lattice_kernel
+
+    class Recording:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: (warps.append(kw["num_warps"]), kernel[grid](*args, **kw))[1]
+
+    monkeypatch.setattr(losses_triton, "_lattice_kernel", Recording())
+    logits, targets, logit_lengths, target_lengths = random_batch([3, 2], [1, 2], 4, vocab=3, seed=13)
+    rnnt_loss_triton(logits, targets, logit_lengths, target_lengths)
+    assert warps == [4]
+
+
 COMPILE_FOR_H200 = """
 import sys
 import triton

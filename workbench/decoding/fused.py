@@ -108,7 +108,7 @@ def joint_hidden_window(buf) -> Tensor:
     output layer :func:`joint_output_for` found."""
     _fused_buffers(buf)
     hidden = buf.enc_proj.new_empty(buf.batch_capacity * buf.window, buf.enc_proj.shape[-1])
-    _launch_gather(buf, hidden, hidden, relu=True)
+    _launch_gather(buf, hidden, hidden, relu=True)  # with relu the kernel writes its first output only
     return hidden
 
 
@@ -177,9 +177,12 @@ def select_rows(emit: Tensor, pairs: list[tuple[Tensor, Tensor]]) -> None:
 
 
 def _parameter_layout(module) -> tuple | None:
-    """What a check of ``module`` depends on: its parameters' names, shapes, dtypes and devices (None if it has none)."""
+    """What a check of ``module`` depends on: train or eval mode, and its parameters (which tensors, their names,
+    shapes, dtypes and devices: a layer replaced by a new one is checked again); None for a non-module."""
     params = getattr(module, "named_parameters", None)
-    return tuple((n, p.shape, p.dtype, p.device) for n, p in params()) if params else None
+    if not params:
+        return None
+    return (getattr(module, "training", None), tuple((n, id(p), p.shape, p.dtype, p.device) for n, p in params()))
 
 
 def _checked_once(cache: "weakref.WeakKeyDictionary", module, key, make, why_not: str):
@@ -215,6 +218,8 @@ def _declared_output(joint) -> torch.nn.Linear | str:
     parts = declare()
     if parts is None:
         return f"{type(joint).__name__}.activation_and_output() gives None"
+    if not isinstance(parts, tuple) or len(parts) != 2:
+        return f"{type(joint).__name__}.activation_and_output() gives {type(parts).__name__}, not (activation, layer)"
     activation, out = parts
     if activation != "relu":
         return f"its activation is {activation!r} (only relu is applied in the gather kernel)"
@@ -242,13 +247,16 @@ def joint_output_for(joint) -> torch.nn.Linear | None:
     by ``activation_and_output()`` and checked once per joint and parameter layout on random inputs; the fused
     search then computes the hidden rows in its gather kernel (:func:`joint_hidden_window`) and calls the output
     layer alone (the same matrix product in cuBLAS). Else None, logged once with the reason (the search calls
-    joint_after_projection)."""
+    joint_after_projection). Checked again when the joint switches train/eval mode or a parameter is replaced.""" 
     def make():
-        result = _declared_output(joint)
-        if isinstance(result, str):
-            return result
-        with torch.inference_mode(False), torch.no_grad():
-            return _output_matches_joint(joint, result) or result
+        try:
+            result = _declared_output(joint)
+            if isinstance(result, str):
+                return result
+            with torch.inference_mode(False), torch.no_grad():
+                return _output_matches_joint(joint, result) or result
+        except Exception as e:  # noqa: BLE001 - a joint the check cannot run on keeps its own joint_after_projection
+            return f"checking it raised {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
 
     result = _checked_once(_JOINT_OUTPUTS, joint, _parameter_layout(joint), make,
                            "kernels='triton': the joint runs its own joint_after_projection after the gather")

@@ -29,7 +29,8 @@ def gather_window_kernel(enc_proj, pred_proj, time, enc_out, pred_out,
                 hidden = (e.to(tl.float32) + p.to(tl.float32)).to(enc_out.dtype.element_ty, fp_downcast_rounding="rtne")
             else:
                 hidden = e + p
-            tl.store(enc_out + row * J + j, tl.maximum(hidden, 0.0).to(enc_out.dtype.element_ty), mask=m)
+            relu = tl.maximum(hidden, 0.0, propagate_nan=tl.PropagateNan.ALL)     # NaN stays NaN, as in torch
+            tl.store(enc_out + row * J + j, relu.to(enc_out.dtype.element_ty), mask=m)
         else:
             tl.store(enc_out + row * J + j, e, mask=m)
             tl.store(pred_out + row * J + j, p, mask=m)

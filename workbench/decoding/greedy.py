@@ -144,8 +144,8 @@ class GreedyTransducerDecoder:
                 raise ValueError(f"durations must be a non-empty list of frame counts >= 0, got {durations}")
             if algorithm == "frame_looping":
                 raise ValueError("frame_looping decodes RNN-T only; use label_looping for TDT (durations given)")
-        if blank_window != "auto" and (isinstance(blank_window, (str, bool)) or int(blank_window) != blank_window
-                                       or blank_window < 1):
+        if blank_window != "auto" and (not isinstance(blank_window, (int, float)) or isinstance(blank_window, bool)
+                                       or int(blank_window) != blank_window or blank_window < 1):
             raise ValueError(f"blank_window must be 'auto' or an integer >= 1, got {blank_window!r}")
         if kernels not in label_looping.KERNEL_CHOICES:
             raise ValueError(f"kernels must be one of {label_looping.KERNEL_CHOICES}, got {kernels!r}")
@@ -159,7 +159,7 @@ class GreedyTransducerDecoder:
         self.blank_id, self.durations, self.max_symbols = blank_id, durations, int(max_symbols)
         self.algorithm, self.cuda_graphs = algorithm, cuda_graphs
         self.blank_window = blank_window if blank_window == "auto" else int(blank_window)  # as asked
-        self.window_used: int | None = None      # the blank window of the last call's buffers
+        self.window_used: int | None = None      # the blank window of the last call (label-looping)
         self.kernels = kernels                   # as asked: one of label_looping.KERNEL_CHOICES
         self.kernels_used: str | None = None     # the stage kernels of the last call: one of fused.KERNELS
         self.kernels_reason: str | None = None   # why, in one line (e.g. "torch: inputs on cpu (...)")
@@ -279,7 +279,7 @@ class GreedyTransducerDecoder:
     def _decode_eager(self, enc: Tensor, lengths: Tensor) -> list[Hypothesis]:
         batch, frames = enc.shape[0], enc.shape[1]
         buf = self._new_buffers(batch, frames, enc)
-        self.window_used = buf.window
+        self.window_used = None if self.algorithm == "frame_looping" else buf.window
         label_looping.load_inputs(buf, enc, lengths)
         if self.algorithm == "frame_looping":
             max_frames = int(lengths.max()) if frames else 0

@@ -294,7 +294,7 @@ def _search_fused(buf: LoopBuffers, joint, rows: Tensor) -> None:
     :func:`_take_decision`)."""
     if buf.joint_output is not None and buf.joint_output[0] is joint:
         out = buf.joint_output[1]  # the joint's add and activation in the gather kernel, its output layer as it is
-        logits = torch.nn.functional.linear(fused.joint_hidden_window(buf), out.weight, out.bias)
+        logits = out(fused.joint_hidden_window(buf))
     else:
         logits = joint.joint_after_projection(*fused.gather_window(buf))
     fused.search_epilogue(buf, logits, rows)

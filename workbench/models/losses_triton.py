@@ -47,7 +47,7 @@ _SHAPE_ARGS = ["T", "U1", "U", "NDIAG"]  # change with every batch: one compiled
 
 def _lattice_warps(block_u: int, block_s: int) -> int:
     """Warps of a lattice program: 4, or 8 once a diagonal's [BLOCK_U, BLOCK_S] tile passes 512 edges (TDT's
-    slots), so that each thread keeps at most 4 edges of each of the tile's four loads in flight."""
+    slots at long targets), halving the edges each thread loads per diagonal."""
     return 8 if block_u * block_s > 512 else 4
 
 

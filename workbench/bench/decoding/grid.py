@@ -53,7 +53,7 @@ class Grid:
         return dtype == torch.float32 and frames == self.profile_frames and batch in self.profile_batches
 
 
-def methods_for(case: Case) -> list[tuple[str, str, int]]:
+def methods_for(case: Case) -> list[tuple[str, str, int | str]]:
     """The case's methods that apply: frame-looping is RNN-T only, graphs need CUDA, window 1 runs in fp32, window
     16 where the default window is another, the fused kernels run on CUDA with Triton (not in the CPU smoke run:
     Triton's interpreter is far too slow)."""
@@ -76,7 +76,7 @@ def plan_methods(nemo: bool, batch: int, grid: Grid) -> tuple[list, list]:
     return list(NEMO_TARGET_METHODS), list(later)
 
 
-def deferred_methods(case: Case, methods: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
+def deferred_methods(case: Case, methods: list[tuple[str, str, int | str]]) -> list[tuple[str, str, int | str]]:
     """The group that runs again after every other row when NeMo's full graph is among ``methods``: the
     full-graph methods. NeMo's runs only there; ours also run in the pass, so they keep a row if NeMo's fails."""
     if ("nemo", "full", W) in methods:

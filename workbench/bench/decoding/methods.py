@@ -40,7 +40,7 @@ REFERENCE_ORDER = [(FUSED, "full", W), ("label_looping", "off", W), (FUSED, "par
                    ("label_looping", "partial", W), (FUSED, "off", W)]
 
 
-def method_name(algorithm: str, mode: str, window: int = W) -> str:
+def method_name(algorithm: str, mode: str, window: int | str = W) -> str:
     if algorithm == "nemo":
         return {"off": "NeMo no graphs", "partial": "NeMo partial graphs", "full": "NeMo full graph"}[mode]
     suffix = "" if window == W else f" window {window}"
@@ -62,7 +62,7 @@ def default_method(device: torch.device, mode: str = "full") -> str:
     return method_name(default_algorithm(device), mode)
 
 
-def profiled_method(device: torch.device) -> tuple[str, str, int]:
+def profiled_method(device: torch.device) -> tuple[str, str, int | str]:
     """(algorithm, mode, window) that --kernel-profile profiles: the default kernels' partial graphs on CUDA
     (the host runs the loop, so every iteration's kernels are traced), their eager mode elsewhere."""
     return default_algorithm(device), "partial" if device.type == "cuda" else "off", W

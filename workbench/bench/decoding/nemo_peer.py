@@ -71,8 +71,11 @@ class NemoJoint(torch.nn.Module):
         return self.joint.joint_after_projection(enc_proj.unsqueeze(1), pred_proj.unsqueeze(1))[:, 0, 0]
 
     def activation_and_output(self) -> tuple[str, torch.nn.Linear] | None:
-        """("relu", its output layer) when NeMo's joint network is ReLU, (dropout,) Linear; else None."""
+        """("relu", its output layer) when NeMo's joint network is ReLU, (dropout,) Linear and no dropout is
+        active (eval mode, or p = 0); else None."""
         layers = list(self.joint.joint_net)
+        if self.joint.training and any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in layers):
+            return None
         if len(layers) < 2 or not isinstance(layers[0], torch.nn.ReLU) or not isinstance(layers[-1], torch.nn.Linear) \
                 or not all(isinstance(m, torch.nn.Dropout) for m in layers[1:-1]):
             return None

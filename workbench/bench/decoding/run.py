@@ -204,7 +204,7 @@ def time_interleaved(case: Case, prepared: list[Prepared], outcome: Outcome) -> 
     return rows
 
 
-def measure_methods(case: Case, methods: list[tuple[str, str, int]], outcome: Outcome) -> list[dict]:
+def measure_methods(case: Case, methods: list[tuple[str, str, int | str]], outcome: Outcome) -> list[dict]:
     """Prepare every method, then time those of one graph mode interleaved; rows with ``_key`` and ``_stats``."""
     prepared = [p for method in methods if (p := prepare_method(case, *method, outcome)) is not None]
     rows = []
@@ -235,7 +235,7 @@ def finish_rows(case: Case, rows: list[dict], outcome: Outcome) -> None:
 
 
 def measure_case(case: Case, calibrator: GreedyTransducerDecoder | None, outcome: Outcome, smoke: bool,
-                 methods: list[tuple[str, str, int]] | None = None) -> list[dict]:
+                 methods: list[tuple[str, str, int | str]] | None = None) -> list[dict]:
     """Calibrate the blank bias on the case's input (the first time; later calls set it again on the shared
     joint), then time and check ``methods`` (default: the case's) on it; those of ``deferred_methods`` are
     queued in ``outcome.deferred``."""
