@@ -174,6 +174,35 @@ def test_encoder_and_decoder_equal_the_previous_formulation_on_padded_batches(dt
             torch.testing.assert_close(g, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_the_half_step_residuals_in_one_add_are_bit_for_bit_the_two_op_form(autocast):
+    """A conformer block's x + 0.5 * ff(x), taken as one torch.add(alpha=0.5), gives the very values and gradients
+    of the multiply-then-add form (halving is exact in floating point)."""
+    from workbench.models.config import ModelConfig
+    from workbench.models.encoder import ConformerBlock
+
+    torch.manual_seed(0)
+    block = ConformerBlock(ModelConfig(head="rnnt", vocab_size=8, d_model=32, num_heads=4, dropout=0.0))
+
+    def two_op_form(x, valid, key_bias):
+        x = x + 0.5 * block.ff1(x)
+        x = x + block.attn_dropout(block.attn(block.attn_norm(x), key_bias=key_bias))
+        x = x + block.conv(x, valid)
+        return block.out_norm(x + 0.5 * block.ff2(x))
+
+    valid = torch.arange(12)[None] < torch.tensor([12, 7, 3])[:, None]
+    x = torch.randn(3, 12, 32)
+    results = []
+    for forward in (block, two_op_form):
+        xi = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = forward(xi, valid, key_padding_bias(valid, torch.bfloat16 if autocast else torch.float32))
+        grads = torch.autograd.grad(y.float().square().sum(), [xi, *block.parameters()])
+        results.append((y, grads))
+    (y, grads), (y_ref, grads_ref) = results
+    assert torch.equal(y, y_ref) and all(torch.equal(g, r) for g, r in zip(grads, grads_ref))
+
+
 # --- torch.compile of the encoder blocks ---------------------------------------------------------------
 
 def _loss_and_grads(model, batch):

@@ -155,10 +155,10 @@ class ConformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
         """x [B, T, D], valid [B, T] bool, key_bias [B, 1, 1, T] (:func:`key_padding_bias` of valid)."""
-        x = x + 0.5 * self.ff1(x)
+        x = torch.add(x, self.ff1(x), alpha=0.5)  # x + 0.5 * ff(x) in one pass (the halving is exact)
         x = x + self.attn_dropout(self.attn(self.attn_norm(x), key_bias=key_bias))
         x = x + self.conv(x, valid)
-        x = x + 0.5 * self.ff2(x)
+        x = torch.add(x, self.ff2(x), alpha=0.5)
         return self.out_norm(x)
 
 
