@@ -190,7 +190,7 @@ def fill_profile(study: Study, model, probe, bins):
         profile, _ = oomptimize(model, study.model, bins, memory_fraction=study.args.memory_fraction)
         return profile
     result = search_batch_sizes(profile_buckets(bins), probe, budget_bytes=probe.budget_bytes)
-    bins.bucket_batch_size = list(result.batch_sizes)
+    bins.bucket_batch_size = result.profile_batch_sizes()
     bins.metadata.update(model=study.model, probes=result.num_probes, modelled_memory=True)
     return bins
 
@@ -245,7 +245,7 @@ def find_baseline(study: Study, corpus: dict, arrays, probe) -> dict[str, Any]:
     bins, buckets = lhotse_buckets(corpus["cuts"], tokens_by_id)
     shapes = [(b["longest_s"], float(b["max_tokens"])) for b in buckets]
     result = search_batch_sizes(shapes, probe, budget_bytes=probe.budget_bytes)
-    for b, size in zip(buckets, result.batch_sizes):
+    for b, size in zip(buckets, result.profile_batch_sizes()):
         b["max_batch_size"] = int(size)
     max_duration = math.floor(10 * min(b["max_batch_size"] * b["shortest_s"] for b in buckets)) / 10
     if max_duration <= 0:
