@@ -152,7 +152,8 @@ def test_nemo_comparison_on_the_gpu_at_a_small_size(monkeypatch):
     outcome.rows += bench.measure_deferred(outcome)
     add_nemo_speedups(outcome.rows)
     assert not outcome.failures, outcome.failures
-    assert len(outcome.rows) == 2 * len(NEMO_METHODS)  # ours (torch and fused) and NeMo's, every mode
+    # ours (torch and fused) and NeMo's, every mode; window 16 only where the default window is another (not B=4)
+    assert len(outcome.rows) == 2 * len([m for m in NEMO_METHODS if m[2] != 16])
     assert all(r["equal_to_reference"] for r in outcome.rows)
     # the default method's row (the fused full graph, timed in the pass too) is every row's reference
     assert {r["reference_method"] for r in outcome.rows} == {"label-looping fused full"}

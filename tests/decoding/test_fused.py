@@ -640,8 +640,9 @@ def test_gpu_fused_graphs_hold_far_fewer_kernels(durations):
                                       kernels=kind)
         dec(enc, lengths)
         kernels[kind] = {stage: n["kernels"] for stage, n in dec.stage_graph_nodes().items()}
-    for stage in ("find_label_first", "find_label_again"):  # 6 ops on CPU: gather, the joint's 3, decide, scan
+    for stage in ("find_label_first", "find_label_again"):  # 4 ops: gather (+ add, ReLU), output layer, decide, scan
         assert kernels["triton"][stage] * 4 < kernels["torch"][stage], kernels
+        assert kernels["triton"][stage] <= 5, kernels           # a cuBLAS GEMM may take two kernels
     # 19 bookkeeping ops become 2 kernels; with the predictor's own step its kernels stay
     assert kernels["triton_cudnn"]["emit_labels"] <= kernels["torch"]["emit_labels"] - 15, kernels
     # the fused LSTM step: emit, the gate GEMM, the cell, the projection, the projection's keep (5 ops on CPU; a
