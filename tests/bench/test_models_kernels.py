@@ -17,7 +17,7 @@ def _event(key, device_type, self_device_us=0.0, self_cpu_us=0.0, count=1):
 
 
 def test_top_kernels_keeps_cuda_kernels_by_self_device_time_and_their_share():
-    from workbench.bench.models.run import top_kernels
+    from workbench.bench.profiling import top_kernels
 
     events = [_event("aten::mm", CPU, self_cpu_us=900.0), _event("sm90_gemm", CUDA, 600.0, count=4),
               _event("fmha_fwd", CUDA, 300.0, count=2), _event("elementwise", CUDA, 100.0, count=9),

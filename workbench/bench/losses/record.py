@@ -27,7 +27,7 @@ class LossRun:
     error: str | None = None             # why it did not run (e.g. torchaudio past 2**31 elements)
     in_subprocess: bool = False          # run by worker.py (an illegal memory access cannot poison this run)
     kernel_work: list[dict] | None = None  # ours: cost.kernel_work per launch (bytes, sequential steps)
-    kernels: dict | None = None          # ours on CUDA: one profiled call's kernels (models bench's top_kernels)
+    kernels: dict | None = None          # ours on CUDA: one profiled call's kernels (workbench.bench.profiling.top_kernels)
 
 
 @dataclass
