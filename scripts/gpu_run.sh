@@ -151,9 +151,11 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
     oomptimizer)      run_stage oomptimizer 360 python3 -m workbench.bench.oomptimizer --out "$RESULTS" ;;
     oomptimizer-rnnt) run_stage oomptimizer_rnnt 540 python3 -m workbench.bench.oomptimizer --part rnnt \
                         --time-limit-s $(( b - 30 )) --out "$RESULTS" ;;
-    oomptimizer-rnnt-chunked)  # the two predictive searches only; a bucket under way finishes after the limit
+    oomptimizer-rnnt-chunked)  # the two predictive searches only; a bucket under way finishes after the limit.
+                      # CHUNKED_BUCKETS=START:STOP: only those buckets (record oomptimizer_rnnt_chunked_START_STOP)
                       run_stage oomptimizer_rnnt_chunked 330 python3 -m workbench.bench.oomptimizer \
-                        --part rnnt-chunked --time-limit-s $(( b < 280 ? b - 30 : 250 )) --out "$RESULTS" ;;
+                        --part rnnt-chunked ${CHUNKED_BUCKETS:+--buckets "$CHUNKED_BUCKETS"} \
+                        --time-limit-s $(( b < 280 ? b - 30 : 250 )) --out "$RESULTS" ;;
     oomptimizer-aed)  run_stage oomptimizer_aed 300 python3 -m workbench.bench.oomptimizer --part aed \
                         --time-limit-s "$b" --out "$RESULTS" ;;
     ddp)              run_stage ddp 160 python3 -m workbench.bench.oomptimizer --nproc 2 --out "$RESULTS" ;;

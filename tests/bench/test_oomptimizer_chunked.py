@@ -50,7 +50,9 @@ def test_across_runs_sets_the_unchunked_sizes_against_the_committed_record():
                                       "predictive": {"batch_sizes": [80, 40, 10]}}}}
     a = chunked.across_runs([100, None, 15], BUCKETS, reference)
     assert a["ratios"] == [1.25, None, 1.5] and (a["min"], a["median"], a["max"]) == (1.25, 1.375, 1.5)
-    assert a["label"].startswith("across runs: ") and "commit 21cbce16df47, 2026-11-30" in a["label"]
+    assert a["label"].startswith("across runs: this run's unchunked ") and "commit 21cbce16df47, 2026-11-30" in a["label"]
+    c = chunked.across_runs([160, 120, None], BUCKETS, reference, "chunked")
+    assert c["ratios"] == [2.0, 3.0, None] and c["label"].startswith("across runs: this run's chunked batch sizes")
     assert chunked.across_runs([1, 1, 1], BUCKETS, None) == {"skipped": "no oomptimizer.json committed"}
     other = {"figures": {"rnnt": {"buckets": [[1.0, 2.0]], "predictive": {"batch_sizes": [5]}}}}
     assert chunked.across_runs([1, 1, 1], BUCKETS, other)["skipped"].startswith("buckets differ")
@@ -92,13 +94,13 @@ def test_joint_chunk_size_belongs_to_the_chunked_part(tmp_path, capsys):
     assert "--joint-chunk-size belongs to --part rnnt-chunked" in capsys.readouterr().err
 
 
-def _smoke(tmp_path, *extra):
+def _smoke(tmp_path, *extra, name=record.CHUNKED_NAME):
     from workbench.bench.oomptimizer import run
 
     assert run.main(["--smoke", "--part", "rnnt-chunked", *extra, "--out", str(tmp_path)]) == 0
-    path = tmp_path / f"{record.CHUNKED_NAME}.json"
+    path = tmp_path / f"{name}.json"
     rec = json.loads(path.read_text())
-    assert rec["name"] == record.CHUNKED_NAME and rec["figures"]["smoke"] and rec["what"].startswith("SMOKE RUN")
+    assert rec["name"] == name and rec["figures"]["smoke"] and rec["what"].startswith("SMOKE RUN")
     for key in ("command", "git_commit", "device", "date", "params"):
         assert key in rec
     return rec
@@ -196,3 +198,37 @@ def test_too_many_probes_is_a_failure_unless_the_search_stopped_early():
     assert too_many_probes("rnnt", {"probes_per_bucket": 3.0}) == []
     assert too_many_probes("rnnt", {"probes_per_bucket": 3.5}) == ["rnnt predictive: 3.50 probes per bucket > 3"]
     assert too_many_probes("rnnt", {"probes_per_bucket": 3.5, "stopped": "time limit"}) == []
+
+
+def test_bucket_range_reads_slice_bounds_and_names_what_is_wrong():
+    from workbench.bench.oomptimizer.run import bucket_range
+
+    assert bucket_range(None, 30) == (0, 30)
+    assert bucket_range("0:16", 30) == (0, 16) and bucket_range(":4", 30) == (0, 4) and bucket_range("20:", 30) == (20, 30)
+    for bad, words in (("16", "START:STOP"), ("a:3", "integer"), ("3:3", "0 <= START < STOP <= 30"),
+                       ("0:31", "<= 30"), ("-1:4", "0 <= START")):
+        with pytest.raises(ValueError, match=words):
+            bucket_range(bad, 30)
+
+
+def test_a_bucket_range_searches_only_those_buckets_under_its_own_record_name(tmp_path, capsys):
+    from workbench.bench.oomptimizer import run
+
+    rec = _smoke(tmp_path, "--buckets", "1:3", name=f"{record.CHUNKED_NAME}_1_3")
+    fig = rec["figures"]
+    assert fig["bucket_range"] == [1, 3] and len(fig["buckets"]) == 4 and "buckets 1-2 (of 4)" in rec["what"]
+    for key in ("unchunked", "chunked"):
+        sizes = fig[key]["batch_sizes"]
+        assert len(sizes) == 4 and sizes[0] is None and sizes[3] is None and sizes[1] >= 1 and sizes[2] >= 1
+        assert {i for i, *_ in fig[key]["trace"]} == {1, 2}  # the trace keeps the full list's indices
+        assert fig[key]["all_returned_probed"] and "stopped" not in fig[key]
+    comp = record.chunked_comparison(fig)
+    assert comp["compared"] == 2 and not comp["target_met"] and "only 2 of 4 buckets" in comp["target_line"]
+    assert fig["chunked_across_runs"]["skipped"].startswith("buckets differ")
+    assert not (tmp_path / f"{record.CHUNKED_NAME}.json").exists()
+    assert summary.section_for(f"{record.CHUNKED_NAME}_1_3") is record.chunked_summary_lines
+    assert run.main(["--smoke", "--part", "rnnt-chunked", "--buckets", "3:9", "--out", str(tmp_path)]) == 2
+    assert "--buckets: need 0 <= START < STOP <= 4" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run.main(["--smoke", "--part", "rnnt", "--buckets", "0:2", "--out", str(tmp_path)])
+    assert "--buckets belongs to --part rnnt-chunked" in capsys.readouterr().err

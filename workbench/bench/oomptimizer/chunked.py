@@ -6,7 +6,8 @@ in one run.
 
 Writes ``oomptimizer_rnnt_chunked.json``: both searches (record.SearchFigures, each with its probe and
 budget), and the unchunked sizes against the committed ``oomptimizer.json`` (across runs, fixed at run
-time since that record may be rerun). The reader derives per bucket the chunked / unchunked batch size
+time since that record may be rerun; the chunked sizes too, in ``chunked_across_runs``: that record is the
+issue's "today's" sizes). The reader derives per bucket the chunked / unchunked batch size
 ratio with its min/median/max, the buckets at >= 2x and the target line (:func:`ratio_figures`, through
 record.chunked_comparison). Only the two searches run (no bisect, true maxima, soak or DDP accounting).
 ``--time-limit-s``: the unchunked search starts no new bucket after ``UNCHUNKED_SHARE`` of it, the chunked
@@ -67,10 +68,11 @@ def target_line(r: Mapping[str, Any], buckets: list[tuple[float, float]]) -> str
     return f"{head}: missed ({'; '.join(parts)})"
 
 
-def across_runs(unchunked: list[int | None], buckets: list[tuple[float, float]],
-                reference: Mapping[str, Any] | None) -> dict[str, Any]:
-    """This run's unchunked batch sizes / the reference record's rnnt predictive ones per bucket (two runs,
-    possibly at different commits), or ``skipped`` saying why they cannot be set side by side."""
+def across_runs(sizes: list[int | None], buckets: list[tuple[float, float]],
+                reference: Mapping[str, Any] | None, search: str = "unchunked") -> dict[str, Any]:
+    """This run's ``search`` ("unchunked" or "chunked") batch sizes / the reference record's rnnt predictive
+    ones per bucket (two runs, possibly at different commits), or ``skipped`` saying why they cannot be set
+    side by side."""
     if reference is None:
         return {"skipped": f"no {REFERENCE}.json committed"}
     part = reference.get("figures", {}).get("rnnt", {})
@@ -80,9 +82,9 @@ def across_runs(unchunked: list[int | None], buckets: list[tuple[float, float]],
     if [tuple(b) for b in part.get("buckets", [])] != [tuple(b) for b in buckets]:
         return {"skipped": f"buckets differ from {REFERENCE}.json's ({len(part.get('buckets', []))} there, "
                            f"{len(buckets)} here)"}
-    ratios = [n / o if n and o else None for n, o in zip(unchunked, old)]
+    ratios = [n / o if n and o else None for n, o in zip(sizes, old)]
     values = [r for r in ratios if r is not None]
-    out = {"label": f"across runs: this run's unchunked batch sizes / {REFERENCE}.json's "
+    out = {"label": f"across runs: this run's {search} batch sizes / {REFERENCE}.json's "
                     f"(commit {str(reference.get('git_commit', '?'))[:12]}, {str(reference.get('date', '?'))[:10]})",
            "reference_batch_sizes": old, "ratios": ratios}
     if values:

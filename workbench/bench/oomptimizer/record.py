@@ -26,6 +26,11 @@ CHUNKED_NAME = "oomptimizer_rnnt_chunked"  # --part rnnt-chunked (chunked.py)
 CHUNKED_PART = "rnnt-chunked"
 
 
+def chunked_name(start: int, stop: int, num_buckets: int) -> str:
+    """The chunked record's name: CHUNKED_NAME over every bucket, else CHUNKED_NAME_START_STOP."""
+    return CHUNKED_NAME if (start, stop) == (0, num_buckets) else f"{CHUNKED_NAME}_{start}_{stop}"
+
+
 class SearchFigures(TypedDict, total=False):
     batch_sizes: list[int | None]  # one per bucket, each probed successfully (None: not searched, time limit)
     stopped: str  # only when the search stopped at its time limit: how many buckets it searched
@@ -118,11 +123,12 @@ def chunked_summary_lines(figures: Mapping[str, Any]) -> list[str]:
         out.append(f"- chunked / unchunked batch size over {comp['compared']} buckets: {_spread(comp)}; "
                    f">= {comp['target']:g}x at buckets {comp['at_least_target'] or 'none'}")
     out.append(f"- target: {comp['target_line']}")
-    across = figures.get("across_runs", {})
-    if "min" in across:
-        out.append(f"- {across['label']}: {_spread(across)}")
-    elif "skipped" in across:
-        out.append(f"- across runs against the committed record: not compared ({across['skipped']})")
+    for key in ("across_runs", "chunked_across_runs"):
+        across = figures.get(key, {})
+        if "min" in across:
+            out.append(f"- {across['label']}: {_spread(across)}")
+        elif "skipped" in across:
+            out.append(f"- across runs against the committed record: not compared ({across['skipped']})")
     if figures.get("note"):
         out.append(f"- note: {figures['note']}")
     out.append(f"- failures: {figures.get('failures') or 'none'}")

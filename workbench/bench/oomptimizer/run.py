@@ -102,26 +102,33 @@ def rnnt_bins(num_buckets: int = 15, num_subbuckets: int = 2, max_duration: floa
             f"estimate_2d_bins(synthetic_cut_arrays({num_cuts}), durations <= {max_duration:g} s)")
 
 
-def run_search(probe, buckets, strategy: str, max_batch_size: int, *, stop_at: float | None = None) -> dict:
+def run_search(probe, buckets, strategy: str, max_batch_size: int, *, stop_at: float | None = None,
+               only: range | None = None) -> dict:
     """One search's figures (record.SearchFigures). ``stop_at`` (a ``time.perf_counter()`` value): no new
-    bucket starts after it; the buckets not searched get batch size None and ``stopped`` says so."""
+    bucket starts after it; the buckets not searched get batch size None and ``stopped`` says so.
+    ``only``: search just these bucket indices (the others get None); sizes and trace keep the full
+    list's indices."""
+    only = range(len(buckets)) if only is None else only
     release_memory()
     before = allocated_bytes()
     stop = None if stop_at is None else (lambda: time.perf_counter() >= stop_at)
-    result = search_batch_sizes(buckets, probe, budget_bytes=probe.budget_bytes, strategy=strategy,
-                                max_batch_size=max_batch_size, stop=stop)
+    result = search_batch_sizes([buckets[i] for i in only], probe, budget_bytes=probe.budget_bytes,
+                                strategy=strategy, max_batch_size=max_batch_size, stop=stop)
     release_memory()
     after = allocated_bytes()
-    fitted = {(p.bucket_index, p.batch_size) for p in result.probes if not p.oom}
-    searched = [(i, b) for i, b in enumerate(result.batch_sizes) if b is not None]
-    out = {"batch_sizes": result.batch_sizes, "probes": result.num_probes, "ooms": result.num_ooms,
+    batch_sizes: list[int | None] = [None] * len(buckets)
+    for j, b in enumerate(result.batch_sizes):
+        batch_sizes[only[j]] = b
+    fitted = {(only[p.bucket_index], p.batch_size) for p in result.probes if not p.oom}
+    searched = [(i, b) for i, b in enumerate(batch_sizes) if b is not None]
+    out = {"batch_sizes": batch_sizes, "probes": result.num_probes, "ooms": result.num_ooms,
            "probes_per_bucket": round(result.probes_per_bucket, 3), "seconds": round(result.seconds, 2),
            "all_returned_probed": all(ib in fitted for ib in searched),
            "leftover_bytes": None if before is None else after - before,  # None: not measurable (CPU)
            "probe_seconds": summarize([p.seconds for p in result.probes]),
-           "trace": [[p.bucket_index, p.batch_size, p.peak_bytes, p.predicted_bytes] for p in result.probes]}
+           "trace": [[only[p.bucket_index], p.batch_size, p.peak_bytes, p.predicted_bytes] for p in result.probes]}
     if result.not_searched:
-        out["stopped"] = f"time limit: {result.num_searched} of {len(buckets)} buckets searched"
+        out["stopped"] = f"time limit: {result.num_searched} of {len(only)} buckets searched"
     return out
 
 
@@ -395,8 +402,11 @@ def chunked_search(parts: Parts, label: str, joint_chunk_size: int, stop_at: flo
     try:
         model = build(args.rnnt, joint_chunk_size)
         probe = make_probe(model, parts.dtype, args)
-        parts.say(f"{args.rnnt} joint_chunk_size={joint_chunk_size}: predictive over {len(fig['buckets'])} buckets")
-        result = run_search(probe, fig["buckets"], "predictive", args.max_batch_size, stop_at=stop_at)
+        start, stop = fig["bucket_range"]
+        parts.say(f"{args.rnnt} joint_chunk_size={joint_chunk_size}: predictive over buckets {start}-{stop - 1} "
+                  f"of {len(fig['buckets'])}")
+        result = run_search(probe, fig["buckets"], "predictive", args.max_batch_size, stop_at=stop_at,
+                            only=range(*fig["bucket_range"]))
         result.update(joint_chunk_size=joint_chunk_size, probe=type(probe).__name__, budget_bytes=probe.budget_bytes)
         check_search(parts, f"{label} predictive", result)
         if "stopped" in result:
@@ -416,21 +426,32 @@ def main_chunked(args) -> int:
     exit 1 on a failed check (a smoke run reports them only)."""
     buckets, bins_source = rnnt_buckets(args)
     k = args.joint_chunk_size
+    try:
+        start, stop = bucket_range(args.buckets, len(buckets))
+    except ValueError as e:
+        print(f"--buckets: {e}", file=sys.stderr)
+        return 2
     figures = {"smoke": bool(args.smoke), "complete": False, "part": record.CHUNKED_PART, "model": args.rnnt,
-               "joint_chunk_size": k, "buckets": buckets, "bins_source": bins_source}
+               "joint_chunk_size": k, "buckets": buckets, "bins_source": bins_source,
+               "bucket_range": [start, stop]}
     if args.smoke and not torch.cuda.is_available():
         figures["note"] = ("the CPU stand-in's modeled peak counts batch elements only, so chunking the joint "
                            "changes nothing here: the ratios are 1")
-    what = (f"OOMptimizer predictive search for {args.rnnt} on the RNN-T part's {len(buckets)} 2D buckets, twice "
+    which = (f"{len(buckets)} 2D buckets" if (start, stop) == (0, len(buckets))
+             else f"2D buckets {start}-{stop - 1} (of {len(buckets)})")
+    what = (f"OOMptimizer predictive search for {args.rnnt} on the RNN-T part's {which}, twice "
             f"in one run: the joint whole and over chunks of {k} utterances (joint_chunk_size); one GPU")
     parts = Parts(args=args, t0=time.perf_counter(), dtype=torch.bfloat16, figures=figures, failures=[],
-                  name=record.CHUNKED_NAME, what=what)
+                  name=record.chunked_name(start, stop, len(buckets)), what=what)
     unchunked_stop = parts.t0 + chunked.UNCHUNKED_SHARE * args.time_limit_s
     figures["unchunked"] = chunked_search(parts, "unchunked", 0, unchunked_stop)
     parts.save()
     figures["chunked"] = chunked_search(parts, f"joint_chunk_size={k}", k, parts.t0 + args.time_limit_s)
     unchunked_sizes = figures["unchunked"].get("batch_sizes", [None] * len(buckets))
-    figures["across_runs"] = chunked.across_runs(unchunked_sizes, buckets, load_result(chunked.REFERENCE))
+    reference = load_result(chunked.REFERENCE)
+    figures["across_runs"] = chunked.across_runs(unchunked_sizes, buckets, reference)
+    chunked_sizes = figures["chunked"].get("batch_sizes", [None] * len(buckets))
+    figures["chunked_across_runs"] = chunked.across_runs(chunked_sizes, buckets, reference, "chunked")
     figures["complete"] = True
     path = parts.save()
     print("\n".join(record.chunked_summary_lines(figures)))
@@ -483,6 +504,24 @@ def main_ddp(args) -> int:
     return report_failures(failures, smoke=args.smoke)
 
 
+def bucket_range(text: str | None, num_buckets: int) -> tuple[int, int]:
+    """--buckets START:STOP (Python slice bounds, STOP excluded; either may be left out) -> (start, stop)
+    within ``num_buckets``; None: every bucket. ValueError names what is wrong."""
+    if text is None:
+        return 0, num_buckets
+    head, sep, tail = text.partition(":")
+    if not sep:
+        raise ValueError(f"expected START:STOP (bucket indices, STOP excluded), got {text!r}")
+    try:
+        start = int(head) if head.strip() else 0
+        stop = int(tail) if tail.strip() else num_buckets
+    except ValueError:
+        raise ValueError(f"expected integer bucket indices START:STOP, got {text!r}") from None
+    if not 0 <= start < stop <= num_buckets:
+        raise ValueError(f"need 0 <= START < STOP <= {num_buckets} (the number of buckets), got {text!r}")
+    return start, stop
+
+
 def joint_chunk_size(text: str) -> int:
     """--joint-chunk-size's value: an integer >= 1 (argparse reports the error in one line)."""
     try:
@@ -513,11 +552,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--joint-chunk-size", type=joint_chunk_size, default=None,
                         help=f"--part {record.CHUNKED_PART}: utterances per joint + loss chunk in the chunked "
                              "search (default 16; 2 with --smoke)")
+    parser.add_argument("--buckets", default=None, metavar="START:STOP",
+                        help=f"--part {record.CHUNKED_PART}: search only the buckets with these indices (STOP "
+                             f"excluded); the record is then named {record.CHUNKED_NAME}_START_STOP.json")
     parser.add_argument("--nproc", type=int, default=1, help="GPUs for the DDP run (torchrun)")
     parser.add_argument("--max-batch-size", type=int, default=1 << 20, help="cap on any batch size probed")
     args = parser.parse_args(argv)
     if args.joint_chunk_size is not None and args.part != record.CHUNKED_PART:
         parser.error(f"--joint-chunk-size belongs to --part {record.CHUNKED_PART}")
+    if args.buckets is not None and args.part != record.CHUNKED_PART:
+        parser.error(f"--buckets belongs to --part {record.CHUNKED_PART}")
     if args.part == record.CHUNKED_PART and args.joint_chunk_size is None:  # smoke: below the tiny batches
         args.joint_chunk_size = SMOKE_JOINT_CHUNK_SIZE if args.smoke else DEFAULT_JOINT_CHUNK_SIZE
     if args.smoke:
