@@ -232,3 +232,48 @@ def test_a_bucket_range_searches_only_those_buckets_under_its_own_record_name(tm
     with pytest.raises(SystemExit):
         run.main(["--smoke", "--part", "rnnt", "--buckets", "0:2", "--out", str(tmp_path)])
     assert "--buckets belongs to --part rnnt-chunked" in capsys.readouterr().err
+
+
+def _chunked_record(name, date, unchunked, chunked_sizes, reference=None, buckets=BUCKETS):
+    fig = {"buckets": [list(b) for b in buckets], "unchunked": {"batch_sizes": unchunked},
+           "chunked": {"batch_sizes": chunked_sizes}, "across_runs": {}}
+    if reference is not None:
+        fig["across_runs"] = {"reference_batch_sizes": reference}
+    return {"name": name, "date": date, "git_commit": f"{name}-commit", "figures": fig}
+
+
+def test_chunked_union_takes_each_bucket_from_one_run_that_searched_it_both_ways(tmp_path):
+    newer = _chunked_record(f"{record.CHUNKED_NAME}_0_2", "2026-12-02", [100, 80, None], [110, 200, None], [50, 40, 10])
+    older = _chunked_record(record.CHUNKED_NAME, "2026-12-01", [90, 70, 20], [None, 150, 60], [50, 40, 10])
+    other = _chunked_record(f"{record.CHUNKED_NAME}_x", "2026-11-01", [1], [2], buckets=BUCKETS[:1])
+    for r in (newer, older, other):
+        (tmp_path / f"{r['name']}.json").write_text(json.dumps(r))
+    found = record.chunked_records(tmp_path)
+    assert [r["name"] for r in found] == [newer["name"], older["name"], other["name"]]  # newest first
+    union = record.chunked_union(found)
+    rows = union["rows"]
+    # bucket 0: only the newer run searched it both ways; bucket 1: the newer run wins; bucket 2: the older
+    assert [(r["unchunked"], r["chunked"], r["record"]) for r in rows] == [
+        (100, 110, newer["name"]), (80, 200, newer["name"]), (20, 60, older["name"])]
+    assert [r["chunked_over_unchunked"] for r in rows] == [1.1, 2.5, 3.0]
+    assert [r["chunked_over_baseline"] for r in rows] == [2.2, 5.0, 6.0]
+    assert union["left_out"] == [other["name"]] and union["comparison"]["compared"] == 3
+    assert not union["comparison"]["target_met"] and union["baseline"]["target_met"]
+    lines = record.chunked_union_lines(union)
+    assert any("missed" in line and "1.10x at bucket 0" in line for line in lines)
+    assert any(line.startswith("- against the issue-time sizes: chunked >= 2x issue-time at every bucket: met")
+               for line in lines)
+    assert lines[-1] == f"- left out (other buckets): {other['name']}"
+    table = record.chunked_union_table(union)
+    assert list(table["chunked / unchunked"]) == [1.1, 2.5, 3.0] and list(table["issue-time"]) == [50, 40, 10]
+    with pytest.raises(ValueError, match="no chunked record"):
+        record.chunked_union([])
+
+
+def test_chunked_union_of_one_stopped_run_leaves_the_unsearched_buckets_empty():
+    stopped = _chunked_record(record.CHUNKED_NAME, "2026-12-01", [None, 70, 20], [None, None, 60])
+    union = record.chunked_union([stopped])
+    assert [r["record"] for r in union["rows"]] == [None, None, record.CHUNKED_NAME]
+    assert union["comparison"]["compared"] == 1 and union["baseline"]["compared"] == 0
+    assert "only 1 of 3 buckets searched by both" in union["comparison"]["target_line"]
+    assert any("not measured" in line for line in record.chunked_union_lines(union))

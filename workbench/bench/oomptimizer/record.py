@@ -12,11 +12,14 @@ chunked / unchunked comparison is derived when read (:func:`chunked_comparison`)
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Mapping, TypedDict
 
 import pandas as pd
 
 from workbench.bench.oomptimizer import chunked
+from workbench.bench.results import RESULTS_DIR
 from workbench.oomptimizer.plots import plot_batch_sizes, plot_probe_trace, plot_strategy_comparison, strategy_table
 from workbench.oomptimizer.run import describe_soak
 from workbench.units import GiB
@@ -93,6 +96,79 @@ def chunked_comparison(figures: Mapping[str, Any]) -> dict[str, Any]:
     bs = buckets(figures)
     sizes = [(figures.get(key) or {}).get("batch_sizes", [None] * len(bs)) for key in ("unchunked", "chunked")]
     return chunked.ratio_figures(*sizes, bs)
+
+
+def chunked_records(results_dir=None) -> list[dict[str, Any]]:
+    """The committed chunked records (``oomptimizer_rnnt_chunked*.json``: every bucket, or a range of them),
+    newest first."""
+    folder = Path(results_dir or RESULTS_DIR)
+    records = [json.loads(p.read_text()) for p in sorted(folder.glob(f"{CHUNKED_NAME}*.json"))]
+    return sorted(records, key=lambda r: r.get("date", ""), reverse=True)
+
+
+def chunked_union(records: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The chunked records put together bucket by bucket: each bucket's unchunked and chunked batch sizes
+    come from the first record (in the given order) whose two searches both reached it, so every ratio is
+    from one run. ``rows``: per bucket its duration (s), tokens, the sizes, chunked / unchunked, the
+    issue-time ``oomptimizer.json`` size (fixed in each record at run time) and chunked / that, and the
+    record (name, commit) it came from. ``comparison``: chunked.ratio_figures over the union;
+    ``baseline``: chunked.ratio_figures of chunked against the issue-time sizes. Records whose buckets
+    differ from the first one's are left out (``left_out`` names them)."""
+    if not records:
+        raise ValueError("no chunked record to put together")
+    bs = buckets(records[0]["figures"])
+    left_out = [r["name"] for r in records if buckets(r["figures"]) != bs]
+    kept = [r for r in records if buckets(r["figures"]) == bs]
+    rows = []
+    for i, (duration, tokens) in enumerate(bs):
+        row: dict[str, Any] = {"bucket": i, "duration_s": duration, "tokens": tokens, "unchunked": None,
+                               "chunked": None, "record": None, "commit": None, "baseline": None}
+        for r in kept:
+            fig = r["figures"]
+            u, c = ((fig.get(k) or {}).get("batch_sizes", [None] * len(bs))[i] for k in ("unchunked", "chunked"))
+            old = fig.get("across_runs", {}).get("reference_batch_sizes")
+            if row["baseline"] is None and old:
+                row["baseline"] = old[i]
+            if u and c and row["record"] is None:
+                row.update(unchunked=u, chunked=c, record=r["name"], commit=str(r.get("git_commit", "?"))[:12])
+        row["chunked_over_unchunked"] = row["chunked"] / row["unchunked"] if row["record"] else None
+        row["chunked_over_baseline"] = row["chunked"] / row["baseline"] if row["record"] and row["baseline"] else None
+        rows.append(row)
+    unchunked_sizes = [row["unchunked"] for row in rows]
+    chunked_sizes = [row["chunked"] for row in rows]
+    baseline_sizes = [row["baseline"] if row["record"] else None for row in rows]
+    return {"rows": rows, "left_out": left_out, "records": [r["name"] for r in kept],
+            "comparison": chunked.ratio_figures(unchunked_sizes, chunked_sizes, bs),
+            "baseline": chunked.ratio_figures(baseline_sizes, chunked_sizes, bs)}
+
+
+def chunked_union_lines(union: Mapping[str, Any]) -> list[str]:
+    """chunked_union in lines: which records, the two target lines (chunked against unchunked in the same
+    run, and against the issue-time sizes)."""
+    used = sorted({(row["record"], row["commit"]) for row in union["rows"] if row["record"]})
+    out = [f"- buckets from {', '.join(f'{name}.json ({commit})' for name, commit in used) or 'no record'}"]
+    comp, base = union["comparison"], union["baseline"]
+    if comp["compared"]:
+        out.append(f"- chunked / unchunked (same run) over {comp['compared']} buckets: {_spread(comp)}")
+    out.append(f"- target: {comp['target_line']}")
+    if base["compared"]:
+        out.append(f"- chunked / oomptimizer.json's (the issue-time sizes) over {base['compared']} buckets: "
+                   f"{_spread(base)}; >= {base['target']:g}x at {len(base['at_least_target'])} of them")
+    out.append(f"- against the issue-time sizes: {base['target_line'].replace('unchunked', 'issue-time')}")
+    if union["left_out"]:
+        out.append(f"- left out (other buckets): {', '.join(union['left_out'])}")
+    return out
+
+
+def chunked_union_table(union: Mapping[str, Any]) -> pd.DataFrame:
+    """chunked_union's rows as a table: bucket, duration (s), tokens, the three batch sizes, the two ratios
+    (x, 2 decimals) and the record each bucket came from."""
+    table = pd.DataFrame(union["rows"]).rename(columns={
+        "duration_s": "duration s", "baseline": "issue-time", "chunked_over_unchunked": "chunked / unchunked",
+        "chunked_over_baseline": "chunked / issue-time"})
+    cols = ["bucket", "duration s", "tokens", "issue-time", "unchunked", "chunked", "chunked / unchunked",
+            "chunked / issue-time", "record", "commit"]
+    return table[cols].round({"duration s": 2, "chunked / unchunked": 2, "chunked / issue-time": 2})
 
 
 def max_returned_peak_bytes(search: Mapping[str, Any]) -> float | None:
