@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 HEADS = ("rnnt", "tdt", "ctc", "aed")
+DEPTHWISE = ("torch", "triton")  # what runs the subsampling's depthwise convolutions
 SIZES = ("tiny", "large", "xl")
 
 
@@ -25,6 +26,7 @@ class ModelConfig:
     hop_length: int = 160            # frame shift in samples (10 ms); 8x subsampling -> 80 ms per encoder frame
     # encoder: 8x depthwise-separable subsampling, then conformer blocks
     subsampling_channels: int = 256  # conv channels of the subsampling stack
+    depthwise: str = "torch"         # its depthwise 3x3 stride-2 convs: torch (nn.Conv2d) | triton (CUDA kernels)
     d_model: int = 512               # encoder width
     num_layers: int = 17             # conformer blocks
     num_heads: int = 8               # self-attention heads
@@ -48,6 +50,8 @@ class ModelConfig:
             raise ValueError(f"head: expected one of {HEADS}, got {self.head!r}")
         if self.vocab_size < 1:
             raise ValueError(f"vocab_size: need at least 1, got {self.vocab_size}")
+        if self.depthwise not in DEPTHWISE:
+            raise ValueError(f"depthwise: expected one of {DEPTHWISE}, got {self.depthwise!r}")
         if self.joint_chunk_size < 0:
             raise ValueError(f"joint_chunk_size: need >= 0 utterances (0: no chunks), got {self.joint_chunk_size}")
 
@@ -86,12 +90,14 @@ def xl_config(head: str, vocab_size: int = 1024) -> ModelConfig:
 BUILDERS = {"tiny": tiny_config, "large": large_config, "xl": xl_config}
 
 
-def config_from_name(name: str, *, vocab_size: int | None = None, joint_chunk_size: int = 0) -> ModelConfig:
+def config_from_name(name: str, *, vocab_size: int | None = None, joint_chunk_size: int = 0,
+                     depthwise: str = "torch") -> ModelConfig:
     """ModelConfig for "{tiny,large,xl}-{rnnt,tdt,ctc,aed}"; vocab_size overrides the builder's;
-    joint_chunk_size (transducers) computes the joint and loss over chunks of that many utterances."""
+    joint_chunk_size (transducers) computes the joint and loss over chunks of that many utterances;
+    depthwise="triton" runs the subsampling's depthwise convolutions by the Triton kernels."""
     size, _, head = name.partition("-")
     if size not in BUILDERS or head not in HEADS:
         raise ValueError(f"model name: expected '{{{','.join(SIZES)}}}-{{{','.join(HEADS)}}}', got {name!r}")
     builder = BUILDERS[size]
     config = builder(head) if vocab_size is None else builder(head, vocab_size=vocab_size)
-    return dataclasses.replace(config, joint_chunk_size=joint_chunk_size) if joint_chunk_size else config
+    return dataclasses.replace(config, joint_chunk_size=joint_chunk_size, depthwise=depthwise)

@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.models.config import ModelConfig
+from workbench.models.config import DEPTHWISE, ModelConfig
 from workbench.models.features import LogMel
+from workbench.triton_support import triton_unavailable_reason
 
 
 def subsampled_length(lengths, times: int = 3):
@@ -36,16 +37,34 @@ def sinusoidal_positions(num_positions: int, dim: int, device, dtype) -> torch.T
     return codes.to(dtype)
 
 
+def depthwise_conv3x3_s2(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.conv2d(x, weight, bias, stride=2, padding=1, groups=C)`` by the Triton kernels of
+    :mod:`workbench.models.depthwise_triton` (channels-last output); a one-line ValueError when they cannot
+    run on x's device (CUDA, or the CPU under Triton's interpreter)."""
+    problem = triton_unavailable_reason(x.device, kernels_module="workbench.models.depthwise_triton")
+    if problem:
+        raise ValueError(f"depthwise='triton': {problem}")
+    from workbench.models.depthwise_triton import depthwise_conv3x3_s2_triton
+
+    return depthwise_conv3x3_s2_triton(x, weight, bias)
+
+
 class Subsampling(nn.Module):
     """[B, frames, n_mels] -> [B, ceil(frames / 8), d_model]: one conv, then two depthwise-separable convs,
     each with stride 2 in time and frequency, then a linear over channels x remaining mel bins. Frames
     past each utterance's length are zeroed after every stage, so padding never leaks into valid frames.
     ``channels_last`` (None: on CUDA): the convolutions run on channels-last activations, which sends the
-    depthwise ones to cuDNN (for bf16 in the default layout PyTorch runs its own, much slower, kernel)."""
+    depthwise ones to cuDNN (for bf16 in the default layout PyTorch runs its own, much slower, kernel).
+    ``depthwise``: "torch" runs the depthwise convolutions by their nn.Conv2d modules; "triton" by
+    :func:`depthwise_conv3x3_s2` on the same modules' weight and bias (same parameters and state_dict)."""
 
-    def __init__(self, n_mels: int, channels: int, d_model: int, channels_last: bool | None = None):
+    def __init__(self, n_mels: int, channels: int, d_model: int, channels_last: bool | None = None,
+                 depthwise: str = "torch"):
         super().__init__()
+        if depthwise not in DEPTHWISE:
+            raise ValueError(f"depthwise: expected one of {DEPTHWISE}, got {depthwise!r}")
         self.channels_last = channels_last
+        self.depthwise = depthwise
         self.stages = nn.ModuleList([
             nn.Sequential(nn.Conv2d(1, channels, 3, stride=2, padding=1), nn.ReLU()),
             nn.Sequential(nn.Conv2d(channels, channels, 3, stride=2, padding=1, groups=channels),
@@ -61,12 +80,21 @@ class Subsampling(nn.Module):
         for stage in self.stages:
             if channels_last:   # after the first stage too: its output's layout follows its 1-channel input's
                 x = x.contiguous(memory_format=torch.channels_last)
-            x = stage(x)
+            x = self._stage(stage, x)
             lengths = subsampled_length(lengths, times=1)
             valid = torch.arange(x.shape[2], device=x.device)[None] < lengths[:, None]
             x = x * valid[:, None, :, None].to(x.dtype)
         x = self.out(x.permute(0, 2, 1, 3).flatten(2))         # [B, T/8, d_model]
         return x, lengths
+
+    def _stage(self, stage: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+        conv = stage[0]
+        if self.depthwise == "torch" or conv.groups == 1:  # the first stage's conv is not depthwise
+            return stage(x)
+        x = depthwise_conv3x3_s2(x, conv.weight, conv.bias)
+        for layer in stage[1:]:
+            x = layer(x)
+        return x
 
 
 def attention_dtype(x: torch.Tensor) -> torch.dtype:
@@ -169,7 +197,8 @@ class Encoder(nn.Module):
         super().__init__()
         self.features = LogMel(sample_rate=config.sample_rate, n_fft=config.n_fft, win_length=config.win_length,
                                hop_length=config.hop_length, n_mels=config.n_mels)
-        self.subsampling = Subsampling(config.n_mels, config.subsampling_channels, config.d_model)
+        self.subsampling = Subsampling(config.n_mels, config.subsampling_channels, config.d_model,
+                                       depthwise=config.depthwise)
         self.dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(ConformerBlock(config) for _ in range(config.num_layers))
 

@@ -131,10 +131,13 @@ class ASRModel(nn.Module):
         return loss.detach()
 
 
-def build_model(name: str, *, vocab_size: int | None = None, joint_chunk_size: int = 0) -> ASRModel:
+def build_model(name: str, *, vocab_size: int | None = None, joint_chunk_size: int = 0,
+                depthwise: str = "torch") -> ASRModel:
     """"{tiny,large,xl}-{rnnt,tdt,ctc,aed}" -> ASRModel on the current default device (use
-    ``with torch.device("meta"):`` to count parameters without allocating)."""
-    return ASRModel(config_from_name(name, vocab_size=vocab_size, joint_chunk_size=joint_chunk_size))
+    ``with torch.device("meta"):`` to count parameters without allocating); ``depthwise``: see
+    :class:`workbench.models.encoder.Subsampling`."""
+    return ASRModel(config_from_name(name, vocab_size=vocab_size, joint_chunk_size=joint_chunk_size,
+                                     depthwise=depthwise))
 
 
 def compile_encoder_layers(model: ASRModel, *, backend: str = "inductor") -> ASRModel:

@@ -1,0 +1,287 @@
+"""Depthwise 2D convolution, kernel 3x3, stride 2, padding 1 (one filter per channel, with a bias), as
+Triton kernels: the subsampling's depthwise stages (:class:`workbench.models.encoder.Subsampling`) with
+``depthwise="triton"``. The same sums as ``F.conv2d(x, weight, bias, stride=2, padding=1, groups=C)``.
+
+The kernels work on channels-last activations ([B, H, W, C] in memory, channels the contiguous axis): a
+channels-last input is read in place, any other layout is copied to it once, and the output is
+channels-last. Every program holds a tile of BLOCK_P pixels by BLOCK_C channels, so each pixel's channels
+are one coalesced load. Output size H_out = (H - 1) // 2 + 1 (= ceil(H / 2)), likewise W_out.
+
+1. ``_forward_kernel``, one program per tile of output pixels: the 9 taps, each one [BLOCK_P, BLOCK_C]
+   load of the input (zero outside it), times that tap's weights, summed in fp32, plus the bias.
+2. ``_input_grad_kernel``, one program per tile of output positions (b, i, j): the input gradient of the
+   2x2 input pixels (2i..2i+1, 2j..2j+1) it owns, from the output gradient at (i, j), (i + 1, j),
+   (i, j + 1) and (i + 1, j + 1) (the only outputs whose windows cover them): every input pixel is
+   written once, without atomics.
+3. ``_weight_grad_kernel``, a grid of (pixel ranges, channel blocks): each program sums output gradient
+   times input over its range of output pixels for the 9 taps and the bias into one fp32 row of a
+   partial-sum buffer [ranges, 10, C]; the ranges' rows are then summed by torch. The split is fixed by
+   the shape, so the result is deterministic.
+
+Inputs fp32 or bf16; sums in fp32; the output and the input gradient in the input's dtype, the weight and
+bias gradients in the weight's. Every offset is 64-bit, so any size that fits in memory works. On a CPU the
+kernels run only under Triton's interpreter (``TRITON_INTERPRET=1`` set before this module is imported).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_P = 32           # output pixels per program (forward, input gradient)
+WEIGHT_GRAD_BLOCK_P = 16  # output pixels per step of a weight-gradient program (10 fp32 tiles of it held)
+MAX_BLOCK_C = 64       # channels per program (fewer channels: the next power of two)
+WEIGHT_GRAD_WAVES = 4  # weight-gradient programs per multiprocessor (CUDA); their pixel ranges split the batch
+CPU_RANGES = 4         # weight-gradient pixel ranges on the CPU interpreter
+_SHAPE_ARGS = ["H", "W", "HO", "WO", "P", "CHUNK"]  # change with every batch: one compiled kernel for all
+
+
+@triton.jit
+def _pixel_coords(p, HO, WO):
+    """(b, i, j) of flat output-pixel indices p (int64) over [B, HO, WO]."""
+    b = p // (HO * WO)
+    rem = p % (HO * WO)
+    return b, rem // WO, rem % WO
+
+
+@triton.jit
+def _pixel_offsets(b, h, w, H, W, C):
+    """Offset of pixel (b, h, w) of a [B, H, W, C] buffer, as a [BLOCK_P, 1] column (int64)."""
+    return (((b * H + h) * W + w) * C)[:, None]
+
+
+@triton.jit(do_not_specialize=_SHAPE_ARGS)
+def _forward_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, H, W, HO, WO, P, C,
+                    HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    c = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+    in_p, in_c = p < P, c < C
+    b, i, j = _pixel_coords(p, HO, WO)
+    acc = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)
+    for kh in tl.static_range(3):
+        h = 2 * i - 1 + kh
+        for kw in tl.static_range(3):
+            w = 2 * j - 1 + kw
+            inside = in_p & (h >= 0) & (h < H) & (w >= 0) & (w < W)
+            x = tl.load(x_ptr + _pixel_offsets(b, h, w, H, W, C) + c[None, :],
+                        mask=inside[:, None] & in_c[None, :], other=0.0).to(tl.float32)
+            tap = tl.load(w_ptr + c * 9 + (kh * 3 + kw), mask=in_c, other=0.0).to(tl.float32)
+            acc += x * tap[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + c, mask=in_c, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + _pixel_offsets(b, i, j, HO, WO, C) + c[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=in_p[:, None] & in_c[None, :])
+
+
+@triton.jit
+def _load_grad(g_ptr, b, i, j, HO, WO, C, c, in_p, in_c):
+    """Output gradient at (b, i, j) [BLOCK_P, BLOCK_C] in fp32, zero past the output's edge."""
+    inside = in_p & (i < HO) & (j < WO)
+    return tl.load(g_ptr + _pixel_offsets(b, i, j, HO, WO, C) + c[None, :],
+                   mask=inside[:, None] & in_c[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _tap(w_ptr, c, in_c, kh: tl.constexpr, kw: tl.constexpr):
+    """Weight of tap (kh, kw) of every channel c, as a [1, BLOCK_C] fp32 row."""
+    return tl.load(w_ptr + c * 9 + (kh * 3 + kw), mask=in_c, other=0.0).to(tl.float32)[None, :]
+
+
+@triton.jit
+def _store_input_grad(gx_ptr, value, b, h, w, H, W, C, c, in_p, in_c):
+    inside = in_p & (h < H) & (w < W)
+    tl.store(gx_ptr + _pixel_offsets(b, h, w, H, W, C) + c[None, :], value.to(gx_ptr.dtype.element_ty),
+             mask=inside[:, None] & in_c[None, :])
+
+
+@triton.jit(do_not_specialize=_SHAPE_ARGS)
+def _input_grad_kernel(g_ptr, w_ptr, gx_ptr, H, W, HO, WO, P, C, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Input pixel h = 2i - 1 + kh is covered by output row i with tap kh: an even h only by i = h / 2
+    (kh = 1), an odd h by i = (h - 1) / 2 (kh = 2) and i + 1 (kh = 0); columns likewise."""
+    p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    c = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+    in_p, in_c = p < P, c < C
+    b, i, j = _pixel_coords(p, HO, WO)
+    g00 = _load_grad(g_ptr, b, i, j, HO, WO, C, c, in_p, in_c)
+    g01 = _load_grad(g_ptr, b, i, j + 1, HO, WO, C, c, in_p, in_c)
+    g10 = _load_grad(g_ptr, b, i + 1, j, HO, WO, C, c, in_p, in_c)
+    g11 = _load_grad(g_ptr, b, i + 1, j + 1, HO, WO, C, c, in_p, in_c)
+    h, w = 2 * i, 2 * j
+    _store_input_grad(gx_ptr, g00 * _tap(w_ptr, c, in_c, 1, 1), b, h, w, H, W, C, c, in_p, in_c)
+    _store_input_grad(gx_ptr, g00 * _tap(w_ptr, c, in_c, 1, 2) + g01 * _tap(w_ptr, c, in_c, 1, 0),
+                      b, h, w + 1, H, W, C, c, in_p, in_c)
+    _store_input_grad(gx_ptr, g00 * _tap(w_ptr, c, in_c, 2, 1) + g10 * _tap(w_ptr, c, in_c, 0, 1),
+                      b, h + 1, w, H, W, C, c, in_p, in_c)
+    _store_input_grad(gx_ptr, g00 * _tap(w_ptr, c, in_c, 2, 2) + g01 * _tap(w_ptr, c, in_c, 2, 0)
+                      + g10 * _tap(w_ptr, c, in_c, 0, 2) + g11 * _tap(w_ptr, c, in_c, 0, 0),
+                      b, h + 1, w + 1, H, W, C, c, in_p, in_c)
+
+
+@triton.jit(do_not_specialize=_SHAPE_ARGS)
+def _weight_grad_kernel(x_ptr, g_ptr, partial_ptr, H, W, HO, WO, P, CHUNK, C,
+                        BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Program (r, cb): over output pixels [r * CHUNK, (r + 1) * CHUNK), the sums of gradient times input
+    of each tap, and of the gradient (the bias), into partial[r, 0..9, channels of block cb]."""
+    r = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+    in_c = c < C
+    offs = tl.arange(0, BLOCK_P)
+    s0 = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)  # one tile per tap and the bias, reduced over pixels at the end
+    s1 = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)
+    s2 = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)
+    s3 = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)
+    s4 = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)
+    s5 = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)
+    s6 = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)
+    s7 = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)
+    s8 = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)
+    sb = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)
+    start = r * CHUNK
+    for p0 in range(0, CHUNK, BLOCK_P):
+        p = start + p0 + offs
+        in_p = p < P
+        b, i, j = _pixel_coords(p, HO, WO)
+        g = _load_grad(g_ptr, b, i, j, HO, WO, C, c, in_p, in_c)
+        sb += g
+        s0 += g * _load_tap_input(x_ptr, b, i, j, H, W, C, c, in_p, in_c, 0, 0)
+        s1 += g * _load_tap_input(x_ptr, b, i, j, H, W, C, c, in_p, in_c, 0, 1)
+        s2 += g * _load_tap_input(x_ptr, b, i, j, H, W, C, c, in_p, in_c, 0, 2)
+        s3 += g * _load_tap_input(x_ptr, b, i, j, H, W, C, c, in_p, in_c, 1, 0)
+        s4 += g * _load_tap_input(x_ptr, b, i, j, H, W, C, c, in_p, in_c, 1, 1)
+        s5 += g * _load_tap_input(x_ptr, b, i, j, H, W, C, c, in_p, in_c, 1, 2)
+        s6 += g * _load_tap_input(x_ptr, b, i, j, H, W, C, c, in_p, in_c, 2, 0)
+        s7 += g * _load_tap_input(x_ptr, b, i, j, H, W, C, c, in_p, in_c, 2, 1)
+        s8 += g * _load_tap_input(x_ptr, b, i, j, H, W, C, c, in_p, in_c, 2, 2)
+    row = partial_ptr + r * 10 * C + c
+    tl.store(row, tl.sum(s0, axis=0), mask=in_c)
+    tl.store(row + C, tl.sum(s1, axis=0), mask=in_c)
+    tl.store(row + 2 * C, tl.sum(s2, axis=0), mask=in_c)
+    tl.store(row + 3 * C, tl.sum(s3, axis=0), mask=in_c)
+    tl.store(row + 4 * C, tl.sum(s4, axis=0), mask=in_c)
+    tl.store(row + 5 * C, tl.sum(s5, axis=0), mask=in_c)
+    tl.store(row + 6 * C, tl.sum(s6, axis=0), mask=in_c)
+    tl.store(row + 7 * C, tl.sum(s7, axis=0), mask=in_c)
+    tl.store(row + 8 * C, tl.sum(s8, axis=0), mask=in_c)
+    tl.store(row + 9 * C, tl.sum(sb, axis=0), mask=in_c)
+
+
+@triton.jit
+def _load_tap_input(x_ptr, b, i, j, H, W, C, c, in_p, in_c, kh: tl.constexpr, kw: tl.constexpr):
+    """The input under tap (kh, kw) of output pixels (b, i, j), [BLOCK_P, BLOCK_C] fp32 (zero in the padding)."""
+    h = 2 * i - 1 + kh
+    w = 2 * j - 1 + kw
+    inside = in_p & (h >= 0) & (h < H) & (w >= 0) & (w < W)
+    return tl.load(x_ptr + _pixel_offsets(b, h, w, H, W, C) + c[None, :],
+                   mask=inside[:, None] & in_c[None, :], other=0.0).to(tl.float32)
+
+
+def output_size(size: int) -> int:
+    """Output length of a kernel-3, stride-2, padding-1 convolution over ``size`` (torch's)."""
+    return (size + 2 - 3) // 2 + 1
+
+
+def _channels_last(x: torch.Tensor) -> torch.Tensor:
+    """[B, C, H, W] (any strides) -> a contiguous [B, H, W, C] tensor: a view when x is channels-last."""
+    return x.permute(0, 2, 3, 1).contiguous()
+
+
+def _block_c(channels: int) -> int:
+    return min(triton.next_power_of_2(channels), MAX_BLOCK_C)
+
+
+def _weight_grad_ranges(pixels: int, channel_blocks: int, device: torch.device) -> tuple[int, int]:
+    """(ranges, pixels per range, a multiple of WEIGHT_GRAD_BLOCK_P) for the weight-gradient grid: about
+    WEIGHT_GRAD_WAVES programs per multiprocessor in all (CPU_RANGES ranges on the CPU)."""
+    if device.type == "cuda":
+        programs = WEIGHT_GRAD_WAVES * torch.cuda.get_device_properties(device).multi_processor_count
+        wanted = max(1, programs // channel_blocks)
+    else:
+        wanted = CPU_RANGES
+    blocks = triton.cdiv(pixels, WEIGHT_GRAD_BLOCK_P)
+    chunk = triton.cdiv(blocks, min(wanted, blocks)) * WEIGHT_GRAD_BLOCK_P
+    return triton.cdiv(pixels, chunk), chunk
+
+
+class _DepthwiseConv3x3S2(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        batch, channels, height, width = x.shape
+        out_h, out_w = output_size(height), output_size(width)
+        x_nhwc = _channels_last(x)
+        weight = weight.contiguous()
+        y = torch.empty(batch, out_h, out_w, channels, dtype=x.dtype, device=x.device)
+        pixels = batch * out_h * out_w
+        block_c = _block_c(channels)
+        if pixels:
+            _forward_kernel[(triton.cdiv(pixels, BLOCK_P), triton.cdiv(channels, block_c))](
+                x_nhwc, weight, weight if bias is None else bias.contiguous(), y, height, width, out_h, out_w,
+                pixels, channels, HAS_BIAS=bias is not None, BLOCK_P=BLOCK_P, BLOCK_C=block_c)
+        ctx.save_for_backward(x_nhwc, weight)
+        ctx.has_bias = bias is not None
+        return y.permute(0, 3, 1, 2)  # [B, C, H_out, W_out], channels-last
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x_nhwc, weight = ctx.saved_tensors
+        batch, height, width, channels = x_nhwc.shape
+        out_h, out_w = grad_output.shape[2:]
+        g = _channels_last(grad_output)
+        pixels = batch * out_h * out_w
+        block_c = _block_c(channels)
+        channel_blocks = triton.cdiv(channels, block_c)
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.empty_like(x_nhwc)
+            if pixels:
+                _input_grad_kernel[(triton.cdiv(pixels, BLOCK_P), channel_blocks)](
+                    g, weight, grad_x, height, width, out_h, out_w, pixels, channels, BLOCK_P=BLOCK_P,
+                    BLOCK_C=block_c)
+            grad_x = grad_x.permute(0, 3, 1, 2)
+        if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
+            sums = torch.zeros(10, channels, dtype=torch.float32, device=x_nhwc.device)
+            if pixels:
+                ranges, chunk = _weight_grad_ranges(pixels, channel_blocks, x_nhwc.device)
+                partial = torch.empty(ranges, 10, channels, dtype=torch.float32, device=x_nhwc.device)
+                _weight_grad_kernel[(ranges, channel_blocks)](
+                    x_nhwc, g, partial, height, width, out_h, out_w, pixels, chunk, channels, BLOCK_P=WEIGHT_GRAD_BLOCK_P,
+                    BLOCK_C=block_c)
+                sums = partial.sum(0)
+            if ctx.needs_input_grad[1]:
+                grad_weight = sums[:9].t().reshape(weight.shape).to(weight.dtype)
+            if ctx.has_bias and ctx.needs_input_grad[2]:
+                grad_bias = sums[9].to(weight.dtype)
+        return grad_x, grad_weight, grad_bias
+
+
+def depthwise_conv3x3_s2_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.conv2d(x, weight, bias, stride=2, padding=1, groups=C)`` by the Triton kernels: x [B, C, H, W]
+    fp32 or bf16 in any layout, weight [C, 1, 3, 3], bias [C] or None -> [B, C, ceil(H / 2), ceil(W / 2)]
+    channels-last in x's dtype. Under autocast, x is first cast to autocast's dtype (as a convolution's
+    input is)."""
+    if torch.is_autocast_enabled(x.device.type):
+        x = x.to(torch.get_autocast_dtype(x.device.type))
+    _check_inputs(x, weight, bias)
+    with _device_guard(x.device):
+        return _DepthwiseConv3x3S2.apply(x, weight, bias)
+
+
+def _check_inputs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    if x.dim() != 4:
+        raise ValueError(f"x: the depthwise convolution takes [B, C, H, W], got shape {tuple(x.shape)}")
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"x: the Triton depthwise convolution takes float32 or bfloat16, got {x.dtype}")
+    channels = x.shape[1]
+    if tuple(weight.shape) != (channels, 1, 3, 3):
+        raise ValueError(f"weight: expected [{channels}, 1, 3, 3] for {channels} channels, got {tuple(weight.shape)}")
+    if bias is not None and tuple(bias.shape) != (channels,):
+        raise ValueError(f"bias: expected [{channels}], got {tuple(bias.shape)}")
+    if weight.device != x.device or (bias is not None and bias.device != x.device):
+        raise ValueError(f"weight and bias must be on x's device {x.device}")
+
+
+def _device_guard(device: torch.device):
+    """Kernels launch on the current CUDA device: make it x's."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
