@@ -1,6 +1,10 @@
 """The models bench's kernel table (--kernels): the profiler rows it keeps and how the record reads them."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -94,3 +98,64 @@ def test_lean_step_lines_show_the_kernel_tables_and_the_compiled_speed():
         "compiled encoder: no kernel table in this record (the bench ran without --kernels)",
         "large-rnnt bf16 B=16 15 s: compiled encoder 1.20x faster than eager"]
     assert record.lean_step_lines(None, None) == []
+
+
+DEPTHWISE_SMOKE = """
+import sys
+sys.path.insert(0, "tests/models")
+import triton_interpreter  # noqa: F401 - the CPU interpreter (when there is no CUDA), before triton loads
+from workbench.models import depthwise_triton
+from workbench.bench.models import run
+
+run.SMOKE_SHAPES, run.SMOKE_REPEAT, run.SMOKE_WARMUP = [(1, 0.5, 4)], 1, 1  # the interpreter is slow
+calls = []
+apply = depthwise_triton._DepthwiseConv3x3S2.apply
+depthwise_triton._DepthwiseConv3x3S2.apply = lambda *args: calls.append(1) or apply(*args)
+code = run.main(["--smoke", "--depthwise", "triton", "--name", "models_depthwise", "--models", "tiny-rnnt",
+                 "--out", sys.argv[1]])
+print("depthwise calls", len(calls))
+sys.exit(code)
+"""
+
+
+def test_models_bench_depthwise_triton_smoke_runs_the_kernels_and_records_it(tmp_path):
+    """A smoke run with --depthwise triton (the CPU interpreter without CUDA, in its own process): the steps run
+    the Triton depthwise convolutions, and the record says so under its own name."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    proc = subprocess.run([sys.executable, "-c", DEPTHWISE_SMOKE, str(tmp_path)], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "models_depthwise.json").read_text())
+    steps = result["figures"]["steps"]
+    assert steps and all("step_s" in r and r["flops"] > 0 for r in steps)
+    calls = int(proc.stdout.split("depthwise calls ")[-1])
+    assert len(steps) == 2 and calls >= 2 * 2 * len(steps)  # two stages in each warm-up and timed step
+    assert result["params"]["depthwise"] == "triton" and "depthwise convolutions by Triton kernels" in result["what"]
+    assert not (tmp_path / "models.json").exists()
+
+
+def test_models_bench_counts_the_flops_of_a_triton_depthwise_model_on_torch_convolutions():
+    """The FLOP counter does not see the Triton kernels: the count runs the torch convolutions (no kernel, so no
+    interpreter, needed on the CPU), equals the default model's, and leaves the option as it was."""
+    from workbench.bench.models import run as models
+    from workbench.models import build_model
+
+    torch.manual_seed(0)
+    default = build_model("tiny-ctc")
+    with_triton = build_model("tiny-ctc", depthwise="triton")
+    shape = {"batch_size": 2, "duration_s": 0.5, "num_tokens": 4}
+    failures = []
+    counts = [models.count_flops(m, "tiny-ctc", shape, failures, device=torch.device("cpu"))
+              for m in (default, with_triton)]
+    assert failures == [] and counts[0] > 0 and counts[0] == counts[1]
+    assert with_triton.encoder.subsampling.depthwise == "triton"
+
+
+def test_models_bench_refuses_an_unknown_depthwise_option(capsys):
+    from workbench.bench.models import run as models
+
+    with pytest.raises(SystemExit) as exit_info:
+        models.main(["--smoke", "--depthwise", "cudnn", "--out", "/tmp/unused"])
+    assert exit_info.value.code == 2
+    assert "argument --depthwise: invalid choice: 'cudnn'" in capsys.readouterr().err

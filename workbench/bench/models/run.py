@@ -29,6 +29,12 @@ and their share of the step's total, under "kernels" in the record.
 --compile: the encoder blocks compiled with torch.compile (workbench.models.compile_encoder_layers; each
 shape's warm-up step compiles); with --name models_compile the record sits beside the eager one.
 
+--depthwise triton: the subsampling's depthwise convolutions run by the Triton kernels
+(workbench.models.depthwise_triton; build_model(name, depthwise="triton")); the FLOPs behind MFU are still
+counted on the torch convolutions (the same sums), so MFU compares with the default record; with --name
+models_depthwise the record sits beside the others. On the CPU smoke path the kernels need Triton's
+interpreter (TRITON_INTERPRET=1).
+
 --smoke: tiny-rnnt and tiny-aed at two small shapes, 2 timed steps after 1 warm-up, and a small loss
 comparison (when torchaudio is installed). Without CUDA the steps run on the CPU: times are CPU wall
 clock, peak memory and GPU busy are not measured (null), and MFU is against the CPU's fp32 matmul rate.
@@ -53,6 +59,7 @@ from workbench.bench.results import (RESULTS_DIR, bench_device, check_smoke_out,
                                      report_failures, timer_for, write_result)
 from workbench.memory.oom import is_oom_error, release_memory
 from workbench.models import build_model, compile_encoder_layers, count_parameters, rnnt_loss
+from workbench.models.config import DEPTHWISE
 from workbench.models.model import DTYPES
 
 MODELS = ["large-rnnt", "large-tdt", "large-aed", "xl-aed"]
@@ -198,7 +205,10 @@ def profile_step(model, name: str, shape, failures: list[str], *, device: torch.
 
 def count_flops(model, name: str, shape: dict, failures: list[str], *, device: torch.device) -> float | None:
     """FLOPs of one bf16 forward+backward at ``shape`` (fp32 on the CPU; :func:`step_flops`), or None when
-    the counted step runs out of memory or fails (a failure)."""
+    the counted step runs out of memory or fails (a failure). The subsampling's depthwise convolutions are
+    counted as torch's (the FLOP counter does not see the Triton kernels)."""
+    subsampling = model.encoder.subsampling
+    depthwise, subsampling.depthwise = subsampling.depthwise, "torch"
     try:
         return step_flops(model, shape["batch_size"], shape["duration_s"], shape["num_tokens"],
                           smoke=device.type == "cpu")
@@ -208,6 +218,7 @@ def count_flops(model, name: str, shape: dict, failures: list[str], *, device: t
                             f"{type(e).__name__}: {e}")
         return None
     finally:
+        subsampling.depthwise = depthwise
         model.zero_grad(set_to_none=True)
         release_memory()
 
@@ -235,16 +246,16 @@ def row_shapes(shapes, profile_shapes) -> list[tuple[dict, list[str]]]:
 
 
 def measure_model(name: str, shapes, failures: list[str], *, device: torch.device, repeat: int = REPEAT,
-                  warmup: int = WARMUP, kernel_shape=None, compile: bool = False, profile_shapes=(),
-                  flops_per_s: float | None = None) -> tuple[int | None, list[dict], dict | None]:
+                  warmup: int = WARMUP, kernel_shape=None, compile: bool = False, depthwise: str = "torch",
+                  profile_shapes=(), flops_per_s: float | None = None) -> tuple[int | None, list[dict], dict | None]:
     """Rows of step time, peak memory (None off a GPU), MFU against ``flops_per_s`` and GPU busy share
     (None off a GPU) per fixed shape and dtype and per profile shape (bf16), and with ``kernel_shape``
     the :func:`profile_step` of one bf16 step there (else None); ``compile``: the encoder blocks compiled
-    first. A step that fails for a reason other than memory is a failure (its row has "error"); the
+    first; ``depthwise``: what runs the subsampling's depthwise convolutions (build_model's option). A step that fails for a reason other than memory is a failure (its row has "error"); the
     other rows still run."""
     try:
         with device:  # built on the device: an xl model is never initialized on the host
-            model = build_model(name)
+            model = build_model(name, depthwise=depthwise)
         if compile:
             compile_encoder_layers(model)
     except Exception as e:  # noqa: BLE001 - one broken model must not lose the others' rows
@@ -381,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", action="store_true", help="also profile one training step per model: "
                         "the top kernels by self device time (CPU operators on the CPU smoke path)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the encoder blocks first")
+    parser.add_argument("--depthwise", choices=DEPTHWISE, default="torch", help="what runs the subsampling's "
+                        "depthwise convolutions (default torch; triton: the Triton kernels, e.g. with --name "
+                        "models_depthwise)")
     parser.add_argument("--name", default=record.NAME, help="record name: <out>/<name>.json (default models; "
                         "e.g. models_compile with --compile)")
     parser.add_argument("--profile-shapes", nargs="+", default=None, metavar="PATH",
@@ -435,9 +449,11 @@ def run(args, device: torch.device) -> int:
     if getattr(args, "kernels", False):
         kernel_shape = SMOKE_KERNEL_SHAPE if args.smoke else KERNEL_SHAPE
     compiled = bool(getattr(args, "compile", False))
+    depthwise = getattr(args, "depthwise", "torch")
     what = ("training-step time, peak memory, MFU and GPU busy share of the reference models (bf16 vs fp32 at "
             "fixed shapes, bf16 at OOMptimizer profile shapes"
             + (", encoder blocks compiled with torch.compile" if compiled else "")
+            + (", subsampling's depthwise convolutions by Triton kernels" if depthwise == "triton" else "")
             + "), and our RNN-T loss against torchaudio's")
     if args.smoke:
         what = (f"SMOKE RUN on {device.type} (tiny models, small shapes"
@@ -460,7 +476,7 @@ def run(args, device: torch.device) -> int:
                             params={"models": models, "shapes": shapes, "timed_steps": repeat,
                                     "warmup_steps": warmup, "device": str(device), "float32_matmul_precision":
                                     torch.get_float32_matmul_precision(), "smoke": bool(args.smoke),
-                                    "kernel_shape": kernel_shape, "compile": compiled,
+                                    "kernel_shape": kernel_shape, "compile": compiled, "depthwise": depthwise,
                                     "profile_records": [str(p) for p in (args.profile_shapes or PROFILE_RECORDS)],
                                     "profile_buckets": args.profile_buckets, "profile_dtype": PROFILE_DTYPE},
                             out_dir=args.out)
@@ -468,7 +484,8 @@ def run(args, device: torch.device) -> int:
     for name in models:
         params[name], model_rows, model_kernels = measure_model(
             name, shapes, failures, device=device, repeat=repeat, warmup=warmup, kernel_shape=kernel_shape,
-            compile=compiled, profile_shapes=args.profile.get(name, ()), flops_per_s=matmul["flops_per_s"])
+            compile=compiled, depthwise=depthwise, profile_shapes=args.profile.get(name, ()),
+            flops_per_s=matmul["flops_per_s"])
         rows.extend(model_rows)
         if model_kernels is not None:
             kernels[name] = model_kernels
