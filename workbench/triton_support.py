@@ -1,7 +1,9 @@
 """Whether Triton kernels can run on a device, and if not, why, in one line.
 
-The fused decoding stages (:mod:`workbench.decoding.fused`) and the transducer losses
-(:mod:`workbench.models.losses`) both ask :func:`triton_unavailable_reason` before they run their kernels.
+The fused decoding stages (:mod:`workbench.decoding.fused`), the transducer losses
+(:mod:`workbench.models.losses`) and the subsampling's depthwise convolution
+(:func:`workbench.models.encoder.depthwise_conv3x3_s2`) ask :func:`triton_unavailable_reason` before they run
+their kernels.
 Triton runs them on CUDA devices, and on the CPU only under its interpreter, which is chosen when
 ``triton.language`` is first imported: ``TRITON_INTERPRET=1`` must be set before that import (and still be set).
 """
