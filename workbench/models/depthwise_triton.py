@@ -34,7 +34,7 @@ import triton.language as tl
 BLOCK_P = 32           # output pixels per program (forward, input gradient)
 WEIGHT_GRAD_BLOCK_P = 16  # output pixels per step of a weight-gradient program (10 fp32 tiles of it held)
 MAX_BLOCK_C = 64       # channels per program (fewer channels: the next power of two)
-WEIGHT_GRAD_WAVES = 4  # weight-gradient programs per multiprocessor (CUDA); their pixel ranges split the batch
+WEIGHT_GRAD_WAVES = 8  # weight-gradient programs per multiprocessor (CUDA); their pixel ranges split the batch
 CPU_RANGES = 4         # weight-gradient pixel ranges on the CPU interpreter
 _SHAPE_ARGS = ["H", "W", "HO", "WO", "P", "CHUNK"]  # change with every batch: one compiled kernel for all
 
