@@ -159,3 +159,16 @@ def test_models_bench_refuses_an_unknown_depthwise_option(capsys):
         models.main(["--smoke", "--depthwise", "cudnn", "--out", "/tmp/unused"])
     assert exit_info.value.code == 2
     assert "argument --depthwise: invalid choice: 'cudnn'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA the Triton kernels run")
+def test_models_bench_depthwise_triton_without_cuda_or_interpreter_stops_at_once(tmp_path):
+    """On a CPU without Triton's interpreter, --depthwise triton exits 2 with one line before measuring."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(repo)
+    proc = subprocess.run([sys.executable, "-m", "workbench.bench.models", "--smoke", "--depthwise", "triton",
+                           "--out", str(tmp_path)], cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("--depthwise triton: ")
+    assert "Traceback" not in proc.stderr and list(tmp_path.iterdir()) == []

@@ -35,13 +35,23 @@ def test_buckets_one_search_did_not_reach_are_left_out_and_the_target_is_not_met
     r = chunked.ratio_figures([None, 50, 10], [None, None, 30], BUCKETS)
     assert r["ratios"] == [None, None, 3.0] and r["compared"] == 1 and r["at_least_target"] == [2]
     assert not r["target_met"]
-    assert r["target_line"] == ("chunked >= 2x unchunked at every bucket: missed (only 1 of 3 buckets searched "
-                                "by both; every compared bucket at >= 2x (smallest ratio 3.00x at bucket 2 "
+    assert r["target_line"] == ("chunked >= 2x unchunked at every bucket: missed (only 1 of 3 buckets with "
+                                "both sizes; every compared bucket at >= 2x (smallest ratio 3.00x at bucket 2 "
                                 "(40 s, 160 tokens)))")
     none = chunked.ratio_figures([None] * 3, [None] * 3, BUCKETS)
-    assert not none["target_met"] and none["target_line"].endswith("not measured (no bucket searched by both)")
+    assert not none["target_met"] and none["target_line"].endswith("not measured (no bucket with both sizes)")
     with pytest.raises(ValueError, match="one batch size per bucket: 2 unchunked, 3 chunked, 3 buckets"):
         chunked.ratio_figures([1, 2], [1, 2, 3], BUCKETS)
+
+
+def test_ratio_figures_over_a_range_of_buckets_judge_only_those():
+    r = chunked.ratio_figures([None, 50, 10], [None, 100, 30], BUCKETS, indices=range(1, 3))
+    assert r["compared"] == 2 and r["considered"] == 2 and r["target_met"] and r["at_least_target"] == [1, 2]
+    assert r["target_line"].startswith("chunked >= 2x unchunked at every bucket of 1-2: met (smallest ratio 2.00x "
+                                       "at bucket 1")
+    vs = chunked.ratio_figures([20, 50, None], [30, 100, 30], BUCKETS, against="oomptimizer.json's")
+    assert vs["target_line"].startswith("chunked >= 2x oomptimizer.json's at every bucket: missed (only 2 of 3 "
+                                        "buckets with both sizes; 1 of 2 compared buckets below 2x")
 
 
 def test_across_runs_sets_the_unchunked_sizes_against_the_committed_record():
@@ -50,12 +60,14 @@ def test_across_runs_sets_the_unchunked_sizes_against_the_committed_record():
                                       "predictive": {"batch_sizes": [80, 40, 10]}}}}
     a = chunked.across_runs([100, None, 15], BUCKETS, reference)
     assert a["ratios"] == [1.25, None, 1.5] and (a["min"], a["median"], a["max"]) == (1.25, 1.375, 1.5)
-    assert a["label"].startswith("across runs: this run's unchunked ") and "commit 21cbce16df47, 2026-11-30" in a["label"]
+    assert a["label"].startswith("across runs: this run's unchunked ")
+    assert "commit 21cbce16df47, 2026-11-30" in a["label"]
     c = chunked.across_runs([160, 120, None], BUCKETS, reference, "chunked")
     assert c["ratios"] == [2.0, 3.0, None] and c["label"].startswith("across runs: this run's chunked batch sizes")
-    assert chunked.across_runs([1, 1, 1], BUCKETS, None) == {"skipped": "no oomptimizer.json committed"}
+    assert chunked.across_runs([1, 1, 1], BUCKETS, None) == {"skipped": "unchunked: no oomptimizer.json committed"}
     other = {"figures": {"rnnt": {"buckets": [[1.0, 2.0]], "predictive": {"batch_sizes": [5]}}}}
-    assert chunked.across_runs([1, 1, 1], BUCKETS, other)["skipped"].startswith("buckets differ")
+    assert chunked.across_runs([1, 1, 1], BUCKETS, other)["skipped"].startswith("unchunked: buckets differ")
+    assert chunked.across_runs([1, 1, 1], BUCKETS, other, "chunked")["skipped"].startswith("chunked: buckets differ")
 
 
 def test_committed_record_buckets_are_the_bins_the_bench_makes():
@@ -128,7 +140,7 @@ def test_smoke_runs_both_searches_on_the_rnnt_part_bins(tmp_path, capsys):
     comp = record.chunked_comparison(fig)
     assert comp["ratios"] == [c / u for u, c in zip(whole["batch_sizes"], chunks["batch_sizes"])]
     assert comp["compared"] == len(fig["buckets"])
-    assert fig["across_runs"]["skipped"].startswith("buckets differ")  # smoke buckets are not the record's
+    assert fig["across_runs"]["skipped"].startswith("unchunked: buckets differ")  # smoke buckets are not the record's
     assert fig["failures"] == []
     assert "target: chunked >= 2x unchunked at every bucket" in capsys.readouterr().out
 
@@ -159,7 +171,7 @@ def test_summary_lines_of_a_search_that_failed():
     lines = summary.section_for(record.CHUNKED_NAME)(fig)
     assert lines[:2] == ["- m predictive, joint whole: failed (RuntimeError: no fit)",
                          "- m predictive, joint_chunk_size 16: not run"]
-    assert lines[2] == "- target: chunked >= 2x unchunked at every bucket: not measured (no bucket searched by both)"
+    assert lines[2] == "- target: chunked >= 2x unchunked at every bucket: not measured (no bucket with both sizes)"
 
 
 def test_the_gpu_script_knows_the_stage():
@@ -204,7 +216,8 @@ def test_bucket_range_reads_slice_bounds_and_names_what_is_wrong():
     from workbench.bench.oomptimizer.run import bucket_range
 
     assert bucket_range(None, 30) == (0, 30)
-    assert bucket_range("0:16", 30) == (0, 16) and bucket_range(":4", 30) == (0, 4) and bucket_range("20:", 30) == (20, 30)
+    assert bucket_range("0:16", 30) == (0, 16) and bucket_range(":4", 30) == (0, 4)
+    assert bucket_range("20:", 30) == (20, 30)
     for bad, words in (("16", "START:STOP"), ("a:3", "integer"), ("3:3", "0 <= START < STOP <= 30"),
                        ("0:31", "<= 30"), ("-1:4", "0 <= START")):
         with pytest.raises(ValueError, match=words):
@@ -223,8 +236,11 @@ def test_a_bucket_range_searches_only_those_buckets_under_its_own_record_name(tm
         assert {i for i, *_ in fig[key]["trace"]} == {1, 2}  # the trace keeps the full list's indices
         assert fig[key]["all_returned_probed"] and "stopped" not in fig[key]
     comp = record.chunked_comparison(fig)
-    assert comp["compared"] == 2 and not comp["target_met"] and "only 2 of 4 buckets" in comp["target_line"]
-    assert fig["chunked_across_runs"]["skipped"].startswith("buckets differ")
+    assert comp["compared"] == comp["considered"] == 2 and not comp["target_met"]
+    assert comp["target_line"].startswith("chunked >= 2x unchunked at every bucket of 1-2: missed (2 of 2 compared")
+    assert fig["chunked_across_runs"]["skipped"].startswith("chunked: buckets differ")
+    lines = record.chunked_summary_lines(fig)
+    assert lines[0].startswith("- tiny-rnnt predictive, joint whole: 2 of 2 buckets (1-2 of 4), ")
     assert not (tmp_path / f"{record.CHUNKED_NAME}.json").exists()
     assert summary.section_for(f"{record.CHUNKED_NAME}_1_3") is record.chunked_summary_lines
     assert run.main(["--smoke", "--part", "rnnt-chunked", "--buckets", "3:9", "--out", str(tmp_path)]) == 2
@@ -235,7 +251,8 @@ def test_a_bucket_range_searches_only_those_buckets_under_its_own_record_name(tm
 
 
 def _chunked_record(name, date, unchunked, chunked_sizes, reference=None, buckets=BUCKETS):
-    fig = {"buckets": [list(b) for b in buckets], "unchunked": {"batch_sizes": unchunked},
+    fig = {"model": "m", "joint_chunk_size": 16, "buckets": [list(b) for b in buckets],
+           "unchunked": {"batch_sizes": unchunked},
            "chunked": {"batch_sizes": chunked_sizes}, "across_runs": {}}
     if reference is not None:
         fig["across_runs"] = {"reference_batch_sizes": reference}
@@ -243,7 +260,7 @@ def _chunked_record(name, date, unchunked, chunked_sizes, reference=None, bucket
 
 
 def test_chunked_union_takes_each_bucket_from_one_run_that_searched_it_both_ways(tmp_path):
-    newer = _chunked_record(f"{record.CHUNKED_NAME}_0_2", "2026-12-02", [100, 80, None], [110, 200, None], [50, 40, 10])
+    newer = _chunked_record(f"{record.CHUNKED_NAME}_0_2", "2026-12-02", [100, 80, None], [110, 200, None], [50, 40, 5])
     older = _chunked_record(record.CHUNKED_NAME, "2026-12-01", [90, 70, 20], [None, 150, 60], [50, 40, 10])
     other = _chunked_record(f"{record.CHUNKED_NAME}_x", "2026-11-01", [1], [2], buckets=BUCKETS[:1])
     for r in (newer, older, other):
@@ -252,28 +269,40 @@ def test_chunked_union_takes_each_bucket_from_one_run_that_searched_it_both_ways
     assert [r["name"] for r in found] == [newer["name"], older["name"], other["name"]]  # newest first
     union = record.chunked_union(found)
     rows = union["rows"]
-    # bucket 0: only the newer run searched it both ways; bucket 1: the newer run wins; bucket 2: the older
-    assert [(r["unchunked"], r["chunked"], r["record"]) for r in rows] == [
-        (100, 110, newer["name"]), (80, 200, newer["name"]), (20, 60, older["name"])]
+    # bucket 0: only the newer run searched it both ways; bucket 1: the newer run wins; bucket 2: the older,
+    # with the older run's reference size (10, not the newer record's 5)
+    assert [(r["unchunked"], r["chunked"], r["reference"], r["record"]) for r in rows] == [
+        (100, 110, 50, newer["name"]), (80, 200, 40, newer["name"]), (20, 60, 10, older["name"])]
     assert [r["chunked_over_unchunked"] for r in rows] == [1.1, 2.5, 3.0]
-    assert [r["chunked_over_baseline"] for r in rows] == [2.2, 5.0, 6.0]
-    assert union["left_out"] == [other["name"]] and union["comparison"]["compared"] == 3
-    assert not union["comparison"]["target_met"] and union["baseline"]["target_met"]
+    assert [r["chunked_over_reference"] for r in rows] == [2.2, 5.0, 6.0]
+    assert union["left_out"] == [f"{other['name']} (other buckets)"] and union["comparison"]["compared"] == 3
+    assert not union["comparison"]["target_met"] and union["reference"]["target_met"]
     lines = record.chunked_union_lines(union)
+    assert lines[0].startswith("- m, joint_chunk_size 16: buckets from ")
     assert any("missed" in line and "1.10x at bucket 0" in line for line in lines)
-    assert any(line.startswith("- against the issue-time sizes: chunked >= 2x issue-time at every bucket: met")
-               for line in lines)
-    assert lines[-1] == f"- left out (other buckets): {other['name']}"
+    met = "- chunked >= 2x oomptimizer.json's at every bucket: met (smallest ratio 2.20x at bucket 0"
+    assert met in "\n".join(lines)
+    assert lines[-1] == f"- left out: {other['name']} (other buckets)"
     table = record.chunked_union_table(union)
-    assert list(table["chunked / unchunked"]) == [1.1, 2.5, 3.0] and list(table["issue-time"]) == [50, 40, 10]
+    assert list(table["chunked / unchunked"]) == [1.1, 2.5, 3.0] and list(table["oomptimizer.json"]) == [50, 40, 10]
+    assert list(table["tokens"]) == [40, 80, 160]
     with pytest.raises(ValueError, match="no chunked record"):
         record.chunked_union([])
+
+
+def test_chunked_union_leaves_out_records_of_another_joint_chunk_size():
+    k16 = _chunked_record(record.CHUNKED_NAME, "2026-12-02", [100, 80, 20], [200, 160, 60])
+    k8 = _chunked_record(f"{record.CHUNKED_NAME}_0_1", "2026-12-01", [1, None, None], [9, None, None])
+    k8["figures"]["joint_chunk_size"] = 8
+    union = record.chunked_union([k16, k8])
+    assert union["records"] == [record.CHUNKED_NAME] and union["left_out"] == [f"{k8['name']} (other joint_chunk_size)"]
+    assert [r["record"] for r in union["rows"]] == [record.CHUNKED_NAME] * 3
 
 
 def test_chunked_union_of_one_stopped_run_leaves_the_unsearched_buckets_empty():
     stopped = _chunked_record(record.CHUNKED_NAME, "2026-12-01", [None, 70, 20], [None, None, 60])
     union = record.chunked_union([stopped])
     assert [r["record"] for r in union["rows"]] == [None, None, record.CHUNKED_NAME]
-    assert union["comparison"]["compared"] == 1 and union["baseline"]["compared"] == 0
-    assert "only 1 of 3 buckets searched by both" in union["comparison"]["target_line"]
+    assert union["comparison"]["compared"] == 1 and union["reference"]["compared"] == 0
+    assert "only 1 of 3 buckets with both sizes" in union["comparison"]["target_line"]
     assert any("not measured" in line for line in record.chunked_union_lines(union))

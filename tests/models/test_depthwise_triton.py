@@ -85,6 +85,27 @@ def test_bf16_values_and_gradients_equal_torch_in_fp32_within_bf16_rounding(weig
         torch.testing.assert_close(got.double(), w, rtol=1e-5 if tight else 1e-2, atol=1e-4 if tight else 5e-2)
 
 
+def test_fp16_values_and_gradients_equal_torch_in_fp32_within_fp16_rounding():
+    x, weight, bias, upstream = random_inputs((2, 5, 7, 6), seed=5, dtype=torch.float16, channels_last=True)
+    got = value_and_grads(depthwise_triton.depthwise_conv3x3_s2_triton, x, weight, bias, upstream)
+    want = reference(x, weight, bias, upstream)
+    assert got[0].dtype == got[1].dtype == torch.float16 and got[2].dtype == got[3].dtype == torch.float32
+    for name, g, w in zip(("output", "grad x", "grad weight", "grad bias"), got, want):
+        torch.testing.assert_close(g.double(), w, rtol=2e-3, atol=4e-3, msg=name)
+
+
+def test_a_checkpoint_saved_with_triton_depthwise_loads_with_torch_convolutions_off_cuda(tmp_path):
+    from workbench.models.train import load_checkpoint, save_checkpoint
+
+    model = build_model("tiny-rnnt", depthwise="triton")
+    save_checkpoint(tmp_path / "model.pt", model)
+    loaded = load_checkpoint(tmp_path / "model.pt", device="cpu")
+    assert model.encoder.subsampling.depthwise == "triton" and loaded.encoder.subsampling.depthwise == "torch"
+    assert loaded.config.depthwise == "torch"
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[key], value.cpu(), rtol=0, atol=0)
+
+
 def test_under_autocast_the_input_is_cast_like_a_convolution_input():
     x, weight, bias, upstream = random_inputs((2, 4, 6, 5), seed=4)
     with torch.autocast(DEVICE, dtype=torch.bfloat16):
@@ -140,9 +161,9 @@ def test_weight_gradient_is_split_over_pixel_ranges_and_deterministic(monkeypatc
 def test_bad_inputs_are_refused_in_one_line():
     x, weight, bias, _ = random_inputs((1, 3, 4, 4), seed=7)
     conv = depthwise_triton.depthwise_conv3x3_s2_triton
-    with pytest.raises(ValueError, match=r"^x: the Triton depthwise convolution takes float32 or bfloat16, got "
-                                         r"torch.float16$"):
-        conv(x.half(), weight, bias)
+    with pytest.raises(ValueError, match=r"^x: the Triton depthwise convolution takes float32, bfloat16 or float16, "
+                                         r"got torch.float64$"):
+        conv(x.double(), weight, bias)
     with pytest.raises(ValueError, match=r"^weight: expected \[3, 1, 3, 3\] for 3 channels, got \(3, 1, 5, 5\)$"):
         conv(x, torch.zeros(3, 1, 5, 5, device=DEVICE), bias)
     with pytest.raises(ValueError, match=r"^bias: expected \[3\], got \(4,\)$"):
@@ -258,8 +279,9 @@ def test_gpu_kernels_equal_torch_at_the_subsampling_size(dtype):
 
 @pytest.mark.gpu
 def test_gpu_offsets_past_2_31_elements():
-    """An input of 2.2e9 bf16 elements: the last utterances' outputs and input gradients (their offsets are
-    past 2^31) equal torch's, and the bias gradient is the upstream gradient's sum."""
+    """An input of 2.2e9 bf16 elements: the last utterances' outputs and input gradients (the input's and its
+    gradient's offsets are past 2^31 there) equal torch's, the weight gradient (whose kernel reads the whole
+    input) equals torch's summed over batch chunks, and the bias gradient is the upstream gradient's sum."""
     batch, channels, height, width = 1300, 256, 165, 40
     x = torch.empty(batch, channels, height, width, device="cuda", dtype=torch.bfloat16,
                     memory_format=torch.channels_last).normal_()
@@ -274,6 +296,10 @@ def test_gpu_offsets_past_2_31_elements():
     torch.testing.assert_close(out[tail].double(), want, rtol=1e-2, atol=3e-2)
     torch.testing.assert_close(xg.grad[tail].double(), want_x, rtol=1e-2, atol=3e-2)
     torch.testing.assert_close(bias.grad.double(), upstream.double().sum((0, 2, 3)), rtol=1e-4, atol=1e-2)
+    want_w = sum(torch.nn.grad.conv2d_weight(x[i:i + 100].detach().float(), tuple(weight.shape),
+                                             upstream[i:i + 100].float(), stride=2, padding=1, groups=channels)
+                 for i in range(0, batch, 100))
+    torch.testing.assert_close(weight.grad, want_w, rtol=1e-3, atol=1e-3 * float(want_w.abs().max()))
 
 
 @pytest.mark.gpu

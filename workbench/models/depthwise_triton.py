@@ -16,11 +16,13 @@ are one coalesced load. Output size H_out = (H - 1) // 2 + 1 (= ceil(H / 2)), li
 3. ``_weight_grad_kernel``, a grid of (pixel ranges, channel blocks): each program sums output gradient
    times input over its range of output pixels for the 9 taps and the bias into one fp32 row of a
    partial-sum buffer [ranges, 10, C]; the ranges' rows are then summed by torch. The split is fixed by
-   the shape, so the result is deterministic.
+   the shape and the GPU's multiprocessor count, so the result is the same from run to run on one GPU
+   model.
 
-Inputs fp32 or bf16; sums in fp32; the output and the input gradient in the input's dtype, the weight and
-bias gradients in the weight's. Every offset is 64-bit, so any size that fits in memory works. On a CPU the
-kernels run only under Triton's interpreter (``TRITON_INTERPRET=1`` set before this module is imported).
+Inputs fp32, bf16 or fp16; sums in fp32; the output and the input gradient in the input's dtype, the
+weight and bias gradients in the weight's and the bias's. Every offset is 64-bit, so any size that fits in
+memory works. On a CPU the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1`` set before
+this module is imported).
 """
 
 from __future__ import annotations
@@ -219,14 +221,17 @@ class _DepthwiseConv3x3S2(torch.autograd.Function):
             _forward_kernel[(triton.cdiv(pixels, BLOCK_P), triton.cdiv(channels, block_c))](
                 x_nhwc, weight, weight if bias is None else bias.contiguous(), y, height, width, out_h, out_w,
                 pixels, channels, HAS_BIAS=bias is not None, BLOCK_P=BLOCK_P, BLOCK_C=block_c)
-        ctx.save_for_backward(x_nhwc, weight)
+        wants_x, wants_w, wants_b = ctx.needs_input_grad
+        ctx.save_for_backward(x_nhwc if wants_w or wants_b else None, weight if wants_x else None)
+        ctx.shape = (batch, height, width, channels)
         ctx.has_bias = bias is not None
+        ctx.weight_dtype, ctx.bias_dtype = weight.dtype, None if bias is None else bias.dtype
         return y.permute(0, 3, 1, 2)  # [B, C, H_out, W_out], channels-last
 
     @staticmethod
     def backward(ctx, grad_output):
         x_nhwc, weight = ctx.saved_tensors
-        batch, height, width, channels = x_nhwc.shape
+        batch, height, width, channels = ctx.shape
         out_h, out_w = grad_output.shape[2:]
         g = _channels_last(grad_output)
         pixels = batch * out_h * out_w
@@ -234,31 +239,31 @@ class _DepthwiseConv3x3S2(torch.autograd.Function):
         channel_blocks = triton.cdiv(channels, block_c)
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
-            grad_x = torch.empty_like(x_nhwc)
+            grad_x = torch.empty(batch, height, width, channels, dtype=grad_output.dtype, device=g.device)
             if pixels:
                 _input_grad_kernel[(triton.cdiv(pixels, BLOCK_P), channel_blocks)](
                     g, weight, grad_x, height, width, out_h, out_w, pixels, channels, BLOCK_P=BLOCK_P,
                     BLOCK_C=block_c)
             grad_x = grad_x.permute(0, 3, 1, 2)
         if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
-            sums = torch.zeros(10, channels, dtype=torch.float32, device=x_nhwc.device)
+            sums = torch.zeros(10, channels, dtype=torch.float32, device=g.device)
             if pixels:
-                ranges, chunk = _weight_grad_ranges(pixels, channel_blocks, x_nhwc.device)
-                partial = torch.empty(ranges, 10, channels, dtype=torch.float32, device=x_nhwc.device)
+                ranges, chunk = _weight_grad_ranges(pixels, channel_blocks, g.device)
+                partial = torch.empty(ranges, 10, channels, dtype=torch.float32, device=g.device)
                 _weight_grad_kernel[(ranges, channel_blocks)](
-                    x_nhwc, g, partial, height, width, out_h, out_w, pixels, chunk, channels, BLOCK_P=WEIGHT_GRAD_BLOCK_P,
-                    BLOCK_C=block_c)
+                    x_nhwc, g, partial, height, width, out_h, out_w, pixels, chunk, channels,
+                    BLOCK_P=WEIGHT_GRAD_BLOCK_P, BLOCK_C=block_c)
                 sums = partial.sum(0)
             if ctx.needs_input_grad[1]:
-                grad_weight = sums[:9].t().reshape(weight.shape).to(weight.dtype)
+                grad_weight = sums[:9].t().reshape(channels, 1, 3, 3).to(ctx.weight_dtype)
             if ctx.has_bias and ctx.needs_input_grad[2]:
-                grad_bias = sums[9].to(weight.dtype)
+                grad_bias = sums[9].to(ctx.bias_dtype)
         return grad_x, grad_weight, grad_bias
 
 
 def depthwise_conv3x3_s2_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.conv2d(x, weight, bias, stride=2, padding=1, groups=C)`` by the Triton kernels: x [B, C, H, W]
-    fp32 or bf16 in any layout, weight [C, 1, 3, 3], bias [C] or None -> [B, C, ceil(H / 2), ceil(W / 2)]
+    fp32, bf16 or fp16 in any layout, weight [C, 1, 3, 3], bias [C] or None -> [B, C, ceil(H / 2), ceil(W / 2)]
     channels-last in x's dtype. Under autocast, x is first cast to autocast's dtype (as a convolution's
     input is)."""
     if torch.is_autocast_enabled(x.device.type):
@@ -271,8 +276,8 @@ def depthwise_conv3x3_s2_triton(x: torch.Tensor, weight: torch.Tensor, bias: tor
 def _check_inputs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     if x.dim() != 4:
         raise ValueError(f"x: the depthwise convolution takes [B, C, H, W], got shape {tuple(x.shape)}")
-    if x.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"x: the Triton depthwise convolution takes float32 or bfloat16, got {x.dtype}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"x: the Triton depthwise convolution takes float32, bfloat16 or float16, got {x.dtype}")
     channels = x.shape[1]
     if tuple(weight.shape) != (channels, 1, 3, 3):
         raise ValueError(f"weight: expected [{channels}, 1, 3, 3] for {channels} channels, got {tuple(weight.shape)}")

@@ -89,7 +89,7 @@ class Subsampling(nn.Module):
 
     def _stage(self, stage: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
         conv = stage[0]
-        if self.depthwise == "torch" or conv.groups == 1:  # the first stage's conv is not depthwise
+        if self.depthwise == "torch" or conv.groups != conv.out_channels:  # not depthwise: the first stage
             return stage(x)
         x = depthwise_conv3x3_s2(x, conv.weight, conv.bias)
         for layer in stage[1:]:

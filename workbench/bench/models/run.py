@@ -61,6 +61,7 @@ from workbench.memory.oom import is_oom_error, release_memory
 from workbench.models import build_model, compile_encoder_layers, count_parameters, rnnt_loss
 from workbench.models.config import DEPTHWISE
 from workbench.models.model import DTYPES
+from workbench.triton_support import triton_unavailable_reason
 
 MODELS = ["large-rnnt", "large-tdt", "large-aed", "xl-aed"]
 SHAPES = [(32, 5.0, 40), (16, 15.0, 120), (8, 30.0, 240)]  # (batch, seconds, tokens): worst case of a bucket
@@ -251,8 +252,9 @@ def measure_model(name: str, shapes, failures: list[str], *, device: torch.devic
     """Rows of step time, peak memory (None off a GPU), MFU against ``flops_per_s`` and GPU busy share
     (None off a GPU) per fixed shape and dtype and per profile shape (bf16), and with ``kernel_shape``
     the :func:`profile_step` of one bf16 step there (else None); ``compile``: the encoder blocks compiled
-    first; ``depthwise``: what runs the subsampling's depthwise convolutions (build_model's option). A step that fails for a reason other than memory is a failure (its row has "error"); the
-    other rows still run."""
+    first; ``depthwise``: what runs the subsampling's depthwise convolutions (build_model's option). A
+    step that fails for a reason other than memory is a failure (its row has "error"); the other rows
+    still run."""
     try:
         with device:  # built on the device: an xl model is never initialized on the host
             model = build_model(name, depthwise=depthwise)
@@ -433,6 +435,11 @@ def run(args, device: torch.device) -> int:
     """The measurements of :func:`main`'s parsed ``args`` (with ``profile`` and ``profile_missing`` from
     :func:`profile_shapes_for`) on ``device``; writes models.json, returns the exit code."""
     models = args.models
+    if getattr(args, "depthwise", "torch") == "triton":
+        problem = triton_unavailable_reason(device, kernels_module="workbench.models.depthwise_triton")
+        if problem:
+            print(f"--depthwise triton: {problem}", file=sys.stderr)
+            return 2
     shapes = [] if getattr(args, "only_profile_shapes", False) else SMOKE_SHAPES if args.smoke else SHAPES
     repeat, warmup = (SMOKE_REPEAT, SMOKE_WARMUP) if args.smoke else (REPEAT, WARMUP)
     started = time.perf_counter()

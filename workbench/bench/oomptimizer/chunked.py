@@ -2,17 +2,19 @@
 search twice on the RNN-T part's bins, the joint whole (joint_chunk_size 0) and over chunks of K utterances,
 in one run.
 
-    python3 -m workbench.bench.oomptimizer --part rnnt-chunked [--joint-chunk-size 16] --time-limit-s 240
+    python3 -m workbench.bench.oomptimizer --part rnnt-chunked [--joint-chunk-size 16] [--buckets START:STOP] \
+        --time-limit-s 240
 
-Writes ``oomptimizer_rnnt_chunked.json``: both searches (record.SearchFigures, each with its probe and
-budget), and the unchunked sizes against the committed ``oomptimizer.json`` (across runs, fixed at run
-time since that record may be rerun; the chunked sizes too, in ``chunked_across_runs``: that record is the
-issue's "today's" sizes). The reader derives per bucket the chunked / unchunked batch size
-ratio with its min/median/max, the buckets at >= 2x and the target line (:func:`ratio_figures`, through
-record.chunked_comparison). Only the two searches run (no bisect, true maxima, soak or DDP accounting).
-``--time-limit-s``: the unchunked search starts no new bucket after ``UNCHUNKED_SHARE`` of it, the chunked
-one none after all of it; the record says which buckets were not searched, and the ratios cover the
-buckets both searched.
+Writes ``oomptimizer_rnnt_chunked.json`` (``oomptimizer_rnnt_chunked_START_STOP.json`` when ``--buckets``
+picks buckets START..STOP-1: the other buckets get batch size None): both searches (record.SearchFigures,
+each with its probe and budget), and each search's sizes against the committed ``oomptimizer.json``'s rnnt
+predictive ones (``across_runs``, ``chunked_across_runs``; fixed at run time, since that record may be
+rerun; its commit is in the label). The reader derives per bucket the chunked / unchunked batch size ratio
+with its min/median/max, the buckets at >= 2x and the target line (:func:`ratio_figures`, through
+record.chunked_comparison), and puts several records together bucket by bucket (record.chunked_union).
+Only the two searches run (no bisect, true maxima, soak or DDP accounting). ``--time-limit-s``: the
+unchunked search starts no new bucket after ``UNCHUNKED_SHARE`` of it, the chunked one none after all of
+it; the record says which buckets were not searched, and the ratios cover the buckets both searched.
 """
 
 from __future__ import annotations
@@ -27,38 +29,49 @@ REFERENCE = "oomptimizer"  # the committed record whose rnnt predictive sizes th
 
 
 def ratio_figures(unchunked: list[int | None], chunked: list[int | None],
-                  buckets: list[tuple[float, float]], target: float = TARGET_RATIO) -> dict[str, Any]:
-    """Per bucket chunked / unchunked batch size (None where either search did not reach the bucket), their
-    min/median/max, the bucket indices at >= ``target``, and the target line."""
+                  buckets: list[tuple[float, float]], target: float = TARGET_RATIO, *,
+                  indices: range | None = None, against: str = "unchunked") -> dict[str, Any]:
+    """Per bucket chunked / ``against`` batch size (None where either size is missing), and over the bucket
+    ``indices`` (default: all) their min/median/max, the indices at >= ``target``, whether every one of
+    them is, and the target line."""
     if not (len(unchunked) == len(chunked) == len(buckets)):
-        raise ValueError(f"need one batch size per bucket: {len(unchunked)} unchunked, {len(chunked)} chunked, "
+        raise ValueError(f"need one batch size per bucket: {len(unchunked)} {against}, {len(chunked)} chunked, "
                          f"{len(buckets)} buckets")
+    indices = range(len(buckets)) if indices is None else indices
     ratios = [c / u if u and c else None for u, c in zip(unchunked, chunked)]
-    compared = [i for i, r in enumerate(ratios) if r is not None]
-    out: dict[str, Any] = {"ratios": ratios, "compared": len(compared),
-                           "at_least_target": [i for i in compared if ratios[i] >= target], "target": target}
+    compared = [i for i in indices if ratios[i] is not None]
+    out: dict[str, Any] = {"ratios": ratios, "compared": len(compared), "considered": len(indices),
+                           "at_least_target": [i for i in compared if ratios[i] >= target], "target": target,
+                           "against": against}
+    if len(indices) != len(buckets):
+        out["scope"] = [indices.start, indices.stop]
     if compared:
         values = [ratios[i] for i in compared]
         out.update(summarize(values), min_bucket=min(compared, key=lambda i: ratios[i]))
-    out["target_met"] = len(out["at_least_target"]) == len(buckets) > 0
+    out["target_met"] = len(out["at_least_target"]) == len(indices) > 0
     out["target_line"] = target_line(out, buckets)
     return out
 
 
 def target_line(r: Mapping[str, Any], buckets: list[tuple[float, float]]) -> str:
-    """"chunked >= 2x unchunked at every bucket: met" or missed, with the smallest ratio and how far below."""
-    head = f"chunked >= {r['target']:g}x unchunked at every bucket"
+    """"chunked >= 2x unchunked at every bucket: met" or missed, with the smallest ratio and how far below
+    (over buckets START-STOP only when the figures have a ``scope``)."""
+    against = r.get("against", "unchunked")
+    scope = r.get("scope")
+    where = "at every bucket" if scope is None else f"at every bucket of {scope[0]}-{scope[1] - 1}"
+    head = f"chunked >= {r['target']:g}x {against} {where}"
     if not r["compared"]:
-        return f"{head}: not measured (no bucket searched by both)"
+        return f"{head}: not measured (no bucket with both sizes)"
     i = r["min_bucket"]
     d, u = buckets[i]
     smallest = f"smallest ratio {r['min']:.2f}x at bucket {i} ({d:g} s, {u:g} tokens)"
     if r["target_met"]:
         return f"{head}: met ({smallest})"
     below = r["compared"] - len(r["at_least_target"])
+    considered = r.get("considered", len(buckets))
     parts = []
-    if r["compared"] < len(buckets):
-        parts.append(f"only {r['compared']} of {len(buckets)} buckets searched by both")
+    if r["compared"] < considered:
+        parts.append(f"only {r['compared']} of {considered} buckets with both sizes")
     if below:
         short = r["target"] - r["min"]
         parts.append(f"{below} of {r['compared']} compared buckets below {r['target']:g}x; {smallest}, "
@@ -74,13 +87,13 @@ def across_runs(sizes: list[int | None], buckets: list[tuple[float, float]],
     ones per bucket (two runs, possibly at different commits), or ``skipped`` saying why they cannot be set
     side by side."""
     if reference is None:
-        return {"skipped": f"no {REFERENCE}.json committed"}
+        return {"skipped": f"{search}: no {REFERENCE}.json committed"}
     part = reference.get("figures", {}).get("rnnt", {})
     old = part.get("predictive", {}).get("batch_sizes")
     if old is None:
-        return {"skipped": f"{REFERENCE}.json has no rnnt predictive batch sizes"}
+        return {"skipped": f"{search}: {REFERENCE}.json has no rnnt predictive batch sizes"}
     if [tuple(b) for b in part.get("buckets", [])] != [tuple(b) for b in buckets]:
-        return {"skipped": f"buckets differ from {REFERENCE}.json's ({len(part.get('buckets', []))} there, "
+        return {"skipped": f"{search}: buckets differ from {REFERENCE}.json's ({len(part.get('buckets', []))} there, "
                            f"{len(buckets)} here)"}
     ratios = [n / o if n and o else None for n, o in zip(sizes, old)]
     values = [r for r in ratios if r is not None]

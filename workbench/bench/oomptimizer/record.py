@@ -12,14 +12,13 @@ chunked / unchunked comparison is derived when read (:func:`chunked_comparison`)
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping, TypedDict
 
 import pandas as pd
 
 from workbench.bench.oomptimizer import chunked
-from workbench.bench.results import RESULTS_DIR
+from workbench.bench.results import RESULTS_DIR, load_result
 from workbench.oomptimizer.plots import plot_batch_sizes, plot_probe_trace, plot_strategy_comparison, strategy_table
 from workbench.oomptimizer.run import describe_soak
 from workbench.units import GiB
@@ -90,85 +89,107 @@ def _spread(r: Mapping[str, Any]) -> str:
     return f"min {r['min']:.2f}x, median {r['median']:.2f}x, max {r['max']:.2f}x"
 
 
+def search_sizes(figures: Mapping[str, Any], key: str) -> list[int | None]:
+    """One search's batch size per bucket of a chunked record (all None when it failed or did not run)."""
+    return (figures.get(key) or {}).get("batch_sizes", [None] * len(figures["buckets"]))
+
+
+def bucket_indices(figures: Mapping[str, Any]) -> range:
+    """The bucket indices a chunked record's searches covered (``bucket_range``; every bucket if absent)."""
+    return range(*figures.get("bucket_range", (0, len(figures["buckets"]))))
+
+
 def chunked_comparison(figures: Mapping[str, Any]) -> dict[str, Any]:
-    """chunked.ratio_figures of ``oomptimizer_rnnt_chunked.json``'s two searches (a search that failed or
-    did not run has no bucket searched)."""
-    bs = buckets(figures)
-    sizes = [(figures.get(key) or {}).get("batch_sizes", [None] * len(bs)) for key in ("unchunked", "chunked")]
-    return chunked.ratio_figures(*sizes, bs)
+    """chunked.ratio_figures of a chunked record's two searches over the buckets it covered (a search that
+    failed or did not run has no bucket searched)."""
+    return chunked.ratio_figures(search_sizes(figures, "unchunked"), search_sizes(figures, "chunked"),
+                                 buckets(figures), indices=bucket_indices(figures))
 
 
 def chunked_records(results_dir=None) -> list[dict[str, Any]]:
     """The committed chunked records (``oomptimizer_rnnt_chunked*.json``: every bucket, or a range of them),
     newest first."""
     folder = Path(results_dir or RESULTS_DIR)
-    records = [json.loads(p.read_text()) for p in sorted(folder.glob(f"{CHUNKED_NAME}*.json"))]
+    records = [load_result(p.stem, folder) for p in sorted(folder.glob(f"{CHUNKED_NAME}*.json"))]
     return sorted(records, key=lambda r: r.get("date", ""), reverse=True)
 
 
+def _run_kind(figures: Mapping[str, Any]) -> tuple:
+    return figures.get("model"), figures.get("joint_chunk_size"), buckets(figures)
+
+
 def chunked_union(records: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """The chunked records put together bucket by bucket: each bucket's unchunked and chunked batch sizes
-    come from the first record (in the given order) whose two searches both reached it, so every ratio is
-    from one run. ``rows``: per bucket its duration (s), tokens, the sizes, chunked / unchunked, the
-    issue-time ``oomptimizer.json`` size (fixed in each record at run time) and chunked / that, and the
-    record (name, commit) it came from. ``comparison``: chunked.ratio_figures over the union;
-    ``baseline``: chunked.ratio_figures of chunked against the issue-time sizes. Records whose buckets
-    differ from the first one's are left out (``left_out`` names them)."""
+    """The chunked records put together bucket by bucket: each bucket's unchunked and chunked batch sizes,
+    and the committed oomptimizer.json size that record was set against, come from the first record (in the
+    given order) whose two searches both reached it, so every ratio is from one run. ``rows``: per bucket
+    its duration (s), tokens, the three sizes, chunked / unchunked, chunked / reference, and the record
+    (name, commit) it came from. ``comparison`` and ``reference``: chunked.ratio_figures of chunked against
+    unchunked and against the reference sizes. Records of another model, joint chunk size or buckets than
+    the first one's are left out (``left_out``: name and why)."""
     if not records:
         raise ValueError("no chunked record to put together")
-    bs = buckets(records[0]["figures"])
-    left_out = [r["name"] for r in records if buckets(r["figures"]) != bs]
-    kept = [r for r in records if buckets(r["figures"]) == bs]
+    model, chunk, bs = kind = _run_kind(records[0]["figures"])
+    kept, left_out = [], []
+    for r in records:
+        other = _run_kind(r["figures"])
+        if other == kind:
+            kept.append(r)
+        else:
+            why = [what for what, a, b in zip(("model", "joint_chunk_size", "buckets"), other, kind) if a != b]
+            left_out.append(f"{r['name']} (other {', '.join(why)})")
     rows = []
     for i, (duration, tokens) in enumerate(bs):
-        row: dict[str, Any] = {"bucket": i, "duration_s": duration, "tokens": tokens, "unchunked": None,
-                               "chunked": None, "record": None, "commit": None, "baseline": None}
+        row: dict[str, Any] = {"bucket": i, "duration_s": duration, "tokens": int(tokens), "reference": None,
+                               "unchunked": None, "chunked": None, "record": None, "commit": None}
         for r in kept:
             fig = r["figures"]
-            u, c = ((fig.get(k) or {}).get("batch_sizes", [None] * len(bs))[i] for k in ("unchunked", "chunked"))
-            old = fig.get("across_runs", {}).get("reference_batch_sizes")
-            if row["baseline"] is None and old:
-                row["baseline"] = old[i]
-            if u and c and row["record"] is None:
-                row.update(unchunked=u, chunked=c, record=r["name"], commit=str(r.get("git_commit", "?"))[:12])
+            u, c = search_sizes(fig, "unchunked")[i], search_sizes(fig, "chunked")[i]
+            if u and c:
+                old = fig.get("across_runs", {}).get("reference_batch_sizes")
+                row.update(unchunked=u, chunked=c, reference=old[i] if old else None, record=r["name"],
+                           commit=str(r.get("git_commit", "?"))[:12])
+                break
         row["chunked_over_unchunked"] = row["chunked"] / row["unchunked"] if row["record"] else None
-        row["chunked_over_baseline"] = row["chunked"] / row["baseline"] if row["record"] and row["baseline"] else None
+        row["chunked_over_reference"] = row["chunked"] / row["reference"] if row["reference"] else None
         rows.append(row)
-    unchunked_sizes = [row["unchunked"] for row in rows]
     chunked_sizes = [row["chunked"] for row in rows]
-    baseline_sizes = [row["baseline"] if row["record"] else None for row in rows]
-    return {"rows": rows, "left_out": left_out, "records": [r["name"] for r in kept],
-            "comparison": chunked.ratio_figures(unchunked_sizes, chunked_sizes, bs),
-            "baseline": chunked.ratio_figures(baseline_sizes, chunked_sizes, bs)}
+    return {"rows": rows, "left_out": left_out, "records": [r["name"] for r in kept], "model": model,
+            "joint_chunk_size": chunk,
+            "comparison": chunked.ratio_figures([row["unchunked"] for row in rows], chunked_sizes, bs),
+            "reference": chunked.ratio_figures([row["reference"] for row in rows], chunked_sizes, bs,
+                                               against=f"{chunked.REFERENCE}.json's")}
 
 
 def chunked_union_lines(union: Mapping[str, Any]) -> list[str]:
-    """chunked_union in lines: which records, the two target lines (chunked against unchunked in the same
-    run, and against the issue-time sizes)."""
+    """chunked_union in lines: which records, the chunked / unchunked spread (same run) with its target
+    line, and the chunked / oomptimizer.json spread with its line."""
     used = sorted({(row["record"], row["commit"]) for row in union["rows"] if row["record"]})
-    out = [f"- buckets from {', '.join(f'{name}.json ({commit})' for name, commit in used) or 'no record'}"]
-    comp, base = union["comparison"], union["baseline"]
+    out = [f"- {union['model']}, joint_chunk_size {union['joint_chunk_size']}: buckets from "
+           f"{', '.join(f'{name}.json ({commit})' for name, commit in used) or 'no record'}"]
+    comp, ref = union["comparison"], union["reference"]
     if comp["compared"]:
         out.append(f"- chunked / unchunked (same run) over {comp['compared']} buckets: {_spread(comp)}")
     out.append(f"- target: {comp['target_line']}")
-    if base["compared"]:
-        out.append(f"- chunked / oomptimizer.json's (the issue-time sizes) over {base['compared']} buckets: "
-                   f"{_spread(base)}; >= {base['target']:g}x at {len(base['at_least_target'])} of them")
-    out.append(f"- against the issue-time sizes: {base['target_line'].replace('unchunked', 'issue-time')}")
+    if ref["compared"]:
+        out.append(f"- chunked / {chunked.REFERENCE}.json's rnnt predictive sizes (the commit each record was set "
+                   f"against is in its across_runs label) over {ref['compared']} buckets: {_spread(ref)}; "
+                   f">= {ref['target']:g}x at {len(ref['at_least_target'])} of them")
+    out.append(f"- {ref['target_line']}")
     if union["left_out"]:
-        out.append(f"- left out (other buckets): {', '.join(union['left_out'])}")
+        out.append(f"- left out: {', '.join(union['left_out'])}")
     return out
 
 
 def chunked_union_table(union: Mapping[str, Any]) -> pd.DataFrame:
     """chunked_union's rows as a table: bucket, duration (s), tokens, the three batch sizes, the two ratios
     (x, 2 decimals) and the record each bucket came from."""
+    ref = f"{chunked.REFERENCE}.json"
     table = pd.DataFrame(union["rows"]).rename(columns={
-        "duration_s": "duration s", "baseline": "issue-time", "chunked_over_unchunked": "chunked / unchunked",
-        "chunked_over_baseline": "chunked / issue-time"})
-    cols = ["bucket", "duration s", "tokens", "issue-time", "unchunked", "chunked", "chunked / unchunked",
-            "chunked / issue-time", "record", "commit"]
-    return table[cols].round({"duration s": 2, "chunked / unchunked": 2, "chunked / issue-time": 2})
+        "duration_s": "duration s", "reference": ref, "chunked_over_unchunked": "chunked / unchunked",
+        "chunked_over_reference": f"chunked / {ref}"})
+    cols = ["bucket", "duration s", "tokens", ref, "unchunked", "chunked", "chunked / unchunked",
+            f"chunked / {ref}", "record", "commit"]
+    return table[cols].round({"duration s": 2, "chunked / unchunked": 2, f"chunked / {ref}": 2})
 
 
 def max_returned_peak_bytes(search: Mapping[str, Any]) -> float | None:
@@ -191,7 +212,10 @@ def chunked_summary_lines(figures: Mapping[str, Any]) -> list[str]:
             done = sum(b is not None for b in r["batch_sizes"])
             max_peak = max_returned_peak_bytes(r)
             peak = "" if max_peak is None else f", peak {max_peak / GiB:.1f} GiB"
-            out.append(f"- {model} predictive, {label}: {done} of {len(r['batch_sizes'])} buckets, {r['probes']} "
+            covered = bucket_indices(figures)
+            of = (f"{len(covered)} buckets" if len(covered) == len(r["batch_sizes"]) else
+                  f"{len(covered)} buckets ({covered.start}-{covered.stop - 1} of {len(r['batch_sizes'])})")
+            out.append(f"- {model} predictive, {label}: {done} of {of}, {r['probes']} "
                        f"probes ({r['probes_per_bucket']:.2f} per bucket), {r['ooms']} OOMs, {r['seconds']:.0f} s"
                        f"{peak}" + (f" (stopped: {r['stopped']})" if "stopped" in r else ""))
     comp = chunked_comparison(figures)

@@ -505,7 +505,7 @@ def main_ddp(args) -> int:
 
 
 def bucket_range(text: str | None, num_buckets: int) -> tuple[int, int]:
-    """--buckets START:STOP (Python slice bounds, STOP excluded; either may be left out) -> (start, stop)
+    """--buckets START:STOP (non-negative bucket indices, STOP excluded; either may be left out) -> (start, stop)
     within ``num_buckets``; None: every bucket. ValueError names what is wrong."""
     if text is None:
         return 0, num_buckets
