@@ -63,6 +63,16 @@ def _node_rows(block_v: int) -> int:
     return max(1, min(_MAX_ROWS, _TILE_ELEMENTS // block_v))
 
 
+def _vocab_block(num_tokens: int) -> int:
+    """BLOCK_V of the per-node kernels for rows of ``num_tokens`` token columns."""
+    return min(triton.next_power_of_2(num_tokens), _MAX_BLOCK_V)
+
+
+def node_rows(num_tokens: int) -> int:
+    """Lattice nodes per program the per-node kernels take now for rows of ``num_tokens`` token columns."""
+    return _node_rows(_vocab_block(num_tokens))
+
+
 def _node_warps(rows: int, block_v: int) -> int:
     """Warps of a per-node program: 8 for a tile of ``_TILE_ELEMENTS`` logits or more, else 4."""
     return 8 if rows * block_v >= _TILE_ELEMENTS else 4
@@ -367,15 +377,15 @@ class _TritonTransducerLoss(torch.autograd.Function):
         target_lengths = target_lengths.to(device=device, dtype=torch.int64).contiguous()
         edges = _edge_tensor(slots, device)
         rows = batch * num_frames * num_cols
-        block_v = min(triton.next_power_of_2(num_tokens), _MAX_BLOCK_V)
+        block_v = _vocab_block(num_tokens)
         block_s = triton.next_power_of_2(num_slots)
         block_u = min(triton.next_power_of_2(num_cols), _MAX_BLOCK_U)
-        node_rows = _node_rows(block_v)
-        _normalize_kernel[(triton.cdiv(rows, node_rows),)](
+        tile_rows = _node_rows(block_v)
+        _normalize_kernel[(triton.cdiv(rows, tile_rows),)](
             logits, targets, logit_lengths, target_lengths, lse, weights, dur_logp, rows, num_frames, num_cols,
             num_diagonals, row_stride, num_tokens, num_cols - 1, blank, float(sigma), ND=num_dur, NS=num_slots,
-            BLOCK_V=block_v, BLOCK_S=block_s, ROWS=node_rows, ONE_BLOCK=num_tokens <= block_v,
-            num_warps=_node_warps(node_rows, block_v))
+            BLOCK_V=block_v, BLOCK_S=block_s, ROWS=tile_rows, ONE_BLOCK=num_tokens <= block_v,
+            num_warps=_node_warps(tile_rows, block_v))
         alpha = torch.empty(batch, num_diagonals, num_cols, **small)
         beta = torch.empty_like(alpha)
         log_likelihood = torch.empty(batch, **small)
@@ -384,7 +394,7 @@ class _TritonTransducerLoss(torch.autograd.Function):
             NS=num_slots, BLOCK_S=block_s, BLOCK_U=block_u, num_warps=_lattice_warps(block_u, block_s))
         ctx.save_for_backward(logits, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta,
                               log_likelihood, edges)  # not the edge weights: backward reads them from the logits
-        ctx.sizes = (blank, num_tokens, float(sigma), block_v, block_s, num_dur, num_slots, node_rows)
+        ctx.sizes = (blank, num_tokens, float(sigma), block_v, block_s, num_dur, num_slots, tile_rows)
         return -log_likelihood
 
     @staticmethod
@@ -394,16 +404,16 @@ class _TritonTransducerLoss(torch.autograd.Function):
                                "analytically); use create_graph=False")
         (logits, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta, log_likelihood,
          edges) = ctx.saved_tensors
-        blank, num_tokens, sigma, block_v, block_s, num_dur, num_slots, node_rows = ctx.sizes
+        blank, num_tokens, sigma, block_v, block_s, num_dur, num_slots, tile_rows = ctx.sizes
         batch, num_frames, num_cols, row_stride = logits.shape
         grad = torch.empty_like(logits)
         scale = grad_output.to(torch.float32).contiguous()
         rows = batch * num_frames * num_cols
-        _grad_kernel[(triton.cdiv(rows, node_rows),)](
+        _grad_kernel[(triton.cdiv(rows, tile_rows),)](
             logits, grad, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta, log_likelihood,
             scale, edges, rows, num_frames, num_cols, alpha.shape[1], row_stride, num_tokens, num_cols - 1, blank,
-            sigma, ND=num_dur, NS=num_slots, BLOCK_V=block_v, BLOCK_S=block_s, ROWS=node_rows,
-            num_warps=_node_warps(node_rows, block_v))
+            sigma, ND=num_dur, NS=num_slots, BLOCK_V=block_v, BLOCK_S=block_s, ROWS=tile_rows,
+            num_warps=_node_warps(tile_rows, block_v))
         return grad, None, None, None, None, None, None, None, None, None
 
 
