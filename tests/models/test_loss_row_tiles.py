@@ -131,12 +131,13 @@ def test_rows_past_the_row_blocks_loop_too(monkeypatch, launches):
 
 
 def test_the_default_tile_and_its_warps_follow_the_vocabulary_block(launches):
-    assert [losses_triton._node_rows(v) for v in (4096, 2048, 1024, 8, 2)] == [2, 4, 8, 64, 64]
-    assert [losses_triton._node_warps(r, v) for r, v in ((4, 2048), (1, 2048), (1, 4096), (64, 8))] == [8, 4, 4, 4]
+    assert [losses_triton._node_rows(v) for v in (8192, 4096, 2048, 1024, 8)] == [1, 2, 4, 4, 4]
+    assert [losses_triton._node_warps(r, v) for r, v in ((4, 2048), (2, 4096), (1, 2048), (1, 4096), (4, 1024))] == \
+        [8, 8, 4, 4, 4]
     logits, *rest = batch(VOCAB + 1, seed=4)
     rnnt_loss_triton(logits.requires_grad_(), *rest, blank=VOCAB).backward()
-    rows = losses_triton._node_rows(8)
-    assert launches == [("_normalize_kernel", 1, rows), ("_grad_kernel", 1, rows)]
+    rows = losses_triton._node_rows(8)  # 7 classes: a block of 8
+    assert launches == [("_normalize_kernel", 60 // rows, rows), ("_grad_kernel", 60 // rows, rows)]
 
 
 def test_rows_per_program_refuses_what_is_no_power_of_two_and_restores_the_default():
@@ -148,4 +149,4 @@ def test_rows_per_program_refuses_what_is_no_power_of_two_and_restores_the_defau
         with rows_per_program(32):
             assert losses_triton._node_rows(1024) == 32
         assert losses_triton._node_rows(1024) == 2
-    assert losses_triton._node_rows(1024) == 8
+    assert losses_triton._node_rows(1024) == 4

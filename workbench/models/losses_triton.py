@@ -19,9 +19,10 @@ Three kernels, each reading the logits at most once:
    into one buffer of the logits' size and dtype (no fp32 copy of the logits is ever made).
 
 Every per-node quantity of a tile (coordinates, lengths, normalizers, alpha, beta, edge weights) is a
-[ROWS] or [ROWS, slots] vector; nodes past the last one of the tensor are masked. ROWS is a power of two
-picked from the vocabulary block (:func:`_node_rows`); :func:`rows_per_program` overrides it, e.g. 1 for
-one node per program.
+[ROWS] or [ROWS, slots] vector; nodes past the last one of the tensor are masked. A program issues its
+loads (a row that fits one block: its logit tile first) before it computes and stores, so that they are in
+flight together. ROWS is a power of two picked from the vocabulary block (:func:`_node_rows`);
+:func:`rows_per_program` overrides it, e.g. 1 for one node per program.
 
 A row may end in padding columns after the classes (a joint output padded to an aligned width): the
 kernels read the logits in place at that row stride and write a zero gradient for the padding. Every
@@ -50,8 +51,8 @@ _LOG_ZERO = tl.constexpr(LOG_ZERO)
 _MAX_BLOCK_V = 4096  # vocabulary block of the per-node kernels (larger vocabularies loop)
 _MAX_BLOCK_U = 256   # label block of the per-utterance kernels (longer targets loop)
 _SHAPE_ARGS = ["NODES", "T", "U1", "U", "NDIAG"]  # change with every batch: one compiled kernel for all values
-_TILE_ELEMENTS = 8192  # logits per program of the per-node kernels: ROWS * BLOCK_V
-_MAX_ROWS = 64         # nodes per program at most (small vocabularies)
+_TILE_ELEMENTS = 8192  # logits per program of the per-node kernels: ROWS * BLOCK_V, at most
+_MAX_ROWS = 4          # nodes per program at most: every thread holds each node's own values (registers)
 _rows_setting: int | None = None  # rows_per_program's override (None: _node_rows picks)
 
 
@@ -161,8 +162,16 @@ def _normalize_kernel(logits_ptr, targets_ptr, logit_lengths_ptr, target_lengths
     row_ptr = logits_ptr + row * C  # [ROWS]
     valid2 = valid[:, None]
     offs = tl.arange(0, BLOCK_V)[None, :]
-    if ONE_BLOCK:  # the whole row in one [ROWS, BLOCK_V] tile: max, then one exp per lane
+    slot = tl.arange(0, BLOCK_S)[None, :]
+    in_range = slot < NS
+    # the loads first, none waiting on another but the label logit on its target; the stores last
+    if ONE_BLOCK:
         x = tl.load(row_ptr[:, None] + offs, mask=valid2 & (offs < V_TOK), other=float("-inf")).to(tl.float32)
+    blank_logit, label_logit, target, has_label = _edge_logits(row_ptr, targets_ptr, b, u, U, u_len, in_tensor,
+                                                               valid, blank)
+    if ND > 0:  # slot s is duration column s
+        dx = tl.load(row_ptr[:, None] + V_TOK + slot, mask=valid2 & in_range, other=0.0).to(tl.float32)
+    if ONE_BLOCK:  # the whole row in one [ROWS, BLOCK_V] tile: max, then one exp per lane
         m_all = tl.where(valid, tl.max(x, axis=1), 0.0)
         total = tl.sum(tl.exp(x - m_all[:, None]), axis=1)
     else:  # online over the row's blocks
@@ -175,35 +184,42 @@ def _normalize_kernel(logits_ptr, targets_ptr, logit_lengths_ptr, target_lengths
         m_all = tl.max(m, axis=1)
         total = tl.sum(s * tl.exp(m - m_all[:, None]), axis=1)
     lse = tl.where(valid, m_all + tl.log(tl.where(valid, total, 1.0)), 0.0)  # [ROWS]
-    tl.store(lse_ptr + row, lse, mask=in_tensor)
-    slot = tl.arange(0, BLOCK_S)[None, :]
-    in_range = slot < NS
-    stored = in_tensor[:, None] & in_range
     dur_logp = tl.zeros([ROWS, BLOCK_S], tl.float32)
-    if ND > 0:  # the duration log-softmax; slot s is duration column s
-        dx = tl.load(row_ptr[:, None] + V_TOK + slot, mask=valid2 & in_range, other=0.0).to(tl.float32)
+    if ND > 0:  # the duration log-softmax
         dx = tl.where(in_range, dx, float("-inf"))
         dmax = tl.max(dx, axis=1)[:, None]
         dur_logp = tl.where(valid2, dx - (dmax + tl.log(tl.sum(tl.exp(dx - dmax), axis=1)[:, None])), 0.0)
-        tl.store(dur_ptr + row[:, None] * ND + slot, dur_logp, mask=stored)
     # each slot's blank and label edge weight, on the skewed lattice (see _weight_index)
-    blank_w, label_w, _ = _edge_weights(row_ptr, targets_ptr, b, u, U, u_len, valid, lse, blank, sigma, dur_logp)
+    blank_w, label_w = _edge_weights(blank_logit, label_logit, has_label, valid, lse, sigma, dur_logp)
+    stored = in_tensor[:, None] & in_range
+    tl.store(lse_ptr + row, lse, mask=in_tensor)
+    if ND > 0:
+        tl.store(dur_ptr + row[:, None] * ND + slot, dur_logp, mask=stored)
     b2, n2, u2 = b[:, None], (t + u)[:, None], u[:, None]
     tl.store(weight_ptr + _weight_index(b2, 0, slot, n2, u2, NS, NDIAG, U1), blank_w, mask=stored)
     tl.store(weight_ptr + _weight_index(b2, 1, slot, n2, u2, NS, NDIAG, U1), label_w, mask=stored)
 
 
 @triton.jit
-def _edge_weights(row_ptr, targets_ptr, b, u, U, u_len, valid, lse, blank, sigma, dur_logp):
-    """(blank, label) edge weights [ROWS, BLOCK_S] of the nodes [ROWS] (their rows' pointers, coordinates and
-    log-normalizers), token log-prob minus sigma plus each slot's duration log-prob (LOG_ZERO where a node
-    has no such edge), and the targets [ROWS] (-1: none)."""
-    blank_logp = tl.load(row_ptr + blank, mask=valid, other=0.0).to(tl.float32) - lse - sigma
+def _edge_logits(row_ptr, targets_ptr, b, u, U, u_len, in_tensor, valid, blank):
+    """(blank logit, target logit, target (-1: none), has a label edge) of the nodes [ROWS], from their rows'
+    pointers and coordinates; each [ROWS], the logits in fp32 (0 where there is no such edge). The target is
+    read wherever it is in the targets tensor, without waiting for the lengths."""
+    blank_logit = tl.load(row_ptr + blank, mask=valid, other=0.0).to(tl.float32)
     has_label = valid & (u < u_len)
-    target = tl.load(targets_ptr + b * U + u, mask=has_label, other=0).to(tl.int64)
-    label_logp = tl.load(row_ptr + target, mask=has_label, other=0.0).to(tl.float32) - lse - sigma
+    target = tl.load(targets_ptr + b * U + u, mask=in_tensor & (u < U), other=0).to(tl.int64)
+    label_logit = tl.load(row_ptr + target, mask=has_label, other=0.0).to(tl.float32)
+    return blank_logit, label_logit, tl.where(has_label, target, -1), has_label
+
+
+@triton.jit
+def _edge_weights(blank_logit, label_logit, has_label, valid, lse, sigma, dur_logp):
+    """(blank, label) edge weights [ROWS, BLOCK_S] of the nodes [ROWS]: token log-prob minus sigma plus each
+    slot's duration log-prob, LOG_ZERO where a node has no such edge."""
+    blank_logp = blank_logit - lse - sigma
+    label_logp = label_logit - lse - sigma
     return (tl.where(valid[:, None], blank_logp[:, None] + dur_logp, _LOG_ZERO),
-            tl.where(has_label[:, None], label_logp[:, None] + dur_logp, _LOG_ZERO), tl.where(has_label, target, -1))
+            tl.where(has_label[:, None], label_logp[:, None] + dur_logp, _LOG_ZERO))
 
 
 @triton.jit
@@ -300,49 +316,58 @@ def _beta(weight_ptr, beta_ptr, edges_ptr, NDIAG, U1, b, t_len, u_len,
 def _grad_kernel(logits_ptr, grad_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr, lse_ptr, dur_ptr,
                  alpha_ptr, beta_ptr, ll_ptr, scale_ptr, edges_ptr, NODES, T, U1, NDIAG, C, V_TOK, U, blank, sigma,
                  ND: tl.constexpr, NS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr,
-                 ROWS: tl.constexpr):
+                 ROWS: tl.constexpr, ONE_BLOCK: tl.constexpr):
     row = _program_rows(ROWS)
     b, t, u, t_len, u_len, in_tensor, valid = _node_coords(row, NODES, T, U1, logit_lengths_ptr, target_lengths_ptr)
     n = t + u
+    row_ptr = logits_ptr + row * C  # [ROWS]
+    offs = tl.arange(0, BLOCK_V)[None, :]
+    b2, t2, u2, n2, t_len2, u_len2, valid2 = b[:, None], t[:, None], u[:, None], n[:, None], t_len[:, None], \
+        u_len[:, None], valid[:, None]
+    if ONE_BLOCK:  # the row's tile first: its load overlaps the per-node loads below
+        z = tl.load(row_ptr[:, None] + offs, mask=valid2 & (offs < V_TOK), other=0.0).to(tl.float32)
     log_p = tl.load(ll_ptr + b, mask=in_tensor, other=0.0)
     log_p = tl.where(log_p > _LOG_ZERO / 2, log_p, 0.0)  # an impossible utterance gets zero gradient
     alpha = tl.load(alpha_ptr + _lattice_index(b, n, u, NDIAG, U1), mask=valid, other=_LOG_ZERO) - log_p
     lse = tl.load(lse_ptr + row, mask=in_tensor, other=0.0)
-    row_ptr = logits_ptr + row * C  # [ROWS]
+    scale = tl.load(scale_ptr + b, mask=in_tensor, other=0.0).to(tl.float32)[:, None]
     slot, in_range, blank_dur, label_dur = _slots(edges_ptr, NS, BLOCK_S)
     slot, in_range, blank_dur, label_dur = slot[None, :], in_range[None, :], blank_dur[None, :], label_dur[None, :]
-    b2, t2, u2, n2, t_len2, u_len2, valid2 = b[:, None], t[:, None], u[:, None], n[:, None], t_len[:, None], \
-        u_len[:, None], valid[:, None]
     dur_logp = tl.zeros([ROWS, BLOCK_S], tl.float32)
     if ND > 0:
         dur_logp = tl.load(dur_ptr + row[:, None] * ND + slot, mask=valid2 & in_range, other=0.0)
     # the edge weights again from these rows (two logits each; the lattice's copy is not kept for backward),
     # then every edge leaving each node at once, one slot per lane: exp(alpha + w + beta(destination) - log P)
-    blank_w, label_w, target = _edge_weights(row_ptr, targets_ptr, b, u, U, u_len, valid, lse, blank, sigma,
-                                             dur_logp)
-    inner = valid2 & in_range & (blank_dur > 0) & (t2 + blank_dur < t_len2)
+    blank_logit, label_logit, target, has_label = _edge_logits(row_ptr, targets_ptr, b, u, U, u_len, in_tensor,
+                                                               valid, blank)
+    inner_blank = valid2 & in_range & (blank_dur > 0) & (t2 + blank_dur < t_len2)
     ending = valid2 & in_range & (blank_dur > 0) & (t2 + blank_dur == t_len2) & (u2 == u_len2)
-    after = tl.load(beta_ptr + _lattice_index(b2, n2 + blank_dur, u2, NDIAG, U1), mask=inner, other=_LOG_ZERO)
-    blank_post = tl.where(inner | ending, tl.exp(alpha[:, None] + blank_w + tl.where(inner, after, 0.0)), 0.0)
-    inner = valid2 & in_range & (t2 + label_dur < t_len2) & (u2 < u_len2)
-    after = tl.load(beta_ptr + _lattice_index(b2, n2 + label_dur + 1, u2 + 1, NDIAG, U1), mask=inner,
-                    other=_LOG_ZERO)
-    label_post = tl.where(inner, tl.exp(alpha[:, None] + label_w + after), 0.0)
+    after_blank = tl.load(beta_ptr + _lattice_index(b2, n2 + blank_dur, u2, NDIAG, U1), mask=inner_blank,
+                          other=_LOG_ZERO)
+    inner_label = valid2 & in_range & (t2 + label_dur < t_len2) & (u2 < u_len2)
+    after_label = tl.load(beta_ptr + _lattice_index(b2, n2 + label_dur + 1, u2 + 1, NDIAG, U1), mask=inner_label,
+                          other=_LOG_ZERO)
+    blank_w, label_w = _edge_weights(blank_logit, label_logit, has_label, valid, lse, sigma, dur_logp)
+    blank_post = tl.where(inner_blank | ending,
+                          tl.exp(alpha[:, None] + blank_w + tl.where(inner_blank, after_blank, 0.0)), 0.0)
+    label_post = tl.where(inner_label, tl.exp(alpha[:, None] + label_w + after_label), 0.0)
     blank_posterior = tl.sum(blank_post, axis=1)[:, None]  # [ROWS, 1]
     label_posterior = tl.sum(label_post, axis=1)[:, None]
     occupancy = blank_posterior + label_posterior
-    scale = tl.load(scale_ptr + b, mask=in_tensor, other=0.0).to(tl.float32)[:, None]
     grad_row = (grad_ptr + row * C)[:, None]
     row_ptr, lse, target, written = row_ptr[:, None], lse[:, None], target[:, None], in_tensor[:, None]
-    offs = tl.arange(0, BLOCK_V)[None, :]
-    for v0 in range(0, V_TOK, BLOCK_V):
-        v = v0 + offs
-        in_vocab = v < V_TOK
-        z = tl.load(row_ptr + v, mask=valid2 & in_vocab, other=0.0).to(tl.float32)
-        g = occupancy * tl.exp(z - lse) - tl.where(v == blank, blank_posterior, 0.0) \
-            - tl.where(v == target, label_posterior, 0.0)
-        tl.store(grad_row + v, tl.where(valid2, g * scale, 0.0).to(grad_ptr.dtype.element_ty),
-                 mask=written & in_vocab)
+    if ONE_BLOCK:
+        g = _token_grad(z, offs, occupancy, lse, blank, blank_posterior, target, label_posterior)
+        tl.store(grad_row + offs, tl.where(valid2, g * scale, 0.0).to(grad_ptr.dtype.element_ty),
+                 mask=written & (offs < V_TOK))
+    else:
+        for v0 in range(0, V_TOK, BLOCK_V):
+            v = v0 + offs
+            in_vocab = v < V_TOK
+            z = tl.load(row_ptr + v, mask=valid2 & in_vocab, other=0.0).to(tl.float32)
+            g = _token_grad(z, v, occupancy, lse, blank, blank_posterior, target, label_posterior)
+            tl.store(grad_row + v, tl.where(valid2, g * scale, 0.0).to(grad_ptr.dtype.element_ty),
+                     mask=written & in_vocab)
     if ND > 0:  # slot s is duration column s: both its edges' posteriors
         g = occupancy * tl.exp(dur_logp) - (blank_post + label_post)
         tl.store(grad_row + V_TOK + slot, tl.where(valid2, g * scale, 0.0).to(grad_ptr.dtype.element_ty),
@@ -351,6 +376,14 @@ def _grad_kernel(logits_ptr, grad_ptr, targets_ptr, logit_lengths_ptr, target_le
         v = v0 + offs
         tl.store(grad_row + v, tl.zeros([ROWS, BLOCK_V], tl.float32).to(grad_ptr.dtype.element_ty),
                  mask=written & (v < C))
+
+
+@triton.jit
+def _token_grad(z, v, occupancy, lse, blank, blank_posterior, target, label_posterior):
+    """d loss / d logits (before the utterance's scale) of token columns v [1, BLOCK_V] of logits z [ROWS,
+    BLOCK_V]: occupancy * softmax minus the blank and target edges' posteriors ([ROWS, 1] each)."""
+    return occupancy * tl.exp(z - lse) - tl.where(v == blank, blank_posterior, 0.0) \
+        - tl.where(v == target, label_posterior, 0.0)
 
 
 class _TritonTransducerLoss(torch.autograd.Function):
@@ -413,7 +446,7 @@ class _TritonTransducerLoss(torch.autograd.Function):
             logits, grad, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta, log_likelihood,
             scale, edges, rows, num_frames, num_cols, alpha.shape[1], row_stride, num_tokens, num_cols - 1, blank,
             sigma, ND=num_dur, NS=num_slots, BLOCK_V=block_v, BLOCK_S=block_s, ROWS=tile_rows,
-            num_warps=_node_warps(tile_rows, block_v))
+            ONE_BLOCK=num_tokens <= block_v, num_warps=_node_warps(tile_rows, block_v))
         return grad, None, None, None, None, None, None, None, None, None
 
 
