@@ -128,12 +128,16 @@ def test_rows_comparison_alternates_one_row_and_the_default_tile(monkeypatch):
         return {"median": seconds}
 
     monkeypatch.setattr(worker, "timer_for", lambda device: timer)
-    c = worker.compare_rows([2, 3, 2, 5], torch.device("cpu"), repeat=3, warmup=1)
+    c = worker.compare_rows([2, 3, 2, 5], torch.device("cpu"), repeat=3, warmup=1, sweep=())
     assert c.error is None and c.default_rows == losses_triton.node_rows(6) > 1
     assert active == [1, None, None, 1, 1, None, None, 1]  # the warm-up round, then 3 timed rounds
     assert c.one_row_s["n"] == c.default_rows_s["n"] == 3 and c.one_row_s["median"] == pytest.approx(0.004)
     assert c.default_over_one_row == pytest.approx(c.default_rows_s["median"] / 0.004)
+    assert c.by_rows_s == {"1": c.one_row_s, str(c.default_rows): c.default_rows_s}
     assert c.backend.startswith("triton" if torch.cuda.is_available() else "torch: logits on cpu")
+    active.clear()
+    c = worker.compare_rows([2, 3, 2, 5], torch.device("cpu"), repeat=1, warmup=0, sweep=(1, 2, c.default_rows))
+    assert active == [1, 2, None] and sorted(c.by_rows_s, key=int) == ["1", "2", str(c.default_rows)]
 
 
 def test_rows_comparisons_in_the_smoke_run_and_the_summary(tmp_path):
@@ -146,11 +150,15 @@ def test_rows_comparisons_in_the_smoke_run_and_the_summary(tmp_path):
     for c in fig["rows"]:
         assert c["error"] is None and c["one_row_s"]["n"] == c["default_rows_s"]["n"] == 2
         assert c["default_over_one_row"] == pytest.approx(c["default_rows_s"]["median"] / c["one_row_s"]["median"])
-    comparison = {**fig["rows"][0], "one_row_s": {"median": 0.02, "min": 0.019, "max": 0.021},
-                  "default_rows_s": {"median": 0.005, "min": 0.005, "max": 0.006}, "default_rows": 4,
+    assert all(sorted(c["by_rows_s"], key=int) == sorted({"1", "2", "4", "8", str(c["default_rows"])}, key=int)
+               for c in fig["rows"])
+    one, four = {"median": 0.02, "min": 0.019, "max": 0.021}, {"median": 0.005, "min": 0.005, "max": 0.006}
+    comparison = {**fig["rows"][0], "one_row_s": one, "default_rows_s": four, "default_rows": 4,
+                  "by_rows_s": {"1": one, "2": {"median": 0.01, "min": 0.01, "max": 0.01}, "4": four},
                   "default_over_one_row": 0.25, "backend": "triton: CUDA logits and triton importable"}
-    line = ("ours-rnnt rows per program float32 B=2 T=6 U=3 V=8: 1 row 20.00 ms (19.00-21.00), 4 rows 5.00 ms "
-            "(5.00-6.00), 4 rows / 1 row 0.25 (triton: CUDA logits and triton importable)")
+    line = ("ours-rnnt rows per program float32 B=2 T=6 U=3 V=8: 1 row 20.00 ms (19.00-21.00), 4 rows (default) "
+            "5.00 ms (5.00-6.00), 4 rows / 1 row 0.25; other rows 2: 10.00 ms (10.00-10.00) "
+            "(triton: CUDA logits and triton importable)")
     fig["rows"] = [comparison, {**comparison, "error": "OutOfMemoryError: CUDA out of memory"}]
     assert f"- {line}" in losses_record.summary_lines(fig) and line in losses_record.table(fig).splitlines()
     assert ("- ours-rnnt rows per program float32 B=2 T=6 U=3 V=8: failed (OutOfMemoryError: CUDA out of memory)"

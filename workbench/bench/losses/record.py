@@ -67,6 +67,7 @@ class RowsComparison:
     one_row_s: dict | None = None        # summarize() of the one-row calls
     default_rows_s: dict | None = None   # summarize() of the default-tile calls
     default_over_one_row: float | None = None  # median time ratio (below 1: the tiles are faster)
+    by_rows_s: dict | None = None        # nodes per program (str) -> summarize() of its calls, the sweep's too
     error: str | None = None
 
 
@@ -192,15 +193,19 @@ def summary_lines(figures: dict) -> list[str]:
 
 
 def rows_line(comparison: dict) -> str:
-    """One rows comparison: "ours-rnnt rows per program bf16 B=.. T=.. U=.. V=..: 1 row X, N rows Y (ratio)"."""
+    """One rows comparison: "ours-rnnt rows per program bf16 B=.. T=.. U=.. V=..: 1 row X, N rows (default) Y,
+    the ratio; other rows: R: Z, ..."."""
     c = comparison
     b, t, u, v = c["shape"]
     head = f"ours-rnnt rows per program {c['dtype']} B={b} T={t} U={u} V={v}"
     if c["error"]:
         return f"{head}: failed ({c['error'][:60]})"
     ratio = "-" if c["default_over_one_row"] is None else f"{c['default_over_one_row']:.2f}"
-    return (f"{head}: 1 row {_ms({'time_s': c['one_row_s']})}, {c['default_rows']} rows "
-            f"{_ms({'time_s': c['default_rows_s']})}, {c['default_rows']} rows / 1 row {ratio} ({c['backend']})")
+    others = [f"{rows}: {_ms({'time_s': t})}" for rows, t in (c.get("by_rows_s") or {}).items()
+              if int(rows) not in (1, c["default_rows"])]
+    return (f"{head}: 1 row {_ms({'time_s': c['one_row_s']})}, {c['default_rows']} rows (default) "
+            f"{_ms({'time_s': c['default_rows_s']})}, {c['default_rows']} rows / 1 row {ratio}"
+            + (f"; other rows {', '.join(others)}" if others else "") + f" ({c['backend']})")
 
 
 def kernel_line(run: dict, top: int = 4) -> str:

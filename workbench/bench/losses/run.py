@@ -8,8 +8,8 @@ In one run on one GPU, forward + backward (the gradient w.r.t. the logits), voca
    gradients agree; ours also on bf16 logits;
 2. our TDT loss (durations 0-4) on the same shapes;
 3. our RNN-T loss with one lattice node per program of its per-node kernels against its default tile of
-   nodes, timed alternately on the same logits: fp32 at B=16, T=188, U=120 and bf16 at B=24, T=500, U=499
-   (40 s of large-rnnt frames);
+   nodes (and 2, 4, 8 nodes), timed in turn on the same logits: fp32 at B=16, T=188, U=120 and bf16 at
+   B=24, T=500, U=499 (40 s of large-rnnt frames);
 4. large-rnnt training steps (bf16, B=64 of 15 s, 120 tokens) with the joint whole and in chunks;
 5. B=128, T=188, U=120 (2.98e9 logits, past 2**31): ours here, then torchaudio last, in a subprocess
    (its illegal memory access would poison this process's CUDA context).
