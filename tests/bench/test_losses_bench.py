@@ -110,3 +110,58 @@ def test_kernel_work_counts_the_bytes_and_steps_of_a_tiny_lattice():
     assert normalize.written_bytes == 4 * (4 + 3 * 4) + 4 * 2 * 3 * 4
     assert lattice.edges_per_node == 5 and lattice.sectors_per_step == 10  # 2 blank (d > 0) + 3 label edges
     assert kernel_work([1, 2, 1, 3], 3)[1].edges_per_node == 6  # all durations > 0 when not given
+
+
+def test_rows_comparison_alternates_one_row_and_the_default_tile(monkeypatch):
+    """compare_rows times one call at a time, one node per program and the default tile in turn (who goes
+    first alternates), and reads the ratio of the medians."""
+    from workbench.bench.losses import worker
+    from workbench.models import losses_triton
+
+    active = []
+
+    def timer(fn, *, repeat, warmup):
+        assert (repeat, warmup) == (1, 0)
+        fn()
+        active.append(losses_triton._rows_setting)
+        seconds = 0.004 if losses_triton._rows_setting == 1 else 0.001 * (1 + len(active) % 2)
+        return {"median": seconds}
+
+    monkeypatch.setattr(worker, "timer_for", lambda device: timer)
+    c = worker.compare_rows([2, 3, 2, 5], torch.device("cpu"), repeat=3, warmup=1, sweep=())
+    assert c.error is None and c.default_rows == losses_triton.node_rows(6) > 1
+    assert active == [1, None, None, 1, 1, None, None, 1]  # the warm-up round, then 3 timed rounds
+    assert c.one_row_s["n"] == c.default_rows_s["n"] == 3 and c.one_row_s["median"] == pytest.approx(0.004)
+    assert c.default_over_one_row == pytest.approx(c.default_rows_s["median"] / 0.004)
+    assert c.by_rows_s == {"1": c.one_row_s, str(c.default_rows): c.default_rows_s}
+    assert c.backend.startswith("triton" if torch.cuda.is_available() else "torch: logits on cpu")
+    active.clear()
+    c = worker.compare_rows([2, 3, 2, 5], torch.device("cpu"), repeat=1, warmup=0, sweep=(1, 2, c.default_rows))
+    assert active == [1, 2, None] and sorted(c.by_rows_s, key=int) == ["1", "2", str(c.default_rows)]
+
+
+def test_rows_comparisons_in_the_smoke_run_and_the_summary(tmp_path):
+    from workbench.bench.losses import run
+
+    assert run.main(["--smoke", "--parts", "rows", "--out", str(tmp_path)]) == 0
+    fig = json.loads((tmp_path / "losses.json").read_text())["figures"]
+    assert [(c["shape"], c["dtype"]) for c in fig["rows"]] == [
+        (shape, str(dtype).removeprefix("torch.")) for shape, dtype in run.SMOKE_ROWS_SHAPES]
+    for c in fig["rows"]:
+        assert c["error"] is None and c["one_row_s"]["n"] == c["default_rows_s"]["n"] == 2
+        assert c["default_over_one_row"] == pytest.approx(c["default_rows_s"]["median"] / c["one_row_s"]["median"])
+    assert all(sorted(c["by_rows_s"], key=int) == sorted({"1", "2", "4", "8", str(c["default_rows"])}, key=int)
+               for c in fig["rows"])
+    one, four = {"median": 0.02, "min": 0.019, "max": 0.021}, {"median": 0.005, "min": 0.005, "max": 0.006}
+    comparison = {**fig["rows"][0], "one_row_s": one, "default_rows_s": four, "default_rows": 4,
+                  "by_rows_s": {"1": one, "2": {"median": 0.01, "min": 0.01, "max": 0.01}, "4": four},
+                  "default_over_one_row": 0.25, "backend": "triton: CUDA logits and triton importable"}
+    line = ("ours-rnnt rows per program float32 B=2 T=6 U=3 V=8: 1 row 20.00 ms (19.00-21.00), 4 rows (default) "
+            "5.00 ms (5.00-6.00), 4 rows / 1 row 0.25; other rows 2: 10.00 ms (10.00-10.00) "
+            "(triton: CUDA logits and triton importable)")
+    fig["rows"] = [comparison, {**comparison, "error": "OutOfMemoryError: CUDA out of memory"}]
+    assert f"- {line}" in losses_record.summary_lines(fig) and line in losses_record.table(fig).splitlines()
+    assert ("- ours-rnnt rows per program float32 B=2 T=6 U=3 V=8: failed (OutOfMemoryError: CUDA out of memory)"
+            in losses_record.summary_lines(fig))
+    del fig["rows"]  # a record from before the comparison still renders
+    assert not any("rows per program" in line for line in losses_record.summary_lines(fig))

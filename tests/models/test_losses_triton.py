@@ -325,7 +325,8 @@ from workbench.models import losses_triton as L
 
 INT64_POINTERS = {"targets_ptr", "logit_lengths_ptr", "target_lengths_ptr", "edges_ptr"}
 for dtype, nd, ns in (("fp32", 0, 1), ("bf16", 5, 5)):
-    constants = {"ND": nd, "NS": ns, "BLOCK_V": 2048, "BLOCK_S": triton.next_power_of_2(ns), "BLOCK_U": 128}
+    constants = {"ND": nd, "NS": ns, "BLOCK_V": 2048, "BLOCK_S": triton.next_power_of_2(ns), "BLOCK_U": 128,
+                 "ROWS": 4 if nd == 0 else 1, "ONE_BLOCK": nd == 0}  # tiles of rows in one block; one row, looped
     for kernel in (L._normalize_kernel, L._lattice_kernel, L._grad_kernel):
         signature, constexprs = {}, {}
         for name, param in zip(kernel.arg_names, kernel.params):

@@ -2,19 +2,27 @@
 
 Three kernels, each reading the logits at most once:
 
-1. ``_normalize_kernel``, one program per lattice node (b, t, u): the log-normalizer of the token
-   logits (fp32 [B, T, U + 1]), (TDT) the duration log-softmax ([B, T, U + 1, D]) and every edge weight
-   leaving the node, token plus duration log-prob, into a buffer [B, 2 (blank, label), slots, T + U, U + 1]
-   laid out by anti-diagonal n = t + u, so that the nodes of one diagonal are contiguous;
+1. ``_normalize_kernel``, one program per tile of ROWS lattice nodes (b, t, u) (consecutive rows of the
+   logits, a [ROWS, BLOCK_V] tile per vocabulary block; a row that fits one block takes its max, then one
+   exp per lane, a longer one an online log-sum-exp over its blocks): each node's log-normalizer of the
+   token logits (fp32 [B, T, U + 1]), (TDT) the duration log-softmax ([B, T, U + 1, D]) and every edge
+   weight leaving the node, token plus duration log-prob, into a buffer [B, 2 (blank, label), slots, T + U,
+   U + 1] laid out by anti-diagonal n = t + u, so that the nodes of one diagonal are contiguous;
 2. ``_lattice_kernel``, one program per utterance for alpha over the anti-diagonals (a block of u per
    step, all edges of a node in one [BLOCK_U, slots] tile: one coalesced load per edge kind and weight
    kind, one max and one exp per edge) and log P, and, when backward will run, a second one per utterance
    for beta over the diagonals in reverse, at the same time; alpha and beta are [B, T + U, U + 1] by
    diagonal too;
-3. ``_grad_kernel`` (backward only), one program per node: the edge weights again from the row's blank
-   and target logits (the lattice's buffer is freed after forward), the edge posteriors
-   exp(alpha + w + beta(destination) - log P), one lane per slot, and d loss / d logits, written once into
-   one buffer of the logits' size and dtype (no fp32 copy of the logits is ever made).
+3. ``_grad_kernel`` (backward only), one program per tile of ROWS nodes: the edge weights again from each
+   row's blank and target logits (the lattice's buffer is freed after forward), the edge posteriors
+   exp(alpha + w + beta(destination) - log P) in a [ROWS, slots] tile, and d loss / d logits, written once
+   into one buffer of the logits' size and dtype (no fp32 copy of the logits is ever made).
+
+Every per-node quantity of a tile (coordinates, lengths, normalizers, alpha, beta, edge weights) is a
+[ROWS] or [ROWS, slots] vector; nodes past the last one of the tensor are masked. A program issues its
+loads (a row that fits one block: its logit tile first) before it computes and stores, so that they are in
+flight together. ROWS is a power of two picked from the vocabulary block (:func:`_node_rows`);
+:func:`rows_per_program` overrides it, e.g. 1 for one node per program.
 
 A row may end in padding columns after the classes (a joint output padded to an aligned width): the
 kernels read the logits in place at that row stride and write a zero gradient for the padding. Every
@@ -42,7 +50,47 @@ from workbench.models.loss_inputs import reduce_losses as _reduce
 _LOG_ZERO = tl.constexpr(LOG_ZERO)
 _MAX_BLOCK_V = 4096  # vocabulary block of the per-node kernels (larger vocabularies loop)
 _MAX_BLOCK_U = 256   # label block of the per-utterance kernels (longer targets loop)
-_SHAPE_ARGS = ["T", "U1", "U", "NDIAG"]  # change with every batch: one compiled kernel for all their values
+_SHAPE_ARGS = ["NODES", "T", "U1", "U", "NDIAG"]  # change with every batch: one compiled kernel for all values
+_TILE_ELEMENTS = 8192  # logits per program of the per-node kernels: ROWS * BLOCK_V, at most
+_MAX_ROWS = 4          # nodes per program at most: every thread holds each node's own values (registers)
+_rows_setting: int | None = None  # rows_per_program's override (None: _node_rows picks)
+
+
+def _node_rows(block_v: int) -> int:
+    """Nodes per program of the per-node kernels (a power of two): the override of :func:`rows_per_program`,
+    else as many as make a tile of about ``_TILE_ELEMENTS`` logits, 1 to ``_MAX_ROWS``."""
+    if _rows_setting is not None:
+        return _rows_setting
+    return max(1, min(_MAX_ROWS, _TILE_ELEMENTS // block_v))
+
+
+def _vocab_block(num_tokens: int) -> int:
+    """BLOCK_V of the per-node kernels for rows of ``num_tokens`` token columns."""
+    return min(triton.next_power_of_2(num_tokens), _MAX_BLOCK_V)
+
+
+def node_rows(num_tokens: int) -> int:
+    """Lattice nodes per program the per-node kernels take now for rows of ``num_tokens`` token columns."""
+    return _node_rows(_vocab_block(num_tokens))
+
+
+def _node_warps(rows: int, block_v: int) -> int:
+    """Warps of a per-node program: 8 for a tile of ``_TILE_ELEMENTS`` logits or more, else 4."""
+    return 8 if rows * block_v >= _TILE_ELEMENTS else 4
+
+
+@contextlib.contextmanager
+def rows_per_program(rows: int):
+    """Run the per-node kernels with ``rows`` lattice nodes per program (a power of two) inside the block,
+    e.g. 1 for one node per program; the default choice is restored on exit."""
+    global _rows_setting
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1 or rows & (rows - 1):
+        raise ValueError(f"rows_per_program: expected a power of two >= 1, got {rows!r}")
+    saved, _rows_setting = _rows_setting, rows
+    try:
+        yield
+    finally:
+        _rows_setting = saved
 
 
 def _lattice_warps(block_u: int, block_s: int) -> int:
@@ -67,16 +115,23 @@ def _logsumexp_rows(xb, xl):
 
 
 @triton.jit
-def _node_coords(T, U1, logit_lengths_ptr, target_lengths_ptr):
-    """(b, t, u, T_b, U_b, on the utterance's lattice) of this program's node; all int64."""
-    row = tl.program_id(0).to(tl.int64)
+def _node_coords(row, NODES, T, U1, logit_lengths_ptr, target_lengths_ptr):
+    """(b, t, u, T_b, U_b, in the tensor, on the utterance's lattice) of the nodes ``row`` (int64, any shape)
+    of the [B, T, U + 1] lattice, NODES of them in all; all int64 but the masks."""
+    in_tensor = row < NODES
     b = row // (T * U1)
     rem = row % (T * U1)
     t = rem // U1
     u = rem % U1
-    t_len = tl.load(logit_lengths_ptr + b).to(tl.int64)
-    u_len = tl.load(target_lengths_ptr + b).to(tl.int64)
-    return row, b, t, u, t_len, u_len, (t < t_len) & (u <= u_len)
+    t_len = tl.load(logit_lengths_ptr + b, mask=in_tensor, other=0).to(tl.int64)
+    u_len = tl.load(target_lengths_ptr + b, mask=in_tensor, other=0).to(tl.int64)
+    return b, t, u, t_len, u_len, in_tensor, in_tensor & (t < t_len) & (u <= u_len)
+
+
+@triton.jit
+def _program_rows(ROWS: tl.constexpr):
+    """The node indices [ROWS] (int64) of this program's tile."""
+    return tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
 
 
 @triton.jit
@@ -99,45 +154,72 @@ def _slot_columns(edges_ptr, NS: tl.constexpr, BLOCK_S: tl.constexpr):
 
 @triton.jit(do_not_specialize=_SHAPE_ARGS)
 def _normalize_kernel(logits_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr, lse_ptr, weight_ptr,
-                      dur_ptr, T, U1, NDIAG, C, V_TOK, U, blank, sigma,
-                      ND: tl.constexpr, NS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr):
-    row, b, t, u, t_len, u_len, valid = _node_coords(T, U1, logit_lengths_ptr, target_lengths_ptr)
-    row_ptr = logits_ptr + row * C
-    offs = tl.arange(0, BLOCK_V)
-    m = tl.full([BLOCK_V], -3.0e38, tl.float32)
-    s = tl.zeros([BLOCK_V], tl.float32)
-    for v0 in range(0, V_TOK, BLOCK_V):
-        x = tl.load(row_ptr + v0 + offs, mask=valid & (v0 + offs < V_TOK), other=float("-inf")).to(tl.float32)
-        m, s = _lse_add(m, s, x)
-    m_all = tl.max(m, axis=0)
-    lse = tl.where(valid, m_all + tl.log(tl.where(valid, tl.sum(s * tl.exp(m - m_all), axis=0), 1.0)), 0.0)
-    tl.store(lse_ptr + row, lse)
-    slot = tl.arange(0, BLOCK_S)
+                      dur_ptr, NODES, T, U1, NDIAG, C, V_TOK, U, blank, sigma,
+                      ND: tl.constexpr, NS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr,
+                      ROWS: tl.constexpr, ONE_BLOCK: tl.constexpr):
+    row = _program_rows(ROWS)
+    b, t, u, t_len, u_len, in_tensor, valid = _node_coords(row, NODES, T, U1, logit_lengths_ptr, target_lengths_ptr)
+    row_ptr = logits_ptr + row * C  # [ROWS]
+    valid2 = valid[:, None]
+    offs = tl.arange(0, BLOCK_V)[None, :]
+    slot = tl.arange(0, BLOCK_S)[None, :]
     in_range = slot < NS
-    dur_logp = tl.zeros([BLOCK_S], tl.float32)
-    if ND > 0:  # the duration log-softmax; slot s is duration column s
-        dx = tl.load(row_ptr + V_TOK + slot, mask=valid & in_range, other=0.0).to(tl.float32)
+    # the loads first, none waiting on another but the label logit on its target; the stores last
+    if ONE_BLOCK:
+        x = tl.load(row_ptr[:, None] + offs, mask=valid2 & (offs < V_TOK), other=float("-inf")).to(tl.float32)
+    blank_logit, label_logit, target, has_label = _edge_logits(row_ptr, targets_ptr, b, u, U, u_len, in_tensor,
+                                                               valid, blank)
+    if ND > 0:  # slot s is duration column s
+        dx = tl.load(row_ptr[:, None] + V_TOK + slot, mask=valid2 & in_range, other=0.0).to(tl.float32)
+    if ONE_BLOCK:  # the whole row in one [ROWS, BLOCK_V] tile: max, then one exp per lane
+        m_all = tl.where(valid, tl.max(x, axis=1), 0.0)
+        total = tl.sum(tl.exp(x - m_all[:, None]), axis=1)
+    else:  # online over the row's blocks
+        m = tl.full([ROWS, BLOCK_V], -3.0e38, tl.float32)
+        s = tl.zeros([ROWS, BLOCK_V], tl.float32)
+        for v0 in range(0, V_TOK, BLOCK_V):
+            x = tl.load(row_ptr[:, None] + v0 + offs, mask=valid2 & (v0 + offs < V_TOK),
+                        other=float("-inf")).to(tl.float32)
+            m, s = _lse_add(m, s, x)
+        m_all = tl.max(m, axis=1)
+        total = tl.sum(s * tl.exp(m - m_all[:, None]), axis=1)
+    lse = tl.where(valid, m_all + tl.log(tl.where(valid, total, 1.0)), 0.0)  # [ROWS]
+    dur_logp = tl.zeros([ROWS, BLOCK_S], tl.float32)
+    if ND > 0:  # the duration log-softmax
         dx = tl.where(in_range, dx, float("-inf"))
-        dmax = tl.max(dx, axis=0)
-        dur_logp = tl.where(valid, dx - (dmax + tl.log(tl.sum(tl.exp(dx - dmax), axis=0))), 0.0)
-        tl.store(dur_ptr + row * ND + slot, dur_logp, mask=in_range)
+        dmax = tl.max(dx, axis=1)[:, None]
+        dur_logp = tl.where(valid2, dx - (dmax + tl.log(tl.sum(tl.exp(dx - dmax), axis=1)[:, None])), 0.0)
     # each slot's blank and label edge weight, on the skewed lattice (see _weight_index)
-    blank_w, label_w, _ = _edge_weights(row_ptr, targets_ptr, b, u, U, u_len, valid, lse, blank, sigma, dur_logp)
-    n = t + u
-    tl.store(weight_ptr + _weight_index(b, 0, slot, n, u, NS, NDIAG, U1), blank_w, mask=in_range)
-    tl.store(weight_ptr + _weight_index(b, 1, slot, n, u, NS, NDIAG, U1), label_w, mask=in_range)
+    blank_w, label_w = _edge_weights(blank_logit, label_logit, has_label, valid, lse, sigma, dur_logp)
+    stored = in_tensor[:, None] & in_range
+    tl.store(lse_ptr + row, lse, mask=in_tensor)
+    if ND > 0:
+        tl.store(dur_ptr + row[:, None] * ND + slot, dur_logp, mask=stored)
+    b2, n2, u2 = b[:, None], (t + u)[:, None], u[:, None]
+    tl.store(weight_ptr + _weight_index(b2, 0, slot, n2, u2, NS, NDIAG, U1), blank_w, mask=stored)
+    tl.store(weight_ptr + _weight_index(b2, 1, slot, n2, u2, NS, NDIAG, U1), label_w, mask=stored)
 
 
 @triton.jit
-def _edge_weights(row_ptr, targets_ptr, b, u, U, u_len, valid, lse, blank, sigma, dur_logp):
-    """(blank, label) edge weights [BLOCK_S] of one node, its token log-prob minus sigma plus each slot's
-    duration log-prob (LOG_ZERO where the node has no such edge), and its target (-1: none)."""
-    blank_logp = tl.load(row_ptr + blank, mask=valid, other=0.0).to(tl.float32) - lse - sigma
+def _edge_logits(row_ptr, targets_ptr, b, u, U, u_len, in_tensor, valid, blank):
+    """(blank logit, target logit, target (-1: none), has a label edge) of the nodes [ROWS], from their rows'
+    pointers and coordinates; each [ROWS], the logits in fp32 (0 where there is no such edge). The target is
+    read wherever it is in the targets tensor, without waiting for the lengths."""
+    blank_logit = tl.load(row_ptr + blank, mask=valid, other=0.0).to(tl.float32)
     has_label = valid & (u < u_len)
-    target = tl.load(targets_ptr + b * U + u, mask=has_label, other=0).to(tl.int64)
-    label_logp = tl.load(row_ptr + target, mask=has_label, other=0.0).to(tl.float32) - lse - sigma
-    return (tl.where(valid, blank_logp + dur_logp, _LOG_ZERO), tl.where(has_label, label_logp + dur_logp, _LOG_ZERO),
-            tl.where(has_label, target, -1))
+    target = tl.load(targets_ptr + b * U + u, mask=in_tensor & (u < U), other=0).to(tl.int64)
+    label_logit = tl.load(row_ptr + target, mask=has_label, other=0.0).to(tl.float32)
+    return blank_logit, label_logit, tl.where(has_label, target, -1), has_label
+
+
+@triton.jit
+def _edge_weights(blank_logit, label_logit, has_label, valid, lse, sigma, dur_logp):
+    """(blank, label) edge weights [ROWS, BLOCK_S] of the nodes [ROWS]: token log-prob minus sigma plus each
+    slot's duration log-prob, LOG_ZERO where a node has no such edge."""
+    blank_logp = blank_logit - lse - sigma
+    label_logp = label_logit - lse - sigma
+    return (tl.where(valid[:, None], blank_logp[:, None] + dur_logp, _LOG_ZERO),
+            tl.where(has_label[:, None], label_logp[:, None] + dur_logp, _LOG_ZERO))
 
 
 @triton.jit
@@ -232,51 +314,76 @@ def _beta(weight_ptr, beta_ptr, edges_ptr, NDIAG, U1, b, t_len, u_len,
 
 @triton.jit(do_not_specialize=_SHAPE_ARGS)
 def _grad_kernel(logits_ptr, grad_ptr, targets_ptr, logit_lengths_ptr, target_lengths_ptr, lse_ptr, dur_ptr,
-                 alpha_ptr, beta_ptr, ll_ptr, scale_ptr, edges_ptr, T, U1, NDIAG, C, V_TOK, U, blank, sigma,
-                 ND: tl.constexpr, NS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr):
-    row, b, t, u, t_len, u_len, valid = _node_coords(T, U1, logit_lengths_ptr, target_lengths_ptr)
+                 alpha_ptr, beta_ptr, ll_ptr, scale_ptr, edges_ptr, NODES, T, U1, NDIAG, C, V_TOK, U, blank, sigma,
+                 ND: tl.constexpr, NS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr,
+                 ROWS: tl.constexpr, ONE_BLOCK: tl.constexpr):
+    row = _program_rows(ROWS)
+    b, t, u, t_len, u_len, in_tensor, valid = _node_coords(row, NODES, T, U1, logit_lengths_ptr, target_lengths_ptr)
     n = t + u
-    log_p = tl.load(ll_ptr + b)
+    row_ptr = logits_ptr + row * C  # [ROWS]
+    offs = tl.arange(0, BLOCK_V)[None, :]
+    b2, t2, u2, n2, t_len2, u_len2, valid2 = b[:, None], t[:, None], u[:, None], n[:, None], t_len[:, None], \
+        u_len[:, None], valid[:, None]
+    if ONE_BLOCK:  # the row's tile first: its load overlaps the per-node loads below
+        z = tl.load(row_ptr[:, None] + offs, mask=valid2 & (offs < V_TOK), other=0.0).to(tl.float32)
+    log_p = tl.load(ll_ptr + b, mask=in_tensor, other=0.0)
     log_p = tl.where(log_p > _LOG_ZERO / 2, log_p, 0.0)  # an impossible utterance gets zero gradient
     alpha = tl.load(alpha_ptr + _lattice_index(b, n, u, NDIAG, U1), mask=valid, other=_LOG_ZERO) - log_p
-    lse = tl.load(lse_ptr + row)
-    row_ptr = logits_ptr + row * C
+    lse = tl.load(lse_ptr + row, mask=in_tensor, other=0.0)
+    scale = tl.load(scale_ptr + b, mask=in_tensor, other=0.0).to(tl.float32)[:, None]
     slot, in_range, blank_dur, label_dur = _slots(edges_ptr, NS, BLOCK_S)
-    dur_logp = tl.zeros([BLOCK_S], tl.float32)
+    slot, in_range, blank_dur, label_dur = slot[None, :], in_range[None, :], blank_dur[None, :], label_dur[None, :]
+    dur_logp = tl.zeros([ROWS, BLOCK_S], tl.float32)
     if ND > 0:
-        dur_logp = tl.load(dur_ptr + row * ND + slot, mask=valid & in_range, other=0.0)
-    # the edge weights again from this row (two logits; the lattice's copy is not kept for backward), then
-    # every edge leaving this node at once, one slot per lane: exp(alpha + w + beta(destination) - log P)
-    blank_w, label_w, target = _edge_weights(row_ptr, targets_ptr, b, u, U, u_len, valid, lse, blank, sigma,
-                                             dur_logp)
-    inner = valid & in_range & (blank_dur > 0) & (t + blank_dur < t_len)
-    ending = valid & in_range & (blank_dur > 0) & (t + blank_dur == t_len) & (u == u_len)
-    after = tl.load(beta_ptr + _lattice_index(b, n + blank_dur, u, NDIAG, U1), mask=inner, other=_LOG_ZERO)
-    blank_post = tl.where(inner | ending, tl.exp(alpha + blank_w + tl.where(inner, after, 0.0)), 0.0)
-    inner = valid & in_range & (t + label_dur < t_len) & (u < u_len)
-    after = tl.load(beta_ptr + _lattice_index(b, n + label_dur + 1, u + 1, NDIAG, U1), mask=inner,
-                    other=_LOG_ZERO)
-    label_post = tl.where(inner, tl.exp(alpha + label_w + after), 0.0)
-    blank_posterior = tl.sum(blank_post, axis=0)
-    label_posterior = tl.sum(label_post, axis=0)
+        dur_logp = tl.load(dur_ptr + row[:, None] * ND + slot, mask=valid2 & in_range, other=0.0)
+    # the edge weights again from these rows (two logits each; the lattice's copy is not kept for backward),
+    # then every edge leaving each node at once, one slot per lane: exp(alpha + w + beta(destination) - log P)
+    blank_logit, label_logit, target, has_label = _edge_logits(row_ptr, targets_ptr, b, u, U, u_len, in_tensor,
+                                                               valid, blank)
+    inner_blank = valid2 & in_range & (blank_dur > 0) & (t2 + blank_dur < t_len2)
+    ending = valid2 & in_range & (blank_dur > 0) & (t2 + blank_dur == t_len2) & (u2 == u_len2)
+    after_blank = tl.load(beta_ptr + _lattice_index(b2, n2 + blank_dur, u2, NDIAG, U1), mask=inner_blank,
+                          other=_LOG_ZERO)
+    inner_label = valid2 & in_range & (t2 + label_dur < t_len2) & (u2 < u_len2)
+    after_label = tl.load(beta_ptr + _lattice_index(b2, n2 + label_dur + 1, u2 + 1, NDIAG, U1), mask=inner_label,
+                          other=_LOG_ZERO)
+    blank_w, label_w = _edge_weights(blank_logit, label_logit, has_label, valid, lse, sigma, dur_logp)
+    blank_post = tl.where(inner_blank | ending,
+                          tl.exp(alpha[:, None] + blank_w + tl.where(inner_blank, after_blank, 0.0)), 0.0)
+    label_post = tl.where(inner_label, tl.exp(alpha[:, None] + label_w + after_label), 0.0)
+    blank_posterior = tl.sum(blank_post, axis=1)[:, None]  # [ROWS, 1]
+    label_posterior = tl.sum(label_post, axis=1)[:, None]
     occupancy = blank_posterior + label_posterior
-    scale = tl.load(scale_ptr + b).to(tl.float32)
-    grad_row = grad_ptr + row * C
-    offs = tl.arange(0, BLOCK_V)
-    for v0 in range(0, V_TOK, BLOCK_V):
-        v = v0 + offs
-        in_vocab = v < V_TOK
-        z = tl.load(row_ptr + v, mask=valid & in_vocab, other=0.0).to(tl.float32)
-        g = occupancy * tl.exp(z - lse) - tl.where(v == blank, blank_posterior, 0.0) \
-            - tl.where(v == target, label_posterior, 0.0)
-        tl.store(grad_row + v, tl.where(valid, g * scale, 0.0).to(grad_ptr.dtype.element_ty), mask=in_vocab)
+    grad_row = (grad_ptr + row * C)[:, None]
+    row_ptr, lse, target, written = row_ptr[:, None], lse[:, None], target[:, None], in_tensor[:, None]
+    if ONE_BLOCK:
+        g = _token_grad(z, offs, occupancy, lse, blank, blank_posterior, target, label_posterior)
+        tl.store(grad_row + offs, tl.where(valid2, g * scale, 0.0).to(grad_ptr.dtype.element_ty),
+                 mask=written & (offs < V_TOK))
+    else:
+        for v0 in range(0, V_TOK, BLOCK_V):
+            v = v0 + offs
+            in_vocab = v < V_TOK
+            z = tl.load(row_ptr + v, mask=valid2 & in_vocab, other=0.0).to(tl.float32)
+            g = _token_grad(z, v, occupancy, lse, blank, blank_posterior, target, label_posterior)
+            tl.store(grad_row + v, tl.where(valid2, g * scale, 0.0).to(grad_ptr.dtype.element_ty),
+                     mask=written & in_vocab)
     if ND > 0:  # slot s is duration column s: both its edges' posteriors
         g = occupancy * tl.exp(dur_logp) - (blank_post + label_post)
-        tl.store(grad_row + V_TOK + slot, tl.where(valid, g * scale, 0.0).to(grad_ptr.dtype.element_ty),
-                 mask=in_range)
-    for v0 in range(V_TOK + ND, C, BLOCK_V):  # the row's padding columns past the classes: zero gradient
+        tl.store(grad_row + V_TOK + slot, tl.where(valid2, g * scale, 0.0).to(grad_ptr.dtype.element_ty),
+                 mask=written & in_range)
+    for v0 in range(V_TOK + ND, C, BLOCK_V):  # the rows' padding columns past the classes: zero gradient
         v = v0 + offs
-        tl.store(grad_row + v, tl.zeros([BLOCK_V], tl.float32).to(grad_ptr.dtype.element_ty), mask=v < C)
+        tl.store(grad_row + v, tl.zeros([ROWS, BLOCK_V], tl.float32).to(grad_ptr.dtype.element_ty),
+                 mask=written & (v < C))
+
+
+@triton.jit
+def _token_grad(z, v, occupancy, lse, blank, blank_posterior, target, label_posterior):
+    """d loss / d logits (before the utterance's scale) of token columns v [1, BLOCK_V] of logits z [ROWS,
+    BLOCK_V]: occupancy * softmax minus the blank and target edges' posteriors ([ROWS, 1] each)."""
+    return occupancy * tl.exp(z - lse) - tl.where(v == blank, blank_posterior, 0.0) \
+        - tl.where(v == target, label_posterior, 0.0)
 
 
 class _TritonTransducerLoss(torch.autograd.Function):
@@ -303,12 +410,15 @@ class _TritonTransducerLoss(torch.autograd.Function):
         target_lengths = target_lengths.to(device=device, dtype=torch.int64).contiguous()
         edges = _edge_tensor(slots, device)
         rows = batch * num_frames * num_cols
-        block_v = min(triton.next_power_of_2(num_tokens), _MAX_BLOCK_V)
+        block_v = _vocab_block(num_tokens)
         block_s = triton.next_power_of_2(num_slots)
         block_u = min(triton.next_power_of_2(num_cols), _MAX_BLOCK_U)
-        _normalize_kernel[(rows,)](logits, targets, logit_lengths, target_lengths, lse, weights, dur_logp,
-                                   num_frames, num_cols, num_diagonals, row_stride, num_tokens, num_cols - 1, blank,
-                                   float(sigma), ND=num_dur, NS=num_slots, BLOCK_V=block_v, BLOCK_S=block_s)
+        tile_rows = _node_rows(block_v)
+        _normalize_kernel[(triton.cdiv(rows, tile_rows),)](
+            logits, targets, logit_lengths, target_lengths, lse, weights, dur_logp, rows, num_frames, num_cols,
+            num_diagonals, row_stride, num_tokens, num_cols - 1, blank, float(sigma), ND=num_dur, NS=num_slots,
+            BLOCK_V=block_v, BLOCK_S=block_s, ROWS=tile_rows, ONE_BLOCK=num_tokens <= block_v,
+            num_warps=_node_warps(tile_rows, block_v))
         alpha = torch.empty(batch, num_diagonals, num_cols, **small)
         beta = torch.empty_like(alpha)
         log_likelihood = torch.empty(batch, **small)
@@ -317,7 +427,7 @@ class _TritonTransducerLoss(torch.autograd.Function):
             NS=num_slots, BLOCK_S=block_s, BLOCK_U=block_u, num_warps=_lattice_warps(block_u, block_s))
         ctx.save_for_backward(logits, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta,
                               log_likelihood, edges)  # not the edge weights: backward reads them from the logits
-        ctx.sizes = (blank, num_tokens, float(sigma), block_v, block_s, num_dur, num_slots)
+        ctx.sizes = (blank, num_tokens, float(sigma), block_v, block_s, num_dur, num_slots, tile_rows)
         return -log_likelihood
 
     @staticmethod
@@ -327,14 +437,16 @@ class _TritonTransducerLoss(torch.autograd.Function):
                                "analytically); use create_graph=False")
         (logits, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta, log_likelihood,
          edges) = ctx.saved_tensors
-        blank, num_tokens, sigma, block_v, block_s, num_dur, num_slots = ctx.sizes
+        blank, num_tokens, sigma, block_v, block_s, num_dur, num_slots, tile_rows = ctx.sizes
         batch, num_frames, num_cols, row_stride = logits.shape
         grad = torch.empty_like(logits)
         scale = grad_output.to(torch.float32).contiguous()
-        _grad_kernel[(batch * num_frames * num_cols,)](
+        rows = batch * num_frames * num_cols
+        _grad_kernel[(triton.cdiv(rows, tile_rows),)](
             logits, grad, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta, log_likelihood,
-            scale, edges, num_frames, num_cols, alpha.shape[1], row_stride, num_tokens, num_cols - 1, blank, sigma,
-            ND=num_dur, NS=num_slots, BLOCK_V=block_v, BLOCK_S=block_s)
+            scale, edges, rows, num_frames, num_cols, alpha.shape[1], row_stride, num_tokens, num_cols - 1, blank,
+            sigma, ND=num_dur, NS=num_slots, BLOCK_V=block_v, BLOCK_S=block_s, ROWS=tile_rows,
+            ONE_BLOCK=num_tokens <= block_v, num_warps=_node_warps(tile_rows, block_v))
         return grad, None, None, None, None, None, None, None, None, None
 
 

@@ -57,11 +57,27 @@ class ChunkedStep:
 
 
 @dataclass
+class RowsComparison:
+    """Our RNN-T loss (forward + backward) with one lattice node per program of the per-node kernels against
+    the tiles it takes by default, on the same logits, timed alternately in one run."""
+    shape: list[int]                     # [B, T, U, V]
+    dtype: str                           # logits dtype
+    backend: str                         # loss_backend's reason line (the torch backend has no kernels)
+    default_rows: int                    # nodes per program by default (losses_triton.node_rows)
+    one_row_s: dict | None = None        # summarize() of the one-row calls
+    default_rows_s: dict | None = None   # summarize() of the default-tile calls
+    default_over_one_row: float | None = None  # median time ratio (below 1: the tiles are faster)
+    by_rows_s: dict | None = None        # nodes per program (str) -> summarize() of its calls, the sweep's too
+    error: str | None = None
+
+
+@dataclass
 class LossesRecord:
     smoke: bool
     runs: list[LossRun] = field(default_factory=list)
     agreements: list[Agreement] = field(default_factory=list)
     chunked: list[ChunkedStep] = field(default_factory=list)
+    rows: list[RowsComparison] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     wall_seconds: float = 0.0
 
@@ -170,9 +186,26 @@ def summary_lines(figures: dict) -> list[str]:
     for step in figures["chunked"]:
         out.append(f"- {step['model']} {step['dtype']} B={step['batch_size']} {step['duration_s']:g} s "
                    f"U={step['num_tokens']} joint_chunk_size={step['joint_chunk_size']}: {_step_result(step)}")
+    out += [f"- {rows_line(c)}" for c in figures.get("rows", [])]  # records before the tiles have none
     out.append(f"- targets: {figures['targets']}")
     out.append(f"- failures: {figures['failures'] or 'none'}")
     return out
+
+
+def rows_line(comparison: dict) -> str:
+    """One rows comparison: "ours-rnnt rows per program bf16 B=.. T=.. U=.. V=..: 1 row X, N rows (default) Y,
+    the ratio; other rows: R: Z, ..."."""
+    c = comparison
+    b, t, u, v = c["shape"]
+    head = f"ours-rnnt rows per program {c['dtype']} B={b} T={t} U={u} V={v}"
+    if c["error"]:
+        return f"{head}: failed ({c['error'][:60]})"
+    ratio = "-" if c["default_over_one_row"] is None else f"{c['default_over_one_row']:.2f}"
+    others = [f"{rows}: {_ms({'time_s': t})}" for rows, t in (c.get("by_rows_s") or {}).items()
+              if int(rows) not in (1, c["default_rows"])]
+    return (f"{head}: 1 row {_ms({'time_s': c['one_row_s']})}, {c['default_rows']} rows (default) "
+            f"{_ms({'time_s': c['default_rows_s']})}, {c['default_rows']} rows / 1 row {ratio}"
+            + (f"; other rows {', '.join(others)}" if others else "") + f" ({c['backend']})")
 
 
 def kernel_line(run: dict, top: int = 4) -> str:
@@ -199,6 +232,7 @@ def table(figures: dict) -> str:
                      + "".join(f" {_ms(_run(figures, impl, shape, dtype), 16):>27}" for _, impl, dtype in columns)
                      + f"{'-' if memory is None else f'{memory:.2f}':>13}")
     lines += [kernel_line(run) for run in figures["runs"] if run.get("kernels") and run["kernels"].get("top")]
+    lines += [rows_line(c) for c in figures.get("rows", [])]
     for step in figures["chunked"]:
         lines.append(f"{step['model']} B={step['batch_size']} joint_chunk_size={step['joint_chunk_size']}: "
                      f"{_step_result(step)}")

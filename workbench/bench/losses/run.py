@@ -7,8 +7,11 @@ In one run on one GPU, forward + backward (the gradient w.r.t. the logits), voca
    time (CUDA events, warm-up, median and spread), peak memory above the inputs, and whether losses and
    gradients agree; ours also on bf16 logits;
 2. our TDT loss (durations 0-4) on the same shapes;
-3. large-rnnt training steps (bf16, B=64 of 15 s, 120 tokens) with the joint whole and in chunks;
-4. B=128, T=188, U=120 (2.98e9 logits, past 2**31): ours here, then torchaudio last, in a subprocess
+3. our RNN-T loss with one lattice node per program of its per-node kernels against its default tile of
+   nodes (and 2, 4, 8 nodes), timed in turn on the same logits: fp32 at B=16, T=188, U=120 and bf16 at
+   B=24, T=500, U=499 (40 s of large-rnnt frames);
+4. large-rnnt training steps (bf16, B=64 of 15 s, 120 tokens) with the joint whole and in chunks;
+5. B=128, T=188, U=120 (2.98e9 logits, past 2**31): ours here, then torchaudio last, in a subprocess
    (its illegal memory access would poison this process's CUDA context).
 Writes <out>/losses.json; exits 1 when ours fails or disagrees with torchaudio (targets are reported, not
 enforced).
@@ -27,7 +30,7 @@ import time
 import torch
 
 from workbench.bench.losses.record import Agreement, ChunkedStep, LossesRecord, LossRun, table
-from workbench.bench.losses.worker import loss_function, loss_inputs, measure
+from workbench.bench.losses.worker import compare_rows, loss_function, loss_inputs, measure
 from workbench.bench.results import (REPO_ROOT, bench_device, check_smoke_out, cpu_smoke_torch, cuda_missing,
                                      report_failures, timer_for, write_result)
 
@@ -36,11 +39,13 @@ COMPARE_SHAPES = [[16, 188, 120, VOCAB], [64, 70, 69, VOCAB]]  # [B, T, U, V]
 LARGE_SHAPE = [128, 188, 120, VOCAB]
 CHUNKED_STEP = ("large-rnnt", 64, 15.0, 120)  # model, batch, seconds, tokens
 CHUNK_SIZES = [0, 16, 8]
+ROWS_SHAPES = [([16, 188, 120, VOCAB], torch.float32), ([24, 500, 499, VOCAB], torch.bfloat16)]
 SMOKE_COMPARE_SHAPES = [[2, 6, 3, 8], [3, 4, 2, 8]]
+SMOKE_ROWS_SHAPES = [([2, 6, 3, 8], torch.float32), ([3, 5, 4, 8], torch.bfloat16)]
 SMOKE_LARGE_SHAPE = [2, 5, 3, 8]
 SMOKE_CHUNKED_STEP = ("tiny-rnnt", 4, 1.0, 8)
 SMOKE_CHUNK_SIZES = [0, 2]
-PARTS = ("compare", "tdt", "chunked", "large")
+PARTS = ("compare", "tdt", "rows", "chunked", "large")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -163,6 +168,10 @@ def measure_all(args, device) -> LossesRecord:
             if "compare" not in args.parts:
                 record.runs.append(measure("ours-rnnt", shape, device, repeat=repeat))
             record.runs.append(measure("ours-tdt", shape, device, repeat=repeat))
+    if "rows" in args.parts:
+        for shape, dtype in SMOKE_ROWS_SHAPES if args.smoke else ROWS_SHAPES:
+            record.rows.append(compare_rows(shape, device, dtype=dtype, repeat=repeat))
+            _release()
     if "chunked" in args.parts:
         chunked_steps(record, SMOKE_CHUNKED_STEP if args.smoke else CHUNKED_STEP,
                       SMOKE_CHUNK_SIZES if args.smoke else CHUNK_SIZES, device, smoke=args.smoke)
@@ -173,6 +182,8 @@ def measure_all(args, device) -> LossesRecord:
         record.runs.append(torchaudio_in_subprocess(large, repeat=min(repeat, 3)))
     record.failures += [f"{r.impl} {r.dtype} at {r.shape}: {r.error}" for r in record.runs
                         if r.impl.startswith("ours") and r.error]
+    record.failures += [f"ours-rnnt rows per program {c.dtype} at {c.shape}: {c.error}" for c in record.rows
+                        if c.error]
     return record
 
 
@@ -193,11 +204,13 @@ def main(argv: list[str] | None = None) -> int:
     record.wall_seconds = time.perf_counter() - started
     figures = record.to_figures()
     figures["smoke"] = args.smoke
-    what = ("transducer losses: ours (Triton) vs torchaudio rnnt_loss, TDT vs RNN-T, chunked joint in a training "
-            "step")
+    what = ("transducer losses: ours (Triton) vs torchaudio rnnt_loss, TDT vs RNN-T, one node per program vs "
+            "tiles of nodes, chunked joint in a training step")
     params = {"smoke": args.smoke, "parts": args.parts, "repeat": args.repeat, "vocab": VOCAB,
               "compare_shapes": SMOKE_COMPARE_SHAPES if args.smoke else COMPARE_SHAPES,
               "large_shape": SMOKE_LARGE_SHAPE if args.smoke else LARGE_SHAPE,
+              "rows_shapes": [[shape, str(dtype).removeprefix("torch.")]
+                              for shape, dtype in (SMOKE_ROWS_SHAPES if args.smoke else ROWS_SHAPES)],
               "chunked_step": SMOKE_CHUNKED_STEP if args.smoke else CHUNKED_STEP,
               "chunk_sizes": SMOKE_CHUNK_SIZES if args.smoke else CHUNK_SIZES}
     if args.smoke and device.type != "cuda":

@@ -9,15 +9,17 @@ past 2**31 logit elements, which leaves the CUDA context unusable: in a subproce
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
 import json
 from typing import Callable
 
 import torch
 
 from workbench.bench.losses.cost import kernel_work
-from workbench.bench.losses.record import LossRun
-from workbench.bench.results import bench_device, timer_for
+from workbench.bench.losses.record import LossRun, RowsComparison
+from workbench.bench.results import bench_device, summarize, timer_for
 
 IMPLS = ("ours-rnnt", "ours-tdt", "torchaudio-rnnt")
 TDT_DURATIONS = (0, 1, 2, 3, 4)
@@ -113,6 +115,46 @@ def measure(impl: str, shape: list[int], device: torch.device, *, dtype: torch.d
     except Exception as e:  # noqa: BLE001 - recorded, e.g. torchaudio past 2**31 elements
         run.error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
     return run
+
+
+ROWS_SWEEP = (1, 2, 4, 8)  # nodes per program that compare_rows times besides the default
+
+
+def compare_rows(shape: list[int], device: torch.device, *, dtype: torch.dtype = torch.float32, repeat: int,
+                 warmup: int = 1, sweep: tuple[int, ...] = ROWS_SWEEP) -> RowsComparison:
+    """Our RNN-T loss's forward + backward on one set of logits with the default tile of nodes per program
+    of the per-node kernels and with each count in ``sweep`` (1 among them), in turn, each call timed on
+    its own (the order reverses every round); an exception becomes the comparison's ``error``."""
+    from workbench.models import losses_triton
+
+    vocab = shape[3]
+    comparison = RowsComparison(shape=list(shape), dtype=str(dtype).removeprefix("torch."), backend="?",
+                                default_rows=losses_triton.node_rows(vocab + 1))
+    settings = {rows: functools.partial(losses_triton.rows_per_program, rows) for rows in (1, *sweep)}
+    settings[comparison.default_rows] = contextlib.nullcontext  # the default as the loss picks it
+    samples: dict[int, list[float]] = {rows: [] for rows in settings}
+    try:
+        inputs = loss_inputs("ours-rnnt", shape, device, dtype)
+        fn = loss_function("ours-rnnt", vocab)
+        comparison.backend = backend_line("ours-rnnt", inputs[0])
+
+        def step():
+            torch.autograd.grad(fn(*inputs), inputs[0])
+
+        timer = timer_for(device)
+        for i in range(warmup + repeat):
+            for rows in list(settings)[::1 if i % 2 == 0 else -1]:
+                with settings[rows]():
+                    seconds = timer(step, repeat=1, warmup=0)["median"]
+                if i >= warmup:
+                    samples[rows].append(seconds)
+        comparison.one_row_s = summarize(samples[1])
+        comparison.default_rows_s = summarize(samples[comparison.default_rows])
+        comparison.default_over_one_row = comparison.default_rows_s["median"] / comparison.one_row_s["median"]
+        comparison.by_rows_s = {str(rows): summarize(samples[rows]) for rows in sorted(samples)}
+    except Exception as e:  # noqa: BLE001 - recorded, e.g. out of memory at the long shape
+        comparison.error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+    return comparison
 
 
 def main(argv: list[str] | None = None) -> int:
