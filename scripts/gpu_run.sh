@@ -151,7 +151,7 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
                       run_stage models_depthwise 330 python3 -m workbench.bench.models --depthwise triton \
                         --only-profile-shapes --models large-rnnt large-tdt xl-aed --name models_depthwise \
                         --out "$RESULTS" ;;
-    losses)           run_stage losses 150 python3 -m workbench.bench.losses --out "$RESULTS" ;;
+    losses)           run_stage losses 240 python3 -m workbench.bench.losses --out "$RESULTS" ;;  # with the rows part
     oomptimizer)      run_stage oomptimizer 360 python3 -m workbench.bench.oomptimizer --out "$RESULTS" ;;
     oomptimizer-rnnt) run_stage oomptimizer_rnnt 540 python3 -m workbench.bench.oomptimizer --part rnnt \
                         --time-limit-s $(( b - 30 )) --out "$RESULTS" ;;
