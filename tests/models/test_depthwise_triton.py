@@ -156,6 +156,8 @@ def test_weight_gradient_is_split_over_pixel_ranges_and_deterministic(monkeypatc
     first = value_and_grads(depthwise_triton.depthwise_conv3x3_s2_triton, x, weight, bias, upstream)
     again = value_and_grads(depthwise_triton.depthwise_conv3x3_s2_triton, x, weight, bias, upstream)
     assert all(torch.equal(a, b) for a, b in zip(first, again))
+    for name, g, w in zip(("output", "grad x", "grad weight", "grad bias"), first, reference(x, weight, bias, upstream)):
+        torch.testing.assert_close(g.double(), w, rtol=1e-5, atol=1e-5, msg=name)  # the 3 ranges' sums add up
 
 
 def test_bad_inputs_are_refused_in_one_line():
