@@ -37,11 +37,16 @@ def sinusoidal_positions(num_positions: int, dim: int, device, dtype) -> torch.T
     return codes.to(dtype)
 
 
+def depthwise_unavailable_reason(device: torch.device | str) -> str | None:
+    """Why ``depthwise="triton"`` cannot run on ``device`` (one line), or None when it can."""
+    return triton_unavailable_reason(device, kernels_module="workbench.models.depthwise_triton")
+
+
 def depthwise_conv3x3_s2(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.conv2d(x, weight, bias, stride=2, padding=1, groups=C)`` by the Triton kernels of
     :mod:`workbench.models.depthwise_triton` (channels-last output); a one-line ValueError when they cannot
     run on x's device (CUDA, or the CPU under Triton's interpreter)."""
-    problem = triton_unavailable_reason(x.device, kernels_module="workbench.models.depthwise_triton")
+    problem = depthwise_unavailable_reason(x.device)
     if problem:
         raise ValueError(f"depthwise='triton': {problem}")
     from workbench.models.depthwise_triton import depthwise_conv3x3_s2_triton

@@ -60,8 +60,8 @@ from workbench.bench.results import (RESULTS_DIR, bench_device, check_smoke_out,
 from workbench.memory.oom import is_oom_error, release_memory
 from workbench.models import build_model, compile_encoder_layers, count_parameters, rnnt_loss
 from workbench.models.config import DEPTHWISE
+from workbench.models.encoder import depthwise_unavailable_reason
 from workbench.models.model import DTYPES
-from workbench.triton_support import triton_unavailable_reason
 
 MODELS = ["large-rnnt", "large-tdt", "large-aed", "xl-aed"]
 SHAPES = [(32, 5.0, 40), (16, 15.0, 120), (8, 30.0, 240)]  # (batch, seconds, tokens): worst case of a bucket
@@ -436,7 +436,7 @@ def run(args, device: torch.device) -> int:
     :func:`profile_shapes_for`) on ``device``; writes models.json, returns the exit code."""
     models = args.models
     if getattr(args, "depthwise", "torch") == "triton":
-        problem = triton_unavailable_reason(device, kernels_module="workbench.models.depthwise_triton")
+        problem = depthwise_unavailable_reason(device)
         if problem:
             print(f"--depthwise triton: {problem}", file=sys.stderr)
             return 2
