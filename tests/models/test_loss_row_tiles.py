@@ -131,7 +131,7 @@ def test_rows_past_the_row_blocks_loop_too(monkeypatch, launches):
 
 
 def test_the_default_tile_and_its_warps_follow_the_vocabulary_block(launches):
-    assert [losses_triton._node_rows(v) for v in (8192, 4096, 2048, 1024, 8)] == [1, 2, 4, 4, 4]
+    assert [losses_triton._node_rows(v) for v in (8192, 4096, 2048, 1024, 8)] == [1, 2, 2, 2, 2]
     assert [losses_triton._node_warps(r, v) for r, v in ((4, 2048), (2, 4096), (1, 2048), (1, 4096), (4, 1024))] == \
         [8, 8, 4, 4, 4]
     logits, *rest = batch(VOCAB + 1, seed=4)
@@ -145,8 +145,8 @@ def test_rows_per_program_refuses_what_is_no_power_of_two_and_restores_the_defau
         with pytest.raises(ValueError, match=r"^rows_per_program: expected a power of two >= 1, got "):
             with rows_per_program(bad):
                 pass
-    with rows_per_program(2):
+    with rows_per_program(1):
         with rows_per_program(32):
             assert losses_triton._node_rows(1024) == 32
-        assert losses_triton._node_rows(1024) == 2
-    assert losses_triton._node_rows(1024) == 4
+        assert losses_triton._node_rows(1024) == 1
+    assert losses_triton._node_rows(1024) == 2
