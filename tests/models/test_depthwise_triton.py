@@ -190,11 +190,11 @@ def test_the_dispatch_on_cpu_without_the_interpreter_says_how_to_get_it(compile_
 
 
 def test_depthwise_option_is_checked_where_it_is_given():
-    with pytest.raises(ValueError, match=r"^depthwise: expected one of \('torch', 'triton'\), got 'cudnn'$"):
+    with pytest.raises(ValueError, match=r"^depthwise: expected one of \('auto', 'torch', 'triton'\), got 'cudnn'$"):
         Subsampling(16, 8, 12, depthwise="cudnn")
-    with pytest.raises(ValueError, match=r"^depthwise: expected one of \('torch', 'triton'\), got 'cudnn'$"):
+    with pytest.raises(ValueError, match=r"^depthwise: expected one of \('auto', 'torch', 'triton'\), got 'cudnn'$"):
         ModelConfig(head="ctc", vocab_size=4, depthwise="cudnn")
-    assert ModelConfig(head="ctc", vocab_size=4).depthwise == "torch"  # the default is unchanged behaviour
+    assert ModelConfig(head="ctc", vocab_size=4).depthwise == "auto"
 
 
 def _subsampling_pass(sub, features, lengths):
@@ -228,7 +228,7 @@ def test_subsampling_with_triton_depthwise_equals_the_default(channels_last, mon
 
 def test_build_model_threads_the_option_to_the_subsampling():
     default, with_triton = build_model("tiny-ctc"), build_model("tiny-ctc", depthwise="triton")
-    assert default.config.depthwise == default.encoder.subsampling.depthwise == "torch"
+    assert default.config.depthwise == default.encoder.subsampling.depthwise == "auto"
     assert with_triton.config.depthwise == with_triton.encoder.subsampling.depthwise == "triton"
     assert list(with_triton.state_dict()) == list(default.state_dict())
 
@@ -364,3 +364,26 @@ def test_gpu_subsampling_with_triton_depthwise_is_as_close_to_float64_as_cudnn_u
                        for n, o, c in zip(names, ours, cudnn))
     print(report)
     assert all(o[0] <= max(2 * c[0], 1e-2) for o, c in zip(ours, cudnn)), report
+
+
+def test_auto_takes_torch_off_cuda_even_where_the_interpreter_could_run_the_kernels(monkeypatch):
+    from workbench.models.encoder import depthwise_backend
+
+    assert depthwise_backend("auto", "cpu") == "torch"
+    assert depthwise_backend("torch", "cuda") == "torch" and depthwise_backend("triton", "cpu") == "triton"
+    calls = []
+    apply = depthwise_triton._DepthwiseConv3x3S2.apply
+    monkeypatch.setattr(depthwise_triton._DepthwiseConv3x3S2, "apply", lambda *a: calls.append(1) or apply(*a))
+    sub = Subsampling(n_mels=16, channels=8, d_model=12)
+    sub(torch.randn(2, 20, 16), torch.tensor([20, 11]))
+    assert sub.depthwise == "auto" and calls == []
+
+
+@pytest.mark.gpu
+def test_gpu_the_default_model_runs_the_triton_depthwise_kernels_on_cuda(monkeypatch):
+    calls = []
+    apply = depthwise_triton._DepthwiseConv3x3S2.apply
+    monkeypatch.setattr(depthwise_triton._DepthwiseConv3x3S2, "apply", lambda *a: calls.append(1) or apply(*a))
+    sub = Subsampling(n_mels=80, channels=64, d_model=128).cuda()
+    sub(torch.randn(2, 100, 80, device="cuda"), torch.tensor([100, 60], device="cuda"))
+    assert len(calls) == 2  # the two depthwise stages

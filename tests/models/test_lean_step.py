@@ -171,7 +171,9 @@ def test_encoder_and_decoder_equal_the_previous_formulation_on_padded_batches(dt
         before_grads = torch.autograd.grad(before.square().sum() + before_logits.square().sum(),
                                            list(model.parameters()))
         for g, b in zip(grads, before_grads):
-            torch.testing.assert_close(g, b, rtol=1e-4, atol=1e-5)
+            # different summation orders: the bound grows with the tensor's scale (an element that cancels
+            # can miss a fixed 1e-5)
+            torch.testing.assert_close(g, b, rtol=1e-4, atol=1e-5 + 1e-4 * b.abs().max().item())
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
@@ -335,7 +337,7 @@ def test_gpu_subsampling_depthwise_convolutions_run_in_cudnn_and_equal_the_defau
     from workbench.models.encoder import Subsampling
 
     torch.manual_seed(0)
-    sub = Subsampling(n_mels=80, channels=64, d_model=128).cuda()
+    sub = Subsampling(n_mels=80, channels=64, d_model=128, depthwise="torch").cuda()
     features = torch.randn(8, 400, 80, device="cuda")
     lengths = torch.tensor([400, 380, 300, 250, 200, 150, 100, 33], device="cuda")
     sub.channels_last = False

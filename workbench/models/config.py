@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 HEADS = ("rnnt", "tdt", "ctc", "aed")
-DEPTHWISE = ("torch", "triton")  # what runs the subsampling's depthwise convolutions
+DEPTHWISE = ("auto", "torch", "triton")  # what runs the subsampling's depthwise convolutions (auto: triton on CUDA)
 SIZES = ("tiny", "large", "xl")
 
 
@@ -26,7 +26,7 @@ class ModelConfig:
     hop_length: int = 160            # frame shift in samples (10 ms); 8x subsampling -> 80 ms per encoder frame
     # encoder: 8x depthwise-separable subsampling, then conformer blocks
     subsampling_channels: int = 256  # conv channels of the subsampling stack
-    depthwise: str = "torch"         # its depthwise 3x3 stride-2 convs: torch (nn.Conv2d) | triton (CUDA kernels)
+    depthwise: str = "auto"          # its depthwise 3x3 stride-2 convs: auto | torch (nn.Conv2d) | triton (kernels)
     d_model: int = 512               # encoder width
     num_layers: int = 17             # conformer blocks
     num_heads: int = 8               # self-attention heads
@@ -91,10 +91,10 @@ BUILDERS = {"tiny": tiny_config, "large": large_config, "xl": xl_config}
 
 
 def config_from_name(name: str, *, vocab_size: int | None = None, joint_chunk_size: int = 0,
-                     depthwise: str = "torch") -> ModelConfig:
+                     depthwise: str = "auto") -> ModelConfig:
     """ModelConfig for "{tiny,large,xl}-{rnnt,tdt,ctc,aed}"; vocab_size overrides the builder's;
     joint_chunk_size (transducers) computes the joint and loss over chunks of that many utterances;
-    depthwise="triton" runs the subsampling's depthwise convolutions by the Triton kernels."""
+    depthwise: what runs the subsampling's depthwise convolutions (see :func:`workbench.models.encoder.depthwise_backend`)."""
     size, _, head = name.partition("-")
     if size not in BUILDERS or head not in HEADS:
         raise ValueError(f"model name: expected '{{{','.join(SIZES)}}}-{{{','.join(HEADS)}}}', got {name!r}")

@@ -42,6 +42,16 @@ def depthwise_unavailable_reason(device: torch.device | str) -> str | None:
     return triton_unavailable_reason(device, kernels_module="workbench.models.depthwise_triton")
 
 
+def depthwise_backend(depthwise: str, device: torch.device | str) -> str:
+    """What runs the subsampling's depthwise convolutions on ``device`` for the option ``depthwise``:
+    "torch" or "triton" as given; "auto" takes the Triton kernels on CUDA when they can run there (on the
+    H200 they took the B=2407 x 3.3 s large-rnnt step from 725 to 542 ms), else torch's convolutions."""
+    if depthwise != "auto":
+        return depthwise
+    device = torch.device(device)
+    return "triton" if device.type == "cuda" and depthwise_unavailable_reason(device) is None else "torch"
+
+
 def depthwise_conv3x3_s2(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.conv2d(x, weight, bias, stride=2, padding=1, groups=C)`` by the Triton kernels of
     :mod:`workbench.models.depthwise_triton` (channels-last output); a one-line ValueError when they cannot
@@ -61,10 +71,11 @@ class Subsampling(nn.Module):
     ``channels_last`` (None: on CUDA): the convolutions run on channels-last activations, which sends the
     depthwise ones to cuDNN (for bf16 in the default layout PyTorch runs its own, much slower, kernel).
     ``depthwise``: "torch" runs the depthwise convolutions by their nn.Conv2d modules; "triton" by
-    :func:`depthwise_conv3x3_s2` on the same modules' weight and bias (same parameters and state_dict)."""
+    :func:`depthwise_conv3x3_s2` on the same modules' weight and bias (same parameters and state_dict);
+    "auto" (the default) picks per input device (:func:`depthwise_backend`)."""
 
     def __init__(self, n_mels: int, channels: int, d_model: int, channels_last: bool | None = None,
-                 depthwise: str = "torch"):
+                 depthwise: str = "auto"):
         super().__init__()
         if depthwise not in DEPTHWISE:
             raise ValueError(f"depthwise: expected one of {DEPTHWISE}, got {depthwise!r}")
@@ -94,7 +105,7 @@ class Subsampling(nn.Module):
 
     def _stage(self, stage: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
         conv = stage[0]
-        if self.depthwise == "torch" or conv.groups != conv.out_channels:  # not depthwise: the first stage
+        if conv.groups != conv.out_channels or depthwise_backend(self.depthwise, x.device) == "torch":
             return stage(x)
         x = depthwise_conv3x3_s2(x, conv.weight, conv.bias)
         for layer in stage[1:]:

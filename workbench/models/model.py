@@ -132,7 +132,7 @@ class ASRModel(nn.Module):
 
 
 def build_model(name: str, *, vocab_size: int | None = None, joint_chunk_size: int = 0,
-                depthwise: str = "torch") -> ASRModel:
+                depthwise: str = "auto") -> ASRModel:
     """"{tiny,large,xl}-{rnnt,tdt,ctc,aed}" -> ASRModel on the current default device (use
     ``with torch.device("meta"):`` to count parameters without allocating); ``depthwise``: see
     :class:`workbench.models.encoder.Subsampling`."""

@@ -29,8 +29,10 @@ and their share of the step's total, under "kernels" in the record.
 --compile: the encoder blocks compiled with torch.compile (workbench.models.compile_encoder_layers; each
 shape's warm-up step compiles); with --name models_compile the record sits beside the eager one.
 
---depthwise triton: the subsampling's depthwise convolutions run by the Triton kernels
-(workbench.models.depthwise_triton; build_model(name, depthwise="triton")); the FLOPs behind MFU are still
+--depthwise auto|torch|triton (default auto, build_model's default: the Triton kernels on CUDA, torch's
+convolutions elsewhere); triton: the subsampling's depthwise convolutions run by the Triton kernels
+(workbench.models.depthwise_triton; build_model(name, depthwise="triton")). The record's params say which
+ran. The FLOPs behind MFU are always
 counted on the torch convolutions (the same sums), so MFU compares with the default record; with --name
 models_depthwise the record sits beside the others. On the CPU smoke path the kernels need Triton's
 interpreter (TRITON_INTERPRET=1).
@@ -60,7 +62,7 @@ from workbench.bench.results import (RESULTS_DIR, bench_device, check_smoke_out,
 from workbench.memory.oom import is_oom_error, release_memory
 from workbench.models import build_model, compile_encoder_layers, count_parameters, rnnt_loss
 from workbench.models.config import DEPTHWISE
-from workbench.models.encoder import depthwise_unavailable_reason
+from workbench.models.encoder import depthwise_backend, depthwise_unavailable_reason
 from workbench.models.model import DTYPES
 
 MODELS = ["large-rnnt", "large-tdt", "large-aed", "xl-aed"]
@@ -206,10 +208,7 @@ def profile_step(model, name: str, shape, failures: list[str], *, device: torch.
 
 def count_flops(model, name: str, shape: dict, failures: list[str], *, device: torch.device) -> float | None:
     """FLOPs of one bf16 forward+backward at ``shape`` (fp32 on the CPU; :func:`step_flops`), or None when
-    the counted step runs out of memory or fails (a failure). The subsampling's depthwise convolutions are
-    counted as torch's (the FLOP counter does not see the Triton kernels)."""
-    subsampling = model.encoder.subsampling
-    depthwise, subsampling.depthwise = subsampling.depthwise, "torch"
+    the counted step runs out of memory or fails (a failure)."""
     try:
         return step_flops(model, shape["batch_size"], shape["duration_s"], shape["num_tokens"],
                           smoke=device.type == "cpu")
@@ -219,7 +218,6 @@ def count_flops(model, name: str, shape: dict, failures: list[str], *, device: t
                             f"{type(e).__name__}: {e}")
         return None
     finally:
-        subsampling.depthwise = depthwise
         model.zero_grad(set_to_none=True)
         release_memory()
 
@@ -247,7 +245,7 @@ def row_shapes(shapes, profile_shapes) -> list[tuple[dict, list[str]]]:
 
 
 def measure_model(name: str, shapes, failures: list[str], *, device: torch.device, repeat: int = REPEAT,
-                  warmup: int = WARMUP, kernel_shape=None, compile: bool = False, depthwise: str = "torch",
+                  warmup: int = WARMUP, kernel_shape=None, compile: bool = False, depthwise: str = "auto",
                   profile_shapes=(), flops_per_s: float | None = None) -> tuple[int | None, list[dict], dict | None]:
     """Rows of step time, peak memory (None off a GPU), MFU against ``flops_per_s`` and GPU busy share
     (None off a GPU) per fixed shape and dtype and per profile shape (bf16), and with ``kernel_shape``
@@ -394,9 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", action="store_true", help="also profile one training step per model: "
                         "the top kernels by self device time (CPU operators on the CPU smoke path)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the encoder blocks first")
-    parser.add_argument("--depthwise", choices=DEPTHWISE, default="torch", help="what runs the subsampling's "
-                        "depthwise convolutions (default torch; triton: the Triton kernels, e.g. with --name "
-                        "models_depthwise)")
+    parser.add_argument("--depthwise", choices=DEPTHWISE, default="auto", help="what runs the subsampling's "
+                        "depthwise convolutions (default auto: the Triton kernels on CUDA, torch's elsewhere; "
+                        "torch: cuDNN's, e.g. with --name models_cudnn_depthwise)")
     parser.add_argument("--name", default=record.NAME, help="record name: <out>/<name>.json (default models; "
                         "e.g. models_compile with --compile)")
     parser.add_argument("--profile-shapes", nargs="+", default=None, metavar="PATH",
@@ -456,7 +454,7 @@ def run(args, device: torch.device) -> int:
     if getattr(args, "kernels", False):
         kernel_shape = SMOKE_KERNEL_SHAPE if args.smoke else KERNEL_SHAPE
     compiled = bool(getattr(args, "compile", False))
-    depthwise = getattr(args, "depthwise", "torch")
+    depthwise = depthwise_backend(getattr(args, "depthwise", "auto"), device)  # what runs, as recorded
     what = ("training-step time, peak memory, MFU and GPU busy share of the reference models (bf16 vs fp32 at "
             "fixed shapes, bf16 at OOMptimizer profile shapes"
             + (", encoder blocks compiled with torch.compile" if compiled else "")
