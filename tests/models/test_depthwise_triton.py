@@ -206,10 +206,11 @@ def _subsampling_pass(sub, features, lengths):
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["contiguous", "channels_last"])
-def test_subsampling_with_triton_depthwise_equals_the_default(channels_last, monkeypatch):
+def test_subsampling_with_triton_depthwise_equals_torchs_convolutions(channels_last, monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # on a GPU: fp32 convolutions in fp32
     torch.manual_seed(0)
-    default = Subsampling(n_mels=16, channels=8, d_model=12, channels_last=channels_last).to(DEVICE)
+    default = Subsampling(n_mels=16, channels=8, d_model=12, channels_last=channels_last,
+                          depthwise="torch").to(DEVICE)
     triton_sub = Subsampling(n_mels=16, channels=8, d_model=12, channels_last=channels_last,
                              depthwise="triton").to(DEVICE)
     assert list(triton_sub.state_dict()) == list(default.state_dict())
@@ -339,10 +340,10 @@ def test_gpu_subsampling_with_triton_depthwise_is_as_close_to_float64_as_cudnn_u
     module in float64: the Triton path's error in the output and each gradient is at most 2x cuDNN's
     (or under 1e-2 of the largest value); the message names both errors and where the largest is."""
     torch.manual_seed(0)
-    default = Subsampling(n_mels=80, channels=256, d_model=512).cuda()
+    default = Subsampling(n_mels=80, channels=256, d_model=512, depthwise="torch").cuda()
     triton_sub = Subsampling(n_mels=80, channels=256, d_model=512, depthwise="triton").cuda()
     triton_sub.load_state_dict(default.state_dict())
-    exact = Subsampling(n_mels=80, channels=256, d_model=512).cuda().double()
+    exact = Subsampling(n_mels=80, channels=256, d_model=512, depthwise="torch").cuda().double()
     exact.load_state_dict(default.state_dict())
     features = torch.randn(16, 700, 80, device="cuda")
     lengths = torch.tensor([700 - 40 * i for i in range(16)], device="cuda")

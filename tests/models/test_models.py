@@ -100,3 +100,22 @@ def test_transducer_parts_follow_the_decoding_protocol(head):
     assert full.shape == (2, 6, 4, 12 + 1 + extra)
     assert one.shape == (2, 13 + extra)
     torch.testing.assert_close(one, full[:, 4, 2])
+
+
+def test_the_predictor_lstm_runs_in_fp32_under_cpu_autocast():
+    """oneDNN's bf16 LSTM cannot start on CPUs without bf16 instructions: under CPU autocast the predictor's
+    LSTM runs in fp32, with the same values as outside autocast (teacher forcing and one decoding step)."""
+    from workbench.models.transducer import Predictor
+
+    torch.manual_seed(0)
+    predictor = Predictor(vocab_size=7, hidden=16, num_layers=2, dropout=0.0).eval()
+    targets = torch.randint(0, 7, (3, 5))
+    state = predictor.init_state(3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = predictor(targets)
+        step_out, (h, c) = predictor.step(targets[:, 0], state)
+    assert out.dtype == step_out.dtype == h.dtype == torch.float32
+    torch.testing.assert_close(out, predictor(targets), rtol=0, atol=0)
+    want, (want_h, _) = predictor.step(targets[:, 0], state)
+    torch.testing.assert_close(step_out, want, rtol=0, atol=0)
+    torch.testing.assert_close(h, want_h, rtol=0, atol=0)

@@ -46,15 +46,23 @@ class Predictor(nn.Module):
     def step(self, labels: torch.Tensor, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """labels [B] long (blank = start) -> (out [B, hidden], new state)."""
         h, c = state
-        out, (h, c) = self.lstm(self.embed(labels)[:, None, :],
-                                (h.transpose(0, 1).contiguous(), c.transpose(0, 1).contiguous()))
+        out, (h, c) = self._lstm(self.embed(labels)[:, None, :],
+                                 (h.transpose(0, 1).contiguous(), c.transpose(0, 1).contiguous()))
         return out[:, 0], (h.transpose(0, 1), c.transpose(0, 1))
 
     def forward(self, targets: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: targets [B, U] -> [B, U + 1, hidden] (position u has seen the first u labels)."""
         start = torch.full_like(targets[:, :1], self.blank_id)
-        out, _ = self.lstm(self.embed(torch.cat([start, targets], dim=1)))
+        out, _ = self._lstm(self.embed(torch.cat([start, targets], dim=1)))
         return self.dropout(out)
+
+    def _lstm(self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """The LSTM; under CPU autocast it runs in fp32 (oneDNN's bf16 LSTM cannot start on CPUs without
+        bf16 instructions, e.g. AVX2-only ones), so a CPU bf16 step runs on any x86 machine."""
+        if x.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
+            return self.lstm(x, state)
+        with torch.autocast("cpu", enabled=False):
+            return self.lstm(x.float(), None if state is None else tuple(t.float() for t in state))
 
 
 class Joint(nn.Module):
