@@ -1,8 +1,9 @@
 """Whether Triton kernels can run on a device, and if not, why, in one line.
 
 The fused decoding stages (:mod:`workbench.decoding.fused`), the transducer losses
-(:mod:`workbench.models.losses`) and the subsampling's depthwise convolution
-(:func:`workbench.models.encoder.depthwise_conv3x3_s2`) ask :func:`triton_unavailable_reason` before they run
+(:mod:`workbench.models.losses`), the subsampling's depthwise convolution
+(:func:`workbench.models.encoder.depthwise_conv3x3_s2`) and the convolution module's
+(:func:`workbench.models.encoder.time_depthwise_conv`) ask :func:`triton_unavailable_reason` before they run
 their kernels.
 Triton runs them on CUDA devices, and on the CPU only under its interpreter, which is chosen when
 ``triton.language`` is first imported: ``TRITON_INTERPRET=1`` must be set before that import (and still be set).
@@ -10,10 +11,16 @@ Triton runs them on CUDA devices, and on the CPU only under its interpreter, whi
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 
 import torch
+
+
+def device_guard(device: torch.device):
+    """Kernels launch on the current CUDA device: a context that makes it ``device`` (nothing off CUDA)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def triton_unavailable_reason(device: torch.device | str, *, kernels_module: str | None = None) -> str | None:

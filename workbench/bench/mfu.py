@@ -26,20 +26,25 @@ def matmul_flops_per_second(smoke: bool) -> dict[str, Any]:
 def step_flops(model, batch_size: int, duration_s: float, num_tokens: int, smoke: bool) -> float:
     """FLOPs of one forward+backward (``torch.utils.flop_counter``: matmuls, convolutions, attention) at
     a worst-case batch of that shape; element-wise work and the transducer loss are not counted. The
-    subsampling's depthwise convolutions are counted as torch's (the counter does not see Triton kernels;
-    the sums are the same)."""
+    depthwise convolutions (the subsampling's, the convolution modules') are counted as torch's (the
+    counter does not see Triton kernels; the sums are the same)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     device = next(model.parameters()).device
     batch = model.make_batch(batch_size, duration_s, num_tokens, device)
-    subsampling = model.encoder.subsampling
-    depthwise, subsampling.depthwise = subsampling.depthwise, "torch"
+    # every depthwise convolution as torch's while counting: (module, attribute, setting to restore)
+    options = [(model.encoder.subsampling, "depthwise")] + [(block.conv, "time_depthwise")
+                                                            for block in model.encoder.blocks]
+    saved = [(module, name, getattr(module, name)) for module, name in options]
+    for module, name in options:
+        setattr(module, name, "torch")
     try:
         with FlopCounterMode(display=False) as counter:
             model.training_step(batch, dtype=torch.float32 if smoke else torch.bfloat16)
     finally:
-        subsampling.depthwise = depthwise
+        for module, name, setting in saved:
+            setattr(module, name, setting)
         model.zero_grad(set_to_none=True)
     return float(counter.get_total_flops())
 

@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 HEADS = ("rnnt", "tdt", "ctc", "aed")
-DEPTHWISE = ("auto", "torch", "triton")  # what runs the subsampling's depthwise convolutions (auto: triton on CUDA)
+DEPTHWISE = ("auto", "torch", "triton")  # what runs a depthwise convolution (auto: triton on CUDA)
 SIZES = ("tiny", "large", "xl")
 
 
@@ -27,6 +27,7 @@ class ModelConfig:
     # encoder: 8x depthwise-separable subsampling, then conformer blocks
     subsampling_channels: int = 256  # conv channels of the subsampling stack
     depthwise: str = "auto"          # its depthwise 3x3 stride-2 convs: auto | torch (nn.Conv2d) | triton (kernels)
+    time_depthwise: str = "torch"    # the conformer conv module's depthwise conv: torch (nn.Conv1d) | triton | auto
     d_model: int = 512               # encoder width
     num_layers: int = 17             # conformer blocks
     num_heads: int = 8               # self-attention heads
@@ -50,8 +51,9 @@ class ModelConfig:
             raise ValueError(f"head: expected one of {HEADS}, got {self.head!r}")
         if self.vocab_size < 1:
             raise ValueError(f"vocab_size: need at least 1, got {self.vocab_size}")
-        if self.depthwise not in DEPTHWISE:
-            raise ValueError(f"depthwise: expected one of {DEPTHWISE}, got {self.depthwise!r}")
+        for option in ("depthwise", "time_depthwise"):
+            if getattr(self, option) not in DEPTHWISE:
+                raise ValueError(f"{option}: expected one of {DEPTHWISE}, got {getattr(self, option)!r}")
         if self.joint_chunk_size < 0:
             raise ValueError(f"joint_chunk_size: need >= 0 utterances (0: no chunks), got {self.joint_chunk_size}")
 
@@ -91,13 +93,15 @@ BUILDERS = {"tiny": tiny_config, "large": large_config, "xl": xl_config}
 
 
 def config_from_name(name: str, *, vocab_size: int | None = None, joint_chunk_size: int = 0,
-                     depthwise: str = "auto") -> ModelConfig:
+                     depthwise: str = "auto", time_depthwise: str = "torch") -> ModelConfig:
     """ModelConfig for "{tiny,large,xl}-{rnnt,tdt,ctc,aed}"; vocab_size overrides the builder's;
     joint_chunk_size (transducers) computes the joint and loss over chunks of that many utterances;
-    depthwise: what runs the subsampling's depthwise convolutions (see :func:`workbench.models.encoder.depthwise_backend`)."""
+    depthwise, time_depthwise: what runs the subsampling's and the convolution modules' depthwise
+    convolutions (see :func:`workbench.models.encoder.depthwise_backend`)."""
     size, _, head = name.partition("-")
     if size not in BUILDERS or head not in HEADS:
         raise ValueError(f"model name: expected '{{{','.join(SIZES)}}}-{{{','.join(HEADS)}}}', got {name!r}")
     builder = BUILDERS[size]
     config = builder(head) if vocab_size is None else builder(head, vocab_size=vocab_size)
-    return dataclasses.replace(config, joint_chunk_size=joint_chunk_size, depthwise=depthwise)
+    return dataclasses.replace(config, joint_chunk_size=joint_chunk_size, depthwise=depthwise,
+                               time_depthwise=time_depthwise)

@@ -27,11 +27,11 @@ this module is imported).
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
+
+from workbench.triton_support import device_guard
 
 BLOCK_P = 32           # output pixels per program (forward, input gradient)
 WEIGHT_GRAD_BLOCK_P = 16  # output pixels per step of a weight-gradient program (10 fp32 tiles of it held)
@@ -269,7 +269,7 @@ def depthwise_conv3x3_s2_triton(x: torch.Tensor, weight: torch.Tensor, bias: tor
     if torch.is_autocast_enabled(x.device.type):
         x = x.to(torch.get_autocast_dtype(x.device.type))
     _check_inputs(x, weight, bias)
-    with _device_guard(x.device):
+    with device_guard(x.device):
         return _DepthwiseConv3x3S2.apply(x, weight, bias)
 
 
@@ -286,7 +286,3 @@ def _check_inputs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if weight.device != x.device or (bias is not None and bias.device != x.device):
         raise ValueError(f"weight and bias must be on x's device {x.device}")
 
-
-def _device_guard(device: torch.device):
-    """Kernels launch on the current CUDA device: make it x's."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()

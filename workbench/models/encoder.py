@@ -37,19 +37,25 @@ def sinusoidal_positions(num_positions: int, dim: int, device, dtype) -> torch.T
     return codes.to(dtype)
 
 
-def depthwise_unavailable_reason(device: torch.device | str) -> str | None:
-    """Why ``depthwise="triton"`` cannot run on ``device`` (one line), or None when it can."""
-    return triton_unavailable_reason(device, kernels_module="workbench.models.depthwise_triton")
+DEPTHWISE_KERNELS = {"subsampling": "workbench.models.depthwise_triton",  # the 3x3 stride-2 convolutions
+                     "time": "workbench.models.time_conv_triton"}         # the convolution module's, over time
 
 
-def depthwise_backend(depthwise: str, device: torch.device | str) -> str:
-    """What runs the subsampling's depthwise convolutions on ``device`` for the option ``depthwise``:
+def depthwise_unavailable_reason(device: torch.device | str, *, which: str = "subsampling") -> str | None:
+    """Why the Triton depthwise kernels of ``which`` (a key of DEPTHWISE_KERNELS) cannot run on ``device``
+    (one line), or None when they can."""
+    return triton_unavailable_reason(device, kernels_module=DEPTHWISE_KERNELS[which])
+
+
+def depthwise_backend(depthwise: str, device: torch.device | str, *, which: str = "subsampling") -> str:
+    """What runs the depthwise convolutions of ``which`` on ``device`` for the option ``depthwise``:
     "torch" or "triton" as given; "auto" takes the Triton kernels on CUDA when they can run there (on the
-    H200 they took the B=2407 x 3.3 s large-rnnt step from 725 to 542 ms), else torch's convolutions."""
+    H200 the subsampling's took the B=2407 x 3.3 s large-rnnt step from 723 to 545 ms), else torch's."""
     if depthwise != "auto":
         return depthwise
     device = torch.device(device)
-    return "triton" if device.type == "cuda" and depthwise_unavailable_reason(device) is None else "torch"
+    return ("triton" if device.type == "cuda" and depthwise_unavailable_reason(device, which=which) is None
+            else "torch")
 
 
 def depthwise_conv3x3_s2(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -62,6 +68,19 @@ def depthwise_conv3x3_s2(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     from workbench.models.depthwise_triton import depthwise_conv3x3_s2_triton
 
     return depthwise_conv3x3_s2_triton(x, weight, bias)
+
+
+@torch.compiler.disable  # a graph break under torch.compile, like the torch path's convolution
+def time_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [B, T, C], weight [C, 1, K] (K odd), bias [C] -> [B, T, C]: each channel convolved over time,
+    padding K // 2, by the Triton kernels of :mod:`workbench.models.time_conv_triton`; a one-line
+    ValueError when they cannot run on x's device (CUDA, or the CPU under Triton's interpreter)."""
+    problem = depthwise_unavailable_reason(x.device, which="time")
+    if problem:
+        raise ValueError(f"time_depthwise='triton': {problem}")
+    from workbench.models.time_conv_triton import time_depthwise_conv_triton
+
+    return time_depthwise_conv_triton(x, weight, bias)
 
 
 class Subsampling(nn.Module):
@@ -165,10 +184,16 @@ class ConvolutionModule(nn.Module):
     """Pointwise conv + GLU, depthwise conv over time, batch norm, SiLU, pointwise conv; padding zeroed.
 
     The pointwise (kernel 1) convs keep their Conv1d parameters but run as matmuls over [B, T, C]
-    (F.linear on the squeezed weight: the same sums, without a convolution kernel or layout copies)."""
+    (F.linear on the squeezed weight: the same sums, without a convolution kernel or layout copies).
+    ``time_depthwise``: "torch" runs the depthwise conv by its nn.Conv1d on [B, C, T]; "triton" by
+    :func:`time_depthwise_conv` on [B, T, C] with the same weight and bias (no layout copies; the batch
+    norm over the B * T frames, the same statistics); "auto" picks per input device."""
 
-    def __init__(self, dim: int, kernel: int, dropout: float):
+    def __init__(self, dim: int, kernel: int, dropout: float, time_depthwise: str = "torch"):
         super().__init__()
+        if time_depthwise not in DEPTHWISE:
+            raise ValueError(f"time_depthwise: expected one of {DEPTHWISE}, got {time_depthwise!r}")
+        self.time_depthwise = time_depthwise
         self.norm = nn.LayerNorm(dim)
         self.pointwise_in = nn.Conv1d(dim, 2 * dim, 1)
         self.depthwise = nn.Conv1d(dim, dim, kernel, padding=kernel // 2, groups=dim)
@@ -178,8 +203,12 @@ class ConvolutionModule(nn.Module):
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         y = F.glu(F.linear(self.norm(x), self.pointwise_in.weight[..., 0], self.pointwise_in.bias), dim=-1)
-        y = (y * valid[..., None]).transpose(1, 2)                          # [B, D, T]
-        y = F.silu(self.batch_norm(self.depthwise(y))).transpose(1, 2)      # [B, T, D]
+        y = y * valid[..., None]                                            # [B, T, D]
+        if depthwise_backend(self.time_depthwise, y.device, which="time") == "torch":
+            y = F.silu(self.batch_norm(self.depthwise(y.transpose(1, 2)))).transpose(1, 2)
+        else:
+            y = time_depthwise_conv(y, self.depthwise.weight, self.depthwise.bias)
+            y = F.silu(self.batch_norm(y.flatten(0, 1))).view_as(y)
         return self.dropout(F.linear(y, self.pointwise_out.weight[..., 0], self.pointwise_out.bias))
 
 
@@ -193,7 +222,7 @@ class ConformerBlock(nn.Module):
         self.attn_norm = nn.LayerNorm(dim)
         self.attn = Attention(dim, config.num_heads, config.dropout)
         self.attn_dropout = nn.Dropout(config.dropout)
-        self.conv = ConvolutionModule(dim, config.conv_kernel, config.dropout)
+        self.conv = ConvolutionModule(dim, config.conv_kernel, config.dropout, config.time_depthwise)
         self.ff2 = feed_forward(dim, config.ff_mult * dim, config.dropout)
         self.out_norm = nn.LayerNorm(dim)
 

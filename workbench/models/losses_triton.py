@@ -46,6 +46,7 @@ import triton.language as tl
 from workbench.models.loss_inputs import LOG_ZERO, check_durations, check_num_classes
 from workbench.models.loss_inputs import check_inputs as _check_inputs
 from workbench.models.loss_inputs import reduce_losses as _reduce
+from workbench.triton_support import device_guard
 
 _LOG_ZERO = tl.constexpr(LOG_ZERO)
 _MAX_BLOCK_V = 4096  # vocabulary block of the per-node kernels (larger vocabularies loop)
@@ -459,7 +460,7 @@ def rnnt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths:
     blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_classes, check)
     _check_dtype(logits)
     slots = ((1,), (0,))  # one slot: a blank of duration 1 and a label of duration 0, no duration logits
-    with _device_guard(logits.device):
+    with device_guard(logits.device):
         losses = _TritonTransducerLoss.apply(logits.contiguous(), targets, logit_lengths, target_lengths, blank,
                                              num_classes, 0, 0.0, slots, _wants_grad(logits))
     return _reduce(losses, reduction)
@@ -475,16 +476,11 @@ def tdt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: 
     blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_tokens, check)
     _check_dtype(logits)
     slots = (tuple(durations), tuple(durations))  # slot i: duration column i (a blank of duration 0 is no edge)
-    with _device_guard(logits.device):
+    with device_guard(logits.device):
         losses = _TritonTransducerLoss.apply(logits.contiguous(), targets, logit_lengths, target_lengths, blank,
                                              num_tokens, len(durations), float(sigma), slots, _wants_grad(logits))
     return _reduce(losses, reduction)
 
-
-def _device_guard(device: torch.device):
-    """Kernels launch on the current CUDA device: make it the logits' (backward runs on the autograd
-    engine's thread for that device already)."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _wants_grad(logits: torch.Tensor) -> bool:

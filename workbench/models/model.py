@@ -132,12 +132,13 @@ class ASRModel(nn.Module):
 
 
 def build_model(name: str, *, vocab_size: int | None = None, joint_chunk_size: int = 0,
-                depthwise: str = "auto") -> ASRModel:
+                depthwise: str = "auto", time_depthwise: str = "torch") -> ASRModel:
     """"{tiny,large,xl}-{rnnt,tdt,ctc,aed}" -> ASRModel on the current default device (use
     ``with torch.device("meta"):`` to count parameters without allocating); ``depthwise``: see
-    :class:`workbench.models.encoder.Subsampling`."""
+    :class:`workbench.models.encoder.Subsampling`; ``time_depthwise``: see
+    :class:`workbench.models.encoder.ConvolutionModule`."""
     return ASRModel(config_from_name(name, vocab_size=vocab_size, joint_chunk_size=joint_chunk_size,
-                                     depthwise=depthwise))
+                                     depthwise=depthwise, time_depthwise=time_depthwise))
 
 
 def compile_encoder_layers(model: ASRModel, *, backend: str = "inductor") -> ASRModel:

@@ -592,8 +592,8 @@ def _save_atomically(path: str | os.PathLike, obj: dict) -> Path:
 
 def load_checkpoint(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> ASRModel:
     """The model saved by :func:`save_checkpoint`, in eval mode on ``device``. One-line errors for a
-    missing or unreadable file. Off CUDA, a model saved with ``depthwise="triton"`` gets torch's depthwise
-    convolutions (the same parameters and sums), since the Triton kernels need a GPU."""
+    missing or unreadable file. Off CUDA, a model saved with ``depthwise`` or ``time_depthwise="triton"`` gets
+    torch's depthwise convolutions (the same parameters and sums), since the Triton kernels need a GPU."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     try:
@@ -601,7 +601,7 @@ def load_checkpoint(path: str | os.PathLike, *, device: str | torch.device = "cp
         config = ModelConfig(**saved["config"])
         state_dict = saved["state_dict"]
         if torch.device(device).type != "cuda":
-            config = replace(config, depthwise="torch")
+            config = replace(config, depthwise="torch", time_depthwise="torch")
     except Exception as e:  # noqa: BLE001 - truncated, garbage or foreign files fail in many ways
         raise ValueError(f"{path}: not a checkpoint written by `workbench train` ({type(e).__name__})") from None
     model = ASRModel(config).to(device)
