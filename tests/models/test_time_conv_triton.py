@@ -219,3 +219,11 @@ def test_gpu_kernels_equal_torch_at_the_conformer_size(dtype):
         if name in ("grad weight", "grad bias"):  # fp32 sums over 32000 frames
             rtol, atol = 1e-5, 1e-5 * float(w.abs().max())
         torch.testing.assert_close(g.double().cpu(), w, rtol=rtol, atol=atol, msg=name)
+
+
+def test_importing_the_models_loads_neither_triton_nor_dynamo(compile_without_interpreter):
+    """Triton's interpreter is chosen when triton.language is first imported (torch._dynamo imports it):
+    importing the models must not, or the tests' TRITON_INTERPRET comes too late."""
+    out = compile_without_interpreter("import sys\nimport workbench.models\n"
+                                      "print('triton.language' in sys.modules, 'torch._dynamo' in sys.modules)")
+    assert out.split() == ["False", "False"]

@@ -70,7 +70,6 @@ def depthwise_conv3x3_s2(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     return depthwise_conv3x3_s2_triton(x, weight, bias)
 
 
-@torch.compiler.disable  # a graph break under torch.compile, like the torch path's convolution
 def time_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [B, T, C], weight [C, 1, K] (K odd), bias [C] -> [B, T, C]: each channel convolved over time,
     padding K // 2, by the Triton kernels of :mod:`workbench.models.time_conv_triton`; a one-line
@@ -194,6 +193,7 @@ class ConvolutionModule(nn.Module):
         if time_depthwise not in DEPTHWISE:
             raise ValueError(f"time_depthwise: expected one of {DEPTHWISE}, got {time_depthwise!r}")
         self.time_depthwise = time_depthwise
+        self.time_conv = time_depthwise_conv  # the triton path's function (compile_encoder_layers keeps it eager)
         self.norm = nn.LayerNorm(dim)
         self.pointwise_in = nn.Conv1d(dim, 2 * dim, 1)
         self.depthwise = nn.Conv1d(dim, dim, kernel, padding=kernel // 2, groups=dim)
@@ -207,7 +207,7 @@ class ConvolutionModule(nn.Module):
         if depthwise_backend(self.time_depthwise, y.device, which="time") == "torch":
             y = F.silu(self.batch_norm(self.depthwise(y.transpose(1, 2)))).transpose(1, 2)
         else:
-            y = time_depthwise_conv(y, self.depthwise.weight, self.depthwise.bias)
+            y = self.time_conv(y, self.depthwise.weight, self.depthwise.bias)
             y = F.silu(self.batch_norm(y.flatten(0, 1))).view_as(y)
         return self.dropout(F.linear(y, self.pointwise_out.weight[..., 0], self.pointwise_out.bias))
 
