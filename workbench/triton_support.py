@@ -23,6 +23,22 @@ def device_guard(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
+def reduction_split(items: int, block: int, programs_per_range: int, device: torch.device, *, waves: int,
+                    cpu_ranges: int) -> tuple[int, int]:
+    """How a two-stage reduction kernel splits ``items`` (pixels, frames) into ranges: (ranges, items per
+    range, a multiple of ``block``), about ``waves`` programs per multiprocessor in all on CUDA (each range
+    runs ``programs_per_range`` programs), ``cpu_ranges`` ranges on the CPU interpreter. The split depends
+    only on the shape and the GPU model, so the sums repeat from run to run."""
+    if device.type == "cuda":
+        programs = waves * torch.cuda.get_device_properties(device).multi_processor_count
+        wanted = max(1, programs // programs_per_range)
+    else:
+        wanted = cpu_ranges
+    blocks = -(-items // block)
+    chunk = -(-blocks // min(wanted, blocks)) * block
+    return -(-items // chunk), chunk
+
+
 def triton_unavailable_reason(device: torch.device | str, *, kernels_module: str | None = None) -> str | None:
     """Why Triton kernels cannot run on ``device`` (one line), or None when they can.
 

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.triton_support import device_guard
+from workbench.triton_support import device_guard, reduction_split
 
 BLOCK_P = 32           # output pixels per program (forward, input gradient)
 WEIGHT_GRAD_BLOCK_P = 16  # output pixels per step of a weight-gradient program (10 fp32 tiles of it held)
@@ -195,16 +195,9 @@ def _block_c(channels: int) -> int:
 
 
 def _weight_grad_ranges(pixels: int, channel_blocks: int, device: torch.device) -> tuple[int, int]:
-    """(ranges, pixels per range, a multiple of WEIGHT_GRAD_BLOCK_P) for the weight-gradient grid: about
-    WEIGHT_GRAD_WAVES programs per multiprocessor in all (CPU_RANGES ranges on the CPU)."""
-    if device.type == "cuda":
-        programs = WEIGHT_GRAD_WAVES * torch.cuda.get_device_properties(device).multi_processor_count
-        wanted = max(1, programs // channel_blocks)
-    else:
-        wanted = CPU_RANGES
-    blocks = triton.cdiv(pixels, WEIGHT_GRAD_BLOCK_P)
-    chunk = triton.cdiv(blocks, min(wanted, blocks)) * WEIGHT_GRAD_BLOCK_P
-    return triton.cdiv(pixels, chunk), chunk
+    """(ranges, pixels per range) of the weight-gradient grid (:func:`reduction_split`)."""
+    return reduction_split(pixels, WEIGHT_GRAD_BLOCK_P, channel_blocks, device, waves=WEIGHT_GRAD_WAVES,
+                           cpu_ranges=CPU_RANGES)
 
 
 class _DepthwiseConv3x3S2(torch.autograd.Function):

@@ -49,8 +49,9 @@ def depthwise_unavailable_reason(device: torch.device | str, *, which: str = "su
 
 def depthwise_backend(depthwise: str, device: torch.device | str, *, which: str = "subsampling") -> str:
     """What runs the depthwise convolutions of ``which`` on ``device`` for the option ``depthwise``:
-    "torch" or "triton" as given; "auto" takes the Triton kernels on CUDA when they can run there (on the
-    H200 the subsampling's took the B=2407 x 3.3 s large-rnnt step from 723 to 545 ms), else torch's."""
+    "torch" or "triton" as given; "auto" takes the Triton kernels on CUDA when they can run there, else torch's
+    (the subsampling's kernels against cuDNN: benchmarks/results/models_depthwise.json and
+    models_cudnn_depthwise.json)."""
     if depthwise != "auto":
         return depthwise
     device = torch.device(device)

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.triton_support import device_guard
+from workbench.triton_support import device_guard, reduction_split
 
 BLOCK_T = 32              # frames per program (convolution, input gradient)
 WEIGHT_GRAD_BLOCK_T = 32  # frames per step of a weight-gradient program
@@ -91,16 +91,9 @@ def _block_c(channels: int) -> int:
 
 
 def _weight_grad_ranges(rows: int, programs_per_range: int, device: torch.device) -> tuple[int, int]:
-    """(ranges, rows per range, a multiple of WEIGHT_GRAD_BLOCK_T): about WEIGHT_GRAD_WAVES programs per
-    multiprocessor in all (CPU_RANGES ranges on the CPU)."""
-    if device.type == "cuda":
-        programs = WEIGHT_GRAD_WAVES * torch.cuda.get_device_properties(device).multi_processor_count
-        wanted = max(1, programs // programs_per_range)
-    else:
-        wanted = CPU_RANGES
-    blocks = triton.cdiv(rows, WEIGHT_GRAD_BLOCK_T)
-    chunk = triton.cdiv(blocks, min(wanted, blocks)) * WEIGHT_GRAD_BLOCK_T
-    return triton.cdiv(rows, chunk), chunk
+    """(ranges, frames per range) of the weight-gradient grid (:func:`reduction_split`)."""
+    return reduction_split(rows, WEIGHT_GRAD_BLOCK_T, programs_per_range, device, waves=WEIGHT_GRAD_WAVES,
+                           cpu_ranges=CPU_RANGES)
 
 
 def _conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, flip: bool) -> torch.Tensor:
