@@ -100,39 +100,72 @@ def test_lean_step_lines_show_the_kernel_tables_and_the_compiled_speed():
     assert record.lean_step_lines(None, None) == []
 
 
-DEPTHWISE_SMOKE = """
+KERNEL_SMOKE = """
 import sys
 sys.path.insert(0, "tests/models")
 import triton_interpreter  # noqa: F401 - the CPU interpreter (when there is no CUDA), before triton loads
-from workbench.models import depthwise_triton
+import importlib
 from workbench.bench.models import run
 
+module_name, function_name, *options = sys.argv[2:]
+function = getattr(importlib.import_module("workbench.models." + module_name), function_name)
 run.SMOKE_SHAPES, run.SMOKE_REPEAT, run.SMOKE_WARMUP = [(1, 0.5, 4)], 1, 1  # the interpreter is slow
 calls = []
-apply = depthwise_triton._DepthwiseConv3x3S2.apply
-depthwise_triton._DepthwiseConv3x3S2.apply = lambda *args: calls.append(1) or apply(*args)
-code = run.main(["--smoke", "--depthwise", "triton", "--name", "models_depthwise", "--models", "tiny-rnnt",
-                 "--out", sys.argv[1]])
-print("depthwise calls", len(calls))
+apply = function.apply
+function.apply = lambda *args: calls.append(1) or apply(*args)
+code = run.main(["--smoke", *options, "--models", "tiny-rnnt", "--out", sys.argv[1]])
+print("kernel calls", len(calls))
 sys.exit(code)
 """
 
 
-def test_models_bench_depthwise_triton_smoke_runs_the_kernels_and_records_it(tmp_path):
-    """A smoke run with --depthwise triton (the CPU interpreter without CUDA, in its own process): the steps run
-    the Triton depthwise convolutions, and the record says so under its own name."""
+def kernel_smoke(out, kernels: str, options: list[str]) -> tuple[dict, int]:
+    """A models-bench smoke run with ``options`` in its own process (the CPU interpreter without CUDA),
+    counting the calls of ``kernels`` ("module:autograd Function"): (the record named by --name, calls)."""
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(repo)}
-    proc = subprocess.run([sys.executable, "-c", DEPTHWISE_SMOKE, str(tmp_path)], cwd=repo, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", KERNEL_SMOKE, str(out), *kernels.split(":"), *options], cwd=repo,
+                          env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((tmp_path / "models_depthwise.json").read_text())
+    name = options[options.index("--name") + 1]
+    return json.loads((out / f"{name}.json").read_text()), int(proc.stdout.split("kernel calls ")[-1])
+
+
+def test_models_bench_depthwise_triton_smoke_runs_the_kernels_and_records_it(tmp_path):
+    """A smoke run with --depthwise triton: the steps run the Triton depthwise convolutions, and the record says
+    so under its own name."""
+    result, calls = kernel_smoke(tmp_path, "depthwise_triton:_DepthwiseConv3x3S2",
+                                 ["--depthwise", "triton", "--name", "models_depthwise"])
     steps = result["figures"]["steps"]
     assert steps and all("step_s" in r and r["flops"] > 0 for r in steps)
-    calls = int(proc.stdout.split("depthwise calls ")[-1])
     assert len(steps) == 2 and calls >= 2 * 2 * len(steps)  # two stages in each warm-up and timed step
     assert result["params"]["depthwise"] == "triton" and "depthwise convolutions by Triton kernels" in result["what"]
     assert not (tmp_path / "models.json").exists()
+
+
+def test_models_bench_time_depthwise_triton_smoke_runs_the_kernels_and_records_it(tmp_path):
+    """--time-depthwise triton: every conformer block's depthwise convolution runs the Triton kernels in the
+    timed steps, and the record's params and description say so."""
+    result, calls = kernel_smoke(tmp_path, "time_conv_triton:_TimeDepthwiseConv",
+                                 ["--depthwise", "torch", "--time-depthwise", "triton", "--name",
+                                  "models_time_depthwise"])
+    steps = result["figures"]["steps"]
+    assert len(steps) == 2 and all("step_s" in r and r["flops"] > 0 for r in steps)
+    assert calls >= 2 * 2 * len(steps)  # tiny models have 2 blocks: each warm-up and timed step runs both
+    assert result["params"]["time_depthwise"] == "triton" and result["params"]["depthwise"] == "torch"
+    assert "convolution modules' depthwise convolutions by Triton kernels" in result["what"]
+
+
+def test_models_bench_records_the_default_time_depthwise_it_ran(tmp_path, monkeypatch):
+    """Without --time-depthwise the record names what build_model's default ran on this device."""
+    from workbench.bench.models import run as models
+    from workbench.models.config import DEFAULT_TIME_DEPTHWISE
+    from workbench.models.encoder import depthwise_backend
+
+    monkeypatch.setattr(models, "SMOKE_SHAPES", [(1, 0.5, 4)])
+    assert models.main(["--smoke", "--models", "tiny-ctc", "--out", str(tmp_path), "--depthwise", "torch"]) == 0
+    params = json.loads((tmp_path / "models.json").read_text())["params"]
+    assert params["time_depthwise"] == depthwise_backend(DEFAULT_TIME_DEPTHWISE, "cpu", which="time")
 
 
 def test_models_bench_counts_the_flops_of_a_triton_depthwise_model_on_torch_convolutions():

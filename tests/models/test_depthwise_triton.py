@@ -106,6 +106,38 @@ def test_a_checkpoint_saved_with_triton_depthwise_loads_with_torch_convolutions_
         torch.testing.assert_close(loaded.state_dict()[key], value.cpu(), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_rows_past_the_lengths_are_read_as_zero_and_get_no_gradient(dtype):
+    """With lengths, the kernels compute the convolution of x masked past each item's rows: the same values
+    and gradients as torch's on the masked input, and zero input gradient on the masked rows."""
+    shape = (4, 5, 11, 6)
+    x, weight, bias, upstream = random_inputs(shape, seed=11, dtype=dtype, channels_last=True)
+    lengths = torch.tensor([11, 6, 0, 15], device=DEVICE)  # whole, odd cut, empty, past H (whole)
+    rows = torch.arange(shape[2], device=DEVICE)[None, :] < lengths[:, None]
+    mask = rows[:, None, :, None].to(dtype)
+    got = value_and_grads(lambda x, w, b: depthwise_triton.depthwise_conv3x3_s2_triton(x, w, b, lengths),
+                          x, weight, bias, upstream)
+    want = value_and_grads(lambda x, w, b: torch_conv(x * mask.double(), w, b), x.double(), weight.double(),
+                           bias.double(), upstream.double())
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 5e-2}
+    for name, g, w in zip(("output", "grad x", "grad weight", "grad bias"), got, want):
+        torch.testing.assert_close(g.double(), w, **tolerance, msg=name)
+    assert torch.equal(got[1] * (1 - mask), torch.zeros_like(got[1]))  # exactly zero on the masked rows
+    assert got[1][:, :, :6][1].abs().sum() > 0                           # and not on the valid ones
+    unmasked = value_and_grads(depthwise_triton.depthwise_conv3x3_s2_triton, x, weight, bias, upstream)
+    assert not torch.equal(unmasked[0], got[0])                         # the lengths did change the result
+
+
+def test_lengths_are_checked_in_one_line():
+    x, weight, bias, _ = random_inputs((2, 3, 4, 4), seed=12)
+    conv = depthwise_triton.depthwise_conv3x3_s2_triton
+    with pytest.raises(ValueError, match=r"^lengths: expected \[2\] integers \(valid rows per batch item\), "
+                                         r"got torch.float32 of shape \(2,\)$"):
+        conv(x, weight, bias, torch.ones(2, device=DEVICE))
+    with pytest.raises(ValueError, match=r"^lengths: expected \[2\] integers"):
+        conv(x, weight, bias, torch.ones(3, dtype=torch.long, device=DEVICE))
+
+
 def test_under_autocast_the_input_is_cast_like_a_convolution_input():
     x, weight, bias, upstream = random_inputs((2, 4, 6, 5), seed=4)
     with torch.autocast(DEVICE, dtype=torch.bfloat16):
@@ -243,9 +275,10 @@ for dtype in ("fp32", "bf16"):
     activations = {"x_ptr": dtype, "y_ptr": dtype, "g_ptr": dtype, "gx_ptr": dtype}
     for kernel, block_p in ((D._forward_kernel, D.BLOCK_P), (D._input_grad_kernel, D.BLOCK_P),
                             (D._weight_grad_kernel, D.WEIGHT_GRAD_BLOCK_P)):
-        values = {"HAS_BIAS": True, "BLOCK_P": block_p, "BLOCK_C": D.MAX_BLOCK_C}
+        values = {"HAS_BIAS": True, "HAS_LENGTHS": True, "BLOCK_P": block_p, "BLOCK_C": D.MAX_BLOCK_C}
         constexprs = {n: values[n] for n, p in zip(kernel.arg_names, kernel.params) if p.is_constexpr}
-        signature = {n: "constexpr" if n in constexprs else "*" + activations.get(n, "fp32") if n.endswith("_ptr")
+        pointers = {**activations, "len_ptr": "i64"}
+        signature = {n: "constexpr" if n in constexprs else "*" + pointers.get(n, "fp32") if n.endswith("_ptr")
                      else "i32" for n in kernel.arg_names}
         compiled = compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
                            target=GPUTarget("cuda", 90, 32))

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 HEADS = ("rnnt", "tdt", "ctc", "aed")
 DEPTHWISE = ("auto", "torch", "triton")  # what runs a depthwise convolution (auto: triton on CUDA)
+DEFAULT_DEPTHWISE = "auto"        # the subsampling's depthwise 3x3 stride-2 convolutions
+DEFAULT_TIME_DEPTHWISE = "torch"  # the conformer convolution modules' depthwise convolutions over time
 SIZES = ("tiny", "large", "xl")
 
 
@@ -26,8 +28,8 @@ class ModelConfig:
     hop_length: int = 160            # frame shift in samples (10 ms); 8x subsampling -> 80 ms per encoder frame
     # encoder: 8x depthwise-separable subsampling, then conformer blocks
     subsampling_channels: int = 256  # conv channels of the subsampling stack
-    depthwise: str = "auto"          # its depthwise 3x3 stride-2 convs: auto | torch (nn.Conv2d) | triton (kernels)
-    time_depthwise: str = "torch"    # the conformer conv module's depthwise conv: torch (nn.Conv1d) | triton | auto
+    depthwise: str = DEFAULT_DEPTHWISE  # its depthwise 3x3 stride-2 convs: auto | torch (nn.Conv2d) | triton (kernels)
+    time_depthwise: str = DEFAULT_TIME_DEPTHWISE  # the conv module's depthwise conv: torch (nn.Conv1d) | triton | auto
     d_model: int = 512               # encoder width
     num_layers: int = 17             # conformer blocks
     num_heads: int = 8               # self-attention heads
@@ -93,7 +95,8 @@ BUILDERS = {"tiny": tiny_config, "large": large_config, "xl": xl_config}
 
 
 def config_from_name(name: str, *, vocab_size: int | None = None, joint_chunk_size: int = 0,
-                     depthwise: str = "auto", time_depthwise: str = "torch") -> ModelConfig:
+                     depthwise: str = DEFAULT_DEPTHWISE,
+                     time_depthwise: str = DEFAULT_TIME_DEPTHWISE) -> ModelConfig:
     """ModelConfig for "{tiny,large,xl}-{rnnt,tdt,ctc,aed}"; vocab_size overrides the builder's;
     joint_chunk_size (transducers) computes the joint and loss over chunks of that many utterances;
     depthwise, time_depthwise: what runs the subsampling's and the convolution modules' depthwise

@@ -19,6 +19,11 @@ are one coalesced load. Output size H_out = (H - 1) // 2 + 1 (= ceil(H / 2)), li
    the shape and the GPU's multiprocessor count, so the result is the same from run to run on one GPU
    model.
 
+With ``lengths`` [B] (valid rows along H per batch item, e.g. the frames of each utterance), every
+kernel reads input rows h >= lengths[b] as zero and writes zero input gradient there: the convolution of
+the input masked past its lengths, without a masked copy of it (the subsampling then needs no mask
+pass over its largest activations, and keeps one of them in memory instead of two).
+
 Inputs fp32, bf16 or fp16; sums in fp32; the output and the input gradient in the input's dtype, the
 weight and bias gradients in the weight's and the bias's. Every offset is 64-bit, so any size that fits in
 memory works. On a CPU the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1`` set before
@@ -55,19 +60,30 @@ def _pixel_offsets(b, h, w, H, W, C):
     return (((b * H + h) * W + w) * C)[:, None]
 
 
+@triton.jit
+def _row_limit(len_ptr, b, in_p, H, HAS_LENGTHS: tl.constexpr):
+    """Valid input rows of each pixel's batch item: lengths[b] (clamped to H), or H without lengths."""
+    limit = b * 0 + H  # [BLOCK_P] int64
+    if HAS_LENGTHS:
+        limit = tl.minimum(tl.load(len_ptr + b, mask=in_p, other=0), limit)
+    return limit
+
+
 @triton.jit(do_not_specialize=_SHAPE_ARGS)
-def _forward_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, H, W, HO, WO, P, C,
-                    HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+def _forward_kernel(x_ptr, w_ptr, bias_ptr, len_ptr, y_ptr, H, W, HO, WO, P, C,
+                    HAS_BIAS: tl.constexpr, HAS_LENGTHS: tl.constexpr, BLOCK_P: tl.constexpr,
+                    BLOCK_C: tl.constexpr):
     p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
     c = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
     in_p, in_c = p < P, c < C
     b, i, j = _pixel_coords(p, HO, WO)
+    limit = _row_limit(len_ptr, b, in_p, H, HAS_LENGTHS)
     acc = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)
     for kh in tl.static_range(3):
         h = 2 * i - 1 + kh
         for kw in tl.static_range(3):
             w = 2 * j - 1 + kw
-            inside = in_p & (h >= 0) & (h < H) & (w >= 0) & (w < W)
+            inside = in_p & (h >= 0) & (h < limit) & (w >= 0) & (w < W)
             x = tl.load(x_ptr + _pixel_offsets(b, h, w, H, W, C) + c[None, :],
                         mask=inside[:, None] & in_c[None, :], other=0.0).to(tl.float32)
             tap = tl.load(w_ptr + c * 9 + (kh * 3 + kw), mask=in_c, other=0.0).to(tl.float32)
@@ -93,38 +109,42 @@ def _tap(w_ptr, c, in_c, kh: tl.constexpr, kw: tl.constexpr):
 
 
 @triton.jit
-def _store_input_grad(gx_ptr, value, b, h, w, H, W, C, c, in_p, in_c):
+def _store_input_grad(gx_ptr, value, b, h, w, H, W, C, c, in_p, in_c, limit):
+    """Store the input gradient of pixels (b, h, w); zero on rows h >= limit (read as zero forward)."""
     inside = in_p & (h < H) & (w < W)
+    value = tl.where((h < limit)[:, None], value, 0.0)
     tl.store(gx_ptr + _pixel_offsets(b, h, w, H, W, C) + c[None, :], value.to(gx_ptr.dtype.element_ty),
              mask=inside[:, None] & in_c[None, :])
 
 
 @triton.jit(do_not_specialize=_SHAPE_ARGS)
-def _input_grad_kernel(g_ptr, w_ptr, gx_ptr, H, W, HO, WO, P, C, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+def _input_grad_kernel(g_ptr, w_ptr, len_ptr, gx_ptr, H, W, HO, WO, P, C, HAS_LENGTHS: tl.constexpr,
+                       BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     """Input pixel h = 2i - 1 + kh is covered by output row i with tap kh: an even h only by i = h / 2
     (kh = 1), an odd h by i = (h - 1) / 2 (kh = 2) and i + 1 (kh = 0); columns likewise."""
     p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
     c = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
     in_p, in_c = p < P, c < C
     b, i, j = _pixel_coords(p, HO, WO)
+    limit = _row_limit(len_ptr, b, in_p, H, HAS_LENGTHS)
     g00 = _load_grad(g_ptr, b, i, j, HO, WO, C, c, in_p, in_c)
     g01 = _load_grad(g_ptr, b, i, j + 1, HO, WO, C, c, in_p, in_c)
     g10 = _load_grad(g_ptr, b, i + 1, j, HO, WO, C, c, in_p, in_c)
     g11 = _load_grad(g_ptr, b, i + 1, j + 1, HO, WO, C, c, in_p, in_c)
     h, w = 2 * i, 2 * j
-    _store_input_grad(gx_ptr, g00 * _tap(w_ptr, c, in_c, 1, 1), b, h, w, H, W, C, c, in_p, in_c)
+    _store_input_grad(gx_ptr, g00 * _tap(w_ptr, c, in_c, 1, 1), b, h, w, H, W, C, c, in_p, in_c, limit)
     _store_input_grad(gx_ptr, g00 * _tap(w_ptr, c, in_c, 1, 2) + g01 * _tap(w_ptr, c, in_c, 1, 0),
-                      b, h, w + 1, H, W, C, c, in_p, in_c)
+                      b, h, w + 1, H, W, C, c, in_p, in_c, limit)
     _store_input_grad(gx_ptr, g00 * _tap(w_ptr, c, in_c, 2, 1) + g10 * _tap(w_ptr, c, in_c, 0, 1),
-                      b, h + 1, w, H, W, C, c, in_p, in_c)
+                      b, h + 1, w, H, W, C, c, in_p, in_c, limit)
     _store_input_grad(gx_ptr, g00 * _tap(w_ptr, c, in_c, 2, 2) + g01 * _tap(w_ptr, c, in_c, 2, 0)
                       + g10 * _tap(w_ptr, c, in_c, 0, 2) + g11 * _tap(w_ptr, c, in_c, 0, 0),
-                      b, h + 1, w + 1, H, W, C, c, in_p, in_c)
+                      b, h + 1, w + 1, H, W, C, c, in_p, in_c, limit)
 
 
 @triton.jit(do_not_specialize=_SHAPE_ARGS)
-def _weight_grad_kernel(x_ptr, g_ptr, partial_ptr, H, W, HO, WO, P, CHUNK, C,
-                        BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+def _weight_grad_kernel(x_ptr, g_ptr, len_ptr, partial_ptr, H, W, HO, WO, P, CHUNK, C,
+                        HAS_LENGTHS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     """Program (r, cb): over output pixels [r * CHUNK, (r + 1) * CHUNK), the sums of gradient times input
     of each tap, and of the gradient (the bias), into partial[r, 0..9, channels of block cb]."""
     r = tl.program_id(0).to(tl.int64)
@@ -146,17 +166,18 @@ def _weight_grad_kernel(x_ptr, g_ptr, partial_ptr, H, W, HO, WO, P, CHUNK, C,
         p = start + p0 + offs
         in_p = p < P
         b, i, j = _pixel_coords(p, HO, WO)
+        limit = _row_limit(len_ptr, b, in_p, H, HAS_LENGTHS)
         g = _load_grad(g_ptr, b, i, j, HO, WO, C, c, in_p, in_c)
         sb += g
-        s0 += g * _load_tap_input(x_ptr, b, i, j, H, W, C, c, in_p, in_c, 0, 0)
-        s1 += g * _load_tap_input(x_ptr, b, i, j, H, W, C, c, in_p, in_c, 0, 1)
-        s2 += g * _load_tap_input(x_ptr, b, i, j, H, W, C, c, in_p, in_c, 0, 2)
-        s3 += g * _load_tap_input(x_ptr, b, i, j, H, W, C, c, in_p, in_c, 1, 0)
-        s4 += g * _load_tap_input(x_ptr, b, i, j, H, W, C, c, in_p, in_c, 1, 1)
-        s5 += g * _load_tap_input(x_ptr, b, i, j, H, W, C, c, in_p, in_c, 1, 2)
-        s6 += g * _load_tap_input(x_ptr, b, i, j, H, W, C, c, in_p, in_c, 2, 0)
-        s7 += g * _load_tap_input(x_ptr, b, i, j, H, W, C, c, in_p, in_c, 2, 1)
-        s8 += g * _load_tap_input(x_ptr, b, i, j, H, W, C, c, in_p, in_c, 2, 2)
+        s0 += g * _load_tap_input(x_ptr, b, i, j, H, limit, W, C, c, in_p, in_c, 0, 0)
+        s1 += g * _load_tap_input(x_ptr, b, i, j, H, limit, W, C, c, in_p, in_c, 0, 1)
+        s2 += g * _load_tap_input(x_ptr, b, i, j, H, limit, W, C, c, in_p, in_c, 0, 2)
+        s3 += g * _load_tap_input(x_ptr, b, i, j, H, limit, W, C, c, in_p, in_c, 1, 0)
+        s4 += g * _load_tap_input(x_ptr, b, i, j, H, limit, W, C, c, in_p, in_c, 1, 1)
+        s5 += g * _load_tap_input(x_ptr, b, i, j, H, limit, W, C, c, in_p, in_c, 1, 2)
+        s6 += g * _load_tap_input(x_ptr, b, i, j, H, limit, W, C, c, in_p, in_c, 2, 0)
+        s7 += g * _load_tap_input(x_ptr, b, i, j, H, limit, W, C, c, in_p, in_c, 2, 1)
+        s8 += g * _load_tap_input(x_ptr, b, i, j, H, limit, W, C, c, in_p, in_c, 2, 2)
     row = partial_ptr + r * 10 * C + c
     tl.store(row, tl.sum(s0, axis=0), mask=in_c)
     tl.store(row + C, tl.sum(s1, axis=0), mask=in_c)
@@ -171,11 +192,12 @@ def _weight_grad_kernel(x_ptr, g_ptr, partial_ptr, H, W, HO, WO, P, CHUNK, C,
 
 
 @triton.jit
-def _load_tap_input(x_ptr, b, i, j, H, W, C, c, in_p, in_c, kh: tl.constexpr, kw: tl.constexpr):
-    """The input under tap (kh, kw) of output pixels (b, i, j), [BLOCK_P, BLOCK_C] fp32 (zero in the padding)."""
+def _load_tap_input(x_ptr, b, i, j, H, limit, W, C, c, in_p, in_c, kh: tl.constexpr, kw: tl.constexpr):
+    """The input under tap (kh, kw) of output pixels (b, i, j), [BLOCK_P, BLOCK_C] fp32 (zero in the padding
+    and on rows h >= limit)."""
     h = 2 * i - 1 + kh
     w = 2 * j - 1 + kw
-    inside = in_p & (h >= 0) & (h < H) & (w >= 0) & (w < W)
+    inside = in_p & (h >= 0) & (h < limit) & (w >= 0) & (w < W)
     return tl.load(x_ptr + _pixel_offsets(b, h, w, H, W, C) + c[None, :],
                    mask=inside[:, None] & in_c[None, :], other=0.0).to(tl.float32)
 
@@ -202,7 +224,7 @@ def _weight_grad_ranges(pixels: int, channel_blocks: int, device: torch.device) 
 
 class _DepthwiseConv3x3S2(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias):
+    def forward(ctx, x, weight, bias, lengths):
         batch, channels, height, width = x.shape
         out_h, out_w = output_size(height), output_size(width)
         x_nhwc = _channels_last(x)
@@ -212,10 +234,11 @@ class _DepthwiseConv3x3S2(torch.autograd.Function):
         block_c = _block_c(channels)
         if pixels:
             _forward_kernel[(triton.cdiv(pixels, BLOCK_P), triton.cdiv(channels, block_c))](
-                x_nhwc, weight, weight if bias is None else bias.contiguous(), y, height, width, out_h, out_w,
-                pixels, channels, HAS_BIAS=bias is not None, BLOCK_P=BLOCK_P, BLOCK_C=block_c)
-        wants_x, wants_w, wants_b = ctx.needs_input_grad
-        ctx.save_for_backward(x_nhwc if wants_w or wants_b else None, weight if wants_x else None)
+                x_nhwc, weight, weight if bias is None else bias.contiguous(), _lengths_arg(lengths, weight), y,
+                height, width, out_h, out_w, pixels, channels, HAS_BIAS=bias is not None,
+                HAS_LENGTHS=lengths is not None, BLOCK_P=BLOCK_P, BLOCK_C=block_c)
+        wants_x, wants_w, wants_b, _ = ctx.needs_input_grad
+        ctx.save_for_backward(x_nhwc if wants_w or wants_b else None, weight if wants_x else None, lengths)
         ctx.shape = (batch, height, width, channels)
         ctx.has_bias = bias is not None
         ctx.weight_dtype, ctx.bias_dtype = weight.dtype, None if bias is None else bias.dtype
@@ -223,7 +246,7 @@ class _DepthwiseConv3x3S2(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        x_nhwc, weight = ctx.saved_tensors
+        x_nhwc, weight, lengths = ctx.saved_tensors
         batch, height, width, channels = ctx.shape
         out_h, out_w = grad_output.shape[2:]
         g = _channels_last(grad_output)
@@ -235,8 +258,8 @@ class _DepthwiseConv3x3S2(torch.autograd.Function):
             grad_x = torch.empty(batch, height, width, channels, dtype=grad_output.dtype, device=g.device)
             if pixels:
                 _input_grad_kernel[(triton.cdiv(pixels, BLOCK_P), channel_blocks)](
-                    g, weight, grad_x, height, width, out_h, out_w, pixels, channels, BLOCK_P=BLOCK_P,
-                    BLOCK_C=block_c)
+                    g, weight, _lengths_arg(lengths, weight), grad_x, height, width, out_h, out_w, pixels, channels,
+                    HAS_LENGTHS=lengths is not None, BLOCK_P=BLOCK_P, BLOCK_C=block_c)
             grad_x = grad_x.permute(0, 3, 1, 2)
         if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
             sums = torch.zeros(10, channels, dtype=torch.float32, device=g.device)
@@ -244,29 +267,39 @@ class _DepthwiseConv3x3S2(torch.autograd.Function):
                 ranges, chunk = _weight_grad_ranges(pixels, channel_blocks, g.device)
                 partial = torch.empty(ranges, 10, channels, dtype=torch.float32, device=g.device)
                 _weight_grad_kernel[(ranges, channel_blocks)](
-                    x_nhwc, g, partial, height, width, out_h, out_w, pixels, chunk, channels,
-                    BLOCK_P=WEIGHT_GRAD_BLOCK_P, BLOCK_C=block_c)
+                    x_nhwc, g, _lengths_arg(lengths, g), partial, height, width, out_h, out_w, pixels, chunk,
+                    channels, HAS_LENGTHS=lengths is not None, BLOCK_P=WEIGHT_GRAD_BLOCK_P, BLOCK_C=block_c)
                 sums = partial.sum(0)
             if ctx.needs_input_grad[1]:
                 grad_weight = sums[:9].t().reshape(channels, 1, 3, 3).to(ctx.weight_dtype)
             if ctx.has_bias and ctx.needs_input_grad[2]:
                 grad_bias = sums[9].to(ctx.bias_dtype)
-        return grad_x, grad_weight, grad_bias
+        return grad_x, grad_weight, grad_bias, None
 
 
-def depthwise_conv3x3_s2_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _lengths_arg(lengths: torch.Tensor | None, placeholder: torch.Tensor) -> torch.Tensor:
+    """The kernels' lengths pointer: the lengths, or any tensor of the device when there are none (unread)."""
+    return placeholder if lengths is None else lengths
+
+
+def depthwise_conv3x3_s2_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                                lengths: torch.Tensor | None = None) -> torch.Tensor:
     """``F.conv2d(x, weight, bias, stride=2, padding=1, groups=C)`` by the Triton kernels: x [B, C, H, W]
     fp32, bf16 or fp16 in any layout, weight [C, 1, 3, 3], bias [C] or None -> [B, C, ceil(H / 2), ceil(W / 2)]
-    channels-last in x's dtype. Under autocast, x is first cast to autocast's dtype (as a convolution's
-    input is)."""
+    channels-last in x's dtype. ``lengths`` [B] (integers, on x's device): rows h >= lengths[b] of x are read
+    as zero (the result is the convolution of x masked there, and their gradient is zero). Under autocast, x
+    is first cast to autocast's dtype (as a convolution's input is)."""
     if torch.is_autocast_enabled(x.device.type):
         x = x.to(torch.get_autocast_dtype(x.device.type))
-    _check_inputs(x, weight, bias)
+    _check_inputs(x, weight, bias, lengths)
+    if lengths is not None:
+        lengths = lengths.to(torch.int64).contiguous()
     with device_guard(x.device):
-        return _DepthwiseConv3x3S2.apply(x, weight, bias)
+        return _DepthwiseConv3x3S2.apply(x, weight, bias, lengths)
 
 
-def _check_inputs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+def _check_inputs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  lengths: torch.Tensor | None = None) -> None:
     if x.dim() != 4:
         raise ValueError(f"x: the depthwise convolution takes [B, C, H, W], got shape {tuple(x.shape)}")
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -279,3 +312,9 @@ def _check_inputs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if weight.device != x.device or (bias is not None and bias.device != x.device):
         raise ValueError(f"weight and bias must be on x's device {x.device}")
 
+    if lengths is not None:
+        if tuple(lengths.shape) != (x.shape[0],) or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+            raise ValueError(f"lengths: expected [{x.shape[0]}] integers (valid rows per batch item), got "
+                             f"{lengths.dtype} of shape {tuple(lengths.shape)}")
+        if lengths.device != x.device:
+            raise ValueError(f"lengths must be on x's device {x.device}, got {lengths.device}")

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.models.config import DEPTHWISE, ModelConfig
+from workbench.models.config import DEFAULT_DEPTHWISE, DEFAULT_TIME_DEPTHWISE, DEPTHWISE, ModelConfig
 from workbench.models.features import LogMel
 from workbench.triton_support import triton_unavailable_reason
 
@@ -59,16 +59,18 @@ def depthwise_backend(depthwise: str, device: torch.device | str, *, which: str 
             else "torch")
 
 
-def depthwise_conv3x3_s2(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def depthwise_conv3x3_s2(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                         lengths: torch.Tensor | None = None) -> torch.Tensor:
     """``F.conv2d(x, weight, bias, stride=2, padding=1, groups=C)`` by the Triton kernels of
-    :mod:`workbench.models.depthwise_triton` (channels-last output); a one-line ValueError when they cannot
-    run on x's device (CUDA, or the CPU under Triton's interpreter)."""
+    :mod:`workbench.models.depthwise_triton` (channels-last output), x's rows (dim 2) at or past ``lengths``
+    read as zero; a one-line ValueError when they cannot run on x's device (CUDA, or the CPU under Triton's
+    interpreter)."""
     problem = depthwise_unavailable_reason(x.device)
     if problem:
         raise ValueError(f"depthwise='triton': {problem}")
     from workbench.models.depthwise_triton import depthwise_conv3x3_s2_triton
 
-    return depthwise_conv3x3_s2_triton(x, weight, bias)
+    return depthwise_conv3x3_s2_triton(x, weight, bias, lengths)
 
 
 def time_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -91,10 +93,12 @@ class Subsampling(nn.Module):
     depthwise ones to cuDNN (for bf16 in the default layout PyTorch runs its own, much slower, kernel).
     ``depthwise``: "torch" runs the depthwise convolutions by their nn.Conv2d modules; "triton" by
     :func:`depthwise_conv3x3_s2` on the same modules' weight and bias (same parameters and state_dict);
-    "auto" (the default) picks per input device (:func:`depthwise_backend`)."""
+    "auto" (the default) picks per input device (:func:`depthwise_backend`). On the Triton path a stage's
+    output is not masked when the next stage's kernels read it: they read its frames past the lengths as
+    zero, which saves a pass over the largest activations and keeps one copy of them instead of two."""
 
     def __init__(self, n_mels: int, channels: int, d_model: int, channels_last: bool | None = None,
-                 depthwise: str = "auto"):
+                 depthwise: str = DEFAULT_DEPTHWISE):
         super().__init__()
         if depthwise not in DEPTHWISE:
             raise ValueError(f"depthwise: expected one of {DEPTHWISE}, got {depthwise!r}")
@@ -112,21 +116,29 @@ class Subsampling(nn.Module):
     def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = features[:, None]                                  # [B, 1, T, F]
         channels_last = x.is_cuda if self.channels_last is None else self.channels_last
-        for stage in self.stages:
+        masks_on_load = [self._masks_on_load(stage, x.device) for stage in self.stages[1:]] + [False]
+        for stage, next_masks in zip(self.stages, masks_on_load):
             if channels_last:   # after the first stage too: its output's layout follows its 1-channel input's
                 x = x.contiguous(memory_format=torch.channels_last)
-            x = self._stage(stage, x)
+            x = self._stage(stage, x, lengths)
             lengths = subsampled_length(lengths, times=1)
-            valid = torch.arange(x.shape[2], device=x.device)[None] < lengths[:, None]
-            x = x * valid[:, None, :, None].to(x.dtype)
+            if not next_masks:
+                valid = torch.arange(x.shape[2], device=x.device)[None] < lengths[:, None]
+                x = x * valid[:, None, :, None].to(x.dtype)
         x = self.out(x.permute(0, 2, 1, 3).flatten(2))         # [B, T/8, d_model]
         return x, lengths
 
-    def _stage(self, stage: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    def _masks_on_load(self, stage: nn.Sequential, device: torch.device) -> bool:
+        """True when ``stage`` runs the Triton depthwise kernels, which read frames past the lengths as zero."""
         conv = stage[0]
-        if conv.groups != conv.out_channels or depthwise_backend(self.depthwise, x.device) == "torch":
+        return conv.groups == conv.out_channels and depthwise_backend(self.depthwise, device) == "triton"
+
+    def _stage(self, stage: nn.Sequential, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """One stage on x [B, C, T, F], whose frames at or past ``lengths`` [B] count as zero."""
+        if not self._masks_on_load(stage, x.device):
             return stage(x)
-        x = depthwise_conv3x3_s2(x, conv.weight, conv.bias)
+        conv = stage[0]
+        x = depthwise_conv3x3_s2(x, conv.weight, conv.bias, lengths)
         for layer in stage[1:]:
             x = layer(x)
         return x
@@ -189,7 +201,7 @@ class ConvolutionModule(nn.Module):
     :func:`time_depthwise_conv` on [B, T, C] with the same weight and bias (no layout copies; the batch
     norm over the B * T frames, the same statistics); "auto" picks per input device."""
 
-    def __init__(self, dim: int, kernel: int, dropout: float, time_depthwise: str = "torch"):
+    def __init__(self, dim: int, kernel: int, dropout: float, time_depthwise: str = DEFAULT_TIME_DEPTHWISE):
         super().__init__()
         if time_depthwise not in DEPTHWISE:
             raise ValueError(f"time_depthwise: expected one of {DEPTHWISE}, got {time_depthwise!r}")

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.models.aed import TransformerDecoder
-from workbench.models.config import ModelConfig, config_from_name
+from workbench.models.config import DEFAULT_DEPTHWISE, DEFAULT_TIME_DEPTHWISE, ModelConfig, config_from_name
 from workbench.models.encoder import Encoder
 from workbench.models.losses import label_smoothed_cross_entropy, rnnt_loss, tdt_loss
 from workbench.models.transducer import Joint, Predictor, chunked_joint_loss
@@ -132,7 +132,7 @@ class ASRModel(nn.Module):
 
 
 def build_model(name: str, *, vocab_size: int | None = None, joint_chunk_size: int = 0,
-                depthwise: str = "auto", time_depthwise: str = "torch") -> ASRModel:
+                depthwise: str = DEFAULT_DEPTHWISE, time_depthwise: str = DEFAULT_TIME_DEPTHWISE) -> ASRModel:
     """"{tiny,large,xl}-{rnnt,tdt,ctc,aed}" -> ASRModel on the current default device (use
     ``with torch.device("meta"):`` to count parameters without allocating); ``depthwise``: see
     :class:`workbench.models.encoder.Subsampling`; ``time_depthwise``: see

@@ -37,6 +37,11 @@ counted on the torch convolutions (the same sums), so MFU compares with the defa
 models_depthwise the record sits beside the others. On the CPU smoke path the kernels need Triton's
 interpreter (TRITON_INTERPRET=1).
 
+--time-depthwise auto|torch|triton (default: build_model's): the same for the conformer convolution modules'
+depthwise convolution over time (workbench.models.time_conv_triton); with --name models_time_depthwise the
+record sits beside the others, and the stage models-time-depthwise of scripts/gpu_run.sh measures it at the
+profile shapes.
+
 --smoke: tiny-rnnt and tiny-aed at two small shapes, 2 timed steps after 1 warm-up, and a small loss
 comparison (when torchaudio is installed). Without CUDA the steps run on the CPU: times are CPU wall
 clock, peak memory and GPU busy are not measured (null), and MFU is against the CPU's fp32 matmul rate.
@@ -61,7 +66,7 @@ from workbench.bench.results import (RESULTS_DIR, bench_device, check_smoke_out,
                                      report_failures, timer_for, write_result)
 from workbench.memory.oom import is_oom_error, release_memory
 from workbench.models import build_model, compile_encoder_layers, count_parameters, rnnt_loss
-from workbench.models.config import DEPTHWISE
+from workbench.models.config import DEFAULT_TIME_DEPTHWISE, DEPTHWISE
 from workbench.models.encoder import depthwise_backend, depthwise_unavailable_reason
 from workbench.models.model import DTYPES
 
@@ -80,7 +85,7 @@ PROFILE_BUCKETS = (0, -1)  # bucket indices of a profile measured: its shortest 
 # A model that no OOMptimizer record holds takes the profile shapes of a model that fits the same batches or
 # fewer: large-tdt has large-rnnt's encoder and predictor and a joint 5 duration outputs wider.
 STAND_INS = {"large-tdt": "large-rnnt"}
-ROW_KERNELS = 8  # kernels kept on each profile-sized row
+ROW_KERNELS = 16  # kernels kept on each profile-sized row
 PROFILE_DTYPE = "bf16"  # the dtype the OOMptimizer's profiles are searched in
 
 
@@ -246,16 +251,19 @@ def row_shapes(shapes, profile_shapes) -> list[tuple[dict, list[str]]]:
 
 def measure_model(name: str, shapes, failures: list[str], *, device: torch.device, repeat: int = REPEAT,
                   warmup: int = WARMUP, kernel_shape=None, compile: bool = False, depthwise: str = "auto",
-                  profile_shapes=(), flops_per_s: float | None = None) -> tuple[int | None, list[dict], dict | None]:
+                  time_depthwise: str | None = None, profile_shapes=(),
+                  flops_per_s: float | None = None) -> tuple[int | None, list[dict], dict | None]:
     """Rows of step time, peak memory (None off a GPU), MFU against ``flops_per_s`` and GPU busy share
     (None off a GPU) per fixed shape and dtype and per profile shape (bf16), and with ``kernel_shape``
     the :func:`profile_step` of one bf16 step there (else None); ``compile``: the encoder blocks compiled
-    first; ``depthwise``: what runs the subsampling's depthwise convolutions (build_model's option). A
+    first; ``depthwise``, ``time_depthwise``: what runs the subsampling's and the convolution modules'
+    depthwise convolutions (build_model's options; None: its default). A
     step that fails for a reason other than memory is a failure (its row has "error"); the other rows
     still run."""
     try:
         with device:  # built on the device: an xl model is never initialized on the host
-            model = build_model(name, depthwise=depthwise)
+            model = build_model(name, depthwise=depthwise,
+                                **({} if time_depthwise is None else {"time_depthwise": time_depthwise}))
         if compile:
             compile_encoder_layers(model)
     except Exception as e:  # noqa: BLE001 - one broken model must not lose the others' rows
@@ -395,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depthwise", choices=DEPTHWISE, default="auto", help="what runs the subsampling's "
                         "depthwise convolutions (default auto: the Triton kernels on CUDA, torch's elsewhere; "
                         "torch: cuDNN's, e.g. with --name models_cudnn_depthwise)")
+    parser.add_argument("--time-depthwise", choices=DEPTHWISE, default=None, help="what runs the convolution "
+                        "modules' depthwise convolutions over time (default: build_model's; triton: the kernels of "
+                        "workbench/models/time_conv_triton.py, e.g. with --name models_time_depthwise)")
     parser.add_argument("--name", default=record.NAME, help="record name: <out>/<name>.json (default models; "
                         "e.g. models_compile with --compile)")
     parser.add_argument("--profile-shapes", nargs="+", default=None, metavar="PATH",
@@ -433,11 +444,12 @@ def run(args, device: torch.device) -> int:
     """The measurements of :func:`main`'s parsed ``args`` (with ``profile`` and ``profile_missing`` from
     :func:`profile_shapes_for`) on ``device``; writes models.json, returns the exit code."""
     models = args.models
-    if getattr(args, "depthwise", "torch") == "triton":
-        problem = depthwise_unavailable_reason(device)
-        if problem:
-            print(f"--depthwise triton: {problem}", file=sys.stderr)
-            return 2
+    for option, which in (("depthwise", "subsampling"), ("time_depthwise", "time")):
+        if getattr(args, option, None) == "triton":
+            problem = depthwise_unavailable_reason(device, which=which)
+            if problem:
+                print(f"--{option.replace('_', '-')} triton: {problem}", file=sys.stderr)
+                return 2
     shapes = [] if getattr(args, "only_profile_shapes", False) else SMOKE_SHAPES if args.smoke else SHAPES
     repeat, warmup = (SMOKE_REPEAT, SMOKE_WARMUP) if args.smoke else (REPEAT, WARMUP)
     started = time.perf_counter()
@@ -455,10 +467,13 @@ def run(args, device: torch.device) -> int:
         kernel_shape = SMOKE_KERNEL_SHAPE if args.smoke else KERNEL_SHAPE
     compiled = bool(getattr(args, "compile", False))
     depthwise = depthwise_backend(getattr(args, "depthwise", "auto"), device)  # what runs, as recorded
+    time_depthwise = depthwise_backend(getattr(args, "time_depthwise", None) or DEFAULT_TIME_DEPTHWISE, device,
+                                       which="time")
     what = ("training-step time, peak memory, MFU and GPU busy share of the reference models (bf16 vs fp32 at "
             "fixed shapes, bf16 at OOMptimizer profile shapes"
             + (", encoder blocks compiled with torch.compile" if compiled else "")
             + (", subsampling's depthwise convolutions by Triton kernels" if depthwise == "triton" else "")
+            + (", convolution modules' depthwise convolutions by Triton kernels" if time_depthwise == "triton" else "")
             + "), and our RNN-T loss against torchaudio's")
     if args.smoke:
         what = (f"SMOKE RUN on {device.type} (tiny models, small shapes"
@@ -482,6 +497,7 @@ def run(args, device: torch.device) -> int:
                                     "warmup_steps": warmup, "device": str(device), "float32_matmul_precision":
                                     torch.get_float32_matmul_precision(), "smoke": bool(args.smoke),
                                     "kernel_shape": kernel_shape, "compile": compiled, "depthwise": depthwise,
+                                    "time_depthwise": time_depthwise,
                                     "profile_records": [str(p) for p in (args.profile_shapes or PROFILE_RECORDS)],
                                     "profile_buckets": args.profile_buckets, "profile_dtype": PROFILE_DTYPE},
                             out_dir=args.out)
@@ -489,7 +505,7 @@ def run(args, device: torch.device) -> int:
     for name in models:
         params[name], model_rows, model_kernels = measure_model(
             name, shapes, failures, device=device, repeat=repeat, warmup=warmup, kernel_shape=kernel_shape,
-            compile=compiled, depthwise=depthwise, profile_shapes=args.profile.get(name, ()),
+            compile=compiled, depthwise=depthwise, time_depthwise=time_depthwise, profile_shapes=args.profile.get(name, ()),
             flops_per_s=matmul["flops_per_s"])
         rows.extend(model_rows)
         if model_kernels is not None:
