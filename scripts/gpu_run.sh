@@ -15,7 +15,7 @@
 # land in $OUT/results.tar.gz (benchmarks/results/*.json, re-packed after every stage, so a call stopped
 # at its limit still returns what finished) and logs in $OUT/*.log; elsewhere OUT defaults to ./gpu_out.
 set -uo pipefail
-STAGES="flow tests tests-allocator decoding decoding-quick decoding-nemo decoding-nemo-quick models models-profile models-compile models-depthwise models-cudnn-depthwise models-time-depthwise losses oomptimizer oomptimizer-rnnt oomptimizer-rnnt-chunked oomptimizer-aed ddp allocator allocator-roomy throughput-rnnt-prepare throughput-rnnt-train throughput-aed-prepare throughput-aed-train"
+STAGES="flow tests tests-allocator decoding decoding-quick decoding-nemo decoding-nemo-quick models models-profile models-compile models-depthwise models-cudnn-depthwise models-time-torch losses oomptimizer oomptimizer-rnnt oomptimizer-rnnt-chunked oomptimizer-aed ddp allocator allocator-roomy throughput-rnnt-prepare throughput-rnnt-train throughput-aed-prepare throughput-aed-train"
 if [ $# -eq 0 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
   sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; echo "stages: $STAGES"; exit 2
 fi
@@ -158,10 +158,10 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
                       run_stage models_cudnn_depthwise 330 python3 -m workbench.bench.models --depthwise torch \
                         --only-profile-shapes --models large-rnnt large-tdt xl-aed --name models_cudnn_depthwise \
                         --out "$RESULTS" ;;
-    models-time-depthwise)  # the same, with the convolution modules' depthwise convolutions by the Triton kernels too
-                      run_stage models_time_depthwise 330 python3 -m workbench.bench.models --depthwise triton \
-                        --time-depthwise triton --only-profile-shapes --models large-rnnt large-tdt xl-aed \
-                        --name models_time_depthwise --out "$RESULTS" ;;
+    models-time-torch)  # the transducer and xl-aed profile shapes with the convolution modules' depthwise convolutions
+                      # by torch (nn.Conv1d), the reference for the Triton kernels that the default (auto) runs on CUDA
+                      run_stage models_time_torch 330 python3 -m workbench.bench.models --time-depthwise torch \
+                        --only-profile-shapes --models large-rnnt xl-aed --name models_time_torch --out "$RESULTS" ;;
     losses)           run_stage losses 240 python3 -m workbench.bench.losses --out "$RESULTS" ;;  # with the rows part
     oomptimizer)      run_stage oomptimizer 360 python3 -m workbench.bench.oomptimizer --out "$RESULTS" ;;
     oomptimizer-rnnt) run_stage oomptimizer_rnnt 540 python3 -m workbench.bench.oomptimizer --part rnnt \

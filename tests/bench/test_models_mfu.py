@@ -235,13 +235,14 @@ def test_before_after_rows_pair_shapes_and_keep_rows_only_one_record_has():
     before = {"steps": [_row("large-rnnt", "bf16", 16, 15.0, 120, 0.08), _row("large-rnnt", "fp32", 16, 15.0, 120, 0.12),
                         {"model": "xl-aed", "dtype": "bf16", "batch_size": 8, "duration_s": 30.0, "num_tokens": 240,
                          "oom": True}]}
-    after = {"steps": [_row("large-rnnt", "bf16", 16, 15.0, 120, 0.1, mfu=0.05, shape_source="fixed"),
+    after = {"steps": [{**_row("large-rnnt", "bf16", 16, 15.0, 120, 0.1, mfu=0.05, shape_source="fixed"),
+                        "peak_bytes": 3 << 30},
                        _row("large-rnnt", "bf16", 24, 40.0, 499, 0.5, mfu=0.3, shape_source="profile")]}
     got = record.before_after_rows(before, after)
     assert got[0] == {"model": "large-rnnt", "dtype": "bf16", "shape_source": "fixed", "batch_size": 16,
                       "duration_s": 15.0, "num_tokens": 120, "before_step_s": 0.08, "before_audio_s_per_s": 3000.0,
-                      "before_mfu": None, "after_step_s": 0.1, "after_audio_s_per_s": 2400.0, "after_mfu": 0.05,
-                      "before_over_after_time": pytest.approx(0.8)}
+                      "before_mfu": None, "before_peak_bytes": None, "after_step_s": 0.1, "after_audio_s_per_s": 2400.0,
+                      "after_mfu": 0.05, "after_peak_bytes": 3 << 30, "before_over_after_time": pytest.approx(0.8)}
     assert (got[1]["shape_source"], got[1]["before_step_s"], got[1]["after_mfu"], got[1]["before_over_after_time"]) \
         == ("profile", None, 0.3, None)
     assert (got[2]["dtype"], got[2]["after_step_s"], got[2]["before_step_s"]) == ("fp32", None, 0.12)
@@ -249,6 +250,7 @@ def test_before_after_rows_pair_shapes_and_keep_rows_only_one_record_has():
     table = record.before_after_table(before, after)
     assert list(table["before ms"].fillna(-1)) == [80.0, -1, 120.0]
     assert list(table["after MFU %"].fillna(-1)) == [5.0, 30.0, -1]
+    assert list(table["after peak GiB"].fillna(-1)) == [3.0, -1, -1]
 
 
 def test_models_bench_only_profile_shapes_measures_the_profile_rows(tmp_path, cpu_settings_kept):

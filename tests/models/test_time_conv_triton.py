@@ -150,7 +150,7 @@ def test_build_model_threads_the_option_and_checks_it():
     model = build_model("tiny-rnnt", time_depthwise="triton")
     assert model.config.time_depthwise == "triton"
     assert {block.conv.time_depthwise for block in model.encoder.blocks} == {"triton"}
-    assert build_model("tiny-rnnt").encoder.blocks[0].conv.time_depthwise == "torch"  # the default
+    assert build_model("tiny-rnnt").encoder.blocks[0].conv.time_depthwise == "auto"  # the default
     with pytest.raises(ValueError, match=r"^time_depthwise: expected one of \('auto', 'torch', 'triton'\), got 'x'$"):
         build_model("tiny-rnnt", time_depthwise="x")
 
@@ -158,7 +158,7 @@ def test_build_model_threads_the_option_and_checks_it():
 def test_a_training_step_with_triton_time_depthwise_equals_the_torch_one():
     torch.manual_seed(0)
     ours = build_model("tiny-rnnt", vocab_size=12, time_depthwise="triton", depthwise="torch").to(DEVICE)
-    theirs = build_model("tiny-rnnt", vocab_size=12, depthwise="torch").to(DEVICE)
+    theirs = build_model("tiny-rnnt", vocab_size=12, depthwise="torch", time_depthwise="torch").to(DEVICE)
     theirs.load_state_dict(ours.state_dict())
     batch = ours.make_batch(3, 0.5, 4, torch.device(DEVICE))
     loss_ours = ours.training_step(batch, dtype=torch.float32)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 HEADS = ("rnnt", "tdt", "ctc", "aed")
 DEPTHWISE = ("auto", "torch", "triton")  # what runs a depthwise convolution (auto: triton on CUDA)
 DEFAULT_DEPTHWISE = "auto"        # the subsampling's depthwise 3x3 stride-2 convolutions
-DEFAULT_TIME_DEPTHWISE = "torch"  # the conformer convolution modules' depthwise convolutions over time
+DEFAULT_TIME_DEPTHWISE = "auto"   # the conformer convolution modules' depthwise convolutions over time
 SIZES = ("tiny", "large", "xl")
 
 

@@ -245,8 +245,8 @@ def _row_key(r: Mapping[str, Any]) -> tuple:
 
 def before_after_rows(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict]:
     """Per model, dtype and shape timed in either record (``after``'s order, then rows only ``before``
-    has): median step seconds, audio s/s and MFU of each (None where that record has no such timed row or
-    field), and before / after step time."""
+    has): median step seconds, audio s/s, MFU and peak allocated bytes of each (None where that record has no
+    such timed row or field), and before / after step time."""
     timed = [{_row_key(r): r for r in figures["steps"] if "step_s" in r} for figures in (before, after)]
     keys = list(timed[1]) + [k for k in timed[0] if k not in timed[1]]
     out = []
@@ -259,6 +259,7 @@ def before_after_rows(before: Mapping[str, Any], after: Mapping[str, Any]) -> li
             row[f"{label}_step_s"] = None if r is None else r["step_s"]["median"]
             row[f"{label}_audio_s_per_s"] = None if r is None else audio_per_second(r)
             row[f"{label}_mfu"] = None if r is None else r.get("mfu")
+            row[f"{label}_peak_bytes"] = None if r is None else r.get("peak_bytes")
         row["before_over_after_time"] = None if a is None or b is None else b["step_s"]["median"] / a["step_s"]["median"]
         out.append(row)
     return out
@@ -275,7 +276,8 @@ def before_after_table(before: Mapping[str, Any], after: Mapping[str, Any]):
         table[f"{label} ms"] = table.pop(f"{label}_step_s").astype(float) * 1e3
         table[f"{label} audio s/s"] = table.pop(f"{label}_audio_s_per_s").astype(float)
         table[f"{label} MFU %"] = table.pop(f"{label}_mfu").astype(float) * 100
+        table[f"{label} peak GiB"] = table.pop(f"{label}_peak_bytes").astype(float) / 2**30
     table["speedup (before/after time)"] = table.pop("before_over_after_time").astype(float)
     table = table.rename(columns={"shape_source": "shape", "batch_size": "B", "duration_s": "s", "num_tokens": "U"})
     return table.round({"before ms": 1, "after ms": 1, "before audio s/s": 0, "after audio s/s": 0,
-                        "before MFU %": 1, "after MFU %": 1, "speedup (before/after time)": 2})
+                        "before MFU %": 1, "after MFU %": 1, "before peak GiB": 1, "after peak GiB": 1, "speedup (before/after time)": 2})

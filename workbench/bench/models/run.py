@@ -39,8 +39,8 @@ interpreter (TRITON_INTERPRET=1).
 
 --time-depthwise auto|torch|triton (default: build_model's): the same for the conformer convolution modules'
 depthwise convolution over time (workbench.models.time_conv_triton); with --name models_time_depthwise the
-record sits beside the others, and the stage models-time-depthwise of scripts/gpu_run.sh measures it at the
-profile shapes.
+record sits beside the others; the stage models-time-torch of scripts/gpu_run.sh measures torch's at the
+profile shapes, beside the default's (stage models-profile).
 
 --smoke: tiny-rnnt and tiny-aed at two small shapes, 2 timed steps after 1 warm-up, and a small loss
 comparison (when torchaudio is installed). Without CUDA the steps run on the CPU: times are CPU wall
@@ -70,7 +70,7 @@ from workbench.models.config import DEFAULT_TIME_DEPTHWISE, DEPTHWISE
 from workbench.models.encoder import depthwise_backend, depthwise_unavailable_reason
 from workbench.models.model import DTYPES
 
-MODELS = ["large-rnnt", "large-tdt", "large-aed", "xl-aed"]
+MODELS = ["large-rnnt", "large-tdt", "xl-aed", "large-aed"]  # the MFU targets' models first
 SHAPES = [(32, 5.0, 40), (16, 15.0, 120), (8, 30.0, 240)]  # (batch, seconds, tokens): worst case of a bucket
 SMOKE_MODELS = ["tiny-rnnt", "tiny-aed"]
 SMOKE_SHAPES = [(2, 1.0, 8), (1, 2.0, 16)]
