@@ -243,12 +243,14 @@ def _row_key(r: Mapping[str, Any]) -> tuple:
     return (r["model"], r["dtype"], r.get("shape_source", "fixed"), r["batch_size"], r["duration_s"], r["num_tokens"])
 
 
-def before_after_rows(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict]:
+def before_after_rows(before: Mapping[str, Any], after: Mapping[str, Any], *, paired_only: bool = False) -> list[dict]:
     """Per model, dtype and shape timed in either record (``after``'s order, then rows only ``before``
-    has): median step seconds, audio s/s, MFU and peak allocated bytes of each (None where that record has no
+    has; ``paired_only``: only those timed in both): median step seconds, audio s/s, MFU and peak allocated bytes of each (None where that record has no
     such timed row or field), and before / after step time."""
     timed = [{_row_key(r): r for r in figures["steps"] if "step_s" in r} for figures in (before, after)]
     keys = list(timed[1]) + [k for k in timed[0] if k not in timed[1]]
+    if paired_only:
+        keys = [k for k in keys if k in timed[0] and k in timed[1]]
     out = []
     for key in keys:
         b, a = timed[0].get(key), timed[1].get(key)
@@ -265,11 +267,12 @@ def before_after_rows(before: Mapping[str, Any], after: Mapping[str, Any]) -> li
     return out
 
 
-def before_after_table(before: Mapping[str, Any], after: Mapping[str, Any]):
-    """:func:`before_after_rows` as a DataFrame for notebook 02: times in ms, MFU in %, blank where absent."""
+def before_after_table(before: Mapping[str, Any], after: Mapping[str, Any], *, paired_only: bool = False):
+    """:func:`before_after_rows` as a DataFrame for notebook 02: times in ms, MFU in %, peaks in GiB, blank
+    where absent."""
     import pandas as pd  # here: the summary reads this module without pandas
 
-    table = pd.DataFrame(before_after_rows(before, after))
+    table = pd.DataFrame(before_after_rows(before, after, paired_only=paired_only))
     if table.empty:
         return table
     for label in ("before", "after"):

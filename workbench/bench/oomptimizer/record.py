@@ -18,13 +18,15 @@ from typing import Any, Mapping, TypedDict
 import pandas as pd
 
 from workbench.bench.oomptimizer import chunked
-from workbench.bench.results import RESULTS_DIR, load_result
+from workbench.bench.results import RESULTS_DIR, load_result, summarize
 from workbench.oomptimizer.plots import plot_batch_sizes, plot_probe_trace, plot_strategy_comparison, strategy_table
 from workbench.oomptimizer.run import describe_soak
 from workbench.units import GiB
 
 NAME = "oomptimizer"  # oomptimizer.json, oomptimizer_aed.json, oomptimizer_ddp.json, oomptimizer_rnnt_chunked.json
 CHUNKED_NAME = "oomptimizer_rnnt_chunked"  # --part rnnt-chunked (chunked.py)
+# oomptimizer.json and oomptimizer_aed.json as they were before the lean step (21cbce1: the sizes issue 15 started from)
+BEFORE_LEAN_STEP = {"rnnt": "oomptimizer_before_lean_step", "aed": "oomptimizer_aed_before_lean_step"}
 CHUNKED_PART = "rnnt-chunked"
 
 
@@ -337,3 +339,47 @@ def aed_outputs(record: Mapping[str, Any] | None, aed_record: Mapping[str, Any] 
     runs = {k: aed[k] for k in ("predictive", "bisect")}
     return (f"{aed['model']} batch sizes (predictive): {aed['predictive']['batch_sizes']}", strategy_table(runs),
             plot_strategy_comparison(runs, title=f"{aed['model']}: all {len(aed['buckets'])} buckets"))
+
+
+def growth_rows(before: Mapping[str, Any], after: Mapping[str, Any], part: str = "rnnt") -> list[dict]:
+    """Per bucket of ``part`` ("rnnt" or "aed"), the profile's (predictive) batch size in the ``before`` and
+    ``after`` records and after / before; [] when either record lacks the part or their buckets differ."""
+    old, new = before["figures"].get(part, {}), after["figures"].get(part, {})
+    if "predictive" not in old or "predictive" not in new or buckets(old) != buckets(new):
+        return []
+    rows = []
+    for i, ((duration, tokens), b, a) in enumerate(zip(buckets(new), old["predictive"]["batch_sizes"],
+                                                      new["predictive"]["batch_sizes"])):
+        rows.append({"bucket": i, "duration_s": duration, "tokens": int(tokens), "before": b, "after": a,
+                     "after_over_before": a / b if a and b else None})
+    return rows
+
+
+def growth_lines(before: Mapping[str, Any], after: Mapping[str, Any], target: float = 2.0) -> list[str]:
+    """One line per part both records hold: after / before batch sizes (min, median, max) and the buckets at
+    >= ``target``x, each record named by its commit; or why the part cannot be compared."""
+    out = []
+    for part in ("rnnt", "aed"):
+        if any("predictive" not in r["figures"].get(part, {}) for r in (before, after)):
+            continue  # a part not searched in one of them
+        rows = growth_rows(before, after, part)
+        label = (f"{part} profile batch sizes at {str(after.get('git_commit', '?'))[:12]} / at "
+                 f"{str(before.get('git_commit', '?'))[:12]}")
+        ratios = [r["after_over_before"] for r in rows if r["after_over_before"] is not None]
+        if not ratios:
+            out.append(f"- {label}: not comparable (other buckets)")
+            continue
+        spread = summarize(ratios)
+        out.append(f"- {label} over {len(ratios)} buckets: {_spread(spread)}; >= {target:g}x at "
+                   f"{sum(r >= target for r in ratios)} of {len(ratios)}")
+    return out
+
+
+def growth_table(before: Mapping[str, Any], after: Mapping[str, Any], part: str = "rnnt") -> pd.DataFrame:
+    """growth_rows as a table for notebook 02 (ratio to 2 decimals)."""
+    table = pd.DataFrame(growth_rows(before, after, part))
+    if table.empty:
+        return table
+    table = table.rename(columns={"duration_s": "duration s", "before": f"at {before['git_commit'][:7]}",
+                                  "after": f"at {after['git_commit'][:7]}", "after_over_before": "ratio"})
+    return table.round({"duration s": 2, "ratio": 2})
