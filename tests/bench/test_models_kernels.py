@@ -98,6 +98,11 @@ def test_lean_step_lines_show_the_kernel_tables_and_the_compiled_speed():
         "compiled encoder: no kernel table in this record (the bench ran without --kernels)",
         "large-rnnt bf16 B=16 15 s: compiled encoder 1.20x faster than eager"]
     assert record.lean_step_lines(None, None) == []
+    assert record.lean_step_lines(eager, compiled, commits=("a" * 40, "a" * 40)) == \
+        record.lean_step_lines(eager, compiled)
+    assert record.lean_step_lines(eager, compiled, commits=("a" * 40, "b" * 40))[-1] == (
+        "compiled encoder: not set against eager (the records were made at commits aaaaaaaaaaaa and bbbbbbbbbbbb; "
+        "the step may differ: rerun both in one call)")
 
 
 KERNEL_SMOKE = """
@@ -159,13 +164,15 @@ def test_models_bench_time_depthwise_triton_smoke_runs_the_kernels_and_records_i
 def test_models_bench_records_the_default_time_depthwise_it_ran(tmp_path, monkeypatch):
     """Without --time-depthwise the record names what build_model's default ran on this device."""
     from workbench.bench.models import run as models
+    from workbench.bench.results import bench_device
     from workbench.models.config import DEFAULT_TIME_DEPTHWISE
     from workbench.models.encoder import depthwise_backend
 
     monkeypatch.setattr(models, "SMOKE_SHAPES", [(1, 0.5, 4)])
     assert models.main(["--smoke", "--models", "tiny-ctc", "--out", str(tmp_path), "--depthwise", "torch"]) == 0
     params = json.loads((tmp_path / "models.json").read_text())["params"]
-    assert params["time_depthwise"] == depthwise_backend(DEFAULT_TIME_DEPTHWISE, "cpu", which="time")
+    assert params["time_depthwise"] == depthwise_backend(DEFAULT_TIME_DEPTHWISE, bench_device(), which="time")
+    assert params["time_depthwise"] in ("torch", "triton")  # what ran, never "auto"
 
 
 def test_models_bench_counts_the_flops_of_a_triton_depthwise_model_on_torch_convolutions():

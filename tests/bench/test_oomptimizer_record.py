@@ -43,7 +43,7 @@ def test_aed_part_comes_from_its_own_record_when_there_is_one():
 
 
 def test_ddp_lines_set_the_two_gpu_run_beside_the_one_gpu_accounting():
-    ddp, gpu = _load("oomptimizer_ddp"), _load(record.BEFORE_LEAN_STEP["rnnt"])  # the one-GPU run of its day
+    ddp, gpu = _load("oomptimizer_ddp"), _load(record.BEFORE_LEAN_STEP_RECORDS["rnnt"])  # the one-GPU run of its day
     lines = record.ddp_lines(ddp, gpu)
     assert lines[0].startswith(f"{ddp['figures']['model']} on {ddp['figures']['world_size']} GPUs")
     assert lines[1] == f"one GPU with DDP accounting: {gpu['figures']['rnnt']['ddp_accounting']['batch_sizes']}"
@@ -67,8 +67,9 @@ def test_growth_sets_each_buckets_profile_size_against_an_older_record():
         "- rnnt profile batch sizes at bbbbbbb222 / at aaaaaaa111 over 3 buckets: min 1.50x, median 2.00x, "
         "max 3.10x; >= 2x at 2 of 3"]
     table = record.growth_table(before, after)
-    assert list(table.columns) == ["bucket", "duration s", "tokens", "at aaaaaaa", "at bbbbbbb", "ratio"]
-    assert list(table["ratio"]) == [1.5, 2.0, 3.1]
+    assert list(table.columns) == ["bucket", "duration s", "tokens", "before (aaaaaaa)", "after (bbbbbbb)",
+                                   "after / before"]
+    assert list(table["after / before"]) == [1.5, 2.0, 3.1]
     other = _sizes_record("ccccccc333", "rnnt", buckets[:2], [1, 2])
     assert record.growth_rows(before, other) == [] and record.growth_table(before, other).empty
     assert record.growth_lines(before, other) == [
@@ -78,7 +79,7 @@ def test_growth_sets_each_buckets_profile_size_against_an_older_record():
 
 
 def test_committed_records_show_the_growth_since_the_lean_step():
-    for part, name in record.BEFORE_LEAN_STEP.items():
+    for part, name in record.BEFORE_LEAN_STEP_RECORDS.items():
         current = _load("oomptimizer" if part == "rnnt" else "oomptimizer_aed")
         rows = record.growth_rows(_load(name), current, part)
         assert rows and all(r["after"] and r["before"] for r in rows)

@@ -259,6 +259,31 @@ def test_subsampling_with_triton_depthwise_equals_torchs_convolutions(channels_l
         torch.testing.assert_close(pb[key], pa[key], rtol=1e-4, atol=1e-5, msg=key)
 
 
+def _mask_multiplies(sub, features, lengths) -> int:
+    """aten.mul calls of one forward of ``sub`` (the frame masks; the Triton kernels are no aten ops)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.calls += func is torch.ops.aten.mul.Tensor
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        sub(features, lengths)
+    return Count.calls
+
+
+def test_on_the_triton_path_only_the_last_stage_is_masked():
+    """The stages whose output feeds the Triton kernels skip their mask multiply (the kernels read the frames
+    past the lengths as zero): one mask in all, against one per stage with torch's convolutions."""
+    features, lengths = torch.randn(2, 21, 16, device=DEVICE), torch.tensor([21, 9], device=DEVICE)
+    masks = {depthwise: _mask_multiplies(Subsampling(16, 8, 12, depthwise=depthwise).to(DEVICE), features, lengths)
+             for depthwise in ("torch", "triton")}
+    assert masks == {"torch": 3, "triton": 1}
+
+
 def test_build_model_threads_the_option_to_the_subsampling():
     default, with_triton = build_model("tiny-ctc"), build_model("tiny-ctc", depthwise="triton")
     assert default.config.depthwise == default.encoder.subsampling.depthwise == "auto"

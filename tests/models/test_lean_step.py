@@ -235,8 +235,13 @@ def check_compiled_equals_eager():
                _padded_batch(model, (0.7, 1.2, 0.4, 1.0), (3, 5, 2, 2), seed=3)]
     eager = [_loss_and_grads(model, b) for b in batches]
     assert not encoder_layers_compiled(model)
+    assert {block.conv.time_depthwise for block in model.encoder.blocks} == {"auto"}
     compile_encoder_layers(model)
     assert encoder_layers_compiled(model) and list(model.state_dict()) == keys
+    # "auto" settled for the weights' device before tracing (no device check in the compiled code); a pin stays
+    assert {block.conv.time_depthwise for block in model.encoder.blocks} == {"torch"}
+    pinned = compile_encoder_layers(build_model("tiny-rnnt", vocab_size=12, time_depthwise="triton"))
+    assert {block.conv.time_depthwise for block in pinned.encoder.blocks} == {"triton"}
     graphs = []
     for batch, (loss, grads) in zip(batches, eager):
         got_loss, got_grads = _loss_and_grads(model, batch)

@@ -183,7 +183,7 @@ from triton.compiler import ASTSource, compile
 from workbench.models import time_conv_triton as T
 
 for dtype in ("fp32", "bf16"):
-    for kernel, block_t in ((T._conv_kernel, T.BLOCK_T), (T._weight_grad_kernel, T.WEIGHT_GRAD_BLOCK_T)):
+    for kernel, block_t in ((T._time_conv_kernel, T.BLOCK_T), (T._time_weight_grad_kernel, T.WEIGHT_GRAD_BLOCK_T)):
         values = {"K": 9, "FLIP": True, "HAS_BIAS": True, "BLOCK_T": block_t, "BLOCK_C": T.MAX_BLOCK_C}
         constexprs = {n: values[n] for n, p in zip(kernel.arg_names, kernel.params) if p.is_constexpr}
         weights = {"w_ptr": "fp32", "bias_ptr": "fp32", "partial_ptr": "fp32"}  # the rest: activations

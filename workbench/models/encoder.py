@@ -88,7 +88,8 @@ def time_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 class Subsampling(nn.Module):
     """[B, frames, n_mels] -> [B, ceil(frames / 8), d_model]: one conv, then two depthwise-separable convs,
     each with stride 2 in time and frequency, then a linear over channels x remaining mel bins. Frames
-    past each utterance's length are zeroed after every stage, so padding never leaks into valid frames.
+    past each utterance's length count as zero after every stage (zeroed, or read as zero by the next stage's
+    Triton kernels), so padding never leaks into valid frames.
     ``channels_last`` (None: on CUDA): the convolutions run on channels-last activations, which sends the
     depthwise ones to cuDNN (for bf16 in the default layout PyTorch runs its own, much slower, kernel).
     ``depthwise``: "torch" runs the depthwise convolutions by their nn.Conv2d modules; "triton" by
@@ -116,27 +117,30 @@ class Subsampling(nn.Module):
     def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = features[:, None]                                  # [B, 1, T, F]
         channels_last = x.is_cuda if self.channels_last is None else self.channels_last
-        masks_on_load = [self._masks_on_load(stage, x.device) for stage in self.stages[1:]] + [False]
-        for stage, next_masks in zip(self.stages, masks_on_load):
+        triton = depthwise_backend(self.depthwise, x.device) == "triton"
+        masks_on_load = [self._masks_on_load(stage, triton) for stage in self.stages]
+        for stage, masks, next_masks in zip(self.stages, masks_on_load, masks_on_load[1:] + [False]):
             if channels_last:   # after the first stage too: its output's layout follows its 1-channel input's
                 x = x.contiguous(memory_format=torch.channels_last)
-            x = self._stage(stage, x, lengths)
+            x = self._stage(stage, x, lengths) if masks else stage(x)
             lengths = subsampled_length(lengths, times=1)
-            if not next_masks:
+            if not next_masks:  # else the next stage's kernels read this output's frames past lengths as zero
                 valid = torch.arange(x.shape[2], device=x.device)[None] < lengths[:, None]
                 x = x * valid[:, None, :, None].to(x.dtype)
         x = self.out(x.permute(0, 2, 1, 3).flatten(2))         # [B, T/8, d_model]
         return x, lengths
 
-    def _masks_on_load(self, stage: nn.Sequential, device: torch.device) -> bool:
-        """True when ``stage`` runs the Triton depthwise kernels, which read frames past the lengths as zero."""
+    @staticmethod
+    def _masks_on_load(stage: nn.Sequential, triton: bool) -> bool:
+        """True when ``stage`` is a depthwise one run by the Triton kernels (``triton``), which read frames
+        past the lengths as zero."""
         conv = stage[0]
-        return conv.groups == conv.out_channels and depthwise_backend(self.depthwise, device) == "triton"
+        return triton and conv.groups == conv.out_channels
 
-    def _stage(self, stage: nn.Sequential, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """One stage on x [B, C, T, F], whose frames at or past ``lengths`` [B] count as zero."""
-        if not self._masks_on_load(stage, x.device):
-            return stage(x)
+    @staticmethod
+    def _stage(stage: nn.Sequential, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """A depthwise stage by the Triton kernels on x [B, C, T, F], whose frames at or past ``lengths`` [B]
+        count as zero."""
         conv = stage[0]
         x = depthwise_conv3x3_s2(x, conv.weight, conv.bias, lengths)
         for layer in stage[1:]:

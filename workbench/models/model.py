@@ -14,7 +14,7 @@ from torch import nn
 
 from workbench.models.aed import TransformerDecoder
 from workbench.models.config import DEFAULT_DEPTHWISE, DEFAULT_TIME_DEPTHWISE, ModelConfig, config_from_name
-from workbench.models.encoder import Encoder
+from workbench.models.encoder import Encoder, depthwise_backend
 from workbench.models.losses import label_smoothed_cross_entropy, rnnt_loss, tdt_loss
 from workbench.models.transducer import Joint, Predictor, chunked_joint_loss
 
@@ -146,12 +146,15 @@ def compile_encoder_layers(model: ASRModel, *, backend: str = "inductor") -> ASR
     and length are symbolic from the first compile, so batches of new shapes reuse the compiled code;
     sizes 0 and 1 are still specialized). The depthwise conv of each convolution module stays eager
     (a graph break): inductor's convolution backward fixes its input's strides, which would recompile the
-    block for every new length. Weights, state_dict keys, make_batch and training_step are unchanged; the
-    blocks compile on their first call. Returns the model."""
+    block for every new length. A ``time_depthwise="auto"`` is settled first for the device the weights are
+    on, so the compiled code holds no device check. Weights, state_dict keys, make_batch and training_step are
+    unchanged; the blocks compile on their first call. Returns the model."""
+    device = next(model.parameters()).device
     for block in model.encoder.blocks:
+        block.conv.time_depthwise = depthwise_backend(block.conv.time_depthwise, device, which="time")
         depthwise = block.conv.depthwise
         depthwise.forward = torch.compiler.disable(depthwise.forward)
-        block.conv.time_conv = torch.compiler.disable(block.conv.time_conv)  # the time_depthwise="triton" path
+        block.conv.time_conv = torch.compiler.disable(block.conv.time_conv)  # the Triton kernels' path
         block.compile(dynamic=True, backend=backend)
     return model
 

@@ -7,10 +7,10 @@ two layout copies around it and without PyTorch's own depthwise weight-gradient 
 Rows are the flattened (b, t) frames, channels the contiguous axis; a row's neighbour k frames later
 sits k * C elements on, and taps that would cross into another utterance (or past either end) read zero.
 
-1. ``_conv_kernel``, one program per tile of BLOCK_T frames by BLOCK_C channels: the K taps, each one
+1. ``_time_conv_kernel``, one program per tile of BLOCK_T frames by BLOCK_C channels: the K taps, each one
    coalesced [BLOCK_T, BLOCK_C] load, summed in fp32 (plus the bias). The input gradient is the same
    kernel with the filter reversed and no bias (odd K: the padding is symmetric).
-2. ``_weight_grad_kernel``, a grid of (frame ranges, channel blocks, K + 1 taps): each program sums
+2. ``_time_weight_grad_kernel``, a grid of (frame ranges, channel blocks, K + 1 taps): each program sums
    output gradient times the input under its tap over its range (the last "tap" is the bias: the
    gradient alone) into one fp32 row of a partial-sum buffer [ranges, K + 1, C]; torch sums the ranges.
    The split is fixed by the shape and the GPU's multiprocessor count, so the result repeats run to run.
@@ -46,7 +46,7 @@ def _shifted(x_ptr, r, t, shift, T, ROWS, C, c, in_r, in_c):
 
 
 @triton.jit(do_not_specialize=_SHAPE_ARGS)
-def _conv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, T, ROWS, C, K: tl.constexpr, FLIP: tl.constexpr,
+def _time_conv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, T, ROWS, C, K: tl.constexpr, FLIP: tl.constexpr,
                  HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     r = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     c = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -63,7 +63,7 @@ def _conv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, T, ROWS, C, K: tl.constexpr, FLI
 
 
 @triton.jit(do_not_specialize=_SHAPE_ARGS)
-def _weight_grad_kernel(x_ptr, g_ptr, partial_ptr, T, ROWS, CHUNK, C, K: tl.constexpr,
+def _time_weight_grad_kernel(x_ptr, g_ptr, partial_ptr, T, ROWS, CHUNK, C, K: tl.constexpr,
                         BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     """Program (q, cb, k): over rows [q * CHUNK, (q + 1) * CHUNK), the sum of gradient times the input under
     tap k (k == K: the gradient alone, the bias's) into partial[q, k, channels of block cb]."""
@@ -97,12 +97,12 @@ def _weight_grad_ranges(rows: int, programs_per_range: int, device: torch.device
 
 
 def _conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, flip: bool) -> torch.Tensor:
-    """One launch of ``_conv_kernel`` on contiguous x [B, T, C]; the output in x's dtype."""
+    """One launch of ``_time_conv_kernel`` on contiguous x [B, T, C]; the output in x's dtype."""
     batch, frames, channels = x.shape
     y = torch.empty_like(x)
     rows, block_c = batch * frames, _block_c(channels)
     if rows:
-        _conv_kernel[(triton.cdiv(rows, BLOCK_T), triton.cdiv(channels, block_c))](
+        _time_conv_kernel[(triton.cdiv(rows, BLOCK_T), triton.cdiv(channels, block_c))](
             x, weight, weight if bias is None else bias, y, frames, rows, channels, K=weight.shape[-1],
             FLIP=flip, HAS_BIAS=bias is not None, BLOCK_T=BLOCK_T, BLOCK_C=block_c)
     return y
@@ -138,7 +138,7 @@ class _TimeDepthwiseConv(torch.autograd.Function):
                 channel_blocks = triton.cdiv(channels, block_c)
                 ranges, chunk = _weight_grad_ranges(rows, channel_blocks * (kernel + 1), g.device)
                 partial = torch.empty(ranges, kernel + 1, channels, dtype=torch.float32, device=g.device)
-                _weight_grad_kernel[(ranges, channel_blocks, kernel + 1)](
+                _time_weight_grad_kernel[(ranges, channel_blocks, kernel + 1)](
                     x, g, partial, frames, rows, chunk, channels, K=kernel, BLOCK_T=WEIGHT_GRAD_BLOCK_T,
                     BLOCK_C=block_c)
                 sums = partial.sum(0)

@@ -222,9 +222,11 @@ def compile_speedups(eager: Mapping[str, Any], compiled: Mapping[str, Any]) -> l
             for r in eager["steps"] if "step_s" in r and key(r) in timed]
 
 
-def lean_step_lines(eager: Mapping[str, Any] | None, compiled: Mapping[str, Any] | None) -> list[str]:
+def lean_step_lines(eager: Mapping[str, Any] | None, compiled: Mapping[str, Any] | None,
+                    commits: tuple[str, str] | None = None) -> list[str]:
     """Notebook 02's view of the step (figures of ``models`` and ``models_compile``, either may be None):
-    the kernel table of each, then the compiled step's speed against the eager one."""
+    the kernel table of each, then the compiled step's speed against the eager one, unless ``commits`` (the
+    two records' git commits) differ: then the step itself changed between them, and a line says so."""
     out = []
     for label, figures in (("eager", eager), ("compiled encoder", compiled)):
         if figures is None:
@@ -233,7 +235,10 @@ def lean_step_lines(eager: Mapping[str, Any] | None, compiled: Mapping[str, Any]
             out += [f"top kernels, {label}:", *kernel_table_lines(figures["kernels"])]
         else:
             out.append(f"{label}: no kernel table in this record (the bench ran without --kernels)")
-    if eager is not None and compiled is not None:
+    if eager is not None and compiled is not None and commits and commits[0] != commits[1]:
+        out.append(f"compiled encoder: not set against eager (the records were made at commits {commits[0][:12]} "
+                   f"and {commits[1][:12]}; the step may differ: rerun both in one call)")
+    elif eager is not None and compiled is not None:
         out += [f"{s['model']} {s['dtype']} B={s['batch_size']} {s['duration_s']:g} s: compiled encoder "
                 f"{times_faster(s['eager_over_compiled_time'], 'eager')}" for s in compile_speedups(eager, compiled)]
     return out
@@ -245,8 +250,8 @@ def _row_key(r: Mapping[str, Any]) -> tuple:
 
 def before_after_rows(before: Mapping[str, Any], after: Mapping[str, Any], *, paired_only: bool = False) -> list[dict]:
     """Per model, dtype and shape timed in either record (``after``'s order, then rows only ``before``
-    has; ``paired_only``: only those timed in both): median step seconds, audio s/s, MFU and peak allocated bytes of each (None where that record has no
-    such timed row or field), and before / after step time."""
+    has; ``paired_only``: only those timed in both): median step seconds, audio s/s, MFU and peak allocated
+    bytes of each (None where that record has no such timed row or field), and before / after step time."""
     timed = [{_row_key(r): r for r in figures["steps"] if "step_s" in r} for figures in (before, after)]
     keys = list(timed[1]) + [k for k in timed[0] if k not in timed[1]]
     if paired_only:
@@ -283,4 +288,5 @@ def before_after_table(before: Mapping[str, Any], after: Mapping[str, Any], *, p
     table["speedup (before/after time)"] = table.pop("before_over_after_time").astype(float)
     table = table.rename(columns={"shape_source": "shape", "batch_size": "B", "duration_s": "s", "num_tokens": "U"})
     return table.round({"before ms": 1, "after ms": 1, "before audio s/s": 0, "after audio s/s": 0,
-                        "before MFU %": 1, "after MFU %": 1, "before peak GiB": 1, "after peak GiB": 1, "speedup (before/after time)": 2})
+                        "before MFU %": 1, "after MFU %": 1, "before peak GiB": 1, "after peak GiB": 1,
+                        "speedup (before/after time)": 2})

@@ -37,10 +37,9 @@ counted on the torch convolutions (the same sums), so MFU compares with the defa
 models_depthwise the record sits beside the others. On the CPU smoke path the kernels need Triton's
 interpreter (TRITON_INTERPRET=1).
 
---time-depthwise auto|torch|triton (default: build_model's): the same for the conformer convolution modules'
-depthwise convolution over time (workbench.models.time_conv_triton); with --name models_time_depthwise the
-record sits beside the others; the stage models-time-torch of scripts/gpu_run.sh measures torch's at the
-profile shapes, beside the default's (stage models-profile).
+--time-depthwise auto|torch|triton (default auto: the kernels of workbench.models.time_conv_triton on CUDA): the
+same for the conformer convolution modules' depthwise convolution over time; torch: nn.Conv1d, e.g. with --name
+models_time_torch (the stage models-time-torch of scripts/gpu_run.sh, the reference for the default's rows).
 
 --smoke: tiny-rnnt and tiny-aed at two small shapes, 2 timed steps after 1 warm-up, and a small loss
 comparison (when torchaudio is installed). Without CUDA the steps run on the CPU: times are CPU wall
@@ -66,7 +65,7 @@ from workbench.bench.results import (RESULTS_DIR, bench_device, check_smoke_out,
                                      report_failures, timer_for, write_result)
 from workbench.memory.oom import is_oom_error, release_memory
 from workbench.models import build_model, compile_encoder_layers, count_parameters, rnnt_loss
-from workbench.models.config import DEFAULT_TIME_DEPTHWISE, DEPTHWISE
+from workbench.models.config import DEFAULT_DEPTHWISE, DEFAULT_TIME_DEPTHWISE, DEPTHWISE
 from workbench.models.encoder import depthwise_backend, depthwise_unavailable_reason
 from workbench.models.model import DTYPES
 
@@ -85,7 +84,7 @@ PROFILE_BUCKETS = (0, -1)  # bucket indices of a profile measured: its shortest 
 # A model that no OOMptimizer record holds takes the profile shapes of a model that fits the same batches or
 # fewer: large-tdt has large-rnnt's encoder and predictor and a joint 5 duration outputs wider.
 STAND_INS = {"large-tdt": "large-rnnt"}
-ROW_KERNELS = 16  # kernels kept on each profile-sized row
+ROW_KERNELS = TOP_KERNELS  # kernels kept on each profile-sized row (all that profiled_step keeps)
 PROFILE_DTYPE = "bf16"  # the dtype the OOMptimizer's profiles are searched in
 
 
@@ -250,20 +249,19 @@ def row_shapes(shapes, profile_shapes) -> list[tuple[dict, list[str]]]:
 
 
 def measure_model(name: str, shapes, failures: list[str], *, device: torch.device, repeat: int = REPEAT,
-                  warmup: int = WARMUP, kernel_shape=None, compile: bool = False, depthwise: str = "auto",
-                  time_depthwise: str | None = None, profile_shapes=(),
+                  warmup: int = WARMUP, kernel_shape=None, compile: bool = False,
+                  depthwise: str = DEFAULT_DEPTHWISE, time_depthwise: str = DEFAULT_TIME_DEPTHWISE, profile_shapes=(),
                   flops_per_s: float | None = None) -> tuple[int | None, list[dict], dict | None]:
     """Rows of step time, peak memory (None off a GPU), MFU against ``flops_per_s`` and GPU busy share
     (None off a GPU) per fixed shape and dtype and per profile shape (bf16), and with ``kernel_shape``
     the :func:`profile_step` of one bf16 step there (else None); ``compile``: the encoder blocks compiled
     first; ``depthwise``, ``time_depthwise``: what runs the subsampling's and the convolution modules'
-    depthwise convolutions (build_model's options; None: its default). A
+    depthwise convolutions (build_model's options). A
     step that fails for a reason other than memory is a failure (its row has "error"); the other rows
     still run."""
     try:
         with device:  # built on the device: an xl model is never initialized on the host
-            model = build_model(name, depthwise=depthwise,
-                                **({} if time_depthwise is None else {"time_depthwise": time_depthwise}))
+            model = build_model(name, depthwise=depthwise, time_depthwise=time_depthwise)
         if compile:
             compile_encoder_layers(model)
     except Exception as e:  # noqa: BLE001 - one broken model must not lose the others' rows
@@ -400,12 +398,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", action="store_true", help="also profile one training step per model: "
                         "the top kernels by self device time (CPU operators on the CPU smoke path)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the encoder blocks first")
-    parser.add_argument("--depthwise", choices=DEPTHWISE, default="auto", help="what runs the subsampling's "
+    parser.add_argument("--depthwise", choices=DEPTHWISE, default=DEFAULT_DEPTHWISE, help="what runs the subsampling's "
                         "depthwise convolutions (default auto: the Triton kernels on CUDA, torch's elsewhere; "
                         "torch: cuDNN's, e.g. with --name models_cudnn_depthwise)")
-    parser.add_argument("--time-depthwise", choices=DEPTHWISE, default=None, help="what runs the convolution "
-                        "modules' depthwise convolutions over time (default: build_model's; triton: the kernels of "
-                        "workbench/models/time_conv_triton.py, e.g. with --name models_time_depthwise)")
+    parser.add_argument("--time-depthwise", choices=DEPTHWISE, default=DEFAULT_TIME_DEPTHWISE, help="what runs the "
+                        "convolution modules' depthwise convolutions over time (default auto: the kernels of "
+                        "workbench/models/time_conv_triton.py on CUDA; torch: nn.Conv1d, e.g. with --name "
+                        "models_time_torch)")
     parser.add_argument("--name", default=record.NAME, help="record name: <out>/<name>.json (default models; "
                         "e.g. models_compile with --compile)")
     parser.add_argument("--profile-shapes", nargs="+", default=None, metavar="PATH",
@@ -466,9 +465,8 @@ def run(args, device: torch.device) -> int:
     if getattr(args, "kernels", False):
         kernel_shape = SMOKE_KERNEL_SHAPE if args.smoke else KERNEL_SHAPE
     compiled = bool(getattr(args, "compile", False))
-    depthwise = depthwise_backend(getattr(args, "depthwise", "auto"), device)  # what runs, as recorded
-    time_depthwise = depthwise_backend(getattr(args, "time_depthwise", None) or DEFAULT_TIME_DEPTHWISE, device,
-                                       which="time")
+    depthwise = depthwise_backend(getattr(args, "depthwise", DEFAULT_DEPTHWISE), device)  # what runs, as recorded
+    time_depthwise = depthwise_backend(getattr(args, "time_depthwise", DEFAULT_TIME_DEPTHWISE), device, which="time")
     what = ("training-step time, peak memory, MFU and GPU busy share of the reference models (bf16 vs fp32 at "
             "fixed shapes, bf16 at OOMptimizer profile shapes"
             + (", encoder blocks compiled with torch.compile" if compiled else "")
@@ -505,7 +503,8 @@ def run(args, device: torch.device) -> int:
     for name in models:
         params[name], model_rows, model_kernels = measure_model(
             name, shapes, failures, device=device, repeat=repeat, warmup=warmup, kernel_shape=kernel_shape,
-            compile=compiled, depthwise=depthwise, time_depthwise=time_depthwise, profile_shapes=args.profile.get(name, ()),
+            compile=compiled, depthwise=depthwise, time_depthwise=time_depthwise,
+            profile_shapes=args.profile.get(name, ()),
             flops_per_s=matmul["flops_per_s"])
         rows.extend(model_rows)
         if model_kernels is not None:

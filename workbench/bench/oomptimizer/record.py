@@ -26,7 +26,7 @@ from workbench.units import GiB
 NAME = "oomptimizer"  # oomptimizer.json, oomptimizer_aed.json, oomptimizer_ddp.json, oomptimizer_rnnt_chunked.json
 CHUNKED_NAME = "oomptimizer_rnnt_chunked"  # --part rnnt-chunked (chunked.py)
 # oomptimizer.json and oomptimizer_aed.json as they were before the lean step (21cbce1: the sizes issue 15 started from)
-BEFORE_LEAN_STEP = {"rnnt": "oomptimizer_before_lean_step", "aed": "oomptimizer_aed_before_lean_step"}
+BEFORE_LEAN_STEP_RECORDS = {"rnnt": "oomptimizer_before_lean_step", "aed": "oomptimizer_aed_before_lean_step"}
 CHUNKED_PART = "rnnt-chunked"
 
 
@@ -355,7 +355,12 @@ def growth_rows(before: Mapping[str, Any], after: Mapping[str, Any], part: str =
     return rows
 
 
-def growth_lines(before: Mapping[str, Any], after: Mapping[str, Any], target: float = 2.0) -> list[str]:
+def _commit(record: Mapping[str, Any], digits: int = 12) -> str:
+    return str(record.get("git_commit", "?"))[:digits]
+
+
+def growth_lines(before: Mapping[str, Any], after: Mapping[str, Any],
+                 target: float = chunked.TARGET_RATIO) -> list[str]:
     """One line per part both records hold: after / before batch sizes (min, median, max) and the buckets at
     >= ``target``x, each record named by its commit; or why the part cannot be compared."""
     out = []
@@ -363,8 +368,7 @@ def growth_lines(before: Mapping[str, Any], after: Mapping[str, Any], target: fl
         if any("predictive" not in r["figures"].get(part, {}) for r in (before, after)):
             continue  # a part not searched in one of them
         rows = growth_rows(before, after, part)
-        label = (f"{part} profile batch sizes at {str(after.get('git_commit', '?'))[:12]} / at "
-                 f"{str(before.get('git_commit', '?'))[:12]}")
+        label = f"{part} profile batch sizes at {_commit(after)} / at {_commit(before)}"
         ratios = [r["after_over_before"] for r in rows if r["after_over_before"] is not None]
         if not ratios:
             out.append(f"- {label}: not comparable (other buckets)")
@@ -376,10 +380,10 @@ def growth_lines(before: Mapping[str, Any], after: Mapping[str, Any], target: fl
 
 
 def growth_table(before: Mapping[str, Any], after: Mapping[str, Any], part: str = "rnnt") -> pd.DataFrame:
-    """growth_rows as a table for notebook 02 (ratio to 2 decimals)."""
+    """growth_rows as a table for notebook 02 (each size's column names its commit; ratios to 2 decimals)."""
     table = pd.DataFrame(growth_rows(before, after, part))
     if table.empty:
         return table
-    table = table.rename(columns={"duration_s": "duration s", "before": f"at {before['git_commit'][:7]}",
-                                  "after": f"at {after['git_commit'][:7]}", "after_over_before": "ratio"})
-    return table.round({"duration s": 2, "ratio": 2})
+    table = table.rename(columns={"duration_s": "duration s", "before": f"before ({_commit(before, 7)})",
+                                  "after": f"after ({_commit(after, 7)})", "after_over_before": "after / before"})
+    return table.round({"duration s": 2, "after / before": 2})
