@@ -15,7 +15,7 @@
 # land in $OUT/results.tar.gz (benchmarks/results/*.json, re-packed after every stage, so a call stopped
 # at its limit still returns what finished) and logs in $OUT/*.log; elsewhere OUT defaults to ./gpu_out.
 set -uo pipefail
-STAGES="flow tests tests-allocator decoding decoding-quick decoding-nemo decoding-nemo-quick models models-profile models-compile models-depthwise models-cudnn-depthwise models-time-torch losses oomptimizer oomptimizer-rnnt oomptimizer-rnnt-chunked oomptimizer-aed ddp allocator allocator-roomy throughput-rnnt-prepare throughput-rnnt-train throughput-aed-prepare throughput-aed-train"
+STAGES="flow tests tests-allocator decoding decoding-quick decoding-nemo decoding-nemo-quick models models-compile models-depthwise models-cudnn-depthwise models-time-torch losses oomptimizer oomptimizer-rnnt oomptimizer-rnnt-chunked oomptimizer-aed ddp allocator allocator-roomy throughput-rnnt-prepare throughput-rnnt-train throughput-aed-prepare throughput-aed-train"
 if [ $# -eq 0 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
   sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; echo "stages: $STAGES"; exit 2
 fi
@@ -144,9 +144,6 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
                         python3 -m workbench.bench.decoding --nemo --kernel-profile \
                         --budget-s $(( b < 220 ? b : 220 )) --out "$RESULTS" ;;
     models)           run_stage models 330 python3 -m workbench.bench.models --kernels --out "$RESULTS" ;;
-    models-profile)   # the MFU targets' models at their profile shapes with every default (a same-call reference)
-                      run_stage models_profile 330 python3 -m workbench.bench.models --only-profile-shapes \
-                        --models large-rnnt large-tdt xl-aed --name models_profile --out "$RESULTS" ;;
     models-compile)   # the MFU targets' models at their profile shapes, encoder blocks compiled
                       run_stage models_compile 330 python3 -m workbench.bench.models --compile --only-profile-shapes \
                         --models xl-aed large-rnnt large-tdt --name models_compile --out "$RESULTS" ;;

@@ -100,6 +100,10 @@ def test_lean_step_lines_show_the_kernel_tables_and_the_compiled_speed():
     assert record.lean_step_lines(None, None) == []
     assert record.lean_step_lines(eager, compiled, commits=("a" * 40, "a" * 40)) == \
         record.lean_step_lines(eager, compiled)
+    assert record.lean_step_record_lines({"git_commit": "a" * 40, "figures": eager},
+                                         {"git_commit": "b" * 40, "figures": compiled}) == \
+        record.lean_step_lines(eager, compiled, commits=("a" * 40, "b" * 40))
+    assert record.lean_step_record_lines(None, None) == []
     assert record.lean_step_lines(eager, compiled, commits=("a" * 40, "b" * 40))[-1] == (
         "compiled encoder: not set against eager (the records were made at commits aaaaaaaaaaaa and bbbbbbbbbbbb; "
         "the step may differ: rerun both in one call)")

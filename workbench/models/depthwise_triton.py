@@ -311,7 +311,6 @@ def _check_inputs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         raise ValueError(f"bias: expected [{channels}], got {tuple(bias.shape)}")
     if weight.device != x.device or (bias is not None and bias.device != x.device):
         raise ValueError(f"weight and bias must be on x's device {x.device}")
-
     if lengths is not None:
         if tuple(lengths.shape) != (x.shape[0],) or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
             raise ValueError(f"lengths: expected [{x.shape[0]}] integers (valid rows per batch item), got "

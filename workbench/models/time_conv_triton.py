@@ -47,7 +47,7 @@ def _shifted(x_ptr, r, t, shift, T, ROWS, C, c, in_r, in_c):
 
 @triton.jit(do_not_specialize=_SHAPE_ARGS)
 def _time_conv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, T, ROWS, C, K: tl.constexpr, FLIP: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                      HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     r = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     c = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
     in_r, in_c = r < ROWS, c < C
@@ -64,7 +64,7 @@ def _time_conv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, T, ROWS, C, K: tl.constexpr
 
 @triton.jit(do_not_specialize=_SHAPE_ARGS)
 def _time_weight_grad_kernel(x_ptr, g_ptr, partial_ptr, T, ROWS, CHUNK, C, K: tl.constexpr,
-                        BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                             BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     """Program (q, cb, k): over rows [q * CHUNK, (q + 1) * CHUNK), the sum of gradient times the input under
     tap k (k == K: the gradient alone, the bias's) into partial[q, k, channels of block cb]."""
     q = tl.program_id(0).to(tl.int64)

@@ -244,6 +244,13 @@ def lean_step_lines(eager: Mapping[str, Any] | None, compiled: Mapping[str, Any]
     return out
 
 
+def lean_step_record_lines(eager: Mapping[str, Any] | None, compiled: Mapping[str, Any] | None) -> list[str]:
+    """:func:`lean_step_lines` of two whole records (``models``, ``models_compile``; either may be None), with
+    their commits."""
+    commits = (eager["git_commit"], compiled["git_commit"]) if eager and compiled else None
+    return lean_step_lines(eager and eager["figures"], compiled and compiled["figures"], commits)
+
+
 def _row_key(r: Mapping[str, Any]) -> tuple:
     return (r["model"], r["dtype"], r.get("shape_source", "fixed"), r["batch_size"], r["duration_s"], r["num_tokens"])
 

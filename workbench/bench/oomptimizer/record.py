@@ -18,7 +18,7 @@ from typing import Any, Mapping, TypedDict
 import pandas as pd
 
 from workbench.bench.oomptimizer import chunked
-from workbench.bench.results import RESULTS_DIR, load_result, summarize
+from workbench.bench.results import RESULTS_DIR, load_result
 from workbench.oomptimizer.plots import plot_batch_sizes, plot_probe_trace, plot_strategy_comparison, strategy_table
 from workbench.oomptimizer.run import describe_soak
 from workbench.units import GiB
@@ -347,12 +347,11 @@ def growth_rows(before: Mapping[str, Any], after: Mapping[str, Any], part: str =
     old, new = before["figures"].get(part, {}), after["figures"].get(part, {})
     if "predictive" not in old or "predictive" not in new or buckets(old) != buckets(new):
         return []
-    rows = []
-    for i, ((duration, tokens), b, a) in enumerate(zip(buckets(new), old["predictive"]["batch_sizes"],
-                                                      new["predictive"]["batch_sizes"])):
-        rows.append({"bucket": i, "duration_s": duration, "tokens": int(tokens), "before": b, "after": a,
-                     "after_over_before": a / b if a and b else None})
-    return rows
+    sizes = old["predictive"]["batch_sizes"], new["predictive"]["batch_sizes"]
+    ratios = chunked.ratio_figures(*sizes, buckets(new))["ratios"]
+    return [{"bucket": i, "duration_s": duration, "tokens": int(tokens), "before": b, "after": a,
+             "after_over_before": ratio}
+            for i, ((duration, tokens), b, a, ratio) in enumerate(zip(buckets(new), *sizes, ratios))]
 
 
 def _commit(record: Mapping[str, Any], digits: int = 12) -> str:
@@ -361,21 +360,22 @@ def _commit(record: Mapping[str, Any], digits: int = 12) -> str:
 
 def growth_lines(before: Mapping[str, Any], after: Mapping[str, Any],
                  target: float = chunked.TARGET_RATIO) -> list[str]:
-    """One line per part both records hold: after / before batch sizes (min, median, max) and the buckets at
-    >= ``target``x, each record named by its commit; or why the part cannot be compared."""
+    """One line per part both records searched: after / before batch sizes (min, median, max) and the buckets
+    at >= ``target``x (:func:`chunked.ratio_figures`), each record named by its commit; or why the part cannot
+    be compared."""
     out = []
     for part in ("rnnt", "aed"):
-        if any("predictive" not in r["figures"].get(part, {}) for r in (before, after)):
+        old, new = before["figures"].get(part, {}), after["figures"].get(part, {})
+        if "predictive" not in old or "predictive" not in new:
             continue  # a part not searched in one of them
-        rows = growth_rows(before, after, part)
         label = f"{part} profile batch sizes at {_commit(after)} / at {_commit(before)}"
-        ratios = [r["after_over_before"] for r in rows if r["after_over_before"] is not None]
-        if not ratios:
+        if buckets(old) != buckets(new):
             out.append(f"- {label}: not comparable (other buckets)")
             continue
-        spread = summarize(ratios)
-        out.append(f"- {label} over {len(ratios)} buckets: {_spread(spread)}; >= {target:g}x at "
-                   f"{sum(r >= target for r in ratios)} of {len(ratios)}")
+        r = chunked.ratio_figures(old["predictive"]["batch_sizes"], new["predictive"]["batch_sizes"], buckets(new),
+                                  target)
+        out.append(f"- {label} over {r['compared']} buckets: {_spread(r)}; >= {target:g}x at "
+                   f"{len(r['at_least_target'])} of {r['compared']}")
     return out
 
 
