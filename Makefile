@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[notebooks,test]"
+	$(PY) -m pip install -q -e ".[notebooks,test,adapters]"
 	$(PY) -m ipykernel install --sys-prefix --name workbench --display-name "workbench (.venv)" >/dev/null
 	touch $@
 
@@ -32,7 +32,7 @@ report: setup
 
 test: setup
 	$(VENV)/bin/ruff check workbench tests
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 tests
 	WORKBENCH_SMOKE=1 $(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks
 
 lab: setup

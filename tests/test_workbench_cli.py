@@ -57,3 +57,25 @@ def test_test_modules_have_unique_names():
 
     names = Counter(p.name for p in (Path(__file__).parent).rglob("test_*.py"))
     assert [n for n, k in names.items() if k > 1] == []
+
+
+def _command_paths(parser, prefix=()):
+    """Every command and sub-command of the parser, as argument lists (e.g. ["corpus", "tts"])."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield [*prefix, name]
+                yield from _command_paths(sub, (*prefix, name))
+
+
+def test_help_of_every_command_exits_0_without_traceback(capsys):
+    from workbench.cli import build_parser
+
+    paths = list(_command_paths(build_parser()))
+    assert ["bins"] in paths and ["corpus", "tts"] in paths
+    for path in [[], *paths]:
+        assert main([*path, "--help"]) == 0, path
+        out = capsys.readouterr()
+        assert "usage:" in out.out and "Traceback" not in out.out + out.err, path

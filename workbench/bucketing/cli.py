@@ -128,7 +128,7 @@ def register(sub) -> None:
                    help="profile YAML to write (default bucket_profile.yaml)")
     p.add_argument("--no-padding", action="store_true", help="skip the padding summary")
     p.add_argument("--strict", action="store_true",
-                   help=f"fail (exit 2, no profile) when more than {DROP_NOTICE_SHARE:.0%} of the utterances "
+                   help=f"fail (exit 2, no profile) when more than {100 * DROP_NOTICE_SHARE:g}%% of the utterances "
                         "are left out")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_bins)

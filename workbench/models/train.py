@@ -56,20 +56,14 @@ from workbench.memory import configure_allocator
 from workbench.models.collate import CutBatchDataset, cut_has_audio, cut_text
 from workbench.models.config import ModelConfig, config_from_name
 from workbench.models.distributed import (Ranks, destroy_process_group, gather_objects, init_process_group,
-                                          local_world_size, ranks_from_env, sum_over_ranks, weights_digest)
+                                          ranks_from_env, sum_over_ranks, weights_digest)
 from workbench.models.losses import loss_backend
 from workbench.models.model import DTYPES, ASRModel, build_model, compile_encoder_layers
 from workbench.options import dropped_data_line
 from workbench.plain import to_plain
+from workbench.training.data import default_num_workers, loader_for_sampler
 
 log = logging.getLogger(__name__)
-
-
-def default_num_workers() -> int:
-    """Data-loading workers per process: the cores this process may use, shared among the processes of
-    this machine, less one for the main process; at most 16."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(0, min(16, cores // local_world_size() - 1))
 
 
 @dataclass
@@ -245,14 +239,9 @@ def make_batches(cuts: CutSet, config: TrainConfig, tokenizer, profile: BucketPr
 
 def make_loader(sampler, config: TrainConfig, device: torch.device) -> torch.utils.data.DataLoader:
     """The lhotse way: the sampler in this process, audio read and collated in ``num_workers`` workers."""
-    workers = config.num_workers
-    return torch.utils.data.DataLoader(CutBatchDataset(config.tokenizer), sampler=sampler, batch_size=None,
-                                       num_workers=workers, pin_memory=device.type == "cuda",
-                                       prefetch_factor=config.prefetch_factor if workers else None,
-                                       persistent_workers=workers > 0,
-                                       # the workers' base seed: drawn from this, not the global RNG a
-                                       # resume restores, so a resumed run's dropout masks are the same
-                                       generator=torch.Generator().manual_seed(config.seed))
+    return loader_for_sampler(sampler, CutBatchDataset(config.tokenizer), num_workers=config.num_workers,
+                              prefetch_factor=config.prefetch_factor, seed=config.seed,
+                              pin_memory=device.type == "cuda")
 
 
 @dataclass

@@ -1,7 +1,8 @@
-"""`workbench oomptimize`: per-bucket batch sizes for a model on this GPU, written into the profile."""
+"""`workbench oomptimize`: per-bucket batch sizes for a model on this GPU, written into the profile; and\n`workbench check-model`: one contract step of a model (docs/MODEL_CONTRACT.md), with one line per problem."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -17,7 +18,10 @@ from workbench.units import GiB
 
 def register(sub) -> None:
     p = sub.add_parser("oomptimize", help="find the largest batch size per bucket that fits on the GPU")
-    p.add_argument("--model", required=True, help="model name, e.g. large-rnnt")
+    p.add_argument("--model", required=True,
+                   help="a reference model (e.g. large-rnnt), an adapter (torchaudio-emformer-rnnt, hf-whisper, "
+                        "hf-wav2vec2-ctc, nemo-fastconformer-rnnt) or your own as MODULE:CALLABLE (a module or a .py "
+                        "file; the callable returns a model that keeps docs/MODEL_CONTRACT.md)")
     p.add_argument("--bins", required=True, help="profile YAML with bucket_duration_bins (from `workbench bins`)")
     p.add_argument("--out", help="where to write the profile (default: overwrite --bins)")
     p.add_argument("--strategy", choices=["predictive", "bisect"], default="predictive")
@@ -37,6 +41,7 @@ def register(sub) -> None:
                    help="probe with each encoder block compiled by torch.compile (as `workbench train --compile` "
                         "trains); recorded as metadata.compile")
     p.set_defaults(func=run_oomptimize)
+    register_check_model(sub)
 
 
 def check_options(args) -> None:
@@ -51,6 +56,27 @@ def check_options(args) -> None:
         raise ValueError(f"--start-batch-size: must be >= 1, got {args.start_batch_size}")
     if args.nproc is not None and args.nproc < 1:
         raise ValueError(f"--nproc: must be >= 1 GPUs, got {args.nproc}")
+    from workbench.adapters import user_model_spec  # torch loads with it: only when oomptimize runs
+
+    if user_model_spec(args.model) is not None:
+        for option, used in (("--joint-chunk-size", args.joint_chunk_size), ("--compile", args.compile)):
+            if used:
+                raise ValueError(f"{option}: applies to the reference models only, not to --model {args.model}")
+
+
+def check_model_name(name: str) -> None:
+    """A reference name, an adapter or an importable MODULE:CALLABLE; else one line, before any GPU work."""
+    from workbench.adapters import ADAPTERS, load_model_factory, user_model_spec
+
+    spec = user_model_spec(name)
+    if spec is not None:
+        load_model_factory(spec)
+        return
+    try:
+        config_from_name(name)
+    except ValueError:
+        raise ValueError(f"--model {name!r}: neither a reference model (e.g. large-rnnt), an adapter "
+                         f"({', '.join(ADAPTERS)}) nor MODULE:CALLABLE") from None
 
 
 def run_oomptimize(args) -> int:
@@ -59,7 +85,7 @@ def run_oomptimize(args) -> int:
     if not bins_path.exists():
         raise FileNotFoundError(f"{bins_path}: no such profile file")
     check_writable(args.out or bins_path)  # the profile is written after the GPU work: refuse a bad path now
-    config_from_name(args.model)  # a wrong model name is a one-line error here, before any GPU work
+    check_model_name(args.model)  # a wrong model name is a one-line error here, before any GPU work
     bins = load_profile(bins_path)  # so is a malformed profile file
     configure_allocator()  # before CUDA is initialized
     # torch and the modules that import it load here, so that the CLI's other commands start without them
@@ -76,8 +102,14 @@ def run_oomptimize(args) -> int:
             raise ValueError(f"--nproc {args.nproc}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
         return _relaunch_under_torchrun(args.nproc)
     rank = _init_distributed(torch)
-    with torch.device("cuda", torch.cuda.current_device()):  # built on the GPU: an xl model skips host init
-        model = build_model(args.model, joint_chunk_size=args.joint_chunk_size)
+    from workbench.adapters import build_model_from_spec, user_model_spec
+
+    spec = user_model_spec(args.model)
+    if spec is not None:
+        model = build_model_from_spec(spec, torch.device("cuda", torch.cuda.current_device()))
+    else:
+        with torch.device("cuda", torch.cuda.current_device()):  # built on the GPU: an xl model skips host init
+            model = build_model(args.model, joint_chunk_size=args.joint_chunk_size)
     if args.compile:
         compile_encoder_layers(model)  # the probes measure the compiled step (the first one compiles)
     say = print if rank == 0 else (lambda *a, **k: None)
@@ -147,6 +179,62 @@ def _relaunch_under_torchrun(nproc: int) -> int:
            "-m", "workbench", *without_option(sys.argv[1:], "--nproc")]
     print("launching:", " ".join(cmd), flush=True)
     return subprocess.call(cmd)
+
+
+def register_check_model(sub) -> None:
+    p = sub.add_parser(
+        "check-model", help="build your model and run one training step of the smallest bucket",
+        description="Build the model that SPEC names and run one training step at batch size 2 of the smallest "
+                    "bucket (of --bins, else 3 s / 24 tokens), on the GPU when there is one. Prints one line: "
+                    "ok, or what breaks the model contract (docs/MODEL_CONTRACT.md).",
+        epilog="examples:\n  workbench check-model my_models:build\n"
+               "  workbench check-model ./model.py:build --bins profile.yaml --device cpu\n"
+               "  workbench check-model hf-whisper   (an adapter: torchaudio-emformer-rnnt, hf-whisper, "
+               "hf-wav2vec2-ctc, nemo-fastconformer-rnnt)",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("spec", metavar="SPEC", help="MODULE:CALLABLE (a module or a .py file; the callable takes no "
+                                                "arguments and returns the model) or an adapter's name")
+    p.add_argument("--bins", type=Path, help="profile YAML: its smallest bucket sets the step's size")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="where the step runs (default auto: cuda when available)")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="the step's precision: fp32, or bf16 autocast (default fp32)")
+    p.add_argument("--batch-size", type=int, default=2, help="utterances in the step (default 2)")
+    p.set_defaults(func=run_check_model)
+
+
+def run_check_model(args) -> int:
+    from workbench.adapters import user_model_spec
+
+    spec = user_model_spec(args.spec)
+    if spec is None:
+        raise ValueError(f"{args.spec}: expected MODULE:CALLABLE or an adapter's name; reference models "
+                         "(e.g. large-rnnt) keep the contract already")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size: must be >= 1, got {args.batch_size}")
+    bucket = (3.0, 24)
+    if args.bins is not None:
+        if not args.bins.exists():
+            raise FileNotFoundError(f"{args.bins}: no such profile file")
+        from workbench.bucketing.profile import load_profile
+        from workbench.oomptimizer.run import profile_buckets
+
+        d, u = min(profile_buckets(load_profile(args.bins)))
+        bucket = (d, int(u))
+    import torch
+
+    from workbench.adapters import build_model_from_spec, check_model
+    from workbench.models.model import DTYPES
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA GPU here")
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if args.device == "auto" else args.device)
+    model = build_model_from_spec(spec, device)
+    report = check_model(model, spec=args.spec, bucket=bucket, batch_size=args.batch_size, device=device,
+                         dtype=DTYPES[args.dtype])
+    print(report.line())
+    return 0
 
 
 if __name__ == "__main__":  # python -m workbench.oomptimizer.cli ARGS == workbench oomptimize ARGS

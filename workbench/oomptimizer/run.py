@@ -83,16 +83,19 @@ def oomptimize(model: torch.nn.Module, model_name: str, bins: BucketProfile, *, 
 
 def soak_batch(model: torch.nn.Module, buckets: list[tuple[float, float]], i: int, batch_size: int,
                device: torch.device) -> dict[str, torch.Tensor]:
-    """A batch of bucket ``i`` with varied lengths: the first utterance keeps the bucket's bound, the others
-    fall between the previous bucket's bound (half this one's for the first bucket) and this one's."""
+    """A batch of bucket ``i`` with varied lengths: every ``*_lens`` tensor of the worst-case batch is
+    scaled per utterance by one fraction, 1 for the first utterance (which keeps the bucket's bound) and
+    otherwise between the previous bucket's bound (half this one's for the first bucket) and this one's.
+    A length stays >= 1 unless the bound is 0."""
     d, u = buckets[i]
     low = buckets[i - 1][0] if i > 0 and buckets[i - 1][0] < d else d * 0.5
     batch = model.make_batch(batch_size, d, int(u), device)
     frac = torch.empty(batch_size).uniform_(low / d, 1.0)
     frac[0] = 1.0
-    batch["audio_lens"] = (batch["audio_lens"].float() * frac.to(batch["audio_lens"].device)).long().clamp(min=1)
-    batch["token_lens"] = (batch["token_lens"].float() * frac.to(batch["token_lens"].device)).long() \
-        .clamp(min=min(1, int(u)))  # a bucket bound of 0 tokens stays 0
+    for key in [k for k in batch if k.endswith("_lens")]:
+        lens = batch[key]
+        floor = 1 if int(lens.min()) >= 1 else 0
+        batch[key] = (lens.float() * frac.to(lens.device)).long().clamp(min=floor)
     return batch
 
 

@@ -1,0 +1,88 @@
+"""The adapters for models nobody here wrote, at small sizes on the CPU: each passes the contract check,
+honours the lengths the soak shortens, and refuses what it cannot take in one line."""
+
+import importlib
+
+import pytest
+import torch
+
+from workbench.adapters import ModelContractError, check_model
+
+
+def _importable(name: str) -> bool:
+    """False when the package is missing or fails to load (torchaudio built for another torch)."""
+    try:
+        importlib.import_module(name)
+        return True
+    except Exception:  # noqa: BLE001 - an extension built for another torch raises OSError
+        return False
+
+
+needs_transformers = pytest.mark.skipif(not _importable("transformers"), reason="transformers not installed "
+                                        "(pip install -e .[adapters])")
+needs_torchaudio = pytest.mark.skipif(not _importable("torchaudio.models"),
+                                      reason="torchaudio does not import beside this torch")
+TINY_WHISPER = dict(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                    decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_source_positions=100)
+TINY_WAV2VEC2 = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                     conv_dim=(16,) * 7, num_conv_pos_embeddings=16)
+
+
+@needs_transformers
+def test_whisper_adapter_keeps_the_contract_and_masks_padded_labels():
+    from workbench.adapters.huggingface import whisper
+
+    model = whisper(vocab_size=64, **TINY_WHISPER)
+    report = check_model(model, spec="hf-whisper", bucket=(1.0, 6))
+    assert report.batch_shapes["input_features"] == [2, 80, 200]  # the fixed window: 2 x 100 positions
+    model.eval()  # no dropout: equal losses for equal labels
+    batch = model.make_batch(2, 1.0, 6, "cpu")
+    batch["token_lens"] = torch.tensor([6, 3])
+    loss = model.loss_fn(model.module, batch)
+    batch["tokens"][1, 3:] = 5  # past the length: must not count
+    assert torch.equal(loss, model.loss_fn(model.module, batch))
+    with pytest.raises(ValueError, match="at most 200 .2 s."):
+        model.make_batch(2, 2.5, 6, "cpu")
+
+
+@needs_transformers
+def test_wav2vec2_ctc_adapter_keeps_the_contract_in_bf16():
+    from workbench.adapters.huggingface import wav2vec2_ctc
+
+    model = wav2vec2_ctc(vocab_size=16, **TINY_WAV2VEC2)
+    report = check_model(model, spec="hf-wav2vec2-ctc", bucket=(1.0, 4), dtype=torch.bfloat16)
+    assert report.batch_shapes["audio"] == [2, 16000] and report.loss > 0
+    batch = model.make_batch(2, 1.0, 4, "cpu")
+    assert batch["tokens"].min() >= 1  # 0 is CTC's blank
+
+
+@needs_transformers
+def test_an_adapter_too_small_for_its_bucket_says_so():
+    from workbench.adapters.huggingface import whisper
+
+    with pytest.raises(ModelContractError, match="make_batch.* raised ValueError: 500 tokens: this model takes at"):
+        check_model(whisper(vocab_size=64, **TINY_WHISPER), spec="hf-whisper", bucket=(1.0, 500))
+
+
+@needs_torchaudio
+def test_emformer_rnnt_adapter_keeps_the_contract():
+    from workbench.adapters.torchaudio_rnnt import RIGHT_CONTEXT_FRAMES, emformer_rnnt
+
+    model = emformer_rnnt(vocab_size=32)
+    report = check_model(model, spec="torchaudio-emformer-rnnt", bucket=(1.0, 5))
+    assert report.batch_shapes["features"] == [2, 100 + RIGHT_CONTEXT_FRAMES, 80]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name, module", [("torchaudio-emformer-rnnt", "torchaudio.models"),
+                                          ("hf-whisper", "transformers"), ("hf-wav2vec2-ctc", "transformers"),
+                                          ("nemo-fastconformer-rnnt", "nemo.collections.asr")])
+def test_gpu_adapters_at_full_size_pass_the_check_in_bf16(name, module):
+    from workbench.adapters import ADAPTERS, build_model_from_spec
+
+    if not _importable(module):
+        pytest.skip(f"{module} does not import here")
+    model = build_model_from_spec(ADAPTERS[name], "cuda")
+    report = check_model(model, spec=name, bucket=(4.0, 30), batch_size=4, device="cuda", dtype=torch.bfloat16)
+    assert report.parameters > 50e6 and report.loss > 0

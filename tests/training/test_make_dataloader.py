@@ -1,0 +1,69 @@
+"""make_dataloader: the profile-driven DataLoader a user's own loop gets, with the allocator set up."""
+
+import pytest
+import torch
+
+from workbench.bucketing import BucketProfile, save_profile
+from workbench.data import write_synthetic_corpus
+from workbench.training import make_dataloader
+
+
+class CutCount(torch.utils.data.Dataset):
+    """dataset[cuts] -> the cut ids and durations (what a real dataset would read and collate)."""
+
+    def __getitem__(self, cuts):
+        return {"ids": [c.id for c in cuts], "durations": torch.tensor([c.duration for c in cuts])}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    manifest = write_synthetic_corpus(root, 300, progress=False)
+    profile = save_profile(root / "profile.yaml", BucketProfile([5.0, 10.0, 40.0], [16, 8, 2]))
+    return manifest, profile
+
+
+def test_batches_follow_the_profile_and_cover_the_epoch(corpus):
+    manifest, profile = corpus
+    loader = make_dataloader(manifest, profile, CutCount(), num_workers=0, configure_allocator=False)
+    assert loader.allocator_status is None and loader.batch_size is None
+    ids = []
+    for batch in loader:
+        longest = float(batch["durations"].max())
+        limit = 16 if longest <= 5 else 8 if longest <= 10 else 2
+        assert len(batch["ids"]) <= limit
+        ids += batch["ids"]
+    assert len(ids) == len(set(ids)) == 300 - loader.sampler.unfit_report.total_unfit
+
+
+def test_workers_and_ranks_split_the_corpus(corpus):
+    manifest, profile = corpus
+    seen = []
+    for rank in (0, 1):
+        loader = make_dataloader(manifest, profile, CutCount(), num_workers=1, world_size=2, rank=rank,
+                                 configure_allocator=False)
+        assert loader.persistent_workers and loader.prefetch_factor == 2
+        seen.append({i for batch in loader for i in batch["ids"]})
+    assert not seen[0] & seen[1]
+
+
+def test_allocator_is_configured_unless_opted_out(corpus):
+    manifest, profile = corpus
+    status = make_dataloader(manifest, profile, CutCount(), num_workers=0).allocator_status
+    if torch.cuda.is_available():
+        assert status.expandable_segments is True or status.skip_reason == "user_disabled"
+    else:
+        assert status.skip_reason == "no_cuda"
+
+
+@pytest.mark.parametrize("kwargs, error, needle", [
+    (dict(cuts="nope.jsonl.gz"), FileNotFoundError, "nope.jsonl.gz: no such manifest"),
+    (dict(cuts=42), TypeError, "cuts: expected a lhotse CutSet or a manifest path, got int"),
+    (dict(profile=[1, 2]), TypeError, "profile: expected a BucketProfile or a path, got list"),
+    (dict(num_workers=-1), ValueError, "num_workers: must be an integer >= 0"),
+])
+def test_bad_arguments_are_named(corpus, kwargs, error, needle):
+    manifest, profile = corpus
+    args = dict(cuts=manifest, profile=profile, num_workers=0, configure_allocator=False) | kwargs
+    with pytest.raises(error, match=needle):
+        make_dataloader(args.pop("cuts"), args.pop("profile"), CutCount(), **args)

@@ -1,0 +1,5 @@
+import sys
+
+from workbench.bench.byo_models.run import main
+
+sys.exit(main())

@@ -1,0 +1,160 @@
+"""The OOMptimizer on models nobody here wrote: per adapter, the batch size per bucket, probes per bucket,
+search seconds, a soak, and the tightness check (one probe at 1.1x each size, which must OOM), beside a
+reference model on the same buckets.
+
+    python -m workbench.bench.byo_models [--models NAME ...] [--budget-s 300] [--out DIR]
+    python -m workbench.bench.byo_models --smoke --out /tmp/x    # CPU: the real steps, a modeled peak
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+import time
+
+import torch
+
+from workbench.adapters import ADAPTERS, build_model_from_spec, user_model_spec
+from workbench.bench.oomptimizer.modeled_probe import ModeledMemoryProbe
+from workbench.bench.results import bench_device, check_smoke_out, cuda_missing, report_failures, write_result
+from workbench.bucketing import BucketProfile, estimate_2d_bins
+from workbench.data import read_cut_arrays, write_synthetic_corpus
+from workbench.memory.oom import release_memory
+from workbench.models import build_model
+from workbench.oomptimizer.probe import TrainingStepProbe
+from workbench.oomptimizer.run import soak
+from workbench.oomptimizer.search import search_batch_sizes
+
+NAME = "byo_models"
+DEFAULT_MODELS = ["torchaudio-emformer-rnnt", "hf-whisper", "hf-wav2vec2-ctc", "nemo-fastconformer-rnnt",
+                  "large-rnnt"]
+TIGHTNESS = 1.1  # a probe at this multiple of each returned size must OOM
+SMOKE_CONFIGS = {  # small enough for a CPU step in a second
+    "hf-whisper": dict(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                       decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64),
+    "hf-wav2vec2-ctc": dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                            conv_dim=(16,) * 7, num_conv_pos_embeddings=16),
+}
+
+
+def corpus_buckets(num_buckets: int, num_subbuckets: int, max_duration: float, num_cuts: int) -> list:
+    """2D buckets (duration s, tokens) from the synthetic corpus's utterances up to ``max_duration``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        arrays = read_cut_arrays(write_synthetic_corpus(tmp, num_cuts, progress=False), progress=False)
+    keep = arrays.durations <= max_duration
+    bins = estimate_2d_bins(arrays.durations[keep], arrays.num_tokens[keep], num_buckets, num_subbuckets)
+    return [(float(d), float(u)) for d, u in bins.bins]
+
+
+def build(name: str, device: torch.device, smoke: bool) -> torch.nn.Module:
+    spec = user_model_spec(name)
+    if spec is None:
+        with device:
+            return build_model("tiny-rnnt" if smoke else name)
+    if smoke and name in SMOKE_CONFIGS:
+        module_name, _, attr = spec.partition(":")
+        factory = getattr(__import__(module_name, fromlist=[attr]), attr)
+        return factory(**SMOKE_CONFIGS[name]).to(device)
+    return build_model_from_spec(spec, device)
+
+
+def make_probe(model, args, device):
+    if device.type == "cuda":
+        return TrainingStepProbe(model, dtype=torch.bfloat16, memory_fraction=args.memory_fraction)
+    return ModeledMemoryProbe(model, budget_bytes=64 * 2**20, bytes_per_element=64.0)
+
+
+def measure_model(name: str, buckets: list, args, device) -> dict:
+    """Search, soak and tightness for one model; every figure of its entry in the record."""
+    model = build(name, device, args.smoke)
+    probe = make_probe(model, args, device)
+    result = search_batch_sizes(buckets, probe, budget_bytes=probe.budget_bytes, rel_gap=args.rel_gap,
+                                max_batch_size=args.max_batch_size)
+    sizes = result.batch_sizes
+    per_bucket = [sum(1 for p in result.probes if p.bucket_index == i) for i in range(len(buckets))]
+    entry = {"spec": user_model_spec(name) or name, "parameters": sum(p.numel() for p in model.parameters()),
+             "batch_sizes": sizes, "probes_per_bucket": per_bucket,
+             "mean_probes_per_bucket": result.num_probes / len(buckets), "search_s": result.seconds,
+             "peak_bytes": [max((p.peak_bytes for p in result.probes if p.bucket_index == i and not p.oom),
+                                default=None) for i in range(len(buckets))]}
+    profile = BucketProfile([list(b) for b in buckets], sizes, None)
+    try:
+        entry["soak"] = soak(model, profile, search_memory_fraction=args.memory_fraction if device.type == "cuda"
+                             else None, steps_per_bucket=args.soak_steps, progress=False,
+                             dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+    except RuntimeError as e:  # an OOM in the soak is a finding, recorded
+        entry["soak"] = {"error": str(e).splitlines()[0], "ooms": 1}
+    entry["tightness"] = [tightness_probe(probe, b, s) for b, s in zip(buckets, sizes)]
+    del probe, model
+    release_memory()
+    return entry
+
+
+def tightness_probe(probe, bucket, size: int) -> dict:
+    """One probe at ceil(TIGHTNESS x size): does it OOM (it must, or the size is not within 10 %)?"""
+    larger = max(size + 1, math.ceil(TIGHTNESS * size))
+    try:
+        peak = probe(bucket, larger)
+        return {"batch_size": larger, "oom": False, "peak_bytes": peak}
+    except torch.OutOfMemoryError:
+        return {"batch_size": larger, "oom": True, "peak_bytes": None}
+
+
+def checks(name: str, entry: dict) -> list[str]:
+    """The targets: <= 3 probes per bucket, a soak without OOM, 1.1x OOMs at every bucket."""
+    out = []
+    if entry["mean_probes_per_bucket"] > 3:
+        out.append(f"{name}: {entry['mean_probes_per_bucket']:.2f} probes per bucket (target <= 3)")
+    if entry["soak"].get("ooms"):
+        out.append(f"{name}: soak OOM: {entry['soak'].get('error')}")
+    loose = [i for i, t in enumerate(entry["tightness"]) if not t["oom"]]
+    if loose:
+        out.append(f"{name}: {TIGHTNESS}x did not OOM at buckets {loose}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS,
+                        help=f"adapters ({', '.join(ADAPTERS)}), reference names or MODULE:CALLABLE")
+    parser.add_argument("--buckets", type=int, default=4, help="duration buckets (default 4)")
+    parser.add_argument("--sub-buckets", type=int, default=2, help="token sub-buckets each (default 2)")
+    parser.add_argument("--max-duration", type=float, default=25.0, help="longest utterance, s (default 25)")
+    parser.add_argument("--memory-fraction", type=float, default=0.9, help="the search's share of the GPU")
+    parser.add_argument("--rel-gap", type=float, default=0.05, help="the search's stopping gap (default 0.05)")
+    parser.add_argument("--max-batch-size", type=int, default=8192, help="the search's upper bound")
+    parser.add_argument("--soak-steps", type=int, default=2, help="soak steps per bucket (default 2)")
+    parser.add_argument("--budget-s", type=float, default=0, help="start no model after this many s (0: none)")
+    parser.add_argument("--smoke", action="store_true", help="CPU: small models, a modeled peak (not measured)")
+    parser.add_argument("--out", help="results folder (default benchmarks/results)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        check_smoke_out(parser, args.out)
+    if cuda_missing(args.smoke):
+        return 2
+    device = bench_device()
+    buckets = corpus_buckets(args.buckets, args.sub_buckets, args.max_duration, 2000 if args.smoke else 20000)
+    if args.smoke:
+        buckets = [(min(d, 2.0), min(u, 12.0)) for d, u in buckets[:2]]
+    models, failures, t0 = {}, [], time.perf_counter()
+    for name in args.models:
+        if args.budget_s and time.perf_counter() - t0 > args.budget_s:
+            failures.append(f"{name}: not run (budget of {args.budget_s:g} s spent)")
+            continue
+        print(f"{name}: searching {len(buckets)} buckets", flush=True)
+        try:
+            models[name] = measure_model(name, buckets, args, device)
+            failures += checks(name, models[name])
+            print(f"{name}: sizes {models[name]['batch_sizes']}, "
+                  f"{models[name]['mean_probes_per_bucket']:.2f} probes per bucket", flush=True)
+        except Exception as e:  # noqa: BLE001 - one model's failure is recorded; the others still run
+            models[name] = {"spec": user_model_spec(name) or name, "error": f"{type(e).__name__}: "
+                            f"{(str(e).strip().splitlines() or [''])[0]}"}
+            failures.append(f"{name}: {models[name]['error']}")
+            release_memory()
+        write_result(NAME, what="OOMptimizer on models nobody here wrote: batch sizes, probes, soak and the 1.1x "
+                     "check per bucket" + (" (SMOKE: modeled peak, not a measurement)" if args.smoke else ""),
+                     figures={"buckets": buckets, "models": models, "failures": failures},
+                     params={k: v for k, v in vars(args).items()}, out_dir=args.out)
+    return report_failures(failures, smoke=args.smoke)

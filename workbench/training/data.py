@@ -1,0 +1,82 @@
+"""The data path of a training loop: a profile-driven lhotse sampler feeding a DataLoader.
+
+The lhotse way: the sampler runs in the main process and yields CutSets; ``num_workers`` DataLoader
+processes turn each into a batch (``dataset[cuts]``: read, resample, collate); batches land in pinned
+memory on a GPU machine. ``workbench train`` and :func:`make_dataloader` share :func:`loader_for_sampler`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from lhotse import CutSet
+
+from workbench.bucketing.profile import BucketProfile, load_profile
+from workbench.bucketing.sampler import make_sampler
+from workbench.memory import configure_allocator as configure_cuda_allocator
+from workbench.models.distributed import local_world_size
+
+
+def default_num_workers() -> int:
+    """Data-loading workers per process: the cores this process may use, shared among the processes of
+    this machine, less one for the main process; at most 16."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0, min(16, cores // local_world_size() - 1))
+
+
+def loader_for_sampler(sampler, dataset: torch.utils.data.Dataset, *, num_workers: int, prefetch_factor: int = 2,
+                       seed: int = 0, pin_memory: bool | None = None) -> torch.utils.data.DataLoader:
+    """``DataLoader(dataset, sampler=sampler, batch_size=None)`` with persistent workers, ``prefetch_factor``
+    batches per worker ahead, pinned memory when CUDA is there, and the workers' base seed drawn from ``seed``
+    (not the global RNG, which a resume restores)."""
+    if not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(f"num_workers: must be an integer >= 0, got {num_workers!r}")
+    if not isinstance(prefetch_factor, int) or prefetch_factor < 1:
+        raise ValueError(f"prefetch_factor: must be an integer >= 1, got {prefetch_factor!r}")
+    return torch.utils.data.DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=num_workers,
+                                       pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+                                       prefetch_factor=prefetch_factor if num_workers else None,
+                                       persistent_workers=num_workers > 0,
+                                       generator=torch.Generator().manual_seed(seed))
+
+
+def make_dataloader(cuts: CutSet | str | os.PathLike, profile: BucketProfile | str | os.PathLike,
+                    dataset: torch.utils.data.Dataset, *, num_workers: int | None = None, seed: int = 0,
+                    shuffle: bool = True, world_size: int | None = None, rank: int | None = None,
+                    num_tokens_fn: Callable[[Any], int] | None = None, prefetch_factor: int = 2,
+                    concurrent: bool | None = None, configure_allocator: bool = True) -> torch.utils.data.DataLoader:
+    """The DataLoader that ``workbench train`` uses, for your own loop: batches of the profile's sizes, one
+    bucket each, from ``cuts`` (a CutSet or a manifest path) through ``dataset[cuts]`` in ``num_workers``
+    processes (default: the cores shared among this machine's ranks, less one).
+
+    ``configure_allocator`` (default True) turns on the CUDA allocator's expandable segments before CUDA
+    starts, keeping every option you set (``workbench.memory.configure_allocator``); False leaves it alone.
+    ``world_size``/``rank`` default to the initialized process group (else 1 and 0); concurrent bucketing
+    is on for one process and off for several (ranks must draw the same buckets). Call
+    ``loader.sampler.set_epoch(epoch)`` before each epoch; ``loader.sampler.unfit_report`` counts what no
+    bucket took. ``loader.allocator_status`` says what the allocator set-up did.
+    """
+    status = configure_cuda_allocator() if configure_allocator else None
+    if isinstance(profile, (str, os.PathLike)):
+        profile = load_profile(profile)
+    if not isinstance(profile, BucketProfile):
+        raise TypeError(f"profile: expected a BucketProfile or a path, got {type(profile).__name__}")
+    if isinstance(cuts, (str, os.PathLike)):
+        if not Path(cuts).exists():
+            raise FileNotFoundError(f"{cuts}: no such manifest")
+        cuts = CutSet.from_jsonl_lazy(cuts)
+    if not isinstance(cuts, CutSet):
+        raise TypeError(f"cuts: expected a lhotse CutSet or a manifest path, got {type(cuts).__name__}")
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    world_size = world_size if world_size is not None else (torch.distributed.get_world_size() if distributed else 1)
+    rank = rank if rank is not None else (torch.distributed.get_rank() if distributed else 0)
+    sampler = make_sampler(cuts, profile, world_size=world_size, rank=rank, shuffle=shuffle, seed=seed,
+                           num_tokens_fn=num_tokens_fn,
+                           concurrent=world_size == 1 if concurrent is None else concurrent)
+    loader = loader_for_sampler(sampler, dataset, seed=seed, prefetch_factor=prefetch_factor,
+                                num_workers=default_num_workers() if num_workers is None else num_workers)
+    loader.allocator_status = status
+    return loader
