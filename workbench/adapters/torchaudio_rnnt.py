@@ -32,6 +32,8 @@ def _emformer_rnnt_loss(module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     blank = torch.full_like(tokens[:, :1], module.blank_id)
     logits, logit_lens, _, _ = module(batch["features"], batch["feature_lens"], torch.cat([blank, tokens], 1),
                                       token_lens + 1)
+    frames = min(logits.shape[1], int(logit_lens.max()))  # the loss wants the longest length to be the frames
+    logits, logit_lens = logits[:, :frames], logit_lens.clamp(max=frames)
     nll = rnnt_loss(logits.float(), tokens.int(), logit_lens.int(), token_lens.int(), blank=module.blank_id,
                     reduction="sum")
     return nll / token_lens.sum().clamp_min(1)

@@ -20,6 +20,7 @@ from workbench.bench.oomptimizer.modeled_probe import ModeledMemoryProbe
 from workbench.bench.results import bench_device, check_smoke_out, cuda_missing, report_failures, write_result
 from workbench.bucketing import BucketProfile, estimate_2d_bins
 from workbench.data import read_cut_arrays, write_synthetic_corpus
+from workbench.memory import configure_allocator
 from workbench.memory.oom import release_memory
 from workbench.models import build_model
 from workbench.oomptimizer.probe import TrainingStepProbe
@@ -78,6 +79,7 @@ def measure_model(name: str, buckets: list, args, device) -> dict:
              "mean_probes_per_bucket": result.num_probes / len(buckets), "search_s": result.seconds,
              "peak_bytes": [max((p.peak_bytes for p in result.probes if p.bucket_index == i and not p.oom),
                                 default=None) for i in range(len(buckets))]}
+    entry["tightness"] = [tightness_probe(probe, b, s) for b, s in zip(buckets, sizes)]  # at the search's limit
     profile = BucketProfile([list(b) for b in buckets], sizes, None)
     try:
         entry["soak"] = soak(model, profile, search_memory_fraction=args.memory_fraction if device.type == "cuda"
@@ -85,7 +87,6 @@ def measure_model(name: str, buckets: list, args, device) -> dict:
                              dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
     except RuntimeError as e:  # an OOM in the soak is a finding, recorded
         entry["soak"] = {"error": str(e).splitlines()[0], "ooms": 1}
-    entry["tightness"] = [tightness_probe(probe, b, s) for b, s in zip(buckets, sizes)]
     del probe, model
     release_memory()
     return entry
@@ -133,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         check_smoke_out(parser, args.out)
     if cuda_missing(args.smoke):
         return 2
+    configure_allocator()  # expandable segments, as `workbench oomptimize` and training run (before CUDA starts)
     device = bench_device()
     buckets = corpus_buckets(args.buckets, args.sub_buckets, args.max_duration, 2000 if args.smoke else 20000)
     if args.smoke:
