@@ -51,6 +51,9 @@ def _tokenizer_folder(folder: Path, vocab_size: int) -> str:
     manifest = write_synthetic_corpus(folder / "corpus", 5000, progress=False)
     model = train_tokenizer(manifest, folder / "bpe", vocab_size=vocab_size, progress=False)
     shutil.copy(model, folder / "tokenizer.model")
+    pieces = [line.split("\t")[0] for line in model.with_suffix(".vocab").read_text().splitlines()]
+    (folder / "tokenizer.vocab").write_text(model.with_suffix(".vocab").read_text())
+    (folder / "vocab.txt").write_text("".join(p + "\n" for p in pieces))  # NeMo registers both as artifacts
     return str(folder)
 
 

@@ -34,6 +34,6 @@ def _emformer_rnnt_loss(module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
                                       token_lens + 1)
     frames = min(logits.shape[1], int(logit_lens.max()))  # the loss wants the longest length to be the frames
     logits, logit_lens = logits[:, :frames], logit_lens.clamp(max=frames)
-    nll = rnnt_loss(logits.float(), tokens.int(), logit_lens.int(), token_lens.int(), blank=module.blank_id,
+    nll = rnnt_loss(logits.float().contiguous(), tokens.int(), logit_lens.int(), token_lens.int(), blank=module.blank_id,
                     reduction="sum")
     return nll / token_lens.sum().clamp_min(1)

@@ -12,6 +12,12 @@ OOM_MESSAGES = ("out of memory", "CUFFT_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILE
                 "CUDNN_STATUS_INTERNAL_ERROR", "CUDA error: out of memory")
 
 
+# Extensions on torch's stable ABI (torchaudio's RNN-T loss) report a failed allocation as a failed call of an
+# allocating op, without the allocator's message.
+STABLE_ABI_CALL_FAILED = "api call failed"
+STABLE_ABI_ALLOCATING_OPS = ('"aten::empty', '"aten::zeros', '"aten::new_empty', '"aten::new_zeros')
+
+
 def is_oom_error(error: BaseException) -> bool:
     """True for torch.OutOfMemoryError and for library errors whose message says an allocation failed.
 
@@ -22,6 +28,8 @@ def is_oom_error(error: BaseException) -> bool:
     if type(error).__name__ == "OutOfMemoryError":
         return True
     text = str(error).lower()
+    if STABLE_ABI_CALL_FAILED in text and "torch_call_dispatcher" in text:
+        return any(op in text for op in STABLE_ABI_ALLOCATING_OPS)
     return any(m.lower() in text for m in OOM_MESSAGES)
 
 
