@@ -26,6 +26,7 @@ NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 MEASURED_CODE = {
     "allocator": ("workbench/memory",),
     "bucketing": ("workbench/bucketing", "workbench/data"),
+    "byo_models": ("workbench/adapters", "workbench/oomptimizer", "workbench/memory/oom.py"),
     "manifest_reading": ("workbench/data",),
     "decoding": ("workbench/decoding",),
     "losses": ("workbench/models/losses.py", "workbench/models/losses_triton.py", "workbench/models/loss_inputs.py"),

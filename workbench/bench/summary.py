@@ -19,6 +19,7 @@ from workbench.bench.losses.record import summary_lines as losses_summary_lines
 from workbench.atomic import write_text_atomically
 from workbench.bench.allocator import record as allocator
 from workbench.bench.bucketing import record as bucketing
+from workbench.bench.byo_models import record as byo_models
 from workbench.bench.decoding import record as decoding
 from workbench.bench.manifest_reading import record as manifest_reading
 from workbench.bench.models import record as models
@@ -34,6 +35,7 @@ SECTIONS: dict[str, Callable[[dict], list[str]]] = {
     oomptimizer.CHUNKED_NAME: oomptimizer.chunked_summary_lines,  # before the prefix "oomptimizer" matches
     oomptimizer.NAME: oomptimizer.summary_lines,
     allocator.NAME: allocator.summary_lines,
+    byo_models.NAME: byo_models.summary_lines,
     decoding.NAME: decoding.summary_lines,
     "flow": flow_summary_lines,
     "losses": losses_summary_lines,

@@ -28,7 +28,7 @@ from workbench.oomptimizer.run import soak
 from workbench.oomptimizer.search import search_batch_sizes
 
 NAME = "byo_models"
-DEFAULT_MODELS = ["torchaudio-emformer-rnnt", "hf-whisper", "hf-wav2vec2-ctc", "nemo-fastconformer-rnnt",
+DEFAULT_MODELS = ["torchaudio-emformer-rnnt", "nemo-fastconformer-rnnt", "hf-whisper", "hf-wav2vec2-ctc",
                   "large-rnnt"]
 TIGHTNESS = 1.1  # a probe at this multiple of each returned size must OOM
 SMOKE_CONFIGS = {  # small enough for a CPU step in a second

@@ -1,0 +1,61 @@
+"""The byo_models record (``benchmarks/results/byo_models.json``): the OOMptimizer on models nobody here
+wrote, per model: batch size, probes, peak and the 1.1x check per bucket, search seconds and the soak.
+One reader for SUMMARY.md and notebook 06."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import pandas as pd
+
+NAME = "byo_models"
+GiB = 2**30
+
+
+def model_rows(figures: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per (model, bucket): duration, tokens, batch size, probes, peak GiB, whether 1.1x OOMed."""
+    rows = []
+    for name, entry in figures["models"].items():
+        if "error" in entry:
+            continue
+        for i, (duration, tokens) in enumerate(figures["buckets"]):
+            peak = entry["peak_bytes"][i]
+            rows.append({"model": name, "bucket": i, "max duration (s)": round(duration, 1),
+                         "max tokens": int(tokens), "batch size": entry["batch_sizes"][i],
+                         "probes": entry["probes_per_bucket"][i],
+                         "peak (GiB)": None if peak is None else round(peak / GiB, 1),
+                         "1.1x OOMs": entry["tightness"][i]["oom"]})
+    return pd.DataFrame(rows)
+
+
+def model_summary(figures: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per model: parameters, probes per bucket, search and soak seconds, OOMs, buckets tight at 1.1x,
+    or the error that stopped it."""
+    rows = []
+    for name, entry in figures["models"].items():
+        if "error" in entry:
+            rows.append({"model": name, "error": entry["error"]})
+            continue
+        soak = entry["soak"]
+        rows.append({"model": name, "parameters (M)": round(entry["parameters"] / 1e6, 1),
+                     "probes per bucket": round(entry["mean_probes_per_bucket"], 2),
+                     "search (s)": round(entry["search_s"], 1), "soak steps": soak.get("steps"),
+                     "soak OOMs": soak.get("ooms"),
+                     "buckets OOM at 1.1x": f"{sum(t['oom'] for t in entry['tightness'])}/{len(entry['tightness'])}"})
+    return pd.DataFrame(rows)
+
+
+def summary_lines(figures: Mapping[str, Any]) -> list[str]:
+    """The record's lines in benchmarks/SUMMARY.md: one per model."""
+    lines = []
+    for name, entry in figures["models"].items():
+        if "error" in entry:
+            lines.append(f"- {name}: not measured: {entry['error'][:160]}")
+            continue
+        sizes = entry["batch_sizes"]
+        tight = sum(t["oom"] for t in entry["tightness"])
+        lines.append(f"- {name} ({entry['parameters'] / 1e6:.0f}M): batch sizes {max(sizes)}-{min(sizes)} over "
+                     f"{len(sizes)} buckets, {entry['mean_probes_per_bucket']:.2f} probes per bucket in "
+                     f"{entry['search_s']:.0f} s; soak {entry['soak'].get('steps', 0)} steps, "
+                     f"{entry['soak'].get('ooms', 0)} OOMs; 1.1x OOMs at {tight}/{len(sizes)} buckets")
+    return lines
