@@ -149,8 +149,9 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
                       "${NEMO_ENV[@]}" python3 -m pytest -q -p no:cacheprovider tests/adapters > "$OUT/adapter_tests.log" 2>&1
                       tail -n 5 "$OUT/adapter_tests.log" | sed 's/^/[adapter-tests] /'
                       b=$(budget 40 60) || { echo "=== $1: SKIPPED (less than 100 s left) ==="; return 1; }
+                      # BYO_ARGS: e.g. "--models hf-whisper --name byo_models_whisper"
                       run_stage byo_models 400 "${NEMO_ENV[@]}" python3 -m workbench.bench.byo_models \
-                        --budget-s $(( b < 340 ? b : 340 )) --out "$RESULTS" ;;
+                        --budget-s $(( b < 340 ? b : 340 )) --out "$RESULTS" ${BYO_ARGS:-} ;;
     models)           run_stage models 330 python3 -m workbench.bench.models --kernels --out "$RESULTS" ;;
     models-compile)   # the MFU targets' models at their profile shapes, encoder blocks compiled
                       run_stage models_compile 330 python3 -m workbench.bench.models --compile --only-profile-shapes \

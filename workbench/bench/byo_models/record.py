@@ -59,3 +59,36 @@ def summary_lines(figures: Mapping[str, Any]) -> list[str]:
                      f"{entry['search_s']:.0f} s; soak {entry['soak'].get('steps', 0)} steps, "
                      f"{entry['soak'].get('ooms', 0)} OOMs; 1.1x OOMs at {tight}/{len(sizes)} buckets")
     return lines
+
+
+def findings(figures: Mapping[str, Any]) -> list[str]:
+    """Sentences on what the record means, built from its figures."""
+    measured = figures["models"]
+    ok = {n: e for n, e in measured.items() if "error" not in e}
+    failed = [n for n, e in measured.items() if "error" in e]
+    out = []
+    if ok:
+        worst = max(ok, key=lambda n: ok[n]["mean_probes_per_bucket"])
+        tight = all(t["oom"] for e in ok.values() for t in e["tightness"])
+        ooms = sum(int(e["soak"].get("ooms") or 0) for e in ok.values())
+        out.append(f"{len(ok)} of {len(measured)} models were searched: at most "
+                   f"{ok[worst]['mean_probes_per_bucket']:.2f} probes per bucket ({worst}), "
+                   f"{ooms} OOMs in their soaks, and 1.1x each size "
+                   f"{'ran out of memory at every bucket' if tight else 'fit at some bucket'}, so every size is "
+                   f"{'within 10 % of the largest that fits' if tight else 'not yet shown to be tight'}.")
+    if failed:
+        out.append(f"Not measured: {', '.join(failed)} (the error is in the table above).")
+    return out
+
+
+def plot_batch_sizes(figures: Mapping[str, Any], ax) -> None:
+    """Batch size per bucket, one line per model (log scale), legend outside the data."""
+    rows = model_rows(figures)
+    for name, group in rows.groupby("model", sort=False):
+        ax.plot(group["bucket"], group["batch size"], marker="o", label=name)
+    labels = [f"{d:.0f} s\n{int(u)} tok" for d, u in figures["buckets"]]
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xlabel("bucket (max duration, max tokens)")
+    ax.set_ylabel("batch size (utterances)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)

@@ -129,9 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=0, help="start no model after this many s (0: none)")
     parser.add_argument("--smoke", action="store_true", help="CPU: small models, a modeled peak (not measured)")
     parser.add_argument("--out", help="results folder (default benchmarks/results)")
+    parser.add_argument("--name", default=NAME, help=f"record name, {NAME} or {NAME}_<suffix> (default {NAME})")
     args = parser.parse_args(argv)
     if args.smoke:
         check_smoke_out(parser, args.out)
+    if args.name != NAME and not args.name.startswith(NAME + "_"):
+        parser.error(f"--name: must be {NAME} or start with {NAME}_ (the summary finds the record by it)")
     if cuda_missing(args.smoke):
         return 2
     configure_allocator()  # expandable segments, as `workbench oomptimize` and training run (before CUDA starts)
@@ -155,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"{(str(e).strip().splitlines() or [''])[0]}"}
             failures.append(f"{name}: {models[name]['error']}")
             release_memory()
-        write_result(NAME, what="OOMptimizer on models nobody here wrote: batch sizes, probes, soak and the 1.1x "
+        write_result(args.name, what="OOMptimizer on models nobody here wrote: batch sizes, probes, soak and the 1.1x "
                      "check per bucket" + (" (SMOKE: modeled peak, not a measurement)" if args.smoke else ""),
                      figures={"buckets": buckets, "models": models, "failures": failures},
                      params={k: v for k, v in vars(args).items()}, out_dir=args.out)
