@@ -102,11 +102,15 @@ def run_oomptimize(args) -> int:
             raise ValueError(f"--nproc {args.nproc}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
         return _relaunch_under_torchrun(args.nproc)
     rank = _init_distributed(torch)
-    from workbench.adapters import build_model_from_spec, user_model_spec
+    from workbench.adapters import build_model_from_spec, check_model, user_model_spec
 
     spec = user_model_spec(args.model)
-    if spec is not None:
-        model = build_model_from_spec(spec, torch.device("cuda", torch.cuda.current_device()))
+    if spec is not None:  # a model we did not write: one checked step first, so a broken one fails in one line
+        device = torch.device("cuda", torch.cuda.current_device())
+        model = build_model_from_spec(spec, device)
+        smallest = min(profile_buckets(bins))
+        check_model(model, spec=args.model, bucket=(smallest[0], int(smallest[1])), device=device,
+                    dtype=DTYPES[args.dtype])
     else:
         with torch.device("cuda", torch.cuda.current_device()):  # built on the GPU: an xl model skips host init
             model = build_model(args.model, joint_chunk_size=args.joint_chunk_size)
