@@ -86,3 +86,12 @@ def test_gpu_adapters_at_full_size_pass_the_check_in_bf16(name, module):
     model = build_model_from_spec(ADAPTERS[name], "cuda")
     report = check_model(model, spec=name, bucket=(4.0, 30), batch_size=4, device="cuda", dtype=torch.bfloat16)
     assert report.parameters > 50e6 and report.loss > 0
+
+
+@pytest.mark.skipif(not _importable("nemo.collections.asr"), reason="NeMo does not import here")
+def test_nemo_fastconformer_rnnt_adapter_keeps_the_contract():
+    from workbench.adapters.nemo import fastconformer_rnnt
+
+    model = fastconformer_rnnt(vocab_size=128, n_layers=1, d_model=64, n_heads=2)
+    report = check_model(model, spec="nemo-fastconformer-rnnt", bucket=(1.0, 6))
+    assert report.batch_shapes["audio"] == [2, 16000] and report.loss > 0

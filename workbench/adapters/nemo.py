@@ -61,6 +61,7 @@ def _config(tokenizer_dir: str, fused_batch_size: int, loss_name: str, encoder: 
     modules = "nemo.collections.asr.modules"
     return {
         "sample_rate": 16000, "train_ds": None, "validation_ds": None, "test_ds": None,
+        "model_defaults": {"enc_hidden": encoder["d_model"], "pred_hidden": 640, "joint_hidden": 640},
         "tokenizer": {"dir": tokenizer_dir, "type": "bpe"},
         "preprocessor": {"_target_": f"{modules}.AudioToMelSpectrogramPreprocessor", "sample_rate": 16000,
                          "normalize": "per_feature", "window_size": 0.025, "window_stride": 0.01,

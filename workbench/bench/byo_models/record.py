@@ -12,6 +12,23 @@ NAME = "byo_models"
 GiB = 2**30
 
 
+def merged_figures(records: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """One figures dict from byo_models records of the same buckets (a full run and partial reruns): per
+    model the measured entry of the newest record that has one, else the newest error; each entry says
+    the commit it was measured at (``commit``)."""
+    if not records:
+        raise ValueError("records: need at least one byo_models record")
+    buckets = records[0]["figures"]["buckets"]
+    models: dict[str, Any] = {}
+    for record in sorted(records, key=lambda r: r["date"]):
+        if record["figures"]["buckets"] != buckets:
+            raise ValueError(f"{record['name']}: other buckets than {records[0]['name']}: not merged")
+        for name, entry in record["figures"]["models"].items():
+            if "error" not in entry or "error" in models.get(name, {"error": ""}):
+                models[name] = {**entry, "commit": record["git_commit"][:7]}
+    return {"buckets": buckets, "models": models}
+
+
 def model_rows(figures: Mapping[str, Any]) -> pd.DataFrame:
     """One row per (model, bucket): duration, tokens, batch size, probes, peak GiB, whether 1.1x OOMed."""
     rows = []
@@ -34,10 +51,10 @@ def model_summary(figures: Mapping[str, Any]) -> pd.DataFrame:
     rows = []
     for name, entry in figures["models"].items():
         if "error" in entry:
-            rows.append({"model": name, "error": entry["error"]})
+            rows.append({"model": name, "error": entry["error"][:120], "commit": entry.get("commit")})
             continue
         soak = entry["soak"]
-        rows.append({"model": name, "parameters (M)": round(entry["parameters"] / 1e6, 1),
+        rows.append({"model": name, "commit": entry.get("commit"), "parameters (M)": round(entry["parameters"] / 1e6, 1),
                      "probes per bucket": round(entry["mean_probes_per_bucket"], 2),
                      "search (s)": round(entry["search_s"], 1), "soak steps": soak.get("steps"),
                      "soak OOMs": soak.get("ooms"),
@@ -92,3 +109,17 @@ def plot_batch_sizes(figures: Mapping[str, Any], ax) -> None:
     ax.set_xlabel("bucket (max duration, max tokens)")
     ax.set_ylabel("batch size (utterances)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+
+
+def styled_summary(figures: Mapping[str, Any]):
+    """:func:`model_summary` for display: numbers rounded to what they carry, blanks for what does not apply."""
+    formats = {"parameters (M)": "{:.0f}", "probes per bucket": "{:.2f}", "search (s)": "{:.0f}",
+               "soak steps": "{:.0f}", "soak OOMs": "{:.0f}"}
+    table = model_summary(figures)
+    return table.style.format({k: v for k, v in formats.items() if k in table}, na_rep="").hide(axis="index")
+
+
+def styled_rows(figures: Mapping[str, Any]):
+    """:func:`model_rows` for display."""
+    return model_rows(figures).style.format({"max duration (s)": "{:.1f}", "peak (GiB)": "{:.1f}"},
+                                            na_rep="").hide(axis="index")
