@@ -19,6 +19,8 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from workbench.models.model import check_bucket_request
+
 
 @dataclass(frozen=True)
 class AudioInput:
@@ -113,12 +115,7 @@ class SchemaModel(nn.Module):
     def make_batch(self, batch_size: int, duration_s: float, num_tokens: int, device: torch.device | str,
                    *, seed: int = 0) -> dict[str, torch.Tensor]:
         """The worst case of a bucket: every input at the bucket's size; the same seed gives the same batch."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size: need at least 1, got {batch_size}")
-        if not duration_s > 0:
-            raise ValueError(f"duration_s: need > 0 seconds, got {duration_s}")
-        if num_tokens < 0:
-            raise ValueError(f"num_tokens: need >= 0, got {num_tokens}")
+        check_bucket_request(batch_size, duration_s, num_tokens)
         device = torch.device(device)
         generator = torch.Generator(device=device).manual_seed(seed)
         batch = {}

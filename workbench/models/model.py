@@ -22,6 +22,16 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # the names CLIs and c
 TRAINING_DTYPES = tuple(DTYPES.values())
 
 
+def check_bucket_request(batch_size: int, duration_s: float, num_tokens: int) -> None:
+    """ValueError naming the argument of a ``make_batch`` call that no bucket can have."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size: need at least 1, got {batch_size}")
+    if not duration_s > 0:
+        raise ValueError(f"duration_s: need > 0 seconds, got {duration_s}")
+    if num_tokens < 0:
+        raise ValueError(f"num_tokens: need >= 0, got {num_tokens}")
+
+
 class ASRModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -100,12 +110,7 @@ class ASRModel(nn.Module):
         Audio is Gaussian noise (std 0.1), tokens uniform in [0, vocab_size); the same seed gives the
         same batch.
         """
-        if batch_size < 1:
-            raise ValueError(f"batch_size: need at least 1, got {batch_size}")
-        if not duration_s > 0:
-            raise ValueError(f"duration_s: need > 0 seconds, got {duration_s}")
-        if num_tokens < 0:
-            raise ValueError(f"num_tokens: need >= 0, got {num_tokens}")
+        check_bucket_request(batch_size, duration_s, num_tokens)
         device = torch.device(device)
         num_samples = max(1, round(duration_s * self.config.sample_rate))
         generator = torch.Generator(device=device).manual_seed(seed)
