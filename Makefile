@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# CPU machines take torch 2.13.0 from local disk; a GPU host overrides TORCH_SPEC (e.g. TORCH_SPEC=torch).
+# torch for pip, as it is (it may name an index); a GPU host overrides it (e.g. TORCH_SPEC=torch).
 TORCH_SPEC ?= torch==2.13.0
 SMOKE ?= 0
 SKIP_ESPEAK ?= 0
@@ -14,7 +14,7 @@ all: test
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q $(TORCH_SPEC)
 	$(PY) -m pip install -q -e ".[notebooks,test,adapters]"
 	$(PY) -m ipykernel install --sys-prefix --name workbench --display-name "workbench (.venv)" >/dev/null
 	touch $@
@@ -33,10 +33,10 @@ report: setup
 test: setup
 	$(VENV)/bin/ruff check workbench tests
 	$(PY) -m pytest -q -n 2 tests
-	WORKBENCH_SMOKE=1 $(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks
+	WORKBENCH_SMOKE=1 $(PY) -m pytest -q --nbval-lax --nbval-kernel-name workbench -p no:cacheprovider notebooks
 
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --no-browser --allow-root --ip=127.0.0.1
 
 gpu-bundle:
 	sh scripts/gpu_bundle.sh

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from workbench.reporting import KERNEL_DISPLAY_NAME, KERNEL_NAME
+
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
@@ -21,11 +23,33 @@ def test_notebook_runs_in_smoke_mode(notebook, tmp_path):
     assert "smoke" in "".join(first_code["source"])
     out = tmp_path / notebook.name
     papermill.execute_notebook(str(notebook), str(out), parameters={"smoke": True, "interactive": False},
-                               cwd=str(notebook.parent), kernel_name="python3", progress_bar=False)
+                               cwd=str(notebook.parent), kernel_name=KERNEL_NAME, progress_bar=False)
     executed = json.loads(out.read_text())
     outputs = [o for c in executed["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs), "the notebook drew no plot"
+    assert not [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_declares_the_workbench_kernel(notebook):
+    """JupyterLab, papermill and nbval open every notebook on the project's .venv kernel, not python3."""
+    spec = json.loads(notebook.read_text())["metadata"].get("kernelspec", {})
+    assert spec == {"name": KERNEL_NAME, "display_name": KERNEL_DISPLAY_NAME, "language": "python"}
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_interactive_panels_are_on_by_default(notebook):
+    """A live kernel shows the panels; papermill runs (report, tests) pass interactive=False."""
+    nb = json.loads(notebook.read_text())
+    cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
+    assert "interactive: bool = True" in "".join(cell["source"])
+
+
+def test_make_test_runs_nbval_on_the_workbench_kernel():
+    makefile = (NOTEBOOKS[0].parents[1] / "Makefile").read_text()
+    line = next(ln for ln in makefile.splitlines() if "--nbval" in ln)
+    assert f"--nbval-kernel-name {KERNEL_NAME}" in line
 
 
 def _parameter_names(notebook: Path) -> list[str]:

@@ -75,3 +75,14 @@ def test_architecture_names_every_package_and_the_repository_keeps_its_own_desig
     for doc in [REPO / "README.md", *(REPO / "workbench").rglob("*.py")]:
         if "bench" not in doc.relative_to(REPO).parts[1:2]:  # workbench/bench/ records name their sources
             assert "DESIGN.md" not in doc.read_text(), doc
+
+
+def test_the_headline_quotes_the_committed_summary():
+    """Every figure of the README's headline is one that benchmarks/SUMMARY.md (generated from the records)
+    states, so the headline cannot drift from the measurements."""
+    text = (REPO / "README.md").read_text()
+    headline = text[text.index("<!-- headline -->"):text.index("<!-- /headline -->")]
+    summary = (REPO / "benchmarks" / "SUMMARY.md").read_text()
+    figures = re.findall(r"\d[\d,]*\.\d+", headline)
+    assert len(figures) >= 6
+    assert [f for f in figures if f not in summary] == []

@@ -39,6 +39,19 @@ def test_report_renders_html_and_index(tmp_path):
     assert "Committed results" in page and "<td>decoding</td>" in page
 
 
+def test_a_missing_kernel_is_one_line_with_the_fix(tmp_path, monkeypatch, capsys):
+    import workbench.reporting as reporting
+    from workbench.cli import main
+
+    reporting.check_kernel()  # make setup installed it
+    monkeypatch.setattr(reporting, "KERNEL_NAME", "no-such-workbench-kernel")
+    assert main(["report", "--out", str(tmp_path), "--smoke", "--only", "00"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "no-such-workbench-kernel" in err and "make setup" in err and "ipykernel install" in err
+    assert not (tmp_path / "executed").exists()  # stopped before any notebook ran
+
+
 def test_code_cells_are_hidden_unless_asked(tmp_path):
     import nbformat
 
@@ -79,6 +92,7 @@ def test_results_older_than_the_code_they_measure_are_flagged(tmp_path):
     _commit(repo, "workbench/bench/decoding.py", "bench v1")
     measured = _commit(repo, "workbench/models/model.py", "v1")  # models code: measured by the models bench
     _commit(repo, "workbench/decoding/greedy.py", "v2")  # decoding changes after `measured`
+    _commit(repo, "workbench/models/model.py", "v1  # a comment, no code")  # models: only a comment
     latest = _commit(repo, "README.md", "docs only")
     results = tmp_path / "results"
     results.mkdir()
@@ -93,13 +107,14 @@ def test_results_older_than_the_code_they_measure_are_flagged(tmp_path):
                                                           "device": {"cpu_count": 2}, "date": "2026-12-01"}))
     by_name = {r.name: r for r in result_freshness(results, repo)}
     assert by_name["old_decoding"].stale is True
-    assert "workbench/decoding changed after" in by_name["old_decoding"].note
+    assert by_name["old_decoding"].note.endswith("changed since " + measured[:12] + ": workbench/decoding/greedy.py")
     assert "workbench/bench/decoding.py" not in by_name["old_decoding"].note  # it did not change after
     assert by_name["new_decoding"].stale is False
-    assert by_name["models"].stale is False  # its code has not changed since
+    assert by_name["models"].stale is False  # only a comment changed since
+    assert "comments and docstrings aside" in by_name["models"].note
     assert by_name["unknown_commit"].stale is None and "not in this clone" in by_name["unknown_commit"].note
     assert by_name["no_bench"].stale is None
-    assert by_name["flow"].stale is True and "workbench/decoding, README.md changed after" in by_name["flow"].note
+    assert by_name["flow"].stale is True and by_name["flow"].note.endswith("README.md, workbench/decoding/greedy.py")
 
 
 def test_report_takes_show_code():
@@ -107,3 +122,23 @@ def test_report_takes_show_code():
 
     assert build_parser().parse_args(["report", "--show-code"]).show_code is True
     assert build_parser().parse_args(["report"]).show_code is False
+
+
+def test_each_notebook_has_one_finding_cell_and_the_index_reads_its_first_line(tmp_path):
+    import nbformat
+
+    from workbench.reporting import NOTEBOOK_DIR, executed_finding, record_finding
+
+    for path in sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        assert sum("finding" in c.metadata.get("tags", []) for c in nb.cells) == 1, path.name
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("print('x')")
+    cell.metadata["tags"] = ["finding"]
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="2D is 1.2x 1D.\nmore\n")]
+    nb.cells = [nbformat.v4.new_code_cell("1"), cell]
+    nbformat.write(nb, tmp_path / "x.ipynb")
+    assert executed_finding(tmp_path / "x.ipynb") == "2D is 1.2x 1D."
+    line = record_finding("decoding_nemo", contains="B=16, 12 s, fp32", count=2)
+    assert line.count("faster than NeMo") == 2 and not line.startswith("-")
+    assert record_finding("no_such_record") == "No committed result 'no_such_record' yet."

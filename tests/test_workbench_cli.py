@@ -79,3 +79,47 @@ def test_help_of_every_command_exits_0_without_traceback(capsys):
         assert main([*path, "--help"]) == 0, path
         out = capsys.readouterr()
         assert "usage:" in out.out and "Traceback" not in out.out + out.err, path
+
+
+def _parsers():
+    """(path, parser) for every command and sub-command."""
+    import argparse
+
+    from workbench.cli import build_parser
+
+    root = build_parser()
+    for path in _command_paths(root):
+        parser = root
+        for name in path:
+            parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+        yield path, parser
+
+
+def test_every_option_says_what_it_means_and_its_default():
+    import argparse
+
+    for path, parser in _parsers():
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                continue
+            name = "/".join(action.option_strings) or action.dest
+            assert action.help and action.help.strip(), (path, name)
+            if action.default not in (None, False, argparse.SUPPRESS):
+                assert "default" in action.help, (path, name, action.default)
+
+
+# `report` lives in workbench/reporting.py, whose help is written elsewhere
+def test_every_command_help_has_examples(capsys):
+    for path, _ in _parsers():
+        assert main([*path, "--help"]) == 0, path
+        assert "example" in capsys.readouterr().out, path
+
+
+def test_bins_quiet_prints_at_most_the_file_it_wrote(tmp_path, capsys):
+    assert main(["corpus", "synthetic", "--out", str(tmp_path), "--num-cuts", "300"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "profile.yaml"
+    assert main(["bins", str(tmp_path / "cuts.jsonl.gz"), "--buckets", "4", "--out", str(out), "-q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) <= 1, lines
+    assert out.exists() and all(str(out) in line for line in lines)

@@ -12,16 +12,20 @@ import html
 import json
 import os
 import re
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench.records.fingerprint import changed_files, fingerprint_at, fingerprint_now
 from workbench.atomic import check_writable, write_text_atomically
 from workbench.bench.results import REPO_ROOT, RESULTS_DIR, device_info, git_commit, load_result, provenance_line
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+# The Jupyter kernel every notebook declares, and that the report, nbval and the tests run them on
+# (`make setup` installs it into .venv).
+KERNEL_NAME = "workbench"
+KERNEL_DISPLAY_NAME = "workbench (.venv)"
 # The library code each bench's records measure, besides the bench's own source (workbench/bench/<name>).
 MEASURED_CODE = {
     "allocator": ("workbench/memory",),
@@ -64,6 +68,31 @@ def committed_result(name: str) -> dict[str, Any] | None:
     return record
 
 
+def record_finding(name: str, *, contains: str = "", count: int = 1) -> str:
+    """The first ``count`` summary lines (benchmarks/SUMMARY.md's) of the committed result ``name`` that
+    contain ``contains``, joined: a notebook's one-line finding for the report's index."""
+    from workbench.bench.summary import section_for
+
+    record = load_result(name)
+    if record is None:
+        return f"No committed result '{name}' yet."
+    lines = [line.strip().removeprefix("- ") for line in section_for(name)(record["figures"])
+             if contains in line]
+    return "; ".join(lines[:count]) or f"'{name}' has no summary line with {contains!r}."
+
+
+def executed_finding(executed: Path) -> str:
+    """The first line a notebook's cell tagged ``finding`` printed, or '' when it has none."""
+    nb = json.loads(Path(executed).read_text())
+    for cell in nb.get("cells", []):
+        if "finding" in cell.get("metadata", {}).get("tags", []):
+            for output in cell.get("outputs", []):
+                text = "".join(output.get("text", "")).strip()
+                if output.get("output_type") == "stream" and text:
+                    return text.splitlines()[0]
+    return ""
+
+
 def gpu_section_note(what: str) -> bool:
     """Say whether a live GPU section runs here; returns has_cuda()."""
     if has_cuda():
@@ -101,13 +130,9 @@ class ResultFreshness:
     name: str  # file name in benchmarks/results, without .json
     provenance: str  # machine, date and commit (workbench.bench.results.provenance_line)
     measured_paths: list[str]  # the code it measures: its bench and the library packages
-    last_change: str | None  # newest commit that touched those paths (None: no git history here)
-    stale: bool | None  # True: the code changed after the result's commit; None: cannot tell
+    commit: str | None  # the commit the result was measured at
+    stale: bool | None  # True: the code it measures changed since that commit; None: cannot tell
     note: str  # why, in words
-
-
-def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=30)
 
 
 def bench_name(record: dict[str, Any]) -> str | None:
@@ -117,32 +142,50 @@ def bench_name(record: dict[str, Any]) -> str | None:
     return (m.group(1) or m.group(2)) if m else None
 
 
+INDEX_CSS = ("body{font-family:system-ui,sans-serif;max-width:70rem;margin:2rem auto;padding:0 1rem;"
+             "color:#222;line-height:1.45}ul{list-style:none;padding:0}li{margin:.7rem 0}a{font-weight:600}"
+             ".run{color:#555}table{border-collapse:collapse;font-size:.9rem}th,td{padding:.3rem .6rem;"
+             "border-bottom:1px solid #ddd;text-align:left;vertical-align:top}th{background:#f4f4f4}"
+             ".stale{color:#a40;font-weight:600}.current{color:#2a7a2a}.unknown{color:#777}")
+
+
+def measured_only(fingerprint: dict[str, str], bench: str) -> dict[str, str]:
+    """The files of a fingerprint whose code a result measures: not the record readers (how a record is
+    shown) nor, except for the README flow, the command-line parsers (option checks and help text)."""
+    return {name: digest for name, digest in fingerprint.items()
+            if not name.endswith("/record.py") and (bench == "flow" or not name.endswith("/cli.py"))}
+
+
 def result_freshness(results_dir: str | os.PathLike = RESULTS_DIR, repo: str | os.PathLike = REPO_ROOT
                      ) -> list[ResultFreshness]:
-    """For every ``*.json`` record in ``results_dir``: is its commit at or after the newest commit that
-    changed the code it measures (``git log`` over the bench's source and MEASURED_CODE)?"""
+    """For every ``*.json`` record in ``results_dir``: does the code it measures (its bench's source and
+    MEASURED_CODE) still read as it did at the record's commit? Comments and docstrings do not count
+    (:mod:`workbench.records.fingerprint`); code, added and removed files do."""
     repo = Path(repo)
-    out = []
+    out, at_commit = [], {}
     for path in sorted(Path(results_dir).glob("*.json")):
         record = json.loads(path.read_text())
         bench = bench_name(record)
         paths = ([f"workbench/bench/{bench}.py", f"workbench/bench/{bench}", *MEASURED_CODE.get(bench, ())]
                  if bench else [])
         commit = str(record.get("git_commit", "")).removesuffix("+dirty")
-        last = _git(repo, "log", "-1", "--format=%H", "--", *paths).stdout.strip() if paths else ""
         if not paths:
-            stale, note = None, "its command names no bench, so the code it measures is unknown"
-        elif not last:
-            stale, note = None, "no git history of the code it measures here"
-        elif _git(repo, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+            out.append(ResultFreshness(path.stem, provenance_line(record), paths, None, None,
+                                       "its command names no bench, so the code it measures is unknown"))
+            continue
+        key = (commit, tuple(paths))
+        if key not in at_commit:
+            at_commit[key] = fingerprint_at(repo, commit, paths) if commit else None
+        then = at_commit[key]
+        if then is None:
             stale, note = None, f"its commit {commit[:12] or '?'} is not in this clone"
-        elif _git(repo, "merge-base", "--is-ancestor", last, commit).returncode == 0:
-            stale, note = False, "current: made at or after the last change to the code it measures"
         else:
-            changed = [p for p in paths if _git(repo, "log", "-1", "--format=%H", f"{commit}..{last}", "--", p).stdout]
-            stale, note = True, (f"stale: {', '.join(changed)} changed after the result's commit {commit[:12]} "
-                                 f"(last in {last[:12]})")
-        out.append(ResultFreshness(path.stem, provenance_line(record), paths, last or None, stale, note))
+            changed = changed_files(measured_only(then, bench), measured_only(fingerprint_now(repo, paths), bench))
+            stale = bool(changed)
+            shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+            note = (f"the code it measures changed since {commit[:12]}: {shown}" if changed else
+                    f"current: the code it measures reads as at {commit[:12]} (comments and docstrings aside)")
+        out.append(ResultFreshness(path.stem, provenance_line(record), paths, commit or None, stale, note))
     return out
 
 
@@ -156,13 +199,30 @@ def run_description() -> str:
 
 
 def results_table(rows: list[ResultFreshness]) -> str:
-    """The committed results as an HTML table, stale ones marked."""
-    mark = {True: "&#9888; ", False: "", None: "? "}
-    red = ' style="color:#b00"'
-    body = "\n".join(f"<tr><td>{html.escape(r.name)}</td><td>{html.escape(r.provenance)}</td>"
-                     f"<td{red if r.stale else ''}>{mark[r.stale]}{html.escape(r.note)}</td></tr>" for r in rows)
-    return ("<table><tr><th>result</th><th>machine, date, commit</th><th>code it measures</th></tr>\n"
+    """The committed results as an HTML table; a result whose measured code changed is marked."""
+    mark = {True: '<span class="stale">code changed</span>', False: '<span class="current">current</span>',
+            None: '<span class="unknown">unknown</span>'}
+    body = "\n".join(f"<tr><td>{html.escape(r.name)}</td><td>{html.escape(r.provenance)}</td><td>{mark[r.stale]}</td>"
+                     f"<td>{html.escape(r.note)}</td></tr>" for r in rows)
+    return ("<table><tr><th>result</th><th>measured on</th><th>status</th><th>why</th></tr>\n"
             f"{body}\n</table>")
+
+
+def check_kernel(name: str | None = None) -> None:
+    """Raise a one-line UserError, with the fix, when the Jupyter kernel ``name`` (KERNEL_NAME) is missing."""
+    import sys
+
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    from workbench.cli import UserError
+
+    name = name or KERNEL_NAME
+    try:
+        KernelSpecManager().get_kernel_spec(name)
+    except NoSuchKernel:
+        raise UserError(f"the Jupyter kernel '{name}' the notebooks run on is not installed: run `make setup` "
+                        f"(or {sys.executable} -m ipykernel install --sys-prefix --name {name} "
+                        f"--display-name '{KERNEL_DISPLAY_NAME}')") from None
 
 
 def run_notebooks(out_dir: str | os.PathLike = "reports", *, smoke: bool = False,
@@ -172,6 +232,7 @@ def run_notebooks(out_dir: str | os.PathLike = "reports", *, smoke: bool = False
 
     out = Path(out_dir)
     check_writable(out / "index.html")  # before minutes of notebooks
+    check_kernel()
     notebooks = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
     if only:
         notebooks = [nb for nb in notebooks if any(o in nb.name for o in only)]
@@ -186,23 +247,26 @@ def run_notebooks(out_dir: str | os.PathLike = "reports", *, smoke: bool = False
         executed = out / "executed" / nb_path.name
         try:
             pm.execute_notebook(str(nb_path), str(executed), parameters={"smoke": smoke, "interactive": False},
-                                cwd=str(NOTEBOOK_DIR), kernel_name="python3", progress_bar=False)
+                                cwd=str(NOTEBOOK_DIR), kernel_name=KERNEL_NAME, progress_bar=False)
         except pm.PapermillExecutionError as e:  # the cell's traceback is in the executed notebook
             raise ValueError(f"{nb_path.name}: cell {e.exec_count} failed ({e.ename}: "
                                f"{str(e.evalue).splitlines()[0] if e.evalue else ''}); see {executed}") from None
         page = write_text_atomically(out / (nb_path.stem + ".html"), render_html(executed, show_code=show_code))
-        rows.append((page.name, *notebook_title_and_summary(nb_path), time.perf_counter() - t0))
+        title, summary = notebook_title_and_summary(nb_path)
+        rows.append((page.name, title, executed_finding(executed) or summary, time.perf_counter() - t0))
         print(f"[report] {nb_path.name} done in {rows[-1][3]:.1f} s -> {page}", flush=True)
     rows.append(write_benchmark_summary(out))
-    items = "\n".join(f'<li><a href="{h}">{title}</a>: {summary} <small>({secs:.0f} s)</small></li>'
-                      for h, title, summary, secs in rows)
+    items = "\n".join(f'<li><a href="{h}">{html.escape(title)}</a><br>{html.escape(summary)} '
+                      f'<small>(ran in {secs:.0f} s)</small></li>' for h, title, summary, secs in rows)
     freshness = result_freshness()
     stale = sum(r.stale is True for r in freshness)
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>workbench reports</title></head><body>"
-            f"<h1>workbench reports</h1><p>{'smoke run' if smoke else 'full run'}, "
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>workbench reports</title>"
+            f"<style>{INDEX_CSS}</style></head><body>"
+            f"<h1>workbench reports</h1><p class='run'>{'smoke run' if smoke else 'full run'}, "
             f"{time.strftime('%Y-%m-%d %H:%M')}, {html.escape(run_description())}</p><ul>\n{items}\n</ul>"
-            f"<h2>Committed results</h2><p>{len(freshness)} results, {stale} made before the last change to "
-            f"the code they measure.</p>\n{results_table(freshness)}</body></html>\n")
+            f"<h2>Committed results</h2><p>{len(freshness)} results; the code {stale} of them measure has changed "
+            f"since they were measured (comments and docstrings do not count).</p>\n"
+            f"{results_table(freshness)}</body></html>\n")
     index = write_text_atomically(out / "index.html", page)
     print(f"[report] wrote {index}")
     return index
@@ -225,10 +289,19 @@ def write_benchmark_summary(out: Path) -> tuple[str, str, str, float]:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("report", help="run every notebook and render HTML reports")
+    import argparse
+
+    p = sub.add_parser("report", help="run every notebook and render HTML reports",
+                       description="Execute every notebook in notebooks/ on the `workbench` kernel (papermill) and "
+                                   "render each to HTML, with an index of what each found and whether each "
+                                   "committed result still measures today's code.",
+                       epilog="examples:\n  workbench report                      # reports/index.html\n"
+                              "  workbench report --smoke --out /tmp/r  # the fast version\n"
+                              "  workbench report --only 01 06          # two notebooks",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="reports", help="output folder (default: reports)")
     p.add_argument("--smoke", action="store_true", help="fast run with small inputs")
-    p.add_argument("--only", nargs="*", help="run only notebooks whose name contains one of these")
+    p.add_argument("--only", nargs="*", help="run only notebooks whose name contains one of these (default: all)")
     p.add_argument("--show-code", action="store_true", help="keep the code cells in the HTML (hidden by default)")
     p.set_defaults(func=lambda a: (run_notebooks(a.out, smoke=a.smoke, only=a.only, show_code=a.show_code), 0)[1])
 

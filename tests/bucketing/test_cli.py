@@ -19,7 +19,7 @@ def manifest(tmp_path_factory):
 def test_bins_2d_writes_the_estimate(manifest, tmp_path, capsys):
     out = tmp_path / "p.yaml"
     assert main(["bins", str(manifest), "--buckets", "6", "--sub-buckets", "3", "--tps-threshold", "3",
-                 "--out", str(out), "-q"]) == 0
+                 "--out", str(out)]) == 0  # not -q: it prints the profile and the padding summary
     arrays = read_cut_arrays(manifest, progress=False)
     est = estimate_2d_bins(arrays.durations, arrays.num_tokens, 6, 3, tps_threshold=3.0)
     profile = load_profile(out)
@@ -73,7 +73,7 @@ def test_bins_reports_what_fits_no_bucket_on_a_tied_corpus(tmp_path, capsys):
     t = (d * rng.uniform(1, 5, 3000)).astype(int) + (rng.random(3000) < 0.01) * 80
     manifest = _write_manifest(tmp_path / "cuts.jsonl.gz", d, t)
     out = tmp_path / "p.yaml"
-    assert main(["bins", str(manifest), "--buckets", "12", "--sub-buckets", "3", "--out", str(out), "-q"]) == 0
+    assert main(["bins", str(manifest), "--buckets", "12", "--sub-buckets", "3", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     m = re.search(r"# fit no bucket: (\d+) of 3000 utterances \((\d+) TPS outliers, (\d+) too long, "
                   r"(\d+) too many tokens\)", text)
@@ -87,7 +87,7 @@ def test_bins_reports_what_fits_no_bucket_on_a_tied_corpus(tmp_path, capsys):
 
 
 def test_bins_reports_unfit_for_1d_bins(manifest, tmp_path, capsys):
-    assert main(["bins", str(manifest), "--buckets", "5", "--1d", "--out", str(tmp_path / "p.yaml"), "-q",
+    assert main(["bins", str(manifest), "--buckets", "5", "--1d", "--out", str(tmp_path / "p.yaml"),
                  "--no-padding"]) == 0
     assert "# fit no bucket: 0 of 3000 utterances (0 TPS outliers, 0 too long, 0 too many tokens)" in \
         capsys.readouterr().out

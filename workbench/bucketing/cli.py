@@ -7,7 +7,8 @@ with a ``max_tps`` per bin; without them (or with ``--1d``) they are duration-on
 batch sizes yet (the OOMptimizer adds them). Then it prints how many utterances fit no bucket of the
 new bins (strict 2D, as the sampler checks them) and why: TPS outliers (above their bucket's max_tps),
 too long, too many tokens; the last two are 0 on the corpus the bins came from. A padding summary
-(none / 1D / 2D) is printed last.
+(none / 1D / 2D) is printed last. With ``-q`` it prints only the path of the profile it wrote (warnings
+about data left out still go to stderr).
 """
 
 from __future__ import annotations
@@ -93,6 +94,10 @@ def run_bins(args: argparse.Namespace) -> int:
     check_dropped(dropped, strict=args.strict)  # before any output; refused with --strict, nothing written
     out = save_profile(args.out, profile)
     t_bins = time.perf_counter() - t0 - t_read
+    if args.quiet:  # one line naming the file; the dropped-data warning below still goes to stderr
+        print(f"wrote {out}")
+        check_dropped(dropped, strict=False)
+        return 0
     print(yaml.safe_dump(to_plain({k: v for k, v in profile.to_dict().items() if k != "metadata"}),
                          sort_keys=False, default_flow_style=None, width=120).rstrip())
     print(f"# wrote {out}: {profile.num_buckets} buckets from {int(keep.sum())} utterances "
@@ -110,25 +115,41 @@ def run_bins(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bins", help="estimate 1D/2D bucket bins from a manifest and write a profile",
-                       description=__doc__.splitlines()[0])
+    p = sub.add_parser(
+        "bins", help="estimate 1D/2D bucket bins from a manifest and write a profile",
+        description="Estimate 1D or 2D bucket bins from a lhotse manifest and write a bucket profile (no batch\n"
+        "sizes yet: `workbench oomptimize` adds them).\n\n"
+        "2D bins (duration x tokens, with a max_tps per bin) when the manifest has custom.num_tokens or\n"
+        "--tokenizer is given, else duration-only. Prints the profile, how many utterances fit no bucket\n"
+        "and why, and a padding summary (none / 1D / 2D); -q prints only the file written.",
+        epilog="examples:\n"
+               "  workbench bins work/demo/cuts.jsonl.gz --buckets 8 --sub-buckets 2 --out work/demo/profile.yaml\n"
+               "  workbench bins cuts.jsonl.gz --tokenizer tok.model --max-duration 40 --strict -q\n"
+               "  workbench bins cuts.jsonl.gz --1d --equal-count --buckets 20 --no-padding --out bins_1d.yaml",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("manifest", type=Path, help="lhotse cuts manifest (.jsonl or .jsonl.gz)")
-    p.add_argument("--tokenizer", help="sentencepiece .model: count tokens with it (else custom.num_tokens from the manifest)")
-    p.add_argument("--buckets", type=positive_int, default=30, help="duration buckets, >= 1 (default 30)")
+    p.add_argument("--tokenizer", help="sentencepiece .model to count tokens with (default: custom.num_tokens "
+                                       "from the manifest, when there)")
+    p.add_argument("--buckets", type=positive_int, default=30,
+                   help="duration buckets, >= 1 (default 30)")
     p.add_argument("--sub-buckets", type=positive_int, default=2,
-                   help="token sub-buckets per duration bucket, >= 1 (default 2)")
+                   help="token sub-buckets per duration bucket (2D bins), >= 1 (default 2)")
     p.add_argument("--tps-threshold", type=float, default=4.0,
-                   help="TPS z-score (> 0) above which an utterance is an outlier (default 4)")
+                   help="2D: tokens-per-second z-score within a duration bucket, > 0, above which an "
+                        "utterance is a TPS outlier, left out of the bins (default 4)")
     p.add_argument("--min-duration", type=number_in(float, 0, unit=" seconds"), default=None,
-                   help="leave out shorter utterances (seconds, >= 0)")
-    p.add_argument("--max-duration", type=seconds, default=None, help="leave out longer utterances (seconds, > 0)")
+                   help="leave out utterances shorter than this, seconds, >= 0 (default: none)")
+    p.add_argument("--max-duration", type=seconds, default=None,
+                   help="leave out utterances longer than this, seconds, > 0 (default: none)")
     p.add_argument("--1d", dest="one_d", action="store_true", help="duration-only bins even with token counts")
-    p.add_argument("--equal-count", action="store_true", help="1D: same number of utterances per bucket")
+    p.add_argument("--equal-count", action="store_true",
+                   help="1D: the same number of utterances per bucket (default: the same total duration)")
     p.add_argument("--out", type=Path, default=Path("bucket_profile.yaml"),
                    help="profile YAML to write (default bucket_profile.yaml)")
     p.add_argument("--no-padding", action="store_true", help="skip the padding summary")
     p.add_argument("--strict", action="store_true",
                    help=f"fail (exit 2, no profile) when more than {100 * DROP_NOTICE_SHARE:g}%% of the utterances "
-                        "are left out")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+                        "are left out (default: a warning)")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="print only the file written (one line; warnings still go to stderr), no progress bar")
     p.set_defaults(func=run_bins)

@@ -114,3 +114,17 @@ def padding_comparison(durations, num_tokens=None, setups: dict | None = None, *
                      "padded_input_share": overall["padded_input_share"],
                      "padded_output_share": overall["padded_output_share"]})
     return pd.DataFrame(rows).set_index("setup")
+
+
+def padding_finding(comparison: pd.DataFrame) -> str:
+    """One sentence from :func:`padding_comparison`: the padded shares per setup, and what was left out."""
+    def shares(column: str) -> str:
+        return ", ".join(f"{100 * row[column]:.0f} % {'no bucketing' if name == 'none' else name}"
+                         for name, row in comparison.iterrows())
+
+    line = (f"Padded share of the output tokens: {shares('padded_output_share')}; of the input audio: "
+            f"{shares('padded_input_share')}")
+    unfit = {name: int(row["unfit"]) for name, row in comparison.iterrows() if row["unfit"]}
+    if unfit:
+        line += "; left out (TPS outliers and unfit): " + ", ".join(f"{n} by {k}" for k, n in unfit.items())
+    return line + "."

@@ -57,47 +57,104 @@ def _stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parser(sub, name: str, help: str, description: str, examples: list[str]):
+    """A sub-command whose --help shows ``description`` and ``examples`` with their line breaks kept."""
+    return sub.add_parser(name, help=help, description=description,
+                          epilog="examples:\n" + "\n".join("  " + e.replace("\n", "\n  ") for e in examples),
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def register(sub) -> None:
-    corpus = sub.add_parser("corpus", help="make and inspect corpora (lhotse manifests)")
+    corpus = _parser(sub, "corpus", "make and inspect corpora (lhotse manifests)",
+                     "Make and inspect corpora: lhotse cuts manifests (.jsonl.gz).",
+                     ["workbench corpus synthetic --out work/demo --num-cuts 2000",
+                      "workbench corpus stats work/demo/cuts.jsonl.gz",
+                      "workbench corpus tokenizer work/demo/cuts.jsonl.gz --vocab-size 256"])
     csub = corpus.add_subparsers(dest="corpus_command", metavar="KIND", required=True)
 
-    p = csub.add_parser("synthetic", help="synthetic corpus with realistic statistics (no audio)")
+    p = _parser(csub, "synthetic", "synthetic corpus with realistic statistics (no audio)",
+                "Write OUT/cuts.jsonl.gz: seeded synthetic cuts with log-normal durations, transcripts and\n"
+                "custom.num_tokens, spread over speakers with their own speaking rates. No audio: the recordings\n"
+                "point at files that do not exist; for statistics, bins and batch sizes, not for training.",
+                ["workbench corpus synthetic --out work/demo --num-cuts 2000",
+                 "workbench corpus synthetic --out work/big --num-cuts 1000000 --seed 1",
+                 "workbench corpus synthetic --out work/short --median-duration 3 --max-duration 10 "
+                 "--outlier-share 0"])
     p.add_argument("--out", required=True, help="output folder; writes cuts.jsonl.gz there")
-    p.add_argument("--num-cuts", type=positive_int, default=10_000, help=">= 1")
-    p.add_argument("--seed", type=count_int, default=0, help=">= 0")
-    p.add_argument("--median-duration", type=seconds, default=6.0, help="seconds, > 0")
-    p.add_argument("--max-duration", type=seconds, default=40.0, help="seconds, > 0.5 (the shortest cut)")
-    p.add_argument("--outlier-share", type=fraction, default=0.01, help="share of too-long transcripts, in [0, 1]")
+    p.add_argument("--num-cuts", type=positive_int, default=10_000,
+                   help="how many utterances (cuts), >= 1 (default 10000)")
+    p.add_argument("--seed", type=count_int, default=0,
+                   help="random seed, >= 0: the same seed writes the same corpus (default 0)")
+    p.add_argument("--median-duration", type=seconds, default=6.0,
+                   help="median utterance duration in seconds, > 0 (default 6)")
+    p.add_argument("--max-duration", type=seconds, default=40.0,
+                   help="longest utterance in seconds, > 0.5 (the shortest utterance) (default 40)")
+    p.add_argument("--outlier-share", type=fraction, default=0.01,
+                   help="share of cuts whose transcript is 3-8x too long for its audio, from 0 (none) to 1 "
+                        "(all) (default 0.01)")
     p.set_defaults(func=_synthetic)
 
-    p = csub.add_parser("tts", help="real 16 kHz audio spoken by espeak-ng, no downloads")
+    p = _parser(csub, "tts", "real 16 kHz audio spoken by espeak-ng, no downloads",
+                "Speak sentences with espeak-ng into a 16 kHz corpus under OUT: audio files and lhotse\n"
+                "recordings, supervisions and cuts manifests. Needs espeak-ng; downloads nothing.",
+                ["workbench corpus tts --out work/tts --num-utterances 40",
+                 "workbench corpus tts --out work/tts --num-utterances 2000 --join 4 --workers 8",
+                 "workbench corpus tts --out work/tts --text-file my_prose.txt --voice en-us \\\n"
+                 "    --tokenizer work/demo/tokenizer_bpe_256.model"])
     p.add_argument("--out", required=True, help="output folder for audio and manifests")
-    p.add_argument("--text-file", default=None, help="sentences to speak (default: prose CPython ships)")
-    p.add_argument("--num-utterances", type=positive_int, default=None, help="default: each sentence once")
-    p.add_argument("--voice", default="en")
+    p.add_argument("--text-file", default=None,
+                   help="UTF-8 text to take sentences from (default: the prose CPython ships, pydoc topics)")
+    p.add_argument("--num-utterances", type=positive_int, default=None,
+                   help="how many utterances, >= 1; more than there are sentences cycles through them again "
+                        "(default: each sentence once)")
+    p.add_argument("--voice", default="en",
+                   help="espeak-ng base voice (no +variant: each speaker adds one), e.g. en, en-us, de; "
+                        "list them with `espeak-ng --voices` (default en)")
     p.add_argument("--speed-wpm", type=number_in(int, 80, 450), default=None,
-                   help="one speed for all speakers, words/minute, in [80, 450] (espeak-ng's range)")
-    p.add_argument("--num-speakers", type=positive_int, default=8, help=">= 1")
-    p.add_argument("--workers", type=positive_int, default=2, help="espeak-ng processes, >= 1")
+                   help="one speed for all speakers in words per minute, 80 to 450 (espeak-ng's range) "
+                        "(default: each speaker its own, 130 to 200)")
+    p.add_argument("--num-speakers", type=positive_int, default=8,
+                   help="speaker styles (voice variant, speed, pitch) the utterances are spread over, >= 1 "
+                        "(default 8)")
+    p.add_argument("--workers", type=positive_int, default=2, help="espeak-ng processes, >= 1 (default 2)")
     p.add_argument("--repeat", type=positive_int, default=1,
-                   help="list each utterance this many times in cuts.jsonl.gz (copies share the audio file), >= 1")
+                   help="list each utterance this many times in cuts.jsonl.gz (copies share the audio file), "
+                        ">= 1 (default 1)")
     p.add_argument("--join", type=positive_int, default=1,
-                   help="each utterance is 1..N sentences joined (long utterances, as in real corpora), >= 1")
-    p.add_argument("--tokenizer", default=None, help="sentencepiece model: fills custom.num_tokens")
-    p.add_argument("--seed", type=count_int, default=0, help=">= 0")
+                   help="each utterance is 1 to N sentences joined (long utterances, as in real corpora), >= 1 "
+                        "(default 1)")
+    p.add_argument("--tokenizer", default=None,
+                   help="sentencepiece .model: fills custom.num_tokens (default: no token counts)")
+    p.add_argument("--seed", type=count_int, default=0,
+                   help="random seed for the sentence order and speakers, >= 0 (default 0)")
     p.set_defaults(func=_tts)
 
-    p = csub.add_parser("tokenizer", help="train a sentencepiece BPE tokenizer on a corpus's transcripts")
-    p.add_argument("manifest", help="cuts manifest (.jsonl or .jsonl.gz)")
-    p.add_argument("--vocab-size", type=number_in(int, 128, 1024), default=256, help="in [128, 1024]")
-    p.add_argument("--model-type", default="bpe", choices=["bpe", "unigram"])
-    p.add_argument("--out", default=None, help="model path prefix (default: beside the manifest)")
+    p = _parser(csub, "tokenizer", "train a sentencepiece tokenizer on a corpus's transcripts",
+                "Train a sentencepiece tokenizer (BPE or unigram) on the transcripts of a cuts manifest;\n"
+                "writes PREFIX.model and PREFIX.vocab, by default beside the manifest as\n"
+                "tokenizer_<model-type>_<vocab-size>.",
+                ["workbench corpus tokenizer work/tts/cuts.jsonl.gz --vocab-size 128",
+                 "workbench corpus tokenizer work/demo/cuts.jsonl.gz --out work/tok --model-type unigram",
+                 "workbench corpus tokenizer work/tts/cuts.jsonl.gz --add-counts work/tts/cuts_tok.jsonl.gz"])
+    p.add_argument("manifest", help="cuts manifest (.jsonl or .jsonl.gz) whose transcripts train it")
+    p.add_argument("--vocab-size", type=number_in(int, 128, 1024), default=256,
+                   help="tokens in the vocabulary, 128 to 1024 (default 256)")
+    p.add_argument("--model-type", default="bpe", choices=["bpe", "unigram"],
+                   help="sentencepiece algorithm (default bpe)")
+    p.add_argument("--out", default=None,
+                   help="model path prefix: writes PREFIX.model and PREFIX.vocab (default: beside the manifest)")
     p.add_argument("--add-counts", default=None, metavar="CUTS_OUT",
-                   help="also write the cuts with custom.num_tokens to this manifest")
+                   help="also write the cuts with custom.num_tokens (counted with the new model) to this "
+                        "manifest")
     p.set_defaults(func=_tokenizer)
 
-    p = csub.add_parser("stats", help="count, hours, shortest/median/longest duration, median and largest "
-                                      "token count, median tokens per second")
-    p.add_argument("manifest")
-    p.add_argument("--tokenizer", default=None, help="sentencepiece model to count tokens with")
+    p = _parser(csub, "stats", "count, hours, durations and token counts of a corpus",
+                "Print, as JSON: cut count, hours, shortest/median/longest duration (seconds) and, with token\n"
+                "counts, median and largest token count and median tokens per second.",
+                ["workbench corpus stats work/demo/cuts.jsonl.gz",
+                 "workbench corpus stats work/tts/cuts.jsonl.gz --tokenizer work/tts/tokenizer_bpe_128.model"])
+    p.add_argument("manifest", help="cuts manifest (.jsonl or .jsonl.gz)")
+    p.add_argument("--tokenizer", default=None,
+                   help="sentencepiece .model to count tokens with (default: custom.num_tokens from the "
+                        "manifest, when there)")
     p.set_defaults(func=_stats)

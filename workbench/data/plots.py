@@ -41,3 +41,13 @@ def corpus_overview(arrays: CutArrays, *, bins: int = 80) -> plt.Figure:
         ax.legend()
     fig.tight_layout()
     return fig
+
+
+def corpus_finding(arrays: CutArrays) -> str:
+    """One sentence on a corpus: size, hours, duration range and median, median tokens per second."""
+    d = arrays.durations
+    line = (f"{len(d):,} utterances, {d.sum() / 3600:.1f} h, {d.min():.1f}-{d.max():.1f} s long "
+            f"(median {float(np.median(d)):.1f} s)")
+    if arrays.num_tokens is not None:
+        line += f", a median of {float(np.median(arrays.num_tokens / d)):.1f} output tokens per second"
+    return line + "."

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from workbench.options import DROP_NOTICE_SHARE
+
 
 def _train(args: argparse.Namespace) -> int:
     from workbench.models.train import TrainConfig, train  # here: torch and lhotse load only for `train`
@@ -25,43 +27,58 @@ def _train(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train", help="train a workbench model on a lhotse corpus (torchrun for several GPUs)",
-        description="Train a model on a lhotse CutSet with audio; saves <out>/model.pt, train_log.jsonl and "
-                    "train_summary.json. Several GPUs: torchrun --nproc-per-node N -m workbench train ... "
-                    "(DistributedDataParallel; give it a profile made with `workbench oomptimize --ddp` or "
-                    "`--nproc N`). Several machines: add torchrun's --nnodes M --node-rank R "
-                    "--rdzv-endpoint HOST:PORT.")
-    p.add_argument("--cuts", required=True, help="lhotse CutSet manifest (.jsonl or .jsonl.gz)")
-    p.add_argument("--tokenizer", required=True, help="sentencepiece .model")
-    p.add_argument("--out", dest="out_dir", required=True, help="output folder for model.pt and train_log.jsonl")
+        description="Train a model on a lhotse CutSet with audio; saves <out>/model.pt, train_log.jsonl and\n"
+                    "train_summary.json. Several GPUs: torchrun --nproc-per-node N -m workbench train ...\n"
+                    "(DistributedDataParallel; give it a profile made with `workbench oomptimize --ddp` or\n"
+                    "`--nproc N`). Several machines: add torchrun's --nnodes M --node-rank R\n"
+                    "--rdzv-endpoint HOST:PORT.",
+        epilog="examples:\n"
+               "  workbench train --cuts work/tts/cuts.jsonl.gz --tokenizer work/tts/tokenizer_bpe_128.model \\\n"
+               "      --out work/run --steps 3 --max-duration 30 --device cpu --dtype fp32\n"
+               "  workbench train --cuts cuts.jsonl.gz --tokenizer tok.model --out runs/large --model large-rnnt \\\n"
+               "      --profile profile.yaml --steps 20000 --save-every 1000\n"
+               "  torchrun --nproc-per-node 4 -m workbench train --cuts cuts.jsonl.gz --tokenizer tok.model \\\n"
+               "      --out runs/ddp --model large-rnnt --profile profile_ddp.yaml",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cuts", required=True, help="lhotse CutSet manifest with audio (.jsonl or .jsonl.gz)")
+    p.add_argument("--tokenizer", required=True, help="sentencepiece .model; its size sets the model's vocabulary")
+    p.add_argument("--out", dest="out_dir", required=True,
+                   help="output folder for model.pt, train_log.jsonl and train_summary.json")
     p.add_argument("--model", default="tiny-rnnt", help="{tiny,large,xl}-{rnnt,tdt,ctc,aed} (default tiny-rnnt)")
-    p.add_argument("--profile", help="bucket profile YAML with batch sizes (else lhotse max_duration batches); "
+    p.add_argument("--profile", help="bucket profile YAML with batch sizes (default: lhotse max_duration batches); "
                                      "under torchrun, one made with `oomptimize --ddp` or `--nproc N`")
-    p.add_argument("--max-duration", type=float, help="seconds of audio per batch without a profile (200)")
-    p.add_argument("--num-buckets", type=int, help="lhotse buckets without a profile (10)")
-    p.add_argument("--steps", type=int, help="optimizer steps (1000)")
+    p.add_argument("--max-duration", type=float,
+                   help="without a profile: seconds of audio per batch (default 200)")
+    p.add_argument("--num-buckets", type=int, help="without a profile: lhotse duration buckets (default 10)")
+    p.add_argument("--steps", type=int, help="optimizer steps; epochs repeat as needed (default 1000)")
     p.add_argument("--max-seconds", type=float,
-                   help="also stop after this many wall seconds of training (0: no limit; not under torchrun)")
-    p.add_argument("--lr", type=float, help="peak learning rate (1e-3)")
-    p.add_argument("--warmup-steps", type=int, help="linear warm-up steps (100)")
-    p.add_argument("--dtype", choices=["bf16", "fp32"], help="bf16 autocast or fp32 (bf16)")
-    p.add_argument("--device", help="cuda or cpu (cuda when available)")
-    p.add_argument("--log-every", type=int, help="steps between log lines (10)")
-    p.add_argument("--seed", type=int, help="random seed (0)")
-    p.add_argument("--save-every", type=int, help="steps between resumable <out>/train_state.pt saves (0: none)")
+                   help="also stop after this many wall seconds of training (0: no limit; not under torchrun) "
+                        "(default 0)")
+    p.add_argument("--lr", type=float, help="peak AdamW learning rate (default 1e-3)")
+    p.add_argument("--warmup-steps", type=int,
+                   help="steps of linear warm-up, then cosine decay to 0 at --steps (default 100)")
+    p.add_argument("--dtype", choices=["bf16", "fp32"], help="bf16 autocast or fp32 (default bf16)")
+    p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--log-every", type=int, help="steps between log lines (default 10)")
+    p.add_argument("--seed", type=int, help="random seed of model init and sampler shuffling (default 0)")
+    p.add_argument("--save-every", type=int,
+                   help="steps between resumable <out>/train_state.pt saves (0: none, only model.pt at the end) "
+                        "(default 0)")
     p.add_argument("--resume", action="store_true", default=None,
                    help="continue from <out>/train_state.pt (same corpus, model and sampler settings)")
     p.add_argument("--no-concurrent", dest="concurrent", action="store_false", default=None,
                    help="with --profile: bucket without the background thread, so a resume is exact "
                         "(always off under torchrun)")
     p.add_argument("--num-workers", type=int,
-                   help="DataLoader processes reading and collating audio (default: this machine's cores "
-                        "shared among its ranks, less one, at most 16; 0: in the main process)")
-    p.add_argument("--prefetch-factor", type=int, help="batches each worker prepares ahead (2)")
+                   help="DataLoader processes reading and collating audio (0: in the main process) (default: "
+                        "this machine's cores shared among its ranks, less one, at most 16)")
+    p.add_argument("--prefetch-factor", type=int, help="batches each DataLoader worker prepares ahead (default 2)")
     p.add_argument("--strict", action="store_true", default=None,
-                   help="fail when more than 1%% of the corpus fits no bucket of the profile (default: warn)")
+                   help=f"fail when more than {100 * DROP_NOTICE_SHARE:g}%% of the corpus fits no bucket of the "
+                        "profile (default: warn)")
     p.add_argument("--joint-chunk-size", type=int,
                    help="transducers: joint and loss over chunks of this many utterances, never the whole "
-                        "[B, T, U+1, V] joint at once (0: off; use the value the profile was made with)")
+                        "[B, T, U+1, V] joint at once (0: off; use the value the profile was made with) (default 0)")
     p.add_argument("--compile", action="store_true", default=None,
                    help="torch.compile each encoder block (dynamic shapes, compiled on the first step); give it "
                         "a profile made with `workbench oomptimize --compile`")

@@ -17,26 +17,49 @@ from workbench.units import GiB
 
 
 def register(sub) -> None:
-    p = sub.add_parser("oomptimize", help="find the largest batch size per bucket that fits on the GPU")
+    p = sub.add_parser(
+        "oomptimize", help="find the largest batch size per bucket that fits on the GPU",
+        description="Find, per bucket of a profile, the largest batch size whose training step fits in GPU\n"
+                    "memory (real forward/backward/optimizer steps on this CUDA GPU), and write the batch\n"
+                    "sizes into the profile. Needs a CUDA GPU.",
+        epilog="examples:\n"
+               "  workbench oomptimize --model large-rnnt --bins work/demo/profile.yaml\n"
+               "  workbench oomptimize --model xl-tdt --bins bins.yaml --out profile.yaml --validate --nproc 4\n"
+               "  workbench oomptimize --model ./model.py:build --bins bins.yaml --memory-fraction 0.8 "
+               "--strategy bisect",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True,
                    help="a reference model (e.g. large-rnnt), an adapter (torchaudio-emformer-rnnt, hf-whisper, "
                         "hf-wav2vec2-ctc, nemo-fastconformer-rnnt) or your own as MODULE:CALLABLE (a module or a .py "
                         "file; the callable returns a model that keeps docs/MODEL_CONTRACT.md)")
     p.add_argument("--bins", required=True, help="profile YAML with bucket_duration_bins (from `workbench bins`)")
     p.add_argument("--out", help="where to write the profile (default: overwrite --bins)")
-    p.add_argument("--strategy", choices=["predictive", "bisect"], default="predictive")
-    p.add_argument("--memory-fraction", type=float, default=0.9, help="share of GPU memory to use (0, 1]")
-    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
-    p.add_argument("--rel-gap", type=float, default=0.05, help="stop when (OOM - fit) / OOM <= this")
-    p.add_argument("--start-batch-size", type=int, default=32)
-    p.add_argument("--no-merge", action="store_true", help="keep neighbouring buckets with equal sizes")
+    p.add_argument("--strategy", choices=["predictive", "bisect"], default="predictive",
+                   help="predictive: fit peak memory = base + batch size x cost per utterance and jump to the "
+                        "predicted largest size; bisect: double until the first OOM, then bisect "
+                        "(default predictive)")
+    p.add_argument("--memory-fraction", type=float, default=0.9,
+                   help="share of the GPU's memory the probes may use, in (0, 1]; the rest is headroom for "
+                        "training (default 0.9)")
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16",
+                   help="the probes' precision: bf16 autocast or fp32; use the one you train with (default bf16)")
+    p.add_argument("--rel-gap", type=float, default=0.05,
+                   help="stop a bucket's search when (smallest OOM - largest fit) / smallest OOM <= this, in "
+                        "(0, 1): 0.05 finds a size within 5%% of the largest that fits (default 0.05)")
+    p.add_argument("--start-batch-size", type=int, default=32,
+                   help="batch size of the first probe of the largest bucket, >= 1 (default 32)")
+    p.add_argument("--no-merge", action="store_true",
+                   help="keep neighbouring buckets with equal batch sizes (default: merge them)")
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--ddp", action="store_true", help="account for DDP gradient buckets on one GPU")
-    group.add_argument("--nproc", type=int, help="probe under torchrun with DDP on N GPUs")
-    p.add_argument("--validate", action="store_true", help="soak: train a few steps per bucket after the search")
+    group.add_argument("--ddp", action="store_true",
+                       help="on one GPU, account for the gradient buckets DistributedDataParallel adds")
+    group.add_argument("--nproc", type=int,
+                       help="probe under torchrun with DDP on this many GPUs of this machine, >= 1")
+    p.add_argument("--validate", action="store_true",
+                   help="after the search, train 3 steps per bucket at the sizes found and record OOMs and peaks")
     p.add_argument("--joint-chunk-size", type=int, default=0,
-                   help="transducers: probe with the joint and loss over chunks of this many utterances (0: off); "
-                        "train with the same value")
+                   help="transducers: probe with the joint and loss over chunks of this many utterances, >= 0 "
+                        "(0: off); train with the same value (default 0)")
     p.add_argument("--compile", action="store_true",
                    help="probe with each encoder block compiled by torch.compile (as `workbench train --compile` "
                         "trains); recorded as metadata.compile")
@@ -188,9 +211,9 @@ def _relaunch_under_torchrun(nproc: int) -> int:
 def register_check_model(sub) -> None:
     p = sub.add_parser(
         "check-model", help="build your model and run one training step of the smallest bucket",
-        description="Build the model that SPEC names and run one training step at batch size 2 of the smallest "
-                    "bucket (of --bins, else 3 s / 24 tokens), on the GPU when there is one. Prints one line: "
-                    "ok, or what breaks the model contract (docs/MODEL_CONTRACT.md).",
+        description="Build the model that SPEC names and run one training step of the smallest bucket (of\n"
+                    "--bins, else 3 s / 24 tokens) at --batch-size, on the GPU when there is one. Prints one\n"
+                    "line: ok, or what breaks the model contract (docs/MODEL_CONTRACT.md).",
         epilog="examples:\n  workbench check-model my_models:build\n"
                "  workbench check-model ./model.py:build --bins profile.yaml --device cpu\n"
                "  workbench check-model hf-whisper   (an adapter: torchaudio-emformer-rnnt, hf-whisper, "
@@ -198,12 +221,14 @@ def register_check_model(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec", metavar="SPEC", help="MODULE:CALLABLE (a module or a .py file; the callable takes no "
                                                 "arguments and returns the model) or an adapter's name")
-    p.add_argument("--bins", type=Path, help="profile YAML: its smallest bucket sets the step's size")
+    p.add_argument("--bins", type=Path,
+                   help="profile YAML: its smallest bucket sets the step's duration and tokens "
+                        "(default: 3 s, 24 tokens)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="where the step runs (default auto: cuda when available)")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
                    help="the step's precision: fp32, or bf16 autocast (default fp32)")
-    p.add_argument("--batch-size", type=int, default=2, help="utterances in the step (default 2)")
+    p.add_argument("--batch-size", type=int, default=2, help="utterances in the step, >= 1 (default 2)")
     p.set_defaults(func=run_check_model)
 
 

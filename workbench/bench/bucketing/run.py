@@ -49,7 +49,7 @@ TARGET_BINS_TOKENIZED_S = 30.0
 
 def _time_bins_cli(args: list[str], repeat: int) -> tuple[list[float], str | None]:
     """Wall seconds of ``repeat`` fresh `workbench bins ARGS` processes (30 x 2 buckets), or the error."""
-    cmd = [sys.executable, "-m", "workbench", "bins", *args, "--buckets", "30", "--sub-buckets", "2", "-q"]
+    cmd = [sys.executable, "-m", "workbench", "bins", *args, "--buckets", "30", "--sub-buckets", "2"]  # everything bins computes (output captured)
     samples = []
     for _ in range(repeat):
         t0 = time.perf_counter()

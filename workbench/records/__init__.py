@@ -1,0 +1,1 @@
+"""Readers of the committed benchmark records (benchmarks/results/*.json) for the report."""

@@ -1,0 +1,65 @@
+"""What a record measured, as code: a fingerprint per source file that ignores comments and docstrings, so a
+result goes stale when the code it measures changes, not when only its comments or docstrings do."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import subprocess
+from pathlib import Path
+
+
+def code_text(path: str, text: str) -> str:
+    """The part of a file that decides what runs: a Python file's syntax tree without docstrings (comments
+    never reach it); any other file as it is."""
+    if not path.endswith(".py"):
+        return text
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return text
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree, annotate_fields=False, include_attributes=False)
+
+
+def _digest(path: str, text: str) -> str:
+    return hashlib.sha256(code_text(path, text).encode()).hexdigest()[:16]
+
+
+def fingerprint_at(repo: Path, commit: str, paths: list[str]) -> dict[str, str] | None:
+    """{file: digest} of the files under ``paths`` at ``commit`` (None when the commit is not here)."""
+    listed = subprocess.run(["git", "ls-tree", "-r", "--name-only", commit, "--", *paths], cwd=repo,
+                            capture_output=True, text=True, timeout=60)
+    if listed.returncode != 0:
+        return None
+    out = {}
+    for name in listed.stdout.split():
+        shown = subprocess.run(["git", "show", f"{commit}:{name}"], cwd=repo, capture_output=True, text=True,
+                               timeout=60)
+        if shown.returncode == 0:
+            out[name] = _digest(name, shown.stdout)
+    return out
+
+
+def fingerprint_now(repo: Path, paths: list[str]) -> dict[str, str]:
+    """{file: digest} of the files under ``paths`` in the working tree that git tracks or would track."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", *paths],
+                            cwd=repo, capture_output=True, text=True, timeout=60)
+    out = {}
+    for name in listed.stdout.split():
+        file = repo / name
+        if file.is_file():
+            out[name] = _digest(name, file.read_text(errors="replace"))
+    return out
+
+
+def changed_files(then: dict[str, str], now: dict[str, str]) -> list[str]:
+    """Files whose code differs between two fingerprints (added, removed or changed), sorted; none when the
+    same code only moved between files (a module renamed, a package split by file names alone)."""
+    if sorted(then.values()) == sorted(now.values()):
+        return []
+    return sorted(name for name in then.keys() | now.keys() if then.get(name) != now.get(name))
