@@ -27,7 +27,8 @@ def test_report_renders_html_and_index(tmp_path):
     html = (tmp_path / "00_corpus.html").read_text()
     assert "data:image/png;base64" in html  # the plots are embedded
     page = index.read_text()
-    assert 'href="00_corpus.html"' in page and "Duration histogram" in page
+    assert 'href="00_corpus.html"' in page and "Duration histogram" in page  # what it shows
+    assert '<span class="finding">' in page and " utterances, " in page  # and what it found
     assert 'href="benchmarks.html"' in page
     bench = (tmp_path / "benchmarks.html").read_text()
     assert "<h2>decoding.json</h2>" in bench and "commit" in bench  # every committed result, with provenance

@@ -146,7 +146,7 @@ INDEX_CSS = ("body{font-family:system-ui,sans-serif;max-width:70rem;margin:2rem 
              "color:#222;line-height:1.45}ul{list-style:none;padding:0}li{margin:.7rem 0}a{font-weight:600}"
              ".run{color:#555}table{border-collapse:collapse;font-size:.9rem}th,td{padding:.3rem .6rem;"
              "border-bottom:1px solid #ddd;text-align:left;vertical-align:top}th{background:#f4f4f4}"
-             ".stale{color:#a40;font-weight:600}.current{color:#2a7a2a}.unknown{color:#777}")
+             ".finding{font-size:1.05rem}.stale{color:#a40;font-weight:600}.current{color:#2a7a2a}.unknown{color:#777}")
 
 
 def measured_only(fingerprint: dict[str, str], bench: str) -> dict[str, str]:
@@ -253,11 +253,13 @@ def run_notebooks(out_dir: str | os.PathLike = "reports", *, smoke: bool = False
                                f"{str(e.evalue).splitlines()[0] if e.evalue else ''}); see {executed}") from None
         page = write_text_atomically(out / (nb_path.stem + ".html"), render_html(executed, show_code=show_code))
         title, summary = notebook_title_and_summary(nb_path)
-        rows.append((page.name, title, executed_finding(executed) or summary, time.perf_counter() - t0))
-        print(f"[report] {nb_path.name} done in {rows[-1][3]:.1f} s -> {page}", flush=True)
+        rows.append((page.name, title, executed_finding(executed), summary, time.perf_counter() - t0))
+        print(f"[report] {nb_path.name} done in {rows[-1][4]:.1f} s -> {page}", flush=True)
     rows.append(write_benchmark_summary(out))
-    items = "\n".join(f'<li><a href="{h}">{html.escape(title)}</a><br>{html.escape(summary)} '
-                      f'<small>(ran in {secs:.0f} s)</small></li>' for h, title, summary, secs in rows)
+    items = "\n".join(f'<li><a href="{h}">{html.escape(title)}</a>'
+                      + (f'<br><span class="finding">{html.escape(finding)}</span>' if finding else "")
+                      + f'<br><small>{html.escape(shows)} (ran in {secs:.0f} s)</small></li>'
+                      for h, title, finding, shows, secs in rows)
     freshness = result_freshness()
     stale = sum(r.stale is True for r in freshness)
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>workbench reports</title>"
@@ -272,7 +274,7 @@ def run_notebooks(out_dir: str | os.PathLike = "reports", *, smoke: bool = False
     return index
 
 
-def write_benchmark_summary(out: Path) -> tuple[str, str, str, float]:
+def write_benchmark_summary(out: Path) -> tuple[str, str, str, str, float]:
     """``<out>/benchmarks.html``: the headline figures of every committed result (workbench.bench.summary)
     as one page; returns its row for the index."""
     import mistune
@@ -284,7 +286,7 @@ def write_benchmark_summary(out: Path) -> tuple[str, str, str, float]:
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>workbench benchmarks</title></head>"
             f"<body>{body}</body></html>\n")
     html = write_text_atomically(out / "benchmarks.html", page)
-    return (html.name, "Benchmark summary", "headline figures of every committed result in benchmarks/results, "
+    return (html.name, "Benchmark summary", "", "headline figures of every committed result in benchmarks/results, "
             "with machine, date and commit", time.perf_counter() - t0)
 
 
