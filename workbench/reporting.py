@@ -68,17 +68,22 @@ def committed_result(name: str) -> dict[str, Any] | None:
     return record
 
 
-def record_finding(name: str, *, contains: str = "", count: int = 1) -> str:
-    """The first ``count`` summary lines (benchmarks/SUMMARY.md's) of the committed result ``name`` that
-    contain ``contains``, joined: a notebook's one-line finding for the report's index."""
+def record_finding(name: str, *, contains: str | tuple[str, ...] = "", count: int = 1) -> str:
+    """A notebook's one-line finding for the report's index, from the summary lines (benchmarks/SUMMARY.md's)
+    of the committed result ``name``: the first ``count`` lines that contain ``contains``, or for a tuple the
+    first line containing each of its strings, joined."""
     from workbench.bench.summary import section_for
 
     record = load_result(name)
     if record is None:
         return f"No committed result '{name}' yet."
-    lines = [line.strip().removeprefix("- ") for line in section_for(name)(record["figures"])
-             if contains in line]
-    return "; ".join(lines[:count]) or f"'{name}' has no summary line with {contains!r}."
+    lines = [line.strip().removeprefix("- ") for line in section_for(name)(record["figures"])]
+    if isinstance(contains, tuple):
+        picked = [next((line for line in lines if part in line), None) for part in contains]
+        picked = [line for line in picked if line is not None]
+    else:
+        picked = [line for line in lines if contains in line][:count]
+    return "; ".join(picked) or f"'{name}' has no summary line with {contains!r}."
 
 
 def executed_finding(executed: Path) -> str:
@@ -121,7 +126,12 @@ def render_html(executed: str | os.PathLike, *, show_code: bool = False) -> str:
     exporter = HTMLExporter(template_name="lab", exclude_input=not show_code,
                             exclude_input_prompt=not show_code, exclude_output_prompt=not show_code)
     body, _ = exporter.from_notebook_node(nbformat.read(executed, as_version=4))
-    return body
+    return body.replace("</head>", f"<style>{REPORT_CSS}</style></head>", 1)
+
+
+# Text output keeps its lines (a long line scrolls instead of breaking inside a number); tables scroll alone.
+REPORT_CSS = (".jp-OutputArea-output pre{white-space:pre;overflow-x:auto}"
+              ".jp-RenderedHTMLCommon table{font-size:.85rem}")
 
 
 @dataclass

@@ -110,7 +110,7 @@ def test_throughput_smoke_runs_every_part_on_cpu_and_writes_the_record(tmp_path,
     lines = tp.summary_lines(f)
     assert any("baseline max_duration" in line for line in lines) and lines[-1] == "- checks all passed"
     table = tp.runs_table(record)
-    assert len(table) == 6 and set(table["ooms"]) == {0}
+    assert len(table) == 6 and set(table["OOMs"]) == {0}
     for draw in (tp.throughput_bars, tp.loss_curves, tp.batch_size_by_bucket_plot, tp.step_time_split):
         assert draw(record).axes
 

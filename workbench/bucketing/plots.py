@@ -26,9 +26,15 @@ def duration_histogram(durations, bins_1d, *, title: str = "Durations and 1D bin
 
 
 def tokens_vs_duration(durations, num_tokens, est: Bins2D, *, title: str = "Tokens vs duration, 2D bins") -> plt.Figure:
-    """Hexbin of (duration, tokens) with each 2D bin drawn as the rectangle it covers."""
+    """Hexbin of (duration, tokens) with each 2D bin drawn as the rectangle it covers. The token axis ends a
+    little above the largest bin, so the bins fill the plot; the title counts the utterances above it (the
+    outliers the TPS filter left out)."""
     fig, ax = plt.subplots(figsize=(9, 5))
-    hb = ax.hexbin(durations, num_tokens, gridsize=80, bins="log", cmap="viridis", mincnt=1)
+    top = 1.15 * max(tok for _, tok in est.bins)
+    tokens = np.asarray(num_tokens)
+    above = int((tokens > top).sum())
+    shown = tokens <= top
+    hb = ax.hexbin(np.asarray(durations)[shown], tokens[shown], gridsize=80, bins="log", cmap="viridis", mincnt=1)
     fig.colorbar(hb, ax=ax, label="utterances (log)")
     prev_dur, prev_tok, group_dur = 0.0, 0, None
     for dur, tok in est.bins:
@@ -38,7 +44,9 @@ def tokens_vs_duration(durations, num_tokens, est: Bins2D, *, title: str = "Toke
         ax.add_patch(Rectangle((prev_dur, prev_tok), dur - prev_dur, tok - prev_tok, fill=False,
                                edgecolor="#C44E52", lw=0.7))
         prev_tok = tok
-    ax.set(xlabel="duration (s)", ylabel="output tokens", title=f"{title} ({len(est.bins)} bins)")
+    ax.set_ylim(0, top)
+    note = f"; {above:,} utterances above the axis" if above else ""
+    ax.set(xlabel="duration (s)", ylabel="output tokens", title=f"{title} ({len(est.bins)} bins{note})")
     fig.tight_layout()
     return fig
 

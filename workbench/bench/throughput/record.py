@@ -223,27 +223,27 @@ def describe_run(run: Mapping[str, Any]) -> str:
 
 
 def runs_table(record: Mapping[str, Any]):
-    """One row per (part, sampler): the run's figures, as a DataFrame."""
+    """One row per (comparison, sampler): the run's figures with units in the headers, as a DataFrame."""
     import pandas as pd
 
     rows = []
     for part in parts(record["figures"]):
+        compared = "same steps" if part == "steps" else "same wall time"
         for sampler, run in record["figures"][part]["runs"].items():
             if run.get("ooms"):
-                rows.append({"part": part, "sampler": LABELS[sampler], "ooms": run["ooms"]})
+                rows.append({"compared at": compared, "sampler": LABELS[sampler], "OOMs": run["ooms"]})
                 continue
             s = run["audio_seconds_per_second_per_step"]
             peak = run.get("peak_allocated_bytes")
-            rows.append({"part": part, "sampler": LABELS[sampler], "steps": run["steps"],
-                         "audio_s_per_s": round(run["audio_seconds_per_second"], 1),
-                         "per_step_median": round(s["median"], 1), "p25": round(s["p25"], 1),
-                         "p75": round(s["p75"], 1),
-                         "mfu_%": None if run.get("mfu") is None else round(100 * run["mfu"], 2),
-                         "mean_batch": round(run["mean_batch_size"], 1),
-                         "input_padding_%": round(100 * run["input_padding"], 1),
-                         "output_padding_%": round(100 * run["output_padding"], 1),
-                         "peak_GiB": None if peak is None else round(peak / GiB, 2), "ooms": run["ooms"],
-                         "data_wait_%": round(100 * run["data_wait_share"], 2)})
+            rows.append({"compared at": compared, "sampler": LABELS[sampler], "steps": run["steps"],
+                         "audio s/s": round(run["audio_seconds_per_second"]),
+                         "per step: median (audio s/s)": round(s["median"]),
+                         "p25-p75 (audio s/s)": f"{s['p25']:.0f}-{s['p75']:.0f}",
+                         "MFU (%)": None if run.get("mfu") is None else round(100 * run["mfu"], 1),
+                         "mean batch (cuts)": round(run["mean_batch_size"]),
+                         "padding in/out (%)": f"{100 * run['input_padding']:.0f}/{100 * run['output_padding']:.0f}",
+                         "peak (GiB)": None if peak is None else round(peak / GiB, 1), "OOMs": run["ooms"],
+                         "data wait (%)": round(100 * run["data_wait_share"], 1)})
     return pd.DataFrame(rows)
 
 
@@ -284,7 +284,7 @@ def loss_curves(record: Mapping[str, Any], part: str = "seconds"):
     axes[0].set_xlabel("wall seconds")
     axes[1].set_xlabel("audio hours seen")
     axes[0].set_ylabel("training loss")
-    axes[0].legend()
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.suptitle(f"{record['figures']['model']}: loss ({part} part)")
     fig.tight_layout()
     return fig
@@ -302,7 +302,7 @@ def batch_size_by_bucket_plot(record: Mapping[str, Any], part: str = "steps"):
     ax.set_yscale("log")
     ax.set_xlabel("bucket's longest cut (s)")
     ax.set_ylabel("mean batch size (cuts)")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     return fig
 
@@ -327,6 +327,6 @@ def step_time_split(record: Mapping[str, Any], part: str = "steps"):
             bottom += value or 0.0
     ax.set_xticks(range(len(runs)), [LABELS[s] for s in runs])
     ax.set_ylabel("seconds per step (medians)")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     return fig
