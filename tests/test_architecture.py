@@ -5,7 +5,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "workbench"
-LIBRARY_PACKAGES = ("data", "bucketing", "oomptimizer", "memory", "models", "decoding")
+LIBRARY_PACKAGES = ("data", "bucketing", "oomptimizer", "memory", "models", "decoding", "adapters", "training",
+                    "records")
 
 
 def _module_name(path: Path) -> str:

@@ -108,7 +108,6 @@ def test_every_option_says_what_it_means_and_its_default():
                 assert "default" in action.help, (path, name, action.default)
 
 
-# `report` lives in workbench/reporting.py, whose help is written elsewhere
 def test_every_command_help_has_examples(capsys):
     for path, _ in _parsers():
         assert main([*path, "--help"]) == 0, path

@@ -24,9 +24,10 @@ def test_reference_model_and_schema_model_pass_the_check():
     report = check_model(build_model("tiny-rnnt", vocab_size=16), spec="tiny-rnnt", bucket=(1.0, 4))
     assert report.batch_shapes["audio"] == [2, 16000] and report.trainable > 10
     assert report.line().startswith("ok: tiny-rnnt:")
-    report = check_model(tiny_schema_model(), bucket=(2.0, 5), batch_size=3)
+    model = tiny_schema_model()
+    report = check_model(model, bucket=(2.0, 5), batch_size=3)
     assert report.batch_shapes == {"audio": [3, 200], "audio_lens": [3], "tokens": [3, 5], "token_lens": [3]}
-    assert all(p.grad is None for p in tiny_schema_model().parameters())  # the check zeroes what it made
+    assert all(p.grad is None for p in model.parameters())  # the check zeroes the gradients it made
 
 
 def test_schema_inputs_build_worst_case_batches():
@@ -155,6 +156,33 @@ def test_bad_specs_get_one_line(model_file, suffix, needle):
     with pytest.raises(ModelContractError, match=needle) as e:
         build_model_from_spec(spec, "cpu")
     assert "\n" not in str(e.value)
+
+
+def test_a_missing_dependency_is_named_not_the_module(tmp_path, monkeypatch):
+    (tmp_path / "my_models_pkg.py").write_text("import my_models_pkg_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModelContractError, match="importing my_models_pkg failed: ModuleNotFoundError: .*"
+                                                 "my_models_pkg_dependency_xyz"):
+        load_model_factory("my_models_pkg:build")
+
+
+def test_a_file_runs_once_and_its_factory_imports_its_neighbours(tmp_path):
+    (tmp_path / "net_parts.py").write_text("WIDTH = 3\n")
+    (tmp_path / "counted.py").write_text(
+        "import builtins\nbuiltins.counted_imports = getattr(builtins, 'counted_imports', 0) + 1\n"
+        "def build():\n    from net_parts import WIDTH\n    return WIDTH\n")
+    import builtins
+
+    assert load_model_factory(f"{tmp_path}/counted.py:build")() == 3
+    assert load_model_factory(f"{tmp_path}/counted.py:build")() == 3
+    assert builtins.counted_imports == 1
+
+
+def test_a_key_error_inside_the_model_is_not_blamed_on_the_batch():
+    model = tiny_schema_model()
+    model.loss_fn = lambda module, batch: {"a": 1}["missing_config_key"]
+    with pytest.raises(ModelContractError, match="training_step raised KeyError: 'missing_config_key'"):
+        check_model(model)
 
 
 def test_a_file_that_fails_to_import_is_named(tmp_path):

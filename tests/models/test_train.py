@@ -260,7 +260,8 @@ def test_train_max_seconds_stops_launching_steps_after_the_wall_time(corpus, tmp
                                 model="tiny-ctc", steps=100, max_duration=6, num_buckets=2, dtype="fp32",
                                 device="cpu", num_workers=0, max_seconds=1.0)
     summary = recipe.train(config)
-    assert 2 <= summary["steps"] <= 5  # 1 s / 0.3 s per step: stopped by the clock, not by --steps
+    # 1 s / 0.3 s per step: stopped by the clock, not by --steps (a loaded machine may fit only one step)
+    assert 1 <= summary["steps"] <= 5
     assert len((tmp_path / "train_log.jsonl").read_text().splitlines()) == summary["steps"]
     with pytest.raises(ValueError, match="--max-seconds"):
         recipe.train(recipe.TrainConfig(cuts=str(cuts_path), tokenizer=str(tokenizer_path),

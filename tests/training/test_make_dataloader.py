@@ -44,7 +44,26 @@ def test_workers_and_ranks_split_the_corpus(corpus):
                                  configure_allocator=False)
         assert loader.persistent_workers and loader.prefetch_factor == 2
         seen.append({i for batch in loader for i in batch["ids"]})
-    assert not seen[0] & seen[1]
+    assert seen[0] and seen[1] and not seen[0] & seen[1]
+
+
+def test_ranks_come_from_torchrun_before_the_process_group_is_up(corpus, monkeypatch):
+    manifest, profile = corpus
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    loader = make_dataloader(manifest, profile, CutCount(), num_workers=0, configure_allocator=False)
+    assert (loader.sampler.world_size, loader.sampler.rank) == (2, 1)
+
+
+def test_a_bad_argument_leaves_the_allocator_settings_alone(corpus, monkeypatch):
+    manifest, _ = corpus
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(TypeError):
+        make_dataloader(manifest, [1], CutCount(), num_workers=0)
+    import os
+
+    assert "PYTORCH_ALLOC_CONF" not in os.environ and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
 
 
 def test_allocator_is_configured_unless_opted_out(corpus):

@@ -51,7 +51,7 @@ def load_model_factory(spec: str) -> Callable[[], Any]:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as e:
-            if e.name and module_name.startswith(e.name):
+            if e.name and (e.name == module_name or module_name.startswith(e.name + ".")):
                 raise ModelContractError(f"{spec}: no module named {module_name!r} (is it on PYTHONPATH?)") from None
             raise ModelContractError(f"{spec}: importing {module_name} failed: {_first_line(e)}") from None
         except Exception as e:  # noqa: BLE001 - the user's module may raise anything at import
@@ -68,17 +68,19 @@ def _import_file(spec: str, path: Path):
     if not path.is_file():
         raise ModelContractError(f"{spec}: {path}: no such file")
     name = f"workbench_user_model_{abs(hash(str(path.resolve())))}"
+    if name in sys.modules:  # imported once per process, like any module
+        return sys.modules[name]
     module_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(module_spec)
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:  # the file's imports of its neighbours, at import and when the factory runs
+        sys.path.insert(0, folder)
     sys.modules[name] = module
-    sys.path.insert(0, str(path.resolve().parent))  # the file's own imports of its neighbours
     try:
         module_spec.loader.exec_module(module)
     except Exception as e:  # noqa: BLE001 - the user's file may raise anything at import
         del sys.modules[name]
         raise ModelContractError(f"{spec}: importing {path} raised {_first_line(e)}") from None
-    finally:
-        sys.path.remove(str(path.resolve().parent))
     return module
 
 
@@ -157,17 +159,23 @@ def check_model(model: torch.nn.Module, *, spec: str = "model", bucket: tuple[fl
             raise ModelContractError(f"{spec}: {call} raised {_first_line(e)}") from None
         shapes = _check_batch(spec, call, batch, batch_size, device)
         t0 = time.perf_counter()
+        batch = _WatchedBatch(batch)
         try:
             loss = model.training_step(batch, dtype=dtype)
+            if device.type == "cuda":  # an asynchronous device error (an id past the vocabulary) surfaces here
+                torch.cuda.synchronize(device)
+            value = _check_loss(spec, loss)
+        except ModelContractError:
+            raise
         except KeyError as e:
-            raise ModelContractError(f"{spec}: training_step: the batch has no key {e.args[0]!r} "
-                                     f"(make_batch gave {', '.join(batch)})") from None
-        except Exception as e:  # noqa: BLE001
+            if e.args and e.args[0] in batch.missing:
+                raise ModelContractError(f"{spec}: training_step: the batch has no key {e.args[0]!r} "
+                                         f"(make_batch gave {', '.join(batch)})") from None
             raise ModelContractError(f"{spec}: training_step raised {_first_line(e)}") from None
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        except Exception as e:  # noqa: BLE001
+            hint = " (run with CUDA_LAUNCH_BLOCKING=1 to see where)" if device.type == "cuda" else ""
+            raise ModelContractError(f"{spec}: training_step raised {_first_line(e)}{hint}") from None
         seconds = time.perf_counter() - t0
-        value = _check_loss(spec, loss)
         trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         missing = [n for n, p in trainable if p.grad is None]
         if missing:
@@ -178,6 +186,19 @@ def check_model(model: torch.nn.Module, *, spec: str = "model", bucket: tuple[fl
         model.zero_grad(set_to_none=True)
     return CheckReport(spec, str(device), sum(p.numel() for p in params), len(trainable), (duration, tokens),
                        batch_size, shapes, value, seconds)
+
+
+class _WatchedBatch(dict):
+    """The batch as training_step gets it, noting the keys it asked for and did not find (so a KeyError from
+    elsewhere in the model is not blamed on the batch)."""
+
+    def __init__(self, batch: dict):
+        super().__init__(batch)
+        self.missing: set = set()
+
+    def __missing__(self, key):
+        self.missing.add(key)
+        raise KeyError(key)
 
 
 def _check_batch(spec: str, call: str, batch: Any, batch_size: int, device: torch.device) -> dict[str, list[int]]:

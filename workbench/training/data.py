@@ -17,7 +17,7 @@ from lhotse import CutSet
 from workbench.bucketing.profile import BucketProfile, load_profile
 from workbench.bucketing.sampler import make_sampler
 from workbench.memory import configure_allocator as configure_cuda_allocator
-from workbench.models.distributed import local_world_size
+from workbench.models.distributed import local_world_size, ranks_from_env
 
 
 def default_num_workers() -> int:
@@ -54,12 +54,11 @@ def make_dataloader(cuts: CutSet | str | os.PathLike, profile: BucketProfile | s
 
     ``configure_allocator`` (default True) turns on the CUDA allocator's expandable segments before CUDA
     starts, keeping every option you set (``workbench.memory.configure_allocator``); False leaves it alone.
-    ``world_size``/``rank`` default to the initialized process group (else 1 and 0); concurrent bucketing
+    ``world_size``/``rank`` default to torchrun's (``WORLD_SIZE``/``RANK``; else 1 and 0); concurrent bucketing
     is on for one process and off for several (ranks must draw the same buckets). Call
     ``loader.sampler.set_epoch(epoch)`` before each epoch; ``loader.sampler.unfit_report`` counts what no
     bucket took. ``loader.allocator_status`` says what the allocator set-up did.
     """
-    status = configure_cuda_allocator() if configure_allocator else None
     if isinstance(profile, (str, os.PathLike)):
         profile = load_profile(profile)
     if not isinstance(profile, BucketProfile):
@@ -70,9 +69,10 @@ def make_dataloader(cuts: CutSet | str | os.PathLike, profile: BucketProfile | s
         cuts = CutSet.from_jsonl_lazy(cuts)
     if not isinstance(cuts, CutSet):
         raise TypeError(f"cuts: expected a lhotse CutSet or a manifest path, got {type(cuts).__name__}")
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    world_size = world_size if world_size is not None else (torch.distributed.get_world_size() if distributed else 1)
-    rank = rank if rank is not None else (torch.distributed.get_rank() if distributed else 0)
+    ranks = ranks_from_env()  # torchrun's environment, whether or not the process group is up yet
+    world_size = ranks.world_size if world_size is None else world_size
+    rank = ranks.rank if rank is None else rank
+    status = configure_cuda_allocator() if configure_allocator else None  # after the arguments are checked
     sampler = make_sampler(cuts, profile, world_size=world_size, rank=rank, shuffle=shuffle, seed=seed,
                            num_tokens_fn=num_tokens_fn,
                            concurrent=world_size == 1 if concurrent is None else concurrent)

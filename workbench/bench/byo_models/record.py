@@ -4,12 +4,14 @@ One reader for SUMMARY.md and notebook 06."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Mapping
 
 import pandas as pd
 
+from workbench.units import GiB
+
 NAME = "byo_models"
-GiB = 2**30
 
 
 def merged_figures(records: list[Mapping[str, Any]]) -> dict[str, Any]:
@@ -123,3 +125,15 @@ def styled_rows(figures: Mapping[str, Any]):
     """:func:`model_rows` for display."""
     return model_rows(figures).style.format({"max duration (s)": "{:.1f}", "peak (GiB)": "{:.1f}"},
                                             na_rep="").hide(axis="index")
+
+
+def committed_figures(results_dir=None) -> dict[str, Any] | None:
+    """The merged figures (:func:`merged_figures`) of every committed byo_models record, announcing each
+    with its provenance; None when there is none."""
+    from workbench.bench.results import RESULTS_DIR, load_result, provenance_line
+
+    folder = results_dir or RESULTS_DIR
+    records = [load_result(p.stem, folder) for p in sorted(Path(folder).glob(NAME + "*.json"))]
+    for record in records:
+        print(f"Showing committed result '{record['name']}': {provenance_line(record)}")
+    return merged_figures(records) if records else None

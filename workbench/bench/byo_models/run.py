@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from workbench.adapters import ADAPTERS, build_model_from_spec, user_model_spec
+from workbench.adapters import ADAPTERS, build_model_from_spec, load_model_factory, user_model_spec
 from workbench.bench.oomptimizer.modeled_probe import ModeledMemoryProbe
 from workbench.bench.results import bench_device, check_smoke_out, cuda_missing, report_failures, write_result
 from workbench.bucketing import BucketProfile, estimate_2d_bins
@@ -31,6 +31,7 @@ NAME = "byo_models"
 DEFAULT_MODELS = ["torchaudio-emformer-rnnt", "nemo-fastconformer-rnnt", "hf-whisper", "hf-wav2vec2-ctc",
                   "large-rnnt"]
 TIGHTNESS = 1.1  # a probe at this multiple of each returned size must OOM
+SOAK_OOM = "soak: OOM"  # how oomptimizer.run.soak begins the error of an OOM
 SMOKE_CONFIGS = {  # small enough for a CPU step in a second
     "hf-whisper": dict(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
                        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64),
@@ -54,9 +55,7 @@ def build(name: str, device: torch.device, smoke: bool) -> torch.nn.Module:
         with device:
             return build_model("tiny-rnnt" if smoke else name)
     if smoke and name in SMOKE_CONFIGS:
-        module_name, _, attr = spec.partition(":")
-        factory = getattr(__import__(module_name, fromlist=[attr]), attr)
-        return factory(**SMOKE_CONFIGS[name]).to(device)
+        return load_model_factory(spec)(**SMOKE_CONFIGS[name]).to(device)
     return build_model_from_spec(spec, device)
 
 
@@ -85,7 +84,9 @@ def measure_model(name: str, buckets: list, args, device) -> dict:
         entry["soak"] = soak(model, profile, search_memory_fraction=args.memory_fraction if device.type == "cuda"
                              else None, steps_per_bucket=args.soak_steps, progress=False,
                              dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
-    except RuntimeError as e:  # an OOM in the soak is a finding, recorded
+    except RuntimeError as e:  # an OOM in the soak is a finding, recorded; any other error stops this model
+        if not str(e).startswith(SOAK_OOM):
+            raise
         entry["soak"] = {"error": str(e).splitlines()[0], "ooms": 1}
     del probe, model
     release_memory()
@@ -117,8 +118,8 @@ def checks(name: str, entry: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS,
-                        help=f"adapters ({', '.join(ADAPTERS)}), reference names or MODULE:CALLABLE")
+    parser.add_argument("--models", nargs="+", help=f"adapters ({', '.join(ADAPTERS)}), reference names or "
+                        f"MODULE:CALLABLE (default: {' '.join(DEFAULT_MODELS)}; --smoke: those with a small config)")
     parser.add_argument("--buckets", type=int, default=4, help="duration buckets (default 4)")
     parser.add_argument("--sub-buckets", type=int, default=2, help="token sub-buckets each (default 2)")
     parser.add_argument("--max-duration", type=float, default=25.0, help="longest utterance, s (default 25)")
@@ -142,8 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     buckets = corpus_buckets(args.buckets, args.sub_buckets, args.max_duration, 2000 if args.smoke else 20000)
     if args.smoke:
         buckets = [(min(d, 2.0), min(u, 12.0)) for d, u in buckets[:2]]
+    names = args.models or ([n for n in DEFAULT_MODELS if n in SMOKE_CONFIGS or user_model_spec(n) is None]
+                            if args.smoke else DEFAULT_MODELS)
     models, failures, t0 = {}, [], time.perf_counter()
-    for name in args.models:
+    for name in names:
         if args.budget_s and time.perf_counter() - t0 > args.budget_s:
             failures.append(f"{name}: not run (budget of {args.budget_s:g} s spent)")
             continue
