@@ -160,10 +160,10 @@ INDEX_CSS = ("body{font-family:system-ui,sans-serif;max-width:70rem;margin:2rem 
 
 
 def measured_only(fingerprint: dict[str, str], bench: str) -> dict[str, str]:
-    """The files of a fingerprint whose code a result measures: not the record readers (how a record is
-    shown) nor, except for the README flow, the command-line parsers (option checks and help text)."""
+    """The files of a fingerprint whose code a result measures: not how results are shown (record readers,
+    plots) nor, except for the README flow, the command-line parsers (option checks and help text)."""
     return {name: digest for name, digest in fingerprint.items()
-            if not name.endswith("/record.py") and (bench == "flow" or not name.endswith("/cli.py"))}
+            if not name.endswith(("/record.py", "/plots.py")) and (bench == "flow" or not name.endswith("/cli.py"))}
 
 
 def result_freshness(results_dir: str | os.PathLike = RESULTS_DIR, repo: str | os.PathLike = REPO_ROOT

@@ -180,7 +180,12 @@ def test_train_bad_options_and_inputs_are_one_line_errors_that_name_them(corpus,
     assert "--num-workers: must be an integer >= 0, got -1" in _train_error(
         capsys, *_train_args(corpus, out, "--num-workers", "-1"))
     assert "--steps: must be an integer >= 1" in _train_error(capsys, *_train_args(corpus, out, "--steps", "0"))
-    assert "--max-duration: must be > 0" in _train_error(capsys, *_train_args(corpus, out, "--max-duration", "-3"))
+    assert "--max-duration: must be a finite number > 0" in _train_error(
+        capsys, *_train_args(corpus, out, "--max-duration", "-3"))
+    for option, value in (("--lr", "inf"), ("--lr", "nan"), ("--max-duration", "inf")):  # never a model of NaNs
+        assert f"{option}: must be a finite number > 0, got {float(value)}" in _train_error(
+            capsys, *_train_args(corpus, out, option, value))
+    assert not (out / "model.pt").exists()
     if not torch.cuda.is_available():
         err = _train_error(capsys, *[a if a != "cpu" else "cuda" for a in _train_args(corpus, out)])
         assert "--device cuda: this machine has no CUDA GPU" in err and "--device cpu" in err

@@ -177,3 +177,10 @@ def test_stop_is_not_asked_after_the_last_bucket():
     asked = []
     result = search_batch_sizes([(1.0, 5.0)], SyntheticMemory().probe, stop=lambda: asked.append(1) or True)
     assert asked == [] and result.not_searched == [] and result.batch_sizes[0] >= 1
+
+
+@pytest.mark.parametrize("option, value", [("max_batch_size", -5), ("max_batch_size", 0), ("start_batch_size", 2.5),
+                                           ("max_probes_per_bucket", True)])
+def test_size_options_must_be_positive_integers(option, value):
+    with pytest.raises(ValueError, match=f"{option}: must be an integer >= 1, got {value!r}"):
+        search_batch_sizes([(2.0, 10)], lambda bucket, size: 1.0, **{option: value})

@@ -7,6 +7,7 @@ The file is shaped so that a NeMo or lhotse config takes ``bucket_duration_bins`
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,21 @@ def save_profile(path: str | os.PathLike, profile: BucketProfile) -> Path:
     return write_text_atomically(path, text)
 
 
+PROFILE_FIELDS = ("num_buckets", "bucket_duration_bins", "bucket_batch_size", "max_tps", "metadata")
+
+
+class NoAliasLoader(yaml.SafeLoader):
+    """YAML's safe loader without anchors and aliases: a profile never needs them, and nested aliases can
+    expand to billions of nodes (a file of a few hundred bytes that hangs whatever walks it)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a profile",
+                                              event.start_mark)
+        return super().compose_node(parent, index)
+
+
 def load_profile(path: str | os.PathLike) -> BucketProfile:
     """Read a profile YAML; errors name the file and the field that is wrong."""
     path = Path(path)
@@ -64,11 +80,19 @@ def load_profile(path: str | os.PathLike) -> BucketProfile:
     if path.is_dir():
         raise ValueError(f"{path}: is a folder; give the profile YAML file (e.g. bucket_profile.yaml)")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=NoAliasLoader)
     except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML: {e}") from None
+        where = getattr(e, "problem_mark", None)
+        line = f":{where.line + 1}" if where is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"{path}{line}: not valid YAML: {problem}") from None
     if not isinstance(data, dict) or "bucket_duration_bins" not in data:
         raise ValueError(f"{path}: missing field 'bucket_duration_bins'")
+    unknown = sorted(set(data) - set(PROFILE_FIELDS))
+    if unknown:
+        close = difflib.get_close_matches(str(unknown[0]), PROFILE_FIELDS, n=1)
+        raise ValueError(f"{path}: unknown field {unknown[0]!r}" + (f"; did you mean {close[0]!r}?" if close else
+                         f" (the fields: {', '.join(PROFILE_FIELDS)})"))
     profile = BucketProfile(bucket_duration_bins=data["bucket_duration_bins"],
                             bucket_batch_size=data.get("bucket_batch_size"),
                             max_tps=data.get("max_tps"), metadata=data.get("metadata") or {})

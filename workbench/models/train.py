@@ -120,11 +120,14 @@ def check_config(config: TrainConfig) -> None:
         value = getattr(config, name)
         if not isinstance(value, int) or value < minimum:
             raise ValueError(f"--{name.replace('_', '-')}: must be an integer >= {minimum}, got {value!r}")
-    if not (isinstance(config.max_seconds, (int, float)) and config.max_seconds >= 0):
-        raise ValueError(f"--max-seconds: must be >= 0, got {config.max_seconds!r}")
+    if not (isinstance(config.max_seconds, (int, float)) and 0 <= config.max_seconds < math.inf):
+        raise ValueError(f"--max-seconds: must be a finite number >= 0, got {config.max_seconds!r}")
     for name in ("max_duration", "lr"):
-        if not getattr(config, name) > 0:
-            raise ValueError(f"--{name.replace('_', '-')}: must be > 0, got {getattr(config, name)!r}")
+        if not 0 < getattr(config, name) < math.inf:
+            raise ValueError(f"--{name.replace('_', '-')}: must be a finite number > 0, got {getattr(config, name)!r}")
+    for name in ("weight_decay", "grad_clip"):
+        if not 0 <= getattr(config, name) < math.inf:
+            raise ValueError(f"--{name.replace('_', '-')}: must be a finite number >= 0, got {getattr(config, name)!r}")
     if not Path(config.cuts).is_file():
         raise FileNotFoundError(f"--cuts: manifest {config.cuts!r} does not exist")
     config_from_name(config.model)  # a wrong --model is one line now, not after the corpus is read

@@ -24,6 +24,7 @@ buckets not searched keep batch size None (``SearchResult.not_searched``).
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -123,8 +124,10 @@ def search_batch_sizes(buckets, probe: Probe, *, budget_bytes: float | None = No
         raise ValueError(f"strategy: must be one of {STRATEGIES}, got {strategy!r}")
     if not 0 < rel_gap < 1:
         raise ValueError(f"rel_gap: must be in (0, 1), got {rel_gap}")
-    if int(start_batch_size) < 1:
-        raise ValueError(f"start_batch_size: must be >= 1, got {start_batch_size}")
+    for name, value in (("start_batch_size", start_batch_size), ("max_batch_size", max_batch_size),
+                        ("max_probes_per_bucket", max_probes_per_bucket)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
     if budget_bytes is not None and not budget_bytes > 0:
         raise ValueError(f"budget_bytes: must be positive or None, got {budget_bytes}")
     state = _SearchState(buckets, probe, budget_bytes, rel_gap, int(start_batch_size), int(max_batch_size),

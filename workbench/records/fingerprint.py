@@ -31,17 +31,28 @@ def _digest(path: str, text: str) -> str:
 
 
 def fingerprint_at(repo: Path, commit: str, paths: list[str]) -> dict[str, str] | None:
-    """{file: digest} of the files under ``paths`` at ``commit`` (None when the commit is not here)."""
+    """{file: digest} of the files under ``paths`` at ``commit`` (None when the commit is not here); the files
+    are read in one ``git cat-file --batch``."""
     listed = subprocess.run(["git", "ls-tree", "-r", "--name-only", commit, "--", *paths], cwd=repo,
                             capture_output=True, text=True, timeout=60)
     if listed.returncode != 0:
         return None
-    out = {}
-    for name in listed.stdout.split():
-        shown = subprocess.run(["git", "show", f"{commit}:{name}"], cwd=repo, capture_output=True, text=True,
-                               timeout=60)
-        if shown.returncode == 0:
-            out[name] = _digest(name, shown.stdout)
+    names = listed.stdout.split()
+    if not names:
+        return {}
+    blobs = subprocess.run(["git", "cat-file", "--batch"], cwd=repo, capture_output=True, timeout=60,
+                           input="".join(f"{commit}:{name}\n" for name in names).encode()).stdout
+    out, at = {}, 0
+    for name in names:
+        header_end = blobs.index(b"\n", at)
+        header = blobs[at:header_end].split()
+        if len(header) < 3 or header[1] != b"blob":  # "<ref> missing"
+            at = header_end + 1
+            continue
+        size = int(header[2])
+        text = blobs[header_end + 1:header_end + 1 + size].decode(errors="replace")
+        out[name] = _digest(name, text)
+        at = header_end + 1 + size + 1
     return out
 
 

@@ -1,0 +1,22 @@
+"""A profile file that is wrong in a way a user makes: one line naming the file and the field, never a hang."""
+
+import pytest
+
+from workbench.bucketing import BucketProfile, load_profile, save_profile
+
+
+def test_a_misspelled_field_is_refused_with_the_nearest_name(tmp_path):
+    path = save_profile(tmp_path / "p.yaml", BucketProfile([[5.0, 40], [10.0, 80]], [8, 4], [9.0, 8.0]))
+    path.write_text(path.read_text().replace("max_tps", "max_tsp"))
+    with pytest.raises(ValueError, match=r"p.yaml: unknown field 'max_tsp'; did you mean 'max_tps'\?"):
+        load_profile(path)
+
+
+def test_yaml_aliases_are_refused_before_anything_expands_them(tmp_path):
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+    path = tmp_path / "p.yaml"
+    path.write_text("bucket_duration_bins: [[5.0, 40]]\nmetadata:\n" + "".join("  " + line + "\n"
+                                                                              for line in bomb.splitlines()))
+    with pytest.raises(ValueError, match=r"p.yaml:\d+: not valid YAML: aliases \(\*name\) are not allowed"):
+        load_profile(path)
