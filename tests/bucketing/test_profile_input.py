@@ -20,3 +20,14 @@ def test_yaml_aliases_are_refused_before_anything_expands_them(tmp_path):
                                                                               for line in bomb.splitlines()))
     with pytest.raises(ValueError, match=r"p.yaml:\d+: not valid YAML: aliases \(\*name\) are not allowed"):
         load_profile(path)
+
+
+def test_bins_never_writes_over_its_input(tmp_path, capsys):
+    from workbench.cli import main
+
+    assert main(["corpus", "synthetic", "--out", str(tmp_path), "--num-cuts", "200"]) == 0
+    manifest = tmp_path / "cuts.jsonl.gz"
+    before = manifest.read_bytes()
+    assert main(["bins", str(manifest), "--buckets", "4", "--out", str(manifest)]) == 2
+    assert "is an input of this command" in capsys.readouterr().err
+    assert manifest.read_bytes() == before

@@ -271,3 +271,15 @@ def test_train_max_seconds_stops_launching_steps_after_the_wall_time(corpus, tmp
     with pytest.raises(ValueError, match="--max-seconds"):
         recipe.train(recipe.TrainConfig(cuts=str(cuts_path), tokenizer=str(tokenizer_path),
                                         out_dir=str(tmp_path), max_seconds=-1))
+
+
+def test_a_run_folder_is_never_mixed_with_another_run(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(_train_args(corpus, out, "--steps", "2", "--save-every", "1", "--num-workers", "0")) == 0
+    state = (out / "train_state.pt").read_bytes()
+    err = _train_error(capsys, *_train_args(corpus, out, "--steps", "2", "--num-workers", "0"))
+    assert f"--out {out}: holds a run (model.pt, train_state.pt, train_summary.json)" in err
+    assert (out / "train_state.pt").read_bytes() == state  # refused: nothing touched
+    assert "choose one" in _train_error(capsys, *_train_args(corpus, out, "--resume", "--overwrite"))
+    assert main(_train_args(corpus, out, "--steps", "2", "--num-workers", "0", "--overwrite")) == 0
+    assert not (out / "train_state.pt").exists()  # the old run's state cannot be resumed into the new one

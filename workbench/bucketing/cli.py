@@ -54,6 +54,9 @@ def check_options(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-duration must be a number of seconds > 0, got {args.max_duration!r}")
     if args.min_duration is not None and args.max_duration is not None and args.min_duration > args.max_duration:
         raise ValueError(f"--min-duration ({args.min_duration}) must be <= --max-duration ({args.max_duration})")
+    inputs = [p for p in (args.manifest, args.tokenizer) if p is not None]
+    if any(Path(args.out).resolve() == Path(p).resolve() for p in inputs):
+        raise ValueError(f"--out {args.out}: is an input of this command; write the profile to another file")
 
 
 def unfit_line(durations: np.ndarray, num_tokens: np.ndarray | None, profile) -> str:

@@ -66,6 +66,9 @@ def register(subparsers) -> None:
                         "(default 0)")
     p.add_argument("--resume", action="store_true", default=None,
                    help="continue from <out>/train_state.pt (same corpus, model and sampler settings)")
+    p.add_argument("--overwrite", action="store_true", default=None,
+                   help="start over in an --out folder that holds a run (its train_state.pt is removed first); "
+                        "without it, or --resume, such a folder is refused")
     p.add_argument("--no-concurrent", dest="concurrent", action="store_false", default=None,
                    help="with --profile: bucket without the background thread, so a resume is exact "
                         "(always off under torchrun)")

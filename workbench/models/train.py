@@ -86,6 +86,7 @@ class TrainConfig:
     seed: int = 0                    # model init and sampler shuffling
     save_every: int = 0              # steps between resumable train_state.pt saves (0: only model.pt at the end)
     resume: bool = False             # continue from <out_dir>/train_state.pt
+    overwrite: bool = False          # start over in an out_dir that holds a run (its state is removed first)
     concurrent: bool = True          # concurrent bucketing in make_sampler (off: exact resume; off under DDP)
     num_workers: int = field(default_factory=default_num_workers)  # DataLoader worker processes (0: main process)
     prefetch_factor: int = 2         # batches each worker prepares ahead (each held in shared memory)
@@ -130,6 +131,12 @@ def check_config(config: TrainConfig) -> None:
             raise ValueError(f"--{name.replace('_', '-')}: must be a finite number >= 0, got {getattr(config, name)!r}")
     if not Path(config.cuts).is_file():
         raise FileNotFoundError(f"--cuts: manifest {config.cuts!r} does not exist")
+    if config.resume and config.overwrite:
+        raise ValueError("--resume and --overwrite: choose one (continue the run, or start over)")
+    held = [name for name in ("model.pt", STATE_FILE, "train_summary.json") if (Path(config.out_dir) / name).exists()]
+    if held and not (config.resume or config.overwrite):
+        raise ValueError(f"--out {config.out_dir}: holds a run ({', '.join(held)}); pass --resume to continue it "
+                         "or --overwrite to start over")
     config_from_name(config.model)  # a wrong --model is one line now, not after the corpus is read
     for name in ("model.pt", "train_log.jsonl", "train_summary.json", *([STATE_FILE] if config.save_every else [])):
         check_writable(Path(config.out_dir) / name)  # refused now, not after hours of training
@@ -275,6 +282,8 @@ def train(config: TrainConfig) -> dict:
     if device.type == "cuda":
         configure_allocator()  # before the first CUDA allocation
     init_process_group(ranks, device)
+    if config.overwrite and ranks.is_main:  # a later --resume must not find the old run's state
+        (Path(config.out_dir) / STATE_FILE).unlink(missing_ok=True)
     try:
         return _train(config, ranks, device)
     finally:
