@@ -41,3 +41,10 @@ def test_no_library_package_imports_the_benches():
     offenders = sorted(f"{a} -> {b}" for a, deps in _imports().items() for b in deps
                        if a.split(".")[1] in LIBRARY_PACKAGES and b.startswith("workbench.bench"))
     assert offenders == []
+
+
+def test_models_hold_models_only():
+    """models/ imports neither the bucketing nor the data packages (the recipe that needs them is training/)."""
+    offenders = sorted(f"{a} -> {b}" for a, deps in _imports().items() for b in deps
+                       if a.startswith("workbench.models") and b.startswith(("workbench.bucketing", "workbench.data")))
+    assert offenders == []

@@ -15,7 +15,7 @@ COMMAND_MODULES = [
     "workbench.data.cli",         # corpus synthetic | tts | tokenizer | stats
     "workbench.bucketing.cli",    # bins
     "workbench.oomptimizer.cli",  # oomptimize, check-model
-    "workbench.models.cli",       # train
+    "workbench.training.cli",       # train
     "workbench.reporting",        # report
 ]
 

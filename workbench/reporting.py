@@ -36,9 +36,9 @@ MEASURED_CODE = {
     "losses": ("workbench/models/losses.py", "workbench/models/losses_triton.py", "workbench/models/loss_inputs.py"),
     "models": ("workbench/models",),
     "oomptimizer": ("workbench/oomptimizer", "workbench/models"),
-    "throughput": ("workbench/models", "workbench/oomptimizer", "workbench/bucketing", "workbench/data",
+    "throughput": ("workbench/models", "workbench/training", "workbench/oomptimizer", "workbench/bucketing", "workbench/data",
                    "workbench/memory"),
-    "flow": ("workbench/models", "workbench/oomptimizer", "workbench/bucketing", "workbench/data",  # the README's
+    "flow": ("workbench/models", "workbench/training", "workbench/oomptimizer", "workbench/bucketing", "workbench/data",  # the README's
              "workbench/memory", "workbench/decoding", "workbench/cli.py",                        # commands
              "README.md", "tests/bench/test_flow.py"),
 }

@@ -95,7 +95,7 @@ def test_fp16_values_and_gradients_equal_torch_in_fp32_within_fp16_rounding():
 
 
 def test_a_checkpoint_saved_with_triton_depthwise_loads_with_torch_convolutions_off_cuda(tmp_path):
-    from workbench.models.train import load_checkpoint, save_checkpoint
+    from workbench.training.recipe import load_checkpoint, save_checkpoint
 
     model = build_model("tiny-rnnt", depthwise="triton")
     save_checkpoint(tmp_path / "model.pt", model)

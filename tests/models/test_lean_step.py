@@ -254,8 +254,8 @@ def check_compiled_equals_eager():
 
 def test_profile_check_warns_when_compile_differs_from_the_profile():
     from workbench.bucketing import BucketProfile
-    from workbench.models.distributed import Ranks
-    from workbench.models.train import TrainConfig, check_profile_for_run
+    from workbench.training.distributed import Ranks
+    from workbench.training.recipe import TrainConfig, check_profile_for_run
 
     def warnings(meta, compile):
         config = TrainConfig(cuts="c.jsonl", tokenizer="t.model", out_dir="out", model="large-rnnt", compile=compile)

@@ -11,9 +11,10 @@ from lhotse import CutSet
 from workbench.bucketing import BucketProfile, save_profile
 from workbench.cli import main
 from workbench.data.tokenizer import load_tokenizer
-from workbench.models import build_model, collate_cuts
+from workbench.models import build_model
+from workbench.training.collate import collate_cuts
 from workbench.data.tone_corpus import train_letter_tokenizer, write_tone_corpus
-from workbench.models.train import load_checkpoint
+from workbench.training.recipe import load_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +110,7 @@ def _log(out):
 
 def _crash_then_resume(corpus, tmp_path, monkeypatch, stop, *extra):
     """Train 9 steps straight; train again, crash after the checkpoint at step ``stop``, resume; both logs."""
-    from workbench.models import train as recipe
+    from workbench.training import recipe
 
     assert main(_train_args(corpus, tmp_path / "straight", "--steps", "9", *extra)) == 0
     calls, one_step = [], recipe.train_one_step
@@ -251,7 +252,7 @@ def test_an_error_in_a_data_loader_worker_is_one_line(corpus, tmp_path, capsys):
 def test_train_max_seconds_stops_launching_steps_after_the_wall_time(corpus, tmp_path, monkeypatch):
     import time
 
-    from workbench.models import train as recipe
+    from workbench.training import recipe
 
     cuts_path, tokenizer_path = corpus
     launch = recipe.train_one_step

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from workbench.bucketing import BucketProfile, save_profile
-from workbench.models import distributed
-from workbench.models import train as recipe
-from workbench.models.distributed import Ranks
-from workbench.models.train import TrainConfig, check_profile_for_run, finish_step, resolve_device
+from workbench.training import distributed
+from workbench.training import recipe
+from workbench.training.distributed import Ranks
+from workbench.training.recipe import TrainConfig, check_profile_for_run, finish_step, resolve_device
 
 
 def _gpus(monkeypatch, count):

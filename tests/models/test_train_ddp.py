@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from workbench.bucketing import BucketProfile
-from workbench.models.distributed import Ranks
+from workbench.training.distributed import Ranks
 from workbench.data.tone_corpus import train_letter_tokenizer, write_tone_corpus
-from workbench.models.train import TrainConfig, check_profile_for_run
+from workbench.training.recipe import TrainConfig, check_profile_for_run
 
 
 @pytest.fixture(scope="module")

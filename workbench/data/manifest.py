@@ -174,7 +174,7 @@ class _BlockColumns:
 def cut_dict_text(cut: dict) -> str:
     """The transcript of a cut as it stands in a manifest line: its supervisions' texts joined by spaces,
     those inside the tracks of a MixedCut included (empty when there are none). Token counts, tokenizer
-    training and training batches all tokenize this text (``workbench.models.collate.cut_text`` is the
+    training and training batches all tokenize this text (``workbench.training.collate.cut_text`` is the
     same for lhotse Cut objects)."""
     texts = [s["text"] for s in cut.get("supervisions") or () if s.get("text")]
     texts += [cut_dict_text(track.get("cut") or {}) for track in cut.get("tracks") or ()]

@@ -1,11 +1,10 @@
 """Reference ASR models (FastConformer-like encoder; RNN-T, TDT, CTC, AED heads), their losses in plain
-PyTorch (Triton kernels on CUDA), batch collation from lhotse cuts, and the training recipe. Names load on first use, so that the
-command line starts without importing torch."""
+PyTorch (Triton kernels on CUDA). Names load on first use, so that the command line starts without importing
+torch."""
 
 import importlib
 
 _EXPORTS = {
-    "collate_cuts": "collate", "cut_text": "collate",
     "ModelConfig": "config", "config_from_name": "config", "large_config": "config", "tiny_config": "config",
     "xl_config": "config",
     "label_smoothed_cross_entropy": "losses", "lattice_log_likelihood": "losses", "rnnt_loss": "losses",

@@ -17,7 +17,7 @@ from lhotse import CutSet
 from workbench.bucketing.profile import BucketProfile, load_profile
 from workbench.bucketing.sampler import make_sampler
 from workbench.memory import configure_allocator as configure_cuda_allocator
-from workbench.models.distributed import local_world_size, ranks_from_env
+from workbench.training.distributed import local_world_size, ranks_from_env
 
 
 def default_num_workers() -> int:

@@ -154,8 +154,8 @@ def decode_a_few(checkpoint: Path, cuts_path: Path, tokenizer_path: Path, num_cu
 
     from workbench.data.tokenizer import load_tokenizer
     from workbench.decoding import GreedyTransducerDecoder
-    from workbench.models.collate import collate_cuts
-    from workbench.models.train import load_checkpoint
+    from workbench.training.collate import collate_cuts
+    from workbench.training.recipe import load_checkpoint
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = load_checkpoint(checkpoint, device=device)

@@ -283,11 +283,11 @@ def check_baseline_pass(corpus: dict, tokens_by_id: dict[str, int], bins: list[f
 
 
 def train_sampler(study: Study, prep: dict, sampler: str) -> dict[str, Any]:
-    """Train one sampler through ``workbench.models.train.train`` for ``--seconds`` of wall time:
+    """Train one sampler through ``workbench.training.recipe.train`` for ``--seconds`` of wall time:
     {"summary", "records" (train_log.jsonl), "settings"}, or {"ooms": 1, "error", "settings"}."""
     from workbench.bucketing import BucketProfile, save_profile
     from workbench.memory.oom import is_oom_error
-    from workbench.models.train import TrainConfig, train
+    from workbench.training.recipe import TrainConfig, train
 
     args = study.args
     out = study.workdir / "train" / sampler

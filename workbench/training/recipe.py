@@ -53,9 +53,9 @@ from workbench.bucketing import (BucketProfile, close_sampler, load_profile, loa
 from workbench.bucketing.fit import FITS, REASONS, make_fitter
 from workbench.data.tokenizer import load_tokenizer, tokenized_cut_arrays
 from workbench.memory import configure_allocator
-from workbench.models.collate import CutBatchDataset, cut_has_audio, cut_text
+from workbench.training.collate import CutBatchDataset, cut_has_audio, cut_text
 from workbench.models.config import ModelConfig, config_from_name
-from workbench.models.distributed import (Ranks, destroy_process_group, gather_objects, init_process_group,
+from workbench.training.distributed import (Ranks, destroy_process_group, gather_objects, init_process_group,
                                           ranks_from_env, sum_over_ranks, weights_digest)
 from workbench.models.losses import loss_backend
 from workbench.models.model import DTYPES, ASRModel, build_model, compile_encoder_layers

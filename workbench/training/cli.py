@@ -1,4 +1,4 @@
-"""`workbench train`: the training recipe in workbench/models/train.py from the command line."""
+"""`workbench train`: the training recipe in workbench/training/recipe.py from the command line."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from workbench.options import DROP_NOTICE_SHARE
 
 
 def _train(args: argparse.Namespace) -> int:
-    from workbench.models.train import TrainConfig, train  # here: torch and lhotse load only for `train`
+    from workbench.training.recipe import TrainConfig, train  # here: torch and lhotse load only for `train`
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     config = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
