@@ -31,3 +31,29 @@ def test_bins_never_writes_over_its_input(tmp_path, capsys):
     assert main(["bins", str(manifest), "--buckets", "4", "--out", str(manifest)]) == 2
     assert "is an input of this command" in capsys.readouterr().err
     assert manifest.read_bytes() == before
+
+
+def test_groups_too_small_for_the_tps_filter_are_named():
+    import numpy as np
+
+    from workbench.bucketing.estimate import estimate_2d_bins, tps_blind_groups
+
+    durations = np.array([1.0] * 10 + [2.0] * 40)
+    tokens = np.array([10] * 9 + [10_000] + [20] * 40)  # a 1000x outlier among 10 utterances
+    tps = tokens[:10] / durations[:10]
+    assert (tps[9] - tps.mean()) / tps.std() == pytest.approx(3.0)  # sqrt(10 - 1): never above 4, however far
+    assert tps_blind_groups(durations, [1.0, 2.0, 2.0], 4.0) == [(1.0, 10)]  # the group of 40 can flag
+    assert tps_blind_groups(durations, [1.0, 2.0], 2.9) == []  # 3 > 2.9: it can
+    est = estimate_2d_bins(durations, tokens, 2, 1)  # bounds the estimator gives are taken as they are
+    assert tps_blind_groups(durations, [d for d, _ in est.bins], 4.0) == []
+
+
+def test_bins_warns_about_groups_the_tps_filter_cannot_see(tmp_path, capsys):
+    from workbench.cli import main
+
+    assert main(["corpus", "synthetic", "--out", str(tmp_path), "--num-cuts", "120"]) == 0
+    capsys.readouterr()
+    assert main(["bins", str(tmp_path / "cuts.jsonl.gz"), "--buckets", "12", "--out", str(tmp_path / "p.yaml"),
+                 "-q"]) == 0
+    err = capsys.readouterr().err
+    assert "the TPS filter cannot flag an outlier in" in err and "--tps-threshold 4" in err

@@ -23,7 +23,8 @@ import numpy as np
 import yaml
 
 from workbench.atomic import check_writable
-from workbench.bucketing.estimate import check_count, check_durations, check_tps_threshold, estimate_duration_bins
+from workbench.bucketing.estimate import (check_count, check_durations, check_tps_threshold, estimate_duration_bins,
+                                         tps_blind_groups)
 from workbench.bucketing.fit import unfit_table
 from workbench.bucketing.padding import padding_comparison
 from workbench.bucketing.profile import profile_from_arrays, save_profile
@@ -97,6 +98,13 @@ def run_bins(args: argparse.Namespace) -> int:
     check_dropped(dropped, strict=args.strict)  # before any output; refused with --strict, nothing written
     out = save_profile(args.out, profile)
     t_bins = time.perf_counter() - t0 - t_read
+    if profile.is_2d:
+        blind = tps_blind_groups(dur_k, [d for d, _ in profile.bucket_duration_bins], args.tps_threshold)
+        if blind:
+            print(f"note: the TPS filter cannot flag an outlier in {len(blind)} duration group(s) of at most "
+                  f"{max(n for _, n in blind)} utterances (in a group of n, a z-score is at most sqrt(n - 1) <= "
+                  f"--tps-threshold {args.tps_threshold:g}): they keep every utterance; use fewer --buckets or a "
+                  "lower --tps-threshold", file=sys.stderr)
     if args.quiet:  # one line naming the file; the dropped-data warning below still goes to stderr
         print(f"wrote {out}")
         check_dropped(dropped, strict=False)

@@ -221,3 +221,13 @@ def estimate_2d_bins(durations, num_tokens, num_buckets: int, num_subbuckets: in
     outliers = np.empty_like(outlier_sorted)
     outliers[order] = outlier_sorted
     return Bins2D(bins=bins, max_tps=max_tps, groups=groups, order=order, outliers=outliers)
+
+
+def tps_blind_groups(durations, duration_bounds, tps_threshold: float) -> list[tuple[float, int]]:
+    """(bound s, utterances) of the duration groups where the TPS filter cannot flag anything: in a group of
+    n utterances a one-sided population z-score is at most sqrt(n - 1), so a group of n <= threshold^2 + 1
+    keeps every utterance, however far out. Groups as the sampler forms them (upper bounds inclusive)."""
+    bounds = np.unique(np.asarray(duration_bounds, dtype=np.float64))
+    counts = np.bincount(np.searchsorted(bounds, check_durations(durations), side="left"),
+                         minlength=len(bounds) + 1)[:len(bounds)]
+    return [(float(b), int(n)) for b, n in zip(bounds, counts) if 1 < n <= tps_threshold ** 2 + 1]
