@@ -172,7 +172,7 @@ def result_freshness(results_dir: str | os.PathLike = RESULTS_DIR, repo: str | o
     MEASURED_CODE) still read as it did at the record's commit? Comments and docstrings do not count
     (:mod:`workbench.records.fingerprint`); code, added and removed files do."""
     repo = Path(repo)
-    out, at_commit = [], {}
+    out, at_commit, now = [], {}, {}
     for path in sorted(Path(results_dir).glob("*.json")):
         record = json.loads(path.read_text())
         bench = bench_name(record)
@@ -190,7 +190,9 @@ def result_freshness(results_dir: str | os.PathLike = RESULTS_DIR, repo: str | o
         if then is None:
             stale, note = None, f"its commit {commit[:12] or '?'} is not in this clone"
         else:
-            changed = changed_files(measured_only(then, bench), measured_only(fingerprint_now(repo, paths), bench))
+            if key[1] not in now:
+                now[key[1]] = fingerprint_now(repo, paths)
+            changed = changed_files(measured_only(then, bench), measured_only(now[key[1]], bench))
             stale = bool(changed)
             shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
             note = (f"the code it measures changed since {commit[:12]}: {shown}" if changed else

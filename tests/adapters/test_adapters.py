@@ -22,17 +22,13 @@ needs_transformers = pytest.mark.skipif(not _importable("transformers"), reason=
                                         "(pip install -e .[adapters])")
 needs_torchaudio = pytest.mark.skipif(not _importable("torchaudio.models"),
                                       reason="torchaudio does not import beside this torch")
-TINY_WHISPER = dict(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-                    decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_source_positions=100)
-TINY_WAV2VEC2 = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                     conv_dim=(16,) * 7, num_conv_pos_embeddings=16)
 
 
 @needs_transformers
 def test_whisper_adapter_keeps_the_contract_and_masks_padded_labels():
-    from workbench.adapters.huggingface import whisper
+    from workbench.adapters import build_adapter
 
-    model = whisper(vocab_size=64, **TINY_WHISPER)
+    model = build_adapter("hf-whisper", small=True, vocab_size=64)
     report = check_model(model, spec="hf-whisper", bucket=(1.0, 6))
     assert report.batch_shapes["input_features"] == [2, 80, 200]  # the fixed window: 2 x 100 positions
     model.eval()  # no dropout: equal losses for equal labels
@@ -47,9 +43,9 @@ def test_whisper_adapter_keeps_the_contract_and_masks_padded_labels():
 
 @needs_transformers
 def test_wav2vec2_ctc_adapter_keeps_the_contract_in_bf16():
-    from workbench.adapters.huggingface import wav2vec2_ctc
+    from workbench.adapters import build_adapter
 
-    model = wav2vec2_ctc(vocab_size=16, **TINY_WAV2VEC2)
+    model = build_adapter("hf-wav2vec2-ctc", small=True, vocab_size=16)
     report = check_model(model, spec="hf-wav2vec2-ctc", bucket=(1.0, 4), dtype=torch.bfloat16)
     assert report.batch_shapes["audio"] == [2, 16000] and report.loss > 0
     batch = model.make_batch(2, 1.0, 4, "cpu")
@@ -58,10 +54,10 @@ def test_wav2vec2_ctc_adapter_keeps_the_contract_in_bf16():
 
 @needs_transformers
 def test_an_adapter_too_small_for_its_bucket_says_so():
-    from workbench.adapters.huggingface import whisper
+    from workbench.adapters import build_adapter
 
     with pytest.raises(ModelContractError, match="make_batch.* raised ValueError: 500 tokens: this model takes at"):
-        check_model(whisper(vocab_size=64, **TINY_WHISPER), spec="hf-whisper", bucket=(1.0, 500))
+        check_model(build_adapter("hf-whisper", small=True, vocab_size=64), spec="hf-whisper", bucket=(1.0, 500))
 
 
 @needs_torchaudio

@@ -190,3 +190,18 @@ def test_a_file_that_fails_to_import_is_named(tmp_path):
     bad.write_text("import numpy\nraise ImportError('needs a newer transformers')\n")
     with pytest.raises(ModelContractError, match="importing .*bad.py raised ImportError: needs a newer"):
         load_model_factory(f"{bad}:build")
+
+
+def test_schema_model_refuses_a_dtype_it_does_not_train_in():
+    model = tiny_schema_model()
+    with pytest.raises(ValueError, match="dtype: expected torch.float32 or torch.bfloat16, got torch.float16"):
+        model.training_step(model.make_batch(2, 1.0, 3, "cpu"), dtype=torch.float16)
+
+
+def test_build_adapter_names_what_it_cannot_build():
+    from workbench.adapters import build_adapter
+
+    with pytest.raises(ValueError, match="hf-whisperx: not an adapter"):
+        build_adapter("hf-whisperx")
+    with pytest.raises(ValueError, match="torchaudio-emformer-rnnt: has no small config"):
+        build_adapter("torchaudio-emformer-rnnt", small=True)

@@ -144,10 +144,9 @@ def check_model(model: torch.nn.Module, *, spec: str = "model", bucket: tuple[fl
     params = list(model.parameters())
     if not params:
         raise ModelContractError(f"{spec}: the model has no parameters")
-    wrong = next((n for n, p in model.named_parameters() if not _same_device(p.device, device)), None)
+    wrong = next(((n, p.device) for n, p in model.named_parameters() if not _same_device(p.device, device)), None)
     if wrong is not None:
-        found = dict(model.named_parameters())[wrong].device
-        raise ModelContractError(f"{spec}: parameter {wrong!r} is on {found}, expected {device} "
+        raise ModelContractError(f"{spec}: parameter {wrong[0]!r} is on {wrong[1]}, expected {device} "
                                  "(move the model with .to(device))")
     duration, tokens = float(bucket[0]), int(bucket[1])
     call = f"make_batch({batch_size}, {duration:g}, {tokens}, {device})"

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from workbench.models.model import check_bucket_request
+from workbench.models.model import TRAINING_DTYPES, check_bucket_request
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,8 @@ class SchemaModel(nn.Module):
 
     def training_step(self, batch: dict[str, torch.Tensor], *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Forward and loss under bf16 autocast (or fp32), then backward; returns the detached loss."""
+        if dtype not in TRAINING_DTYPES:
+            raise ValueError(f"dtype: expected torch.float32 or torch.bfloat16, got {dtype}")
         self.train()
         device_type = next(iter(batch.values())).device.type
         with torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from workbench.adapters import ADAPTERS, build_model_from_spec, load_model_factory, user_model_spec
+from workbench.adapters import ADAPTERS, SMALL_CONFIGS, build_adapter, build_model_from_spec, user_model_spec
 from workbench.bench.oomptimizer.modeled_probe import ModeledMemoryProbe
 from workbench.bench.results import bench_device, check_smoke_out, cuda_missing, report_failures, write_result
 from workbench.bucketing import BucketProfile, estimate_2d_bins
@@ -32,12 +32,6 @@ DEFAULT_MODELS = ["torchaudio-emformer-rnnt", "nemo-fastconformer-rnnt", "hf-whi
                   "large-rnnt"]
 TIGHTNESS = 1.1  # a probe at this multiple of each returned size must OOM
 SOAK_OOM = "soak: OOM"  # how oomptimizer.run.soak begins the error of an OOM
-SMOKE_CONFIGS = {  # small enough for a CPU step in a second
-    "hf-whisper": dict(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-                       decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64),
-    "hf-wav2vec2-ctc": dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                            conv_dim=(16,) * 7, num_conv_pos_embeddings=16),
-}
 
 
 def corpus_buckets(num_buckets: int, num_subbuckets: int, max_duration: float, num_cuts: int) -> list:
@@ -54,8 +48,8 @@ def build(name: str, device: torch.device, smoke: bool) -> torch.nn.Module:
     if spec is None:
         with device:
             return build_model("tiny-rnnt" if smoke else name)
-    if smoke and name in SMOKE_CONFIGS:
-        return load_model_factory(spec)(**SMOKE_CONFIGS[name]).to(device)
+    if smoke and name in SMALL_CONFIGS:
+        return build_adapter(name, device, small=True)
     return build_model_from_spec(spec, device)
 
 
@@ -143,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     buckets = corpus_buckets(args.buckets, args.sub_buckets, args.max_duration, 2000 if args.smoke else 20000)
     if args.smoke:
         buckets = [(min(d, 2.0), min(u, 12.0)) for d, u in buckets[:2]]
-    names = args.models or ([n for n in DEFAULT_MODELS if n in SMOKE_CONFIGS or user_model_spec(n) is None]
+    names = args.models or ([n for n in DEFAULT_MODELS if n in SMALL_CONFIGS or user_model_spec(n) is None]
                             if args.smoke else DEFAULT_MODELS)
     models, failures, t0 = {}, [], time.perf_counter()
     for name in names:
@@ -164,5 +158,5 @@ def main(argv: list[str] | None = None) -> int:
         write_result(args.name, what="OOMptimizer on models nobody here wrote: batch sizes, probes, soak and the 1.1x "
                      "check per bucket" + (" (SMOKE: modeled peak, not a measurement)" if args.smoke else ""),
                      figures={"buckets": buckets, "models": models, "failures": failures},
-                     params={k: v for k, v in vars(args).items()}, out_dir=args.out)
+                     params=dict(vars(args)), out_dir=args.out)
     return report_failures(failures, smoke=args.smoke)
