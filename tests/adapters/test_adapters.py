@@ -91,3 +91,19 @@ def test_nemo_fastconformer_rnnt_adapter_keeps_the_contract():
     model = fastconformer_rnnt(vocab_size=128, n_layers=1, d_model=64, n_heads=2)
     report = check_model(model, spec="nemo-fastconformer-rnnt", bucket=(1.0, 6))
     assert report.batch_shapes["audio"] == [2, 16000] and report.loss > 0
+
+
+@pytest.mark.skipif(not _importable("nemo.collections.asr"), reason="NeMo does not import here")
+def test_nemo_adapter_gives_a_scalar_loss_after_an_oom_inside_the_fused_joint():
+    from workbench.adapters.nemo import fastconformer_rnnt
+
+    model = fastconformer_rnnt(vocab_size=128, n_layers=1, d_model=64, n_heads=2)
+    loss = model.module.joint.loss
+    real_forward = loss.forward
+    loss.forward = lambda **kw: (_ for _ in ()).throw(torch.OutOfMemoryError("probe past the limit"))
+    batch = model.make_batch(4, 1.0, 6, torch.device("cpu"))
+    with pytest.raises(torch.OutOfMemoryError):
+        model.training_step(batch, dtype=torch.float32)
+    assert loss.reduction is None  # what NeMo leaves behind
+    loss.forward = real_forward
+    assert model.training_step(batch, dtype=torch.float32).shape == ()

@@ -83,6 +83,9 @@ def _config(tokenizer_dir: str, fused_batch_size: int, loss_name: str, encoder: 
 
 
 def _nemo_rnnt_loss(module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    # The fused joint sets its loss's reduction to None around each sub-batch and restores it only when the
+    # sub-batch returns, so an OOM there (every probe past the limit) leaves per-utterance losses behind.
+    module.joint.loss.reduction = module.cfg.get("rnnt_reduction", "mean_batch")
     encoded, encoded_len = module(input_signal=batch["audio"], input_signal_length=batch["audio_lens"])
     tokens, token_lens = batch["tokens"], batch["token_lens"]
     decoder, target_len, _ = module.decoder(targets=tokens, target_length=token_lens)
