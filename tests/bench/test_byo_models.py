@@ -26,6 +26,10 @@ def test_smoke_run_measures_every_small_model(smoke_record):
         assert len(entry["batch_sizes"]) == len(rec["figures"]["buckets"]) == len(entry["tightness"])
         assert all(t["oom"] for t in entry["tightness"])  # the modeled peak is exact: 1.1x never fits
         assert entry["soak"]["ooms"] == 0
+        trace = entry["probes"]
+        assert [sum(p["bucket"] == i for p in trace) for i in range(len(entry["batch_sizes"]))] == \
+            entry["probes_per_bucket"]
+        assert all((p["peak_bytes"] is None) == (p["batch_size"] > entry["batch_sizes"][p["bucket"]]) for p in trace)
 
 
 def test_reader_merges_reruns_and_writes_its_lines(smoke_record, tmp_path):

@@ -71,7 +71,9 @@ def measure_model(name: str, buckets: list, args, device) -> dict:
              "batch_sizes": sizes, "probes_per_bucket": per_bucket,
              "mean_probes_per_bucket": result.num_probes / len(buckets), "search_s": result.seconds,
              "peak_bytes": [max((p.peak_bytes for p in result.probes if p.bucket_index == i and not p.oom),
-                                default=None) for i in range(len(buckets))]}
+                                default=None) for i in range(len(buckets))],
+             "probes": [{"bucket": p.bucket_index, "batch_size": p.batch_size, "predicted_bytes": p.predicted_bytes,
+                         "peak_bytes": p.peak_bytes} for p in result.probes]}  # the trace: where predictions missed
     entry["tightness"] = [tightness_probe(probe, b, s) for b, s in zip(buckets, sizes)]  # at the search's limit
     profile = BucketProfile([list(b) for b in buckets], sizes, None)
     try:
