@@ -79,3 +79,10 @@ def test_help_notebook_lists_every_parameter(notebook):
         display_notebook_help(ctx, str(notebook), None)
     listed = {line.split(":")[0].strip() for line in lines if line.startswith("  ") and ":" in line}
     assert listed == set(names), f"--help-notebook misses {set(names) - listed}"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_title_carries_its_number(notebook):
+    """The index and the reports list the notebooks as NN Title, in the order a reader takes them."""
+    title = "".join(json.loads(notebook.read_text())["cells"][0]["source"]).splitlines()[0]
+    assert title.startswith(f"# {notebook.name[:2]} "), title
