@@ -129,8 +129,10 @@ def render_html(executed: str | os.PathLike, *, show_code: bool = False) -> str:
     return body.replace("</head>", f"<style>{REPORT_CSS}</style></head>", 1)
 
 
-# Text output keeps its lines (a long line scrolls instead of breaking inside a number); tables scroll alone.
-REPORT_CSS = (".jp-OutputArea-output pre{white-space:pre;overflow-x:auto}"
+# Text output wraps at spaces only (never inside a number); a word wider than the page scrolls; tables
+# scroll alone.
+REPORT_CSS = (".jp-OutputArea-output pre{white-space:pre-wrap;word-break:normal;overflow-wrap:normal;"
+              "overflow-x:auto;max-width:62rem}"
               ".jp-RenderedHTMLCommon table{font-size:.85rem}")
 
 

@@ -45,6 +45,15 @@ def test_reader_merges_reruns_and_writes_its_lines(smoke_record, tmp_path):
     assert len(lines) == 4 and all(line.startswith("- ") for line in lines)
     assert record.findings(figures)[0].startswith("4 of 4 models were searched")
     rows = record.model_rows(figures)
-    assert len(rows) == 4 * len(figures["buckets"]) and set(rows["1.1x OOMs"]) == {True}
+    assert len(rows) == 4 * len(figures["buckets"]) and set(rows["1.1x OOMs"]) == {"yes"}
     with pytest.raises(ValueError, match="other buckets"):
         record.merged_figures([rec, {**rerun, "figures": {**rerun["figures"], "buckets": [[1.0, 2.0]]}}])
+
+
+def test_check_meaning_says_which_adapters_keep_the_contract():
+    from workbench.bench.byo_models.record import check_meaning
+
+    assert check_meaning({"a": object(), "b": "No module named 'transformers'"}) == (
+        "a keeps the contract: one step gives a finite scalar loss and a gradient for every trainable tensor, so "
+        "the OOMptimizer can probe it. Not checked: b (No module named 'transformers').")
+    assert check_meaning({}) == "No adapter was checked here."

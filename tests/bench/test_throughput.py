@@ -163,3 +163,23 @@ def test_a_record_cut_short_says_so_and_still_renders():
     lines = tp.summary_lines({**record, "failures": ["every_sampler_trained"]})
     assert any(line.endswith("1D profile: not run") for line in lines)
     assert lines[-1] == "- checks FAILED: every_sampler_trained"
+
+
+def _run(median, p25, p75, batch, wait, loss_end=2.0):
+    return {"audio_seconds_per_second": median, "mean_batch_size": batch, "data_wait_share": wait, "ooms": 0,
+            "audio_seconds_per_second_per_step": {"median": median, "p25": p25, "p75": p75},
+            "loss_curve": {"loss": [5.0, loss_end], "audio_s": [0.0, 7200.0], "wall_s": [0.0, 60.0]}}
+
+
+def test_meaning_sentences_come_from_the_runs():
+    runs = {"baseline": _run(1000, 900, 1100, 50, 0.01), "1d": _run(1500, 1200, 1800, 150, 0.02),
+            "2d": _run(1800, 1000, 2000, 160, 0.004)}
+    figures = {"model": "xl-aed", "seconds": {"runs": runs}, "steps": {"runs": runs}}
+    assert tp.throughput_meaning(figures) == ("In the same wall time, the 2D profile trains 1.80x the audio of "
+                                              "lhotse's best max_duration (target 1.8x), and 1.20x the 1D profile's.")
+    assert "1D profile stands clear of lhotse's" in tp.spread_meaning(figures)  # 2D's p25 1000 < baseline p75
+    assert "the 1D profile's is 3.0x as large and the 2D profile's is 3.2x" in tp.batch_size_meaning(figures)
+    assert tp.step_time_meaning(figures).startswith("Data wait is at most 2.0 % of a step (1D profile)")
+    assert "2D profile 2.00 after 2.0 h of audio" in tp.loss_meaning(figures, "steps")
+    runs["2d"] = {"ooms": 1}
+    assert tp.throughput_meaning(figures).startswith("A sampler ran out of memory")

@@ -40,3 +40,34 @@ def test_interactive_panel_builds():
     else:  # installed: three sliders at the values given, and the output
         assert [c.value for c in panel.children[:3]] == [4, 2, 4.0] and len(panel.children) == 4
     plt.close("all")
+
+
+def test_padding_and_unfit_sentences_name_the_setups_and_reasons():
+    import pandas as pd
+
+    from workbench.bucketing.plots import padding_meaning, styled_padding, unfit_meaning
+
+    comparison = pd.DataFrame({"buckets": [1, 30, 60], "utterances": [100, 100, 98], "unfit": [0, 0, 2],
+                               "padded_input_share": [0.8, 0.06, 0.06], "padded_output_share": [0.98, 0.91, 0.46]},
+                              index=pd.Index(["none", "1D", "2D"], name="setup"))
+    assert "from 91 % to 46 % at the same input padding (6 %)" in padding_meaning(comparison)
+    html = styled_padding(comparison, "to the bound").to_html()
+    assert "padded output tokens (%)" in html and "no bucketing" in html and "98.0" in html
+    assert unfit_meaning({"too_long": 0, "tps_over_limit": 2}, 100) == (
+        "The sampler would skip 2 of 100 utterances (2.0 %): 2 over the TPS limit; it counts them in "
+        "sampler.unfit_report instead of training on them.")
+    assert unfit_meaning({"too_long": 0}, 5).startswith("Every utterance fits")
+
+
+def test_2d_meaning_names_the_widest_group():
+    import numpy as np
+
+    from workbench.bucketing import estimate_2d_bins
+    from workbench.bucketing.plots import bins_2d_meaning
+
+    durations = np.array([1.0] * 150 + [10.0] * 10)
+    tokens = np.array(list(range(1, 151)) + [10] * 10)
+    est = estimate_2d_bins(durations, tokens, 2, 2)
+    assert [d for d, _ in est.bins] == [1.0, 1.0, 10.0, 10.0]
+    text = bins_2d_meaning(est)
+    assert text.startswith("4 buckets in 2 duration groups") and "(<= 1.0 s: " in text

@@ -7,17 +7,51 @@ import numpy as np
 import pandas as pd
 
 from workbench.data.arrays import CutArrays
+from workbench.palette import BOUNDARY_COLOUR, FIT_COLOUR
+
+
+QUANTILES = {"min": 0.0, "1 %": 0.01, "25 %": 0.25, "median": 0.5, "75 %": 0.75, "99 %": 0.99, "max": 1.0}
 
 
 def corpus_table(arrays: CutArrays) -> pd.DataFrame:
-    """Quantiles of duration (s), tokens and tokens per second, one row per quantity."""
-    cols = {"duration_s": arrays.durations}
+    """Quantiles of duration (s), output tokens and tokens per second, one row per quantity."""
+    cols = {"duration (s)": arrays.durations}
     if arrays.num_tokens is not None:
-        cols["tokens"] = arrays.num_tokens
-        cols["tokens_per_s"] = arrays.tokens_per_second
-    qs = [0.0, 0.01, 0.25, 0.5, 0.75, 0.99, 1.0]
-    return pd.DataFrame({name: np.quantile(v, qs) for name, v in cols.items()},
-                        index=[f"p{int(q * 100)}" for q in qs]).T.round(2)
+        cols["output tokens"] = arrays.num_tokens
+        cols["tokens per second"] = arrays.tokens_per_second
+    return pd.DataFrame({name: np.quantile(v, list(QUANTILES.values())) for name, v in cols.items()},
+                        index=list(QUANTILES)).T
+
+
+def styled_corpus_table(arrays: CutArrays):
+    """:func:`corpus_table` for display: seconds and rates to 0.1, token counts whole."""
+    table = corpus_table(arrays)
+    return table.style.format("{:.1f}").format("{:.0f}", subset=(["output tokens"], slice(None))) \
+        if "output tokens" in table.index else table.style.format("{:.1f}")
+
+
+def quantiles_meaning(arrays: CutArrays) -> str:
+    """What the spread of durations means for batching, from the corpus's quantiles."""
+    median, p99, longest = np.quantile(arrays.durations, [0.5, 0.99, 1.0])
+    return (f"Half the utterances are shorter than {median:.1f} s and the longest 1 % run from {p99:.1f} s to "
+            f"{longest:.1f} s: with one batch size, set by the longest, a batch of median-length utterances "
+            f"would fill about {median / longest * 100:.0f} % of the memory budgeted for it; buckets avoid that.")
+
+
+def distribution_meaning(arrays: CutArrays, *, fast_tps: float = 10.0) -> str:
+    """What the tokens-per-second tail means: the share of transcripts too long for their audio."""
+    if arrays.num_tokens is None:
+        return "Without token counts only durations can be bucketed; 2D bins need custom.num_tokens or a tokenizer."
+    tps = arrays.tokens_per_second
+    fast = float(np.mean(tps > fast_tps))
+    return (f"Most utterances speak near the median of {float(np.median(tps)):.1f} tokens per second; "
+            f"{fast * 100:.1f} % exceed {fast_tps:g}, transcripts too long for their audio, and those are what the "
+            f"tokens-per-second filter of notebook 01 removes before they inflate a bucket's token bound.")
+
+
+def corpus_source_line(arrays: CutArrays) -> str:
+    """Where the corpus came from and how large it is, in one line."""
+    return f"{arrays.source}: {len(arrays):,} utterances, {arrays.durations.sum() / 3600:,.1f} h of audio."
 
 
 def corpus_overview(arrays: CutArrays, *, bins: int = 80) -> plt.Figure:
@@ -25,7 +59,7 @@ def corpus_overview(arrays: CutArrays, *, bins: int = 80) -> plt.Figure:
     has_tokens = arrays.num_tokens is not None
     fig, axes = plt.subplots(1, 3 if has_tokens else 1, figsize=(15 if has_tokens else 6, 4), squeeze=False)
     ax = axes[0, 0]
-    ax.hist(arrays.durations, bins=bins, weights=arrays.durations / 3600, color="tab:blue")
+    ax.hist(arrays.durations, bins=bins, weights=arrays.durations / 3600, color=FIT_COLOUR)
     ax.set(xlabel="duration (s)", ylabel="hours of audio", title=f"{len(arrays):,} cuts, "
            f"{arrays.durations.sum() / 3600:,.1f} h")
     if has_tokens:
@@ -35,10 +69,10 @@ def corpus_overview(arrays: CutArrays, *, bins: int = 80) -> plt.Figure:
         ax.set(xlabel="duration (s)", ylabel="output tokens", title="tokens vs duration")
         ax = axes[0, 2]
         tps = arrays.tokens_per_second
-        ax.hist(tps, bins=bins, range=(0, np.quantile(tps, 0.999)), color="tab:orange")
-        ax.axvline(np.median(tps), color="k", ls="--", label=f"median {np.median(tps):.2f}")
+        ax.hist(tps, bins=bins, range=(0, np.quantile(tps, 0.999)), color=FIT_COLOUR)
+        ax.axvline(np.median(tps), color=BOUNDARY_COLOUR, ls="--", label=f"median {np.median(tps):.1f}")
         ax.set(xlabel="tokens per second", ylabel="cuts", title="speaking rate", yscale="log")
-        ax.legend()
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     fig.tight_layout()
     return fig
 

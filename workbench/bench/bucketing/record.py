@@ -68,3 +68,23 @@ def table_lines(figures: Mapping[str, Any]) -> list[str]:
 def describe(record: dict) -> str:
     """The record's summary lines as one text (what notebook 01 prints)."""
     return "\n".join(summary_lines(record["figures"]))
+
+
+def meaning(records: Mapping[str, Mapping[str, Any]]) -> str:
+    """What the committed bucketing records mean, in one or two sentences (records by name; missing ones
+    are left out)."""
+    out = []
+    bins = records.get("bucketing_bins_1m")
+    if bins is not None:
+        f = bins["figures"]
+        out.append(f"`workbench bins` reads, bins and summarises {f['utterances']:,} utterances in "
+                   f"{f['workbench_bins_end_to_end_s']['median']:.1f} s, {times_faster(f['speedup_vs_lhotse'])} "
+                   f"than lhotse's CutSet path{', with the same bins' if f['bins_equal'] else ', with other bins'}.")
+    first = records.get("bucketing_first_batch")
+    if first is not None:
+        f = first["figures"]
+        parts = [f"{times_faster(f[k])} at a buffer of {int(k.split('_')[1]):,}"
+                 for k in sorted(f, key=lambda k: -int(k.split('_')[1]) if k.endswith('_speedup') else 0)
+                 if k.endswith("_speedup")]
+        out.append("With concurrent bucketing the first batch arrives " + ", and ".join(parts) + ".")
+    return " ".join(out) or "No committed bucketing benchmark yet."

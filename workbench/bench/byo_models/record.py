@@ -10,6 +10,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from workbench.units import GiB
+from workbench.palette import colour
 
 NAME = "byo_models"
 
@@ -43,7 +44,7 @@ def model_rows(figures: Mapping[str, Any]) -> pd.DataFrame:
                          "max tokens": int(tokens), "batch size": entry["batch_sizes"][i],
                          "probes": entry["probes_per_bucket"][i],
                          "peak (GiB)": None if peak is None else round(peak / GiB, 1),
-                         "1.1x OOMs": entry["tightness"][i]["oom"]})
+                         "1.1x OOMs": "yes" if entry["tightness"][i]["oom"] else "no"})
     return pd.DataFrame(rows)
 
 
@@ -104,7 +105,7 @@ def plot_batch_sizes(figures: Mapping[str, Any], ax) -> None:
     """Batch size per bucket, one line per model (log scale), legend outside the data."""
     rows = model_rows(figures)
     for name, group in rows.groupby("model", sort=False):
-        ax.plot(group["bucket"], group["batch size"], marker="o", label=name)
+        ax.plot(group["bucket"], group["batch size"], marker="o", label=name, color=colour(name, fallback=len(ax.lines)))
     labels = [f"{d:.0f} s\n{int(u)} tok" for d, u in figures["buckets"]]
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
     ax.set_yscale("log")
@@ -137,3 +138,16 @@ def committed_figures(results_dir=None) -> dict[str, Any] | None:
     for record in records:
         print(f"Showing committed result '{record['name']}': {provenance_line(record)}")
     return merged_figures(records) if records else None
+
+
+def check_meaning(results: Mapping[str, Any]) -> str:
+    """What the contract checks of the notebook found: ``results`` maps an adapter to its CheckReport or to
+    the one-line reason it was not checked."""
+    passed = [name for name, r in results.items() if not isinstance(r, str)]
+    skipped = {name: r for name, r in results.items() if isinstance(r, str)}
+    text = (f"{' and '.join(passed)} {'keep' if len(passed) > 1 else 'keeps'} the contract: one step gives a finite "
+            "scalar loss and a gradient for every trainable tensor, so the OOMptimizer can probe "
+            f"{'them' if len(passed) > 1 else 'it'}." if passed else "No adapter was checked here.")
+    if skipped:
+        text += " Not checked: " + "; ".join(f"{n} ({r})" for n, r in skipped.items()) + "."
+    return text

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import bisect
 from typing import Any, Mapping, TypedDict
+from workbench.palette import SERIES_COLOURS, colour
 
 NAME = "throughput"  # records throughput_large_rnnt, throughput_xl_aed
 SAMPLERS = ("baseline", "1d", "2d")
 LABELS = {"baseline": "lhotse max_duration", "1d": "1D profile", "2d": "2D profile"}
+PALETTE_NAMES = {"baseline": "max_duration", "1d": "1D", "2d": "2D"}  # each sampler's method in workbench.palette
+STEP_PIECE_COLOURS = {"data wait": SERIES_COLOURS[2], "forward+backward": SERIES_COLOURS[6],
+                      "optimizer": SERIES_COLOURS[8], "step (not split on a CPU)": SERIES_COLOURS[6]}
 AED_TARGET = 1.8  # 2D profile over the baseline, audio seconds per second, xl-aed
 GiB = 1024 ** 3
 MAX_CURVE_POINTS = 200
@@ -260,11 +264,11 @@ def throughput_bars(record: Mapping[str, Any], part: str = "steps"):
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for x, (sampler, run) in enumerate(runs.items()):
         s = run["audio_seconds_per_second_per_step"]
-        ax.bar(x, s["median"], color=f"C{x}")
+        ax.bar(x, s["median"], color=sampler_colour(sampler))
         ax.errorbar(x, s["median"], yerr=[[s["median"] - s["p25"]], [s["p75"] - s["median"]]], color="k", capsize=8)
         ax.errorbar(x, s["median"], yerr=[[s["median"] - s["min"]], [s["max"] - s["median"]]], color="grey",
                     capsize=3, alpha=0.6)
-    ax.set_xticks(range(len(runs)), [LABELS[s] for s in runs])
+    ax.set_xticks(range(len(runs)), [LABELS[s].replace(" ", "\n", 1) for s in runs])
     ax.set_ylabel("audio seconds per second")
     ax.set_title(f"{record['figures']['model']}, same {'steps' if part == 'steps' else 'wall time'}: per-step "
                  "median, p25-p75 (black), min-max (grey)")
@@ -277,10 +281,11 @@ def loss_curves(record: Mapping[str, Any], part: str = "seconds"):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), sharey=True)
-    for i, (sampler, run) in enumerate(_ok_runs(record, part).items()):
+    for sampler, run in _ok_runs(record, part).items():
         curve = run["loss_curve"]
-        axes[0].plot(curve["wall_s"], curve["loss"], color=f"C{i}", label=LABELS[sampler])
-        axes[1].plot([a / 3600 for a in curve["audio_s"]], curve["loss"], color=f"C{i}", label=LABELS[sampler])
+        axes[0].plot(curve["wall_s"], curve["loss"], color=sampler_colour(sampler), label=LABELS[sampler])
+        axes[1].plot([a / 3600 for a in curve["audio_s"]], curve["loss"], color=sampler_colour(sampler),
+                     label=LABELS[sampler])
     axes[0].set_xlabel("wall seconds")
     axes[1].set_xlabel("audio hours seen")
     axes[0].set_ylabel("training loss")
@@ -295,9 +300,9 @@ def batch_size_by_bucket_plot(record: Mapping[str, Any], part: str = "steps"):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for i, (sampler, run) in enumerate(_ok_runs(record, part).items()):
+    for sampler, run in _ok_runs(record, part).items():
         rows = run["batch_size_by_bucket"]
-        ax.plot([r["upper_s"] for r in rows], [r["mean_batch_size"] for r in rows], "o-", color=f"C{i}",
+        ax.plot([r["upper_s"] for r in rows], [r["mean_batch_size"] for r in rows], "o-", color=sampler_colour(sampler),
                 label=LABELS[sampler])
     ax.set_yscale("log")
     ax.set_xlabel("bucket's longest cut (s)")
@@ -322,11 +327,96 @@ def step_time_split(record: Mapping[str, Any], part: str = "steps"):
         else:
             pieces += [("step (not split on a CPU)", t["step"])]
         bottom = 0.0
-        for k, (label, value) in enumerate(pieces):
-            ax.bar(x, value or 0.0, bottom=bottom, color=f"C{k + 3}", label=label if x == 0 else None)
+        for label, value in pieces:
+            ax.bar(x, value or 0.0, bottom=bottom, color=STEP_PIECE_COLOURS[label], label=label if x == 0 else None)
             bottom += value or 0.0
-    ax.set_xticks(range(len(runs)), [LABELS[s] for s in runs])
+    ax.set_xticks(range(len(runs)), [LABELS[s].replace(" ", "\n", 1) for s in runs])
     ax.set_ylabel("seconds per step (medians)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     return fig
+
+
+def sampler_colour(sampler: str) -> str:
+    """The palette's colour of a sampler's method (max_duration, 1D, 2D)."""
+    return colour(PALETTE_NAMES[sampler])
+
+
+def setup_line(figures: Mapping[str, Any]) -> str:
+    """What was compared, in one sentence: the model, the corpus and the three samplers' settings."""
+    prep = figures.get("prepare")
+    if not prep:
+        return f"{figures.get('model', 'the model')}: the record holds no preparation part."
+    c, b = prep["corpus"], prep["baseline"]
+    sizes = {kind: prep["profiles"][kind]["bucket_batch_size"] for kind in ("1d", "2d")}
+    return (f"{figures['model']} on {c['num_cuts']:,} utterances ({c['hours']:.0f} h, {c['duration_s'][0]:.1f}-"
+            f"{c['duration_s'][-1]:.1f} s). lhotse's sampler runs at max_duration {b['max_duration']:.0f} s, the "
+            f"largest that survived a full pass over the corpus; the 1D profile has {len(sizes['1d'])} buckets "
+            f"with batch sizes {min(sizes['1d'])}-{max(sizes['1d'])}, the 2D profile {len(sizes['2d'])} with "
+            f"{min(sizes['2d'])}-{max(sizes['2d'])}.")
+
+
+def throughput_meaning(figures: Mapping[str, Any]) -> str:
+    """What the runs mean: the judged ratios against the target, in words."""
+    part = "seconds" if "seconds" in parts(figures) else next(iter(parts(figures)), None)
+    if part is None:
+        return "No training part was recorded."
+    over_base, over_1d = ratio(figures, part, "2d", "baseline"), ratio(figures, part, "2d", "1d")
+    if over_base is None:
+        return "A sampler ran out of memory or was not run, so no ratio is judged; see the table."
+    when = "in the same wall time" if part == "seconds" else "over the same steps"
+    text = (f"{when.capitalize()}, the 2D profile trains {over_base:.2f}x the audio of lhotse's best max_duration"
+            + (f" (target {AED_TARGET}x)" if figures.get("model", "").endswith("aed") else ""))
+    if over_1d is not None:
+        text += f", and {over_1d:.2f}x the 1D profile's"
+    return text + "."
+
+
+def batch_size_meaning(figures: Mapping[str, Any], part: str = "steps") -> str:
+    """How much larger the profiles' batches are than the fixed budget's, per the record's means."""
+    runs = {s: r for s, r in figures.get(part, {}).get("runs", {}).items() if not r.get("ooms")}
+    if "baseline" not in runs:
+        return "No baseline run to compare batch sizes with."
+    base = runs["baseline"]["mean_batch_size"]
+    parts_ = [f"the {LABELS[s]}'s is {runs[s]['mean_batch_size'] / base:.1f}x as large" for s in ("1d", "2d")
+              if s in runs]
+    return (f"lhotse's max_duration averages {base:.0f} utterances per batch; " + " and ".join(parts_) + ". The "
+            "profiles fill each bucket to what fits, where one duration budget must leave room for the worst bucket.")
+
+
+def loss_meaning(figures: Mapping[str, Any], part: str | None = None) -> str:
+    """The loss each sampler reached at the end of ``part`` (default: the same-wall-time part, else steps)."""
+    part = part or ("seconds" if "seconds" in parts(figures) else next(iter(parts(figures)), None))
+    runs = {s: r for s, r in figures.get(part, {}).get("runs", {}).items() if not r.get("ooms") and "loss_curve" in r}
+    if not runs:
+        return "No loss curve was recorded."
+    ends = ", ".join(f"{LABELS[s]} {r['loss_curve']['loss'][-1]:.2f} after {r['loss_curve']['audio_s'][-1] / 3600:.1f} h"
+                     f" of audio" for s, r in runs.items())
+    return (f"At the end of the {'same wall time' if part == 'seconds' else 'same steps'}: {ends}. The larger batches "
+            "buy more audio in the same time; how much each hour of audio lowers the loss is the right-hand plot.")
+
+
+def step_time_meaning(figures: Mapping[str, Any], part: str = "steps") -> str:
+    """Where a step's time goes: the largest data-wait share across samplers."""
+    runs = {s: r for s, r in figures.get(part, {}).get("runs", {}).items() if not r.get("ooms")}
+    if not runs:
+        return "No run to split."
+    worst = max(runs, key=lambda s: runs[s]["data_wait_share"])
+    return (f"Data wait is at most {100 * runs[worst]['data_wait_share']:.1f} % of a step ({LABELS[worst]}): the "
+            f"GPU computes for the rest, so throughput differences come from the batches, not the input pipeline.")
+
+
+def spread_meaning(figures: Mapping[str, Any], part: str = "steps") -> str:
+    """Whether the profiles' per-step throughput stands clear of the baseline's spread (p25-p75)."""
+    runs = {s: r for s, r in figures.get(part, {}).get("runs", {}).items() if not r.get("ooms")}
+    if "baseline" not in runs or len(runs) < 2:
+        return "Fewer than two samplers ran, so there is no spread to compare."
+    base = runs["baseline"]["audio_seconds_per_second_per_step"]
+    clear = [LABELS[s] for s in ("1d", "2d") if s in runs
+             and runs[s]["audio_seconds_per_second_per_step"]["p25"] > base["p75"]]
+    ranges = ", ".join(f"{LABELS[s]} {r['audio_seconds_per_second_per_step']['p25']:.0f}-"
+                       f"{r['audio_seconds_per_second_per_step']['p75']:.0f}" for s, r in runs.items())
+    verdict = (f"the {' and '.join(clear)} {'stand' if len(clear) > 1 else 'stands'} clear of lhotse's, so the gain is "
+               "beyond step-to-step variation" if clear else "they overlap lhotse's, so the gain is within step-to-step "
+               "variation")
+    return f"Middle half of the steps (audio s/s): {ranges}; {verdict}."
