@@ -180,3 +180,102 @@ def test_summary_names_the_sizes_not_judged_against_nemo():
            "not run (past the time for the rows run last)" in lines
     del figures["targets"]["sizes_not_judged"]  # an older record
     assert not [line for line in decoding_record.summary_lines(figures) if "not judged" in line]
+
+
+def test_speed_ratios_read_in_words_to_the_digits_they_carry():
+    assert plots._times(7.14) == "7.1× faster" and plots._times(1.03) == "1.03× faster"
+    assert plots._times(0.78) == "1.3× slower"
+
+
+def test_the_speed_cells_put_nemo_ratios_in_brackets_in_method_order():
+    record = _nemo_record()
+    cells = plots.speed_cells(record, "float32")
+    assert list(cells.columns) == ["batch 1", "batch 16"]
+    assert cells.loc[("RNN-T", "12 s", "label-looping full"), "batch 1"] == "5 (4.0× faster)"
+    assert cells.loc[("RNN-T", "12 s", "NeMo full graph"), "batch 16"] == "25"
+    assert [m for _, _, m in cells.index] == ["label-looping off", "NeMo no graphs", "label-looping full",
+                                              FUSED_FULL, "NeMo full graph"]
+    assert cells.loc[("RNN-T", "12 s", "label-looping full"), "batch 1"] in plots.styled_speed_table(
+        record, "float32").to_html()
+    assert "NeMo 3.0.0's decoder in the same graph mode" in plots.styled_speed_table(record, "float32").to_html()
+
+
+def test_the_nemo_comparison_and_differences_read_with_human_headers():
+    record = _nemo_record()
+    html = plots.styled_nemo_comparison(record).to_html()
+    assert "Ours: label-looping full (ms)" in html and "NeMo full graph (ms)" in html and ">no<" in html
+    assert "≥ 4×" in html and "audio_s" not in html
+    row = next(r for r in record["figures"]["rows"] if r["method"] == "NeMo full graph" and r["batch"] == 16)
+    row["first_difference"] = {"utterance": 7, "label_index": 40, "reference_token": 12, "reference_frame": 130,
+                               "token": None, "frame": None, "reference_labels": 42, "labels": 40,
+                               "top2_token_margin": 0.00012}
+    table = plots.difference_table(record["figures"])
+    assert table.to_dict("records") == [{
+        "Model": "RNN-T", "Batch": 16, "Utterance (s)": 12.0, "Decoder": "NeMo full graph",
+        "Checked against": FUSED_FULL, "Utterance": 7, "Label": 40, "Reference token": "12 at frame 130",
+        "This row's token": "ended", "Top-2 log-prob margin": 0.00012}]
+    assert plots.difference_table(record["figures"], "bfloat16").empty
+
+
+def test_the_run_description_lists_failed_checks_one_per_line():
+    record = _nemo_record()
+    record["figures"]["failures"] = ["full graph below the NeMo target at 2 of 3 sizes: ['rnnt float32 B=1 "
+                                     "T=150: 3.26x NeMo full graph', 'rnnt float32 B=16 T=150: 2.50x NeMo full graph']"]
+    text = plots.describe_run("decoding_nemo", record)
+    assert text.startswith("decoding_nemo.json: our decoders against NeMo 3.0.0's (its greedy decoders) on its "
+                           "its modules, timed in the same run. The targets judge label-looping full.")
+    assert text.endswith("1 check(s) failed:\n  - full graph below the NeMo target at 2 of 3 sizes: rnnt float32 "
+                         "B=1 T=150: 3.26x NeMo full graph; rnnt float32 B=16 T=150: 2.50x NeMo full graph")
+    record["figures"]["failures"] = []
+    assert plots.describe_run("decoding_nemo", record).endswith("Every check passed.")
+
+
+def test_each_section_of_the_notebook_means_a_sentence_from_the_figures():
+    record = _nemo_record()
+    assert plots.meaning_of_speed(record) == (
+        "With CUDA graphs (label-looping full) the label-looping RNN-T decoder runs a batch of 16 12-s utterances "
+        "(fp32) in 10 ms, 2.5× faster than NeMo 3.0.0's in the same run.")
+    assert plots.finding(record) == plots.meaning_of_speed(record)  # no TDT ratio: the speed sentence
+    old = _old_record(0.025, 0.04, 16.0)
+    assert plots.meaning_of_speed(old).endswith("in 25 ms, 16.0× faster than frame-looping without graphs.")
+    assert plots.meaning_of_speed(_old_record(None, None, None)).startswith("This record has no full-graph time")
+
+    assert plots.meaning_of_nemo(record) == (
+        "label-looping full meets its target against NeMo's full graph (RNN-T ≥ 4×, TDT ≥ 2×) at 1 of 3 sizes; it "
+        "falls short at RNN-T fp32 batch 16, 12 s (2.5×); RNN-T bf16 batch 16, 12 s (2.5×). NeMo's fp32 hypotheses "
+        "equal ours in 4 of 4 rows.")
+
+    for r in record["figures"]["rows"]:
+        if r["batch"] == 16 and r["dtype"] == "float32" and r["method"] in ("label-looping full", "label-looping off"):
+            r["seconds_per_outer_iteration"] = r["time_s"]["median"] / 100
+            r["kernels_per_outer_iteration"] = 17 if r["method"].endswith("full") else 102
+    assert plots.meaning_of_iterations(record) == (
+        "At batch 16 (RNN-T, 12 s, fp32) one outer iteration of label-looping full takes 100 µs against 800 µs "
+        "without graphs (label-looping off), launching 17 kernels per iteration instead of 102; an empty "
+        "conditional-while iteration costs 4.0 µs, 4% of it.")
+    assert plots.meaning_of_iterations(_old_record(0.025, 0.04, 16.0)).startswith("This record has no")
+
+    live = {"figures": {"rows": [_row("rnnt", 4, "frame-looping off", 9.0), _row("rnnt", 4, "label-looping off", 8.0),
+                                 _row("rnnt", 4, "label-looping full", 2.0)]}}
+    assert plots.meaning_of_live(live, cuda=False).startswith(
+        "On this CPU only the eager decoders ran (frame-looping off, label-looping off, label-looping full)")
+    assert plots.meaning_of_live(live, cuda=True) == (
+        "On this GPU the tiny RNN-T decoder's full graph takes 2 ms at batch 4 against 8 ms without graphs "
+        "(4.0× faster).")
+
+
+def test_a_method_is_drawn_in_its_graph_modes_colour_and_the_charts_keep_the_legend_off_the_data():
+    from workbench.palette import colour
+
+    assert plots.method_style("label-looping fused partial")["color"] == colour("partial graphs")
+    assert plots.method_style("label-looping fused partial")["hatch"] == "//"
+    nemo = plots.method_style("NeMo no graphs")
+    assert nemo["color"] == colour("NeMo") and nemo["edgecolor"] == colour("graphs off")
+    assert plots.method_style("frame-looping off")["color"] == colour("frame-looping")
+    table = plots.speed_table(_nemo_record())
+    fig = plots.speed_bars(table)
+    legend = fig.axes[0].get_legend()
+    assert [t.get_text() for t in legend.get_texts()][:2] == ["label-looping off", "NeMo no graphs"]
+    assert legend.get_bbox_to_anchor().x0 > fig.axes[0].get_window_extent().x1  # right of the axes
+    fig = plots.iteration_breakdown(table.assign(us_per_outer_iteration=table["ms"]), 4e-6)
+    assert [ax.get_title() for ax in fig.axes] == ["RNN-T"] and fig.legends

@@ -19,12 +19,14 @@ which no reader uses) render too.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, TypedDict
 
 import matplotlib.pyplot as plt
 import pandas as pd
 
 from workbench.bench.results import times_faster
+from workbench.palette import BUDGET_COLOUR, colour
 
 NAME = "decoding"  # decoding.json and decoding_quick.json
 
@@ -149,47 +151,116 @@ def empty_iteration_seconds(record: dict[str, Any]) -> float | None:
     return None if value is None or math.isnan(value) else value
 
 
+def graph_mode(method: str) -> str | None:
+    """The palette's graph mode of a method name: "graphs off", "partial graphs", "full graph"; None for one
+    without (torchaudio's beam search)."""
+    words = method.split()
+    if "off" in words or method.endswith("no graphs"):
+        return "graphs off"
+    if "partial" in words:
+        return "partial graphs"
+    if "full" in words:
+        return "full graph"
+    return None
+
+
+def method_style(method: str, position: int = 0) -> dict[str, Any]:
+    """How a method is drawn in every decoding chart: its colour says the graph mode (frame-looping and NeMo
+    their own, ``workbench.palette``); its hatch, line style and marker say the variant (torch stages, fused
+    kernels, fused with the LSTM step, a blank window); NeMo's bars are outlined in their graph mode's colour."""
+    mode = graph_mode(method)
+    if method.startswith("NeMo"):
+        face, edge = colour("NeMo"), colour(mode) if mode else colour("NeMo")
+        return dict(color=face, edgecolor=edge, linewidth=1.6, hatch="", linestyle="-", marker="P")
+    if method.startswith("frame-looping"):
+        face = colour("frame-looping")
+    elif mode is None:
+        face = colour(method, fallback=position)
+    else:
+        face = colour(mode)
+    hatch, linestyle, marker = "", "-", "o"
+    if "fused+lstm" in method:
+        hatch, linestyle, marker = "xx", ":", "^"
+    elif "fused" in method:
+        hatch, linestyle, marker = "//", "--", "s"
+    if "window" in method:
+        hatch, linestyle, marker = hatch + "..", "-.", "D"
+    return dict(color=face, edgecolor="white", linewidth=0.4, hatch=hatch, linestyle=linestyle, marker=marker)
+
+
+MODEL_NAMES = {"rnnt": "RNN-T", "tdt": "TDT"}
+DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16"}
+
+
 def speed_bars(table: pd.DataFrame, *, model: str = "rnnt", dtype: str = "float32", audio_s: float = 12.0):
-    """Bar chart: milliseconds per batch for each method and batch size (log scale), with IQR whiskers."""
+    """Bar chart: milliseconds per batch (log scale) of each method measured at each batch size, with
+    whiskers from the 25th to the 75th percentile; within a batch size the methods stand in METHOD_ORDER
+    (graphs off, partial, full), a method not measured there leaves no gap."""
     sub = table[(table["model"] == model) & (table["dtype"] == dtype) & (table["audio_s"].round(1) == audio_s)]
-    fig, ax = plt.subplots(figsize=(8, 3.6))
+    fig, ax = plt.subplots(figsize=(11, 3.8))
     methods = method_order(sub["method"])
     batches = sorted(sub["B"].unique())
-    width = 0.8 / max(1, len(methods))
-    for i, method in enumerate(methods):
-        m = sub[sub["method"] == method].set_index("B").reindex(batches)
-        xs = [j + i * width for j in range(len(batches))]
-        err = [m["ms"] - m["ms_p25"], m["ms_p75"] - m["ms"]]
-        ax.bar(xs, m["ms"], width, yerr=err, label=method)
-    ax.set_xticks([j + width * (len(methods) - 1) / 2 for j in range(len(batches))], [f"B={b}" for b in batches])
-    return _finish(fig, ax, ylabel="ms per batch (median)",
-                   title=f"{model.upper()} only, {dtype}, {audio_s:g} s utterances: ms per batch")
-
-
-def _finish(fig, ax, *, ylabel: str, title: str):
-    """Log y axis, labels and a small legend: the common end of the speed figures."""
+    width = 0.85 / max(1, max((sub["B"] == b).sum() for b in batches) if batches else 1)
+    drawn = set()
+    for j, b in enumerate(batches):
+        here = [m for m in methods if ((sub["B"] == b) & (sub["method"] == m)).any()]
+        for k, method in enumerate(here):
+            row = sub[(sub["B"] == b) & (sub["method"] == method)].iloc[0]
+            style = method_style(method, methods.index(method))
+            x = j + (k - (len(here) - 1) / 2) * width
+            ax.bar(x, row["ms"], width, color=style["color"], edgecolor=style["edgecolor"],
+                   linewidth=style["linewidth"], hatch=style["hatch"],
+                   yerr=[[row["ms"] - row["ms_p25"]], [row["ms_p75"] - row["ms"]]], ecolor="#555555",
+                   error_kw=dict(lw=0.8), label=None if method in drawn else method)
+            drawn.add(method)
+    ax.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
     ax.set_yscale("log")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize=7)
+    ax.set_ylabel("ms per batch (median)")
+    ax.set_title(f"{MODEL_NAMES.get(model, model)}, {DTYPE_NAMES.get(dtype, dtype)}, {audio_s:g} s utterances: "
+                 "time per batch")
+    handles, labels = ax.get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=lambda i: methods.index(labels[i]))
+    ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     return fig
 
 
 def iteration_breakdown(table: pd.DataFrame, empty_iteration_s: float | None, *, dtype: str = "float32",
                         audio_s: float = 12.0):
-    """Microseconds per outer label-looping iteration for each mode and B, against an empty while-node iteration."""
+    """Microseconds per outer label-looping iteration for each method and batch size, one panel per model,
+    against an empty conditional-while iteration (dashed)."""
     sub = table[(table["dtype"] == dtype) & (table["audio_s"].round(1) == audio_s)
                 & table["us_per_outer_iteration"].notna()]
-    fig, ax = plt.subplots(figsize=(8, 3.6))
-    for (model, method), g in sub.groupby(["model", "method"], observed=True):
-        ax.plot(g["B"], g["us_per_outer_iteration"], marker="o", label=f"{model} {method}")
-    if empty_iteration_s and not math.isnan(empty_iteration_s):
-        ax.axhline(empty_iteration_s * 1e6, color="k", linestyle="--", label="empty while iteration")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch size")
-    return _finish(fig, ax, ylabel="us per outer iteration",
-                   title=f"Time per outer iteration, label-looping rows only ({dtype}, {audio_s:g} s)")
+    models = sorted(sub["model"].unique()) or ["rnnt"]
+    fig, axes = plt.subplots(1, len(models), figsize=(11, 3.8), sharey=True, squeeze=False)
+    methods = method_order(sub["method"])
+    for ax, model in zip(axes[0], models):
+        for (method,), g in sub[sub["model"] == model].groupby(["method"], observed=True):
+            style = method_style(method, methods.index(method))
+            ax.plot(g["B"], g["us_per_outer_iteration"], color=style["color"], linestyle=style["linestyle"],
+                    marker=style["marker"], markersize=5, label=method)
+        if empty_iteration_s and not math.isnan(empty_iteration_s):
+            ax.axhline(empty_iteration_s * 1e6, color=BUDGET_COLOUR, linestyle="--", lw=1,
+                       label="empty while iteration")
+        ax.set_xscale("log", base=2)
+        batches = sorted(sub["B"].unique())
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.minorticks_off()
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size")
+        ax.set_title(MODEL_NAMES.get(model, model))
+    axes[0, 0].set_ylabel("µs per outer iteration")
+    handles = {}
+    for ax in axes[0]:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    ordered = [m for m in methods if m in handles] + [m for m in handles if m not in methods]
+    fig.suptitle(f"Time per outer iteration, label-looping rows ({DTYPE_NAMES.get(dtype, dtype)}, {audio_s:g} s)")
+    fig.tight_layout(rect=(0, 0, 0.78, 1))
+    fig.legend([handles[m] for m in ordered], ordered, fontsize=8, loc="upper left", bbox_to_anchor=(0.78, 0.9),
+               frameon=False)
+    return fig
 
 
 def target_method(record_or_figures: dict[str, Any]) -> str:
@@ -428,3 +499,229 @@ def describe_targets(name: str, record: dict[str, Any]) -> str:
             + (f" (the default kernels: {record['params']['default_kernels']})" if "default_kernels" in record.get(
                 "params", {}) else "") + "\n"
             f"failed checks: {f['failures'] or 'none'}")
+
+
+# What notebooks/04_decoding.ipynb shows, as a reader scans it: tables with human headers and sentences built
+# from the record's figures.
+
+def _times(ratio: float) -> str:
+    """A speed ratio (their time over ours) in words, to the digits it carries: 7.14 -> '7.1× faster',
+    1.03 -> '1.03× faster', 0.78 -> '1.3× slower'."""
+    r = ratio if ratio >= 1 else 1 / ratio
+    return f"{r:.{2 if r < 1.1 else 1}f}× {'faster' if ratio >= 1 else 'slower'}"
+
+
+def speed_cells(record: dict[str, Any], dtype: str) -> pd.DataFrame:
+    """The ``dtype`` rows of the speed table: one row per (model, utterance length, method), one column per
+    batch size; each cell milliseconds per batch at 3 significant digits and, in brackets, how many times
+    faster than NeMo's decoder in the same graph mode (records with NeMo rows) or than frame-looping without
+    graphs (records without)."""
+    table = speed_table(record)
+    if table.empty:
+        return table
+    table = table[table["dtype"] == dtype]
+    against = "x_nemo" if has_nemo_rows(record) else "x_frame_looping_off"
+    cells = table.assign(
+        Model=table["model"].map(lambda m: MODEL_NAMES.get(m, m)),
+        Utterance=table["audio_s"].map(lambda s: f"{s:g} s"), Decoder=table["method"].astype(str),
+        cell=[f"{_round(ms):g}" + ("" if pd.isna(x) or x is None or (against == "x_frame_looping_off" and
+                                                                     m.startswith("frame-looping"))
+                                   else f" ({_times(x)})")
+              for ms, x, m in zip(table["ms"], table[against], table["method"].astype(str))])
+    pivot = cells.pivot_table(index=["Model", "Utterance", "Decoder"], columns="B", values="cell", aggfunc="first",
+                              sort=False)
+    by_method = cells.sort_values(["model", "audio_s", "method"])  # METHOD_ORDER within each length
+    pivot = pivot.reindex(list(dict.fromkeys(zip(by_method["Model"], by_method["Utterance"], by_method["Decoder"]))))
+    pivot = pivot[sorted(table["B"].unique())]
+    pivot.columns = [f"batch {b}" for b in pivot.columns]
+    return pivot.fillna("")
+
+
+def styled_speed_table(record: dict[str, Any], dtype: str):
+    """:func:`speed_cells` for display, captioned with what the brackets compare."""
+    peer = record["figures"].get("peer")
+    than = (f"{peer['name']} {peer['version']}'s decoder in the same graph mode" if has_nemo_rows(record) and peer
+            else "NeMo's decoder in the same graph mode" if has_nemo_rows(record) else "frame-looping without graphs")
+    return (speed_cells(record, dtype).style
+            .set_caption(f"{DTYPE_NAMES.get(dtype, dtype)}: milliseconds per batch (median); in brackets, on our "
+                         f"rows, how many times faster than {than}"))
+
+
+def styled_nemo_comparison(record: dict[str, Any]):
+    """:func:`nemo_comparison_table` for display: human headers with units, 3 significant digits, the target
+    met as yes/no."""
+    table = nemo_comparison_table(record)
+    if table.empty:
+        return table
+    judged = target_method(record)
+    table = table.assign(model=table["model"].map(lambda m: MODEL_NAMES.get(m, m)),
+                         dtype=table["dtype"].map(lambda d: DTYPE_NAMES.get(d, d)),
+                         target=table["target"].map(lambda t: "" if t is None else t.replace(">=", "≥").replace(
+                             "x", "×")),
+                         met=table["met"].map(lambda m: "" if m is None else "yes" if m else "no"),
+                         **{"ours vs NeMo": table["ours vs NeMo"].str.replace(" than NeMo full graph", "")})
+    table = table.rename(columns={
+        "model": "Model", "dtype": "Precision", "audio_s": "Utterance (s)", "B": "Batch",
+        "ours full graph (ms)": f"Ours: {judged} (ms)", "ours torch stages full graph (ms)": "Ours: torch stages "
+        "full graph (ms)", "ours vs NeMo": "Ours against NeMo's full graph", "target": "Target", "met": "Met"})
+    ms = [c for c in table.columns if c.endswith("(ms)")]
+    return table.style.format({**{c: "{:.3g}" for c in ms}, "Utterance (s)": "{:g}"}, na_rep="").hide(axis="index")
+
+
+def difference_table(figures: dict[str, Any], dtype: str = "float32") -> pd.DataFrame:
+    """The rows of ``dtype`` whose hypotheses differ from their reference: where they first depart (utterance,
+    label, each side's token and frame) and our joint's top-2 log-prob margin there (a small margin: a rounding
+    near-tie). Empty for records without ``first_difference``."""
+    def side(token, frame):
+        return "ended" if token is None else f"{token} at frame {frame}"
+
+    rows = [{"Model": MODEL_NAMES.get(r["model"], r["model"]), "Batch": r["batch"],
+             "Utterance (s)": r["audio_seconds"], "Decoder": r["method"],
+             "Checked against": r.get("reference_method") or "reference", "Utterance": d["utterance"],
+             "Label": d["label_index"], "Reference token": side(d["reference_token"], d["reference_frame"]),
+             "This row's token": side(d["token"], d["frame"]), "Top-2 log-prob margin": d.get("top2_token_margin")}
+            for r in figures["rows"] if (d := r.get("first_difference")) and r.get("dtype") == dtype]
+    return pd.DataFrame(rows)
+
+
+def styled_differences(figures: dict[str, Any], dtype: str = "float32"):
+    """:func:`difference_table` for display."""
+    return (difference_table(figures, dtype).style.format({"Utterance (s)": "{:g}", "Top-2 log-prob margin": "{:.2g}"},
+                                                          na_rep="").hide(axis="index"))
+
+
+def _listed(text: str) -> str:
+    """A failure line with its Python list of strings written out, separated by semicolons."""
+    import ast
+
+    def join(match):
+        try:
+            items = ast.literal_eval(match.group(0))
+        except (ValueError, SyntaxError):
+            return match.group(0)
+        return "; ".join(map(str, items)) if all(isinstance(i, str) for i in items) else match.group(0)
+
+    return re.sub(r"\[(?:'[^']*'(?:, )?|\"[^\"]*\"(?:, )?)+\]", join, text)
+
+
+def describe_run(name: str, record: dict[str, Any]) -> str:
+    """What the notebook prints above a record's tables, in sentences: what it compares, the method the targets
+    judge, and the checks that failed, one per line."""
+    f = record["figures"]
+    peer = f.get("peer")
+    kernels = record.get("params", {}).get("default_kernels")
+    what = (f"{name}.json: our decoders against {peer['name']} {peer['version']}'s ({peer['decoders']}) on its "
+            f"{peer['modules']}, timed in the same run." if peer else
+            f"{name}.json: our decoders on our toy transducer, no NeMo rows; {frame_looping_speedup_line(record)}.")
+    judge = f" The targets judge {target_method(record)}" + (f", the kernels a user gets by default ({kernels})."
+                                                              if kernels else ".")
+    failures = f.get("failures", [])
+    return (what + judge + (f"\n{len(failures)} check(s) failed:" + "".join(f"\n  - {_listed(x)}" for x in failures)
+                            if failures else "\nEvery check passed."))
+
+
+def _at_16(record: dict[str, Any], model: str, method: str) -> dict[str, Any] | None:
+    """The row of ``method`` at batch 16, 12 s, fp32 (the targets' size), None when not measured."""
+    return next((r for r in record["figures"]["rows"] if r.get("model") == model and r.get("method") == method
+                 and r.get("batch") == 16 and r.get("dtype") == "float32" and "time_s" in r
+                 and round(r.get("audio_seconds", 0), 1) == 12.0), None)
+
+
+def meaning_of_speed(record: dict[str, Any]) -> str:
+    """What the speed tables mean: our full graph at the targets' size against NeMo's in the same run, or
+    (records without NeMo rows) against frame-looping without graphs."""
+    f, t = record["figures"], record["figures"]["targets"]
+    ours, theirs = t.get("rnnt_full_s"), t.get("nemo_rnnt_full_s")
+    head = (f"With CUDA graphs ({target_method(record)}) the label-looping RNN-T decoder runs a batch of 16 12-s "
+            "utterances (fp32) in ")
+    peer = f.get("peer")
+    if peer and ours and theirs:
+        text = f"{head}{ours * 1e3:.3g} ms, {_times(theirs / ours)} than {peer['name']} {peer['version']}'s in the same run"
+        tdt, nemo_tdt = t.get("tdt_full_s"), t.get("nemo_tdt_full_s")
+        if tdt and nemo_tdt:
+            text += f"; the TDT decoder in {tdt * 1e3:.3g} ms, {_times(nemo_tdt / tdt)} than NeMo's"
+        return text + "."
+    frame = t.get("full_speedup_vs_frame_looping_off_rnnt")
+    if ours and frame:
+        return f"{head}{ours * 1e3:.3g} ms, {_times(frame)} than frame-looping without graphs."
+    return "This record has no full-graph time at batch 16, 12 s, fp32, so it does not say how fast graphs decode."
+
+
+def meaning_of_iterations(record: dict[str, Any]) -> str:
+    """What the time per outer iteration means at the targets' size (RNN-T, batch 16, 12 s, fp32): the full
+    graph's iteration against the same kernels without graphs, and the empty while-node's share of it."""
+    judged = target_method(record)
+    off_name = judged.replace(" full", " off").replace(" window 16", "")
+    full, off = _at_16(record, "rnnt", judged), _at_16(record, "rnnt", off_name)
+    if not full or not full.get("seconds_per_outer_iteration"):
+        return "This record has no outer-iteration time for the full graph at batch 16, 12 s, fp32."
+    full_us = full["seconds_per_outer_iteration"] * 1e6
+    text = f"At batch 16 (RNN-T, 12 s, fp32) one outer iteration of {judged} takes {full_us:.0f} µs"
+    if off and off.get("seconds_per_outer_iteration"):
+        text += f" against {off['seconds_per_outer_iteration'] * 1e6:.0f} µs without graphs ({off_name})"
+        if full.get("kernels_per_outer_iteration") and off.get("kernels_per_outer_iteration"):
+            text += (f", launching {full['kernels_per_outer_iteration']:.0f} kernels per iteration instead of "
+                     f"{off['kernels_per_outer_iteration']:.0f}")
+    empty = empty_iteration_seconds(record)
+    if empty:
+        text += (f"; an empty conditional-while iteration costs {empty * 1e6:.1f} µs, "
+                 f"{empty * 1e6 / full_us:.0%} of it")
+    return text + "."
+
+
+def _size_words(record: dict[str, Any], missed: str) -> str:
+    """'rnnt float32 B=1 T=150: 3.26x NeMo full graph' -> 'RNN-T fp32 batch 1, 12 s (3.3×)'."""
+    m = re.match(r"(\w+) (\w+) B=(\d+) T=(\d+): ([\d.]+)x", missed)
+    if not m:
+        return missed
+    model, dtype, batch, frames, ratio = m.groups()
+    seconds = next((r["audio_seconds"] for r in record["figures"]["rows"] if r.get("frames") == int(frames)
+                    and "audio_seconds" in r), None)
+    length = f", {seconds:g} s" if seconds else f", {frames} frames"
+    return f"{MODEL_NAMES.get(model, model)} {DTYPE_NAMES.get(dtype, dtype)} batch {batch}{length} ({float(ratio):.1f}×)"
+
+
+def meaning_of_nemo(record: dict[str, Any]) -> str:
+    """What the comparison with NeMo means: at how many sizes the judged method meets its target, where it
+    falls short, and how many of NeMo's fp32 hypotheses equal ours."""
+    t = record["figures"]["targets"]
+    rows, missed = t.get("full_graph_rows_vs_nemo", 0), t.get("speedup_vs_nemo_missed", [])
+    goals = ", ".join(f"{MODEL_NAMES.get(m, m)} ≥ {v:g}×" for m, v in t.get("min_speedup_vs_nemo", {}).items())
+    text = (f"{target_method(record)} meets its target against NeMo's full graph ({goals}) at {rows - len(missed)} "
+            f"of {rows} sizes" + (f"; it falls short at {'; '.join(_size_words(record, x) for x in missed)}"
+                                  if missed else "") + ".")
+    if "nemo_fp32_rows" in t:
+        equal = t["nemo_fp32_rows"] - len(t.get("nemo_fp32_rows_unequal", []))
+        text += f" NeMo's fp32 hypotheses equal ours in {equal} of {t['nemo_fp32_rows']} rows."
+    return text
+
+
+def meaning_of_live(live: dict[str, Any], cuda: bool) -> str:
+    """What the small live run shows on this machine: on a CPU which eager decoders ran (not their GPU speed);
+    on a GPU the full graph against no graphs at the largest batch."""
+    rows = [r for r in live["figures"]["rows"] if "time_s" in r]
+    methods = method_order(r["method"] for r in rows)
+    if not cuda:
+        return (f"On this CPU only the eager decoders ran ({', '.join(methods)}) on a tiny model: the rows show that "
+                "they run here, not how fast they are on a GPU; on a CUDA machine this section adds the partial- and "
+                "full-graph rows.")
+    batch = max(r["batch"] for r in rows)
+    ms = {r["method"]: r["time_s"]["median"] for r in rows if r["model"] == "rnnt" and r["batch"] == batch}
+    full, off = ms.get("label-looping full"), ms.get("label-looping off")
+    if not (full and off):
+        return f"On this GPU the decoders ran ({', '.join(methods)}); the tiny model's times are in the table."
+    return (f"On this GPU the tiny RNN-T decoder's full graph takes {full * 1e3:.3g} ms at batch {batch} against "
+            f"{off * 1e3:.3g} ms without graphs ({_times(off / full)}).")
+
+
+def finding(record: dict[str, Any]) -> str:
+    """The notebook's one line for the report's index."""
+    f, t = record["figures"], record["figures"]["targets"]
+    peer = f.get("peer")
+    ratios = {m: t.get(f"speedup_vs_nemo_full_{m}") for m in ("rnnt", "tdt")}
+    if peer and all(ratios.values()):
+        rows, missed = t.get("full_graph_rows_vs_nemo", 0), t.get("speedup_vs_nemo_missed", [])
+        return (f"With CUDA graphs our label-looping decoders run a batch of 16 12-s utterances "
+                f"{_times(ratios['rnnt'])} (RNN-T) and {_times(ratios['tdt'])} (TDT) than {peer['name']} "
+                f"{peer['version']}'s in the same run, meeting their targets at {rows - len(missed)} of {rows} sizes")
+    return meaning_of_speed(record)
