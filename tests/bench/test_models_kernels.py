@@ -216,3 +216,33 @@ def test_models_bench_depthwise_triton_without_cuda_or_interpreter_stops_at_once
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("--depthwise triton: ")
     assert "Traceback" not in proc.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_kernel_labels_keep_the_kernel_and_what_it_wraps():
+    reduce = ("void at::native::reduce_kernel<128, 4, at::native::ReduceOp<c10::BFloat16, at::native::func_wrapper_t"
+              "<c10::BFloat16, at::native::sum_functor<c10::BFloat16, float, c10::BFloat16>::operator()>, 4, 8> >(x)")
+    add = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::CUDAFunctor_add"
+           "<c10::BFloat16> >(at::TensorIteratorBase&)::{lambda(int)#1}>(int)")
+    norm = "void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernelTemplate<float, float, 32u>(long)"
+    assert record.kernel_label(reduce) == "reduce_kernel: sum"
+    assert record.kernel_label(add) == "elementwise_kernel: add"
+    assert record.kernel_label(norm) == "GammaBetaBackwardCUDAKernelTemplate"
+    assert record.kernel_label("_grad_kernel") == "_grad_kernel"
+    assert record.kernel_label("nvjet_" + "x" * 60, width=10) == "nvjet_xxx…"
+
+
+def _kernels(*shares):
+    return {"top": [{"name": name, "self_s": share * 0.02, "share": share, "calls": 3} for name, share in shares],
+            "total_s": 0.02}
+
+
+def test_kernel_table_and_its_meaning():
+    figures = {"kernels": {"a": _kernels(("nvjet_sm90_tst_128x256", 0.12), ("_grad_kernel", 0.05)),
+                           "b": _kernels(("reduce_kernel", 0.08), ("copy", 0.02), ("extra", 0.01))}}
+    html = record.kernel_table(figures, rows=2).to_html()
+    assert "share of kernel time (%)" in html and ">12.0<" in html and ">2.40<" in html and "extra" not in html
+    assert record.meaning_of_kernels(figures, rows=2) == (
+        "No kernel dominates a step: the largest takes at most 12 % of a model's kernel time (a), and each "
+        "model's top 2 together 10-17 %; 1 of those 4 are matmuls.")
+    assert record.meaning_of_kernels({}).startswith("The committed models record has no kernel profile")
+    assert record.meaning_of_kernels(None).startswith("The committed models record has no kernel profile")

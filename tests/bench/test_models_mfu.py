@@ -276,3 +276,22 @@ def test_models_bench_only_profile_shapes_refuses_when_no_model_has_them(tmp_pat
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().endswith("--only-profile-shapes: no model asked for has profile shapes")
     assert not (tmp_path / "o").exists()
+
+
+def _timed(model, batch, seconds, step_s, mfu):
+    return {"model": model, "dtype": "bf16", "shape_source": "profile", "batch_size": batch, "duration_s": seconds,
+            "num_tokens": 10, "step_s": {"median": step_s}, "mfu": mfu, "peak_bytes": None}
+
+
+def test_compared_table_and_its_meaning_name_the_two_settings():
+    torch_rows = {"steps": [_timed("large-rnnt", 100, 3.3424375, 0.60, 0.20), _timed("large-rnnt", 8, 39.9875, 0.20, 0.24)]}
+    triton_rows = {"steps": [_timed("large-rnnt", 100, 3.3424375, 0.50, 0.24), _timed("large-rnnt", 8, 39.9875, 0.25, 0.19)]}
+    html = record.compared_table(torch_rows, triton_rows, ("torch", "Triton")).to_html()
+    assert "torch step (ms)" in html and "Triton MFU (%)" in html and ">1.20<" in html and ">600<" in html
+    assert record.meaning_of_comparison(torch_rows, triton_rows, ("torch", "Triton")) == (
+        "Triton is faster at 1 of 2 shapes (torch / Triton step time 0.80x to 1.20x); at large-rnnt B=8 x 40 s "
+        "torch is the faster (0.80x). MFU at the profile shapes with Triton: large-rnnt 19-24 % (target 25 %).")
+    level = {"steps": [_timed("large-rnnt", 100, 3.3424375, 0.50, 0.24), _timed("large-rnnt", 8, 39.9875, 0.201, 0.24)]}
+    assert "the two are level (within 2 %)" in record.meaning_of_comparison(torch_rows, level, ("torch", "Triton"))
+    assert record.meaning_of_comparison({"steps": []}, triton_rows, ("a", "b")) == (
+        "The two records share no timed shape, so a and b are not compared.")

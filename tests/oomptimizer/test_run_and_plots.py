@@ -88,3 +88,57 @@ def test_compare_strategies_and_their_table():
     # worked by hand: bucket 0 keeps 10 of a true 12, bucket 1 all 20 -> the worst is 2/12 below
     assert strategy_table({"gpu": committed}, true_max=[12, 20]).loc["gpu", "worst % below true max"] == 16.667
     assert (row["buckets"], row["probes"], row["OOMs"], row["seconds"]) == (2, 4, 1, 3.5)
+
+
+# committed-figures form: [bucket, batch size, peak bytes or None (OOM), predicted bytes or None]
+_FAST = {"batch_sizes": [10, 20], "seconds": 3.4,
+         "trace": [[0, 8, 80.0, None], [0, 10, 100.0, 99.0], [1, 20, 200.0, 190.0], [1, 24, None, 210.0]]}
+_SLOW = {"batch_sizes": [9, 20], "seconds": 9.6,
+         "trace": [[0, 4, 40.0, None], [0, 8, 80.0, None], [0, 16, None, None], [0, 9, 90.0, None],
+                   [1, 16, 160.0, None], [1, 32, None, None], [1, 20, 200.0, None], [1, 24, None, None]]}
+
+
+def test_bucket_labels_round_to_what_they_carry():
+    from workbench.oomptimizer.plots import bucket_label
+
+    assert bucket_label((39.9875, 145.0)) == "40 s / 145 tok"
+    assert bucket_label((3.3424375, 11.0)) == "3.3 s / 11 tok"
+    assert bucket_label((12.0, 0.0)) == "12 s"
+
+
+def test_meaning_of_search_says_probes_ooms_and_the_shortfall():
+    from workbench.oomptimizer.plots import meaning_of_search
+
+    results = {"predictive": _FAST, "bisect": _SLOW}
+    assert meaning_of_search(results) == ("The predictive search needed 2.0 probes per bucket against bisection's "
+                                          "4.0, with 1 OOM against 3.")
+    # true maxima 12 and 20: predictive keeps 10 (16.7 % below), bisect 9 (25.0 % below)
+    assert meaning_of_search(results, [12, 20]).endswith(
+        "; its worst bucket is 16.7 % below the true maximum (bisection's 25.0 %).")
+    assert meaning_of_search(results, [10, 20]).endswith(
+        "; it found every bucket's true maximum, where bisection's worst bucket is 10.0 % below it.")
+
+
+def test_styled_strategy_table_has_human_columns_and_no_index():
+    from workbench.oomptimizer.plots import styled_strategy_table
+
+    html = styled_strategy_table({"predictive": _FAST, "bisect": _SLOW}, true_max=[12, 20]).to_html()
+    for column in ("probes per bucket", "search time (s)", "worst bucket below its true max (%)"):
+        assert column in html
+    assert "probes/bucket" not in html and ">16.7<" in html and ">2.0<" in html and ">10<" in html
+
+
+def test_meaning_of_batch_sizes_and_of_the_trace():
+    from workbench.oomptimizer.plots import meaning_of_batch_sizes, meaning_of_trace, prediction_errors
+
+    buckets = [(3.3424375, 11.0), (3.3424375, 44.0), (39.9875, 145.0)]
+    assert meaning_of_batch_sizes(buckets, [300, 200, 10], merged=3) == (
+        "Batch size falls from 300 at the shortest bucket (3.3 s / 11 tok) to 10 at the longest (40 s / 145 tok), "
+        "30x fewer utterances per step; no two sub-buckets came out equal, so all 3 buckets stay.")
+    assert meaning_of_batch_sizes(buckets, [300, 300, 10], merged=2).endswith(
+        "; merging equal sub-buckets leaves 2 of 3 buckets.")
+    assert prediction_errors(_FAST) == [0.01, 0.05]
+    assert meaning_of_trace(_FAST) == (
+        "The predictive search made 4 probes, 1 of them out of memory; where it predicted a probe's peak before "
+        "running it, the median miss was 3.0 % of the measured peak (worst 5.0 %).")
+    assert meaning_of_trace(_SLOW, "bisection").endswith("no probe that fitted had a prediction to check.")

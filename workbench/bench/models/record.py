@@ -297,3 +297,108 @@ def before_after_table(before: Mapping[str, Any], after: Mapping[str, Any], *, p
     return table.round({"before ms": 1, "after ms": 1, "before audio s/s": 0, "after audio s/s": 0,
                         "before MFU %": 1, "after MFU %": 1, "before peak GiB": 1, "after peak GiB": 1,
                         "speedup (before/after time)": 2})
+
+
+# Notebook 02's reading of the step records: tables with human columns, sentences built from the figures.
+
+MATMUL_MARKERS = ("nvjet", "gemm", "cutlass", "sm90_xmma", "ampere_", "cublas")
+
+
+def kernel_label(kernel_name: str, width: int = 48) -> str:
+    """A profiler kernel name a reader can scan: the kernel's own name without "void" and namespaces, and
+    the functor or kernel it wraps ("unrolled_elementwise_kernel: direct_copy"); nvjet/Triton names as
+    they are; cut to ``width``."""
+    import re
+
+    name = re.sub(r"^void\s+", "", kernel_name).replace("(anonymous namespace)::", "")
+    full_head = re.split(r"[<(]", name, maxsplit=1)[0]
+    head = full_head.split("::")[-1]
+    inner = re.search(r"(\w+?)_(?:functor|kernel_cuda|kernel_impl)\b|CUDAFunctor_(\w+)", name[len(full_head):])
+    what = inner and (inner.group(1) or inner.group(2))
+    label = head + (f": {what}" if what and what != head else "")
+    return label if len(label) <= width else label[:width - 1] + "…"
+
+
+def kernel_table(figures: Mapping[str, Any], rows: int = 5):
+    """Each model's top ``rows`` kernels of one profiled bf16 step (a stated top-N): model, kernel, share of
+    the step's kernel time (%), self time (ms), calls; for display."""
+    import pandas as pd
+
+    out = []
+    for model, profile in figures.get("kernels", {}).items():
+        for k in profile.get("top", [])[:rows]:
+            out.append({"model": model, "kernel": kernel_label(k["name"]), "share of kernel time (%)": 100 * k["share"],
+                        "self time (ms)": k["self_s"] * 1e3, "calls": k["calls"]})
+    return (pd.DataFrame(out).style.format({"share of kernel time (%)": "{:.1f}", "self time (ms)": "{:.2f}"})
+            .set_properties(subset=["model", "kernel"], **{"text-align": "left"}).hide(axis="index"))
+
+
+def meaning_of_kernels(figures: Mapping[str, Any] | None, rows: int = 5) -> str:
+    """What the kernel profile means, in a sentence: the largest single kernel's share, the top ``rows``'
+    share, and how many of those are matmuls."""
+    profiles = {m: p for m, p in ((figures or {}).get("kernels") or {}).items() if p.get("top")}
+    if not profiles:
+        return "The committed models record has no kernel profile (the bench ran without --kernels)."
+    top1 = {m: p["top"][0]["share"] for m, p in profiles.items()}
+    tops = {m: sum(k["share"] for k in p["top"][:rows]) for m, p in profiles.items()}
+    entries = [k for p in profiles.values() for k in p["top"][:rows]]
+    matmuls = sum(any(mark in k["name"].lower() for mark in MATMUL_MARKERS) for k in entries)
+    biggest = max(top1, key=top1.get)
+    return (f"No kernel dominates a step: the largest takes at most {100 * top1[biggest]:.0f} % of a model's "
+            f"kernel time ({biggest}), and each model's top {rows} together "
+            f"{100 * min(tops.values()):.0f}-{100 * max(tops.values()):.0f} %; {matmuls} of those "
+            f"{len(entries)} are matmuls.")
+
+
+def compared_table(before: Mapping[str, Any], after: Mapping[str, Any], labels: tuple[str, str], *,
+                   paired_only: bool = False):
+    """:func:`before_after_rows` of two records of one GPU call that differ in one setting, named by
+    ``labels`` (e.g. ("cuDNN", "Triton")): per model and shape the median step time (ms), MFU (%) of each,
+    and the first's time over the second's; for display."""
+    import pandas as pd
+
+    a, b = labels
+    out = [{"model": r["model"], "batch size": r["batch_size"], "max duration (s)": r["duration_s"],
+            "tokens": r["num_tokens"], f"{a} step (ms)": _ms(r["before_step_s"]), f"{b} step (ms)": _ms(r["after_step_s"]),
+            f"{a} MFU (%)": _pct(r["before_mfu"]), f"{b} MFU (%)": _pct(r["after_mfu"]),
+            f"{a} / {b} time (x)": r["before_over_after_time"]}
+           for r in before_after_rows(before, after, paired_only=paired_only)]
+    formats = {f"{a} step (ms)": "{:.0f}", f"{b} step (ms)": "{:.0f}", f"{a} MFU (%)": "{:.1f}",
+               f"{b} MFU (%)": "{:.1f}", f"{a} / {b} time (x)": "{:.2f}", "max duration (s)": "{:.1f}"}
+    return (pd.DataFrame(out).style.format(formats, na_rep="").set_properties(subset=["model"], **{"text-align": "left"})
+            .hide(axis="index"))
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def _pct(share: float | None) -> float | None:
+    return None if share is None else 100 * share
+
+
+def meaning_of_comparison(before: Mapping[str, Any], after: Mapping[str, Any], labels: tuple[str, str],
+                          targets: Mapping[str, float] = MFU_TARGETS) -> str:
+    """What two records of one GPU call mean, in two sentences: at how many shapes the second setting is
+    faster and the range of first / second time; then each model's MFU at the profile shapes under the
+    second setting against its target."""
+    a, b = labels
+    rows = [r for r in before_after_rows(before, after, paired_only=True) if r["before_over_after_time"]]
+    if not rows:
+        return f"The two records share no timed shape, so {a} and {b} are not compared."
+    ratios = [r["before_over_after_time"] for r in rows]
+    faster = sum(x > 1 for x in ratios)
+    slowest = min(rows, key=lambda r: r["before_over_after_time"])
+    line = (f"{b} is faster at {faster} of {len(rows)} shapes ({a} / {b} step time {min(ratios):.2f}x to "
+            f"{max(ratios):.2f}x)")
+    where = f"{slowest['model']} B={slowest['batch_size']} x {slowest['duration_s']:.0f} s"
+    if slowest["before_over_after_time"] < 0.98:
+        line += f"; at {where} {a} is the faster ({slowest['before_over_after_time']:.2f}x)"
+    elif slowest["before_over_after_time"] < 1:
+        line += f"; at {where} the two are level (within 2 %)"
+    mfu = []
+    for model, target in targets.items():
+        values = [r["after_mfu"] for r in rows if r["model"] == model and r["after_mfu"] is not None]
+        if values:
+            mfu.append(f"{model} {100 * min(values):.0f}-{100 * max(values):.0f} % (target {100 * target:.0f} %)")
+    return line + "." + (f" MFU at the profile shapes with {b}: {', '.join(mfu)}." if mfu else "")

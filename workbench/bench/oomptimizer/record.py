@@ -19,7 +19,8 @@ import pandas as pd
 
 from workbench.bench.oomptimizer import chunked
 from workbench.bench.results import RESULTS_DIR, load_result
-from workbench.oomptimizer.plots import plot_batch_sizes, plot_probe_trace, plot_strategy_comparison, strategy_table
+from workbench.oomptimizer.plots import (bucket_label, meaning_of_search, plot_batch_sizes, plot_probe_trace,
+                                         plot_strategy_comparison, strategy_table, styled_strategy_table)
 from workbench.oomptimizer.run import describe_soak
 from workbench.units import GiB
 
@@ -328,7 +329,9 @@ def rnnt_figures(record: Mapping[str, Any]) -> list:
             plot_probe_trace(part["predictive"], bs, search_budget_bytes(record),
                              title=f"{model}: predictive, all buckets"),
             plot_strategy_comparison({k: comparison[k] for k in ("predictive", "bisect")},
-                                     title=f"{model}: {len(comparison['bucket_indices'])} of {len(bs)} buckets")]
+                                     title=f"{model}: probes per bucket, {len(comparison['bucket_indices'])} of "
+                                           f"{len(bs)} buckets",
+                                     buckets=[bs[i] for i in comparison["bucket_indices"]])]
 
 
 def aed_outputs(record: Mapping[str, Any] | None, aed_record: Mapping[str, Any] | None):
@@ -387,3 +390,163 @@ def growth_table(before: Mapping[str, Any], after: Mapping[str, Any], part: str 
     table = table.rename(columns={"duration_s": "duration s", "before": f"before ({_commit(before, 7)})",
                                   "after": f"after ({_commit(after, 7)})", "after_over_before": "after / before"})
     return table.round({"duration s": 2, "after / before": 2})
+
+
+# Notebook 02's reading of the records: sentences built from the figures, tables with human columns.
+
+MISSING = "No committed {name}.json in benchmarks/results: run python3 -m workbench.bench.oomptimizer on a GPU."
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+def _durations_text(bs: list[tuple[float, float]]) -> str:
+    durations = sorted({d for d, _ in bs})
+    per = len(bs) // len(durations)
+    if per == 1:
+        return f"{len(bs)} buckets, one per duration up to {max(durations):.0f} s"
+    return f"{len(bs)} buckets ({len(durations)} durations up to {max(durations):.0f} s x {per} token sub-buckets)"
+
+
+def search_intro(record: Mapping[str, Any], part: str = "rnnt") -> str:
+    """What the one-GPU record searched, in a sentence: model, buckets, the budget and the device."""
+    p, params, device = record["figures"][part], record["params"], record["device"]
+    return (f"{p['model']}: {_durations_text(buckets(p))}, each probe one {params['dtype']} training step, "
+            f"searched within {_gib(search_budget_bytes(record))} ({100 * params['memory_fraction']:.0f} % of one "
+            f"{device['gpu']}'s {_gib(device['gpu_memory_bytes'])}), on {record['date'][:10]}.")
+
+
+def soak_sentence(part: Mapping[str, Any]) -> str | None:
+    """The soak in a sentence (None when it did not run): steps at the searched sizes, OOMs, and the peak
+    allocated memory against the search's budget."""
+    soak = part.get("soak")
+    if soak is None:
+        return None
+    if "error" in soak:
+        return f"The soak at the searched sizes failed: {soak['error'].splitlines()[0]}"
+    line = (f"Soak: {soak['steps']} training steps at the searched sizes ran in {soak['seconds']:.0f} s with "
+            f"{soak['ooms']} OOMs")
+    if soak.get("peak_allocated_bytes") is None:
+        return line + " (no GPU: peaks not measured)."
+    total = soak["budget_bytes"] / soak["memory_fraction"]
+    search_budget = soak.get("search_memory_fraction", soak["memory_fraction"]) * total
+    return line + (f"; the peak allocated was {_gib(soak['peak_allocated_bytes'])}, "
+                   f"{100 * soak['peak_allocated_bytes'] / search_budget:.1f} % of the search's budget.")
+
+
+def search_table(part: Mapping[str, Any]):
+    """The part's searches side by side (:func:`part_runs` without the DDP accounting), for display."""
+    return styled_strategy_table({k: v for k, v in part_runs(part).items() if "DDP" not in k})
+
+
+def true_max_styled(part: Mapping[str, Any]):
+    """The buckets whose true maximum was probed (upwards until OOM): duration, tokens, the true maximum,
+    each search's size, and how far the predictive size is below the true maximum, for display."""
+    rows = [{"bucket": int(i), "max duration (s)": t["bucket"][0], "max tokens": int(t["bucket"][1]),
+             "true max batch size": t["true_max"], "predictive": t["predictive"], "bisect": t["bisect"],
+             "predictive below true max (%)": 100 * t["predictive_below_true"]}
+            for i, t in sorted(part.get("true_max", {}).items(), key=lambda kv: int(kv[0]))]
+    return (pd.DataFrame(rows).style.format({"max duration (s)": "{:.1f}", "predictive below true max (%)": "{:.1f}"})
+            .hide(axis="index"))
+
+
+def meaning_of_part(part: Mapping[str, Any]) -> str:
+    """What one model's H200 searches mean, in one or two sentences: probes per bucket of each strategy on
+    the buckets both searched, how far below the probed true maxima the predictive sizes stayed, the soak."""
+    both = part.get("comparison") or part
+    if "predictive" not in both or "bisect" not in both:
+        return f"{part.get('model', 'The model')}: the two searches were not both run, so they are not compared."
+    n = len(both.get("bucket_indices", part["buckets"]))
+    line = meaning_of_search({k: both[k] for k in ("predictive", "bisect")})[:-1] + f", on the same {n} buckets"
+    truth = part.get("true_max", {})
+    if truth:
+        worst = max(t["predictive_below_true"] for t in truth.values())
+        line += (f"; at the {len(truth)} buckets probed up to their true maximum its sizes were at most "
+                 f"{100 * worst:.1f} % below it")
+    out = [line + "."]
+    soak = part.get("soak")
+    if soak and "error" not in soak:
+        out.append(f"{soak['steps']} training steps at the searched sizes ran with "
+                   f"{'no OOM' if soak['ooms'] == 0 else str(soak['ooms']) + ' OOMs'}.")
+    return " ".join(out)
+
+
+def size_table(part: Mapping[str, Any]):
+    """Per bucket of a part: duration, tokens and each search's batch size, for display."""
+    rows = [{"bucket": i, "max duration (s)": d, "max tokens": int(t),
+             **{k: part[k]["batch_sizes"][i] for k in ("predictive", "bisect") if k in part}}
+            for i, (d, t) in enumerate(buckets(part))]
+    return pd.DataFrame(rows).style.format({"max duration (s)": "{:.1f}"}).hide(axis="index")
+
+
+def ddp_rows(ddp_record: Mapping[str, Any], record: Mapping[str, Any] | None) -> list[dict]:
+    """Per bucket of the DDP run: duration, tokens, its batch size and, when the one-GPU record has the DDP
+    accounting, that search's size."""
+    f = ddp_record["figures"]
+    one = (record or {}).get("figures", {}).get("rnnt", {}).get("ddp_accounting", {}).get("batch_sizes")
+    rows = []
+    for i, (d, t) in enumerate(buckets(f)):
+        row = {"bucket": i, "max duration (s)": d, "max tokens": int(t),
+               f"{f['world_size']} GPUs (DDP)": f["predictive"]["batch_sizes"][i]}
+        if one:
+            row["1 GPU, DDP buckets accounted"] = one[i]
+        rows.append(row)
+    return rows
+
+
+def ddp_table(ddp_record: Mapping[str, Any], record: Mapping[str, Any] | None):
+    """:func:`ddp_rows` for display."""
+    return pd.DataFrame(ddp_rows(ddp_record, record)).style.format({"max duration (s)": "{:.1f}"}).hide(axis="index")
+
+
+def meaning_of_ddp(ddp_record: Mapping[str, Any], record: Mapping[str, Any] | None) -> str:
+    """What the DDP run means, in a sentence: its probes, and at how many buckets the one-GPU search with
+    the DDP gradient buckets accounted found the same size."""
+    f = ddp_record["figures"]
+    sizes = f["predictive"]["batch_sizes"]
+    line = (f"On {f['world_size']} GPUs the predictive search needed {f['predictive']['probes']} probes for "
+            f"{len(sizes)} buckets ({f['predictive']['probes'] / len(sizes):.1f} per bucket)")
+    one = (record or {}).get("figures", {}).get("rnnt", {}).get("ddp_accounting", {}).get("batch_sizes")
+    if not one:
+        return line + "; no one-GPU search with the DDP accounting to set it against."
+    same = sum(a == b for a, b in zip(sizes, one))
+    if same == len(sizes):
+        return line + (f", and one GPU that accounts for DDP's gradient buckets found the same size at all "
+                       f"{same} buckets: one GPU is enough to size a DDP run.")
+    return line + f"; one GPU that accounts for DDP's gradient buckets found the same size at {same} of {len(sizes)}."
+
+
+def chunked_styled(union: Mapping[str, Any]):
+    """chunked_union's rows for display: per bucket its duration, tokens, the batch size with the joint
+    whole and over chunks (one run), and chunked / whole."""
+    k = union["joint_chunk_size"]
+    rows = [{"bucket": r["bucket"], "max duration (s)": r["duration_s"], "max tokens": r["tokens"],
+             "joint whole": r["unchunked"], f"joint over chunks of {k}": r["chunked"],
+             "chunked / whole (x)": r["chunked_over_unchunked"]} for r in union["rows"]]
+    return (pd.DataFrame(rows).style.format({"max duration (s)": "{:.1f}", "chunked / whole (x)": "{:.2f}",
+                                             "joint whole": "{:.0f}", f"joint over chunks of {k}": "{:.0f}"},
+                                            na_rep="not searched").hide(axis="index"))
+
+
+def meaning_of_chunked(union: Mapping[str, Any]) -> str:
+    """What running the joint over chunks means, in a sentence: chunked / whole batch size over the buckets
+    both searched (median and range), where the gain is least and most, and how many reach the target."""
+    comp, k = union["comparison"], union["joint_chunk_size"]
+    if not comp["compared"]:
+        return "No bucket was searched both with the joint whole and over chunks, so nothing is compared."
+    rows = [r for r in union["rows"] if r["chunked_over_unchunked"]]
+    low = min(rows, key=lambda r: r["chunked_over_unchunked"])
+    high = max(rows, key=lambda r: r["chunked_over_unchunked"])
+    hit = [r for r in rows if r["chunked_over_unchunked"] >= comp["target"]]
+    missed = [r for r in rows if r["chunked_over_unchunked"] < comp["target"]]
+    line = (f"Running the joint and loss over chunks of {k} utterances raises the batch size by "
+            f"{comp['median']:.2f}x at the median bucket, from {low['chunked_over_unchunked']:.2f}x at "
+            f"{bucket_label((low['duration_s'], low['tokens']))} to {high['chunked_over_unchunked']:.2f}x at "
+            f"{bucket_label((high['duration_s'], high['tokens']))}; {len(hit)} of {comp['compared']} buckets "
+            f"reach the {comp['target']:g}x target")
+    fewest = min((r["tokens"] for r in hit), default=None)
+    if hit and missed and fewest > max(r["tokens"] for r in missed):
+        line += (f", exactly those with {fewest} tokens or more, where the joint's [batch, frames, tokens, "
+                 f"vocabulary] tensor is largest")
+    return line + "."
