@@ -247,13 +247,12 @@ def test_before_after_rows_pair_shapes_and_keep_rows_only_one_record_has():
         == ("profile", None, 0.3, None)
     assert (got[2]["dtype"], got[2]["after_step_s"], got[2]["before_step_s"]) == ("fp32", None, 0.12)
     assert len(got) == 3  # the OOM row has no time in either
-    table = record.before_after_table(before, after)
-    assert list(table["before ms"].fillna(-1)) == [80.0, -1, 120.0]
-    assert list(table["after MFU %"].fillna(-1)) == [5.0, 30.0, -1]
-    assert list(table["after peak GiB"].fillna(-1)) == [3.0, -1, -1]
+    table = record.compared_table(before, after, ("old", "new")).data
+    assert list(table["old step (ms)"].fillna(-1)) == [80.0, -1, 120.0]
+    assert list(table["new MFU (%)"].fillna(-1)) == [5.0, 30.0, -1]
     paired = record.before_after_rows(before, after, paired_only=True)
     assert [(r["dtype"], r["batch_size"]) for r in paired] == [("bf16", 16)]
-    assert len(record.before_after_table(before, after, paired_only=True)) == 1
+    assert len(record.compared_table(before, after, ("old", "new"), paired_only=True).data) == 1
 
 
 def test_models_bench_only_profile_shapes_measures_the_profile_rows(tmp_path, cpu_settings_kept):

@@ -277,15 +277,10 @@ def test_chunked_union_takes_each_bucket_from_one_run_that_searched_it_both_ways
     assert [r["chunked_over_reference"] for r in rows] == [2.2, 5.0, 6.0]
     assert union["left_out"] == [f"{other['name']} (other buckets)"] and union["comparison"]["compared"] == 3
     assert not union["comparison"]["target_met"] and union["reference"]["target_met"]
-    lines = record.chunked_union_lines(union)
-    assert lines[0].startswith("- m, joint_chunk_size 16: buckets from ")
-    assert any("missed" in line and "1.10x at bucket 0" in line for line in lines)
-    met = "- chunked >= 2x oomptimizer.json's at every bucket: met (smallest ratio 2.20x at bucket 0"
-    assert met in "\n".join(lines)
-    assert lines[-1] == f"- left out: {other['name']} (other buckets)"
-    table = record.chunked_union_table(union)
-    assert list(table["chunked / unchunked"]) == [1.1, 2.5, 3.0] and list(table["oomptimizer.json"]) == [50, 40, 10]
-    assert list(table["tokens"]) == [40, 80, 160]
+    assert "1.10x at bucket 0" in union["comparison"]["target_line"]
+    table = record.chunked_styled(union).data
+    assert list(table["chunked / whole (x)"]) == [1.1, 2.5, 3.0] and list(table["joint whole"]) == [100, 80, 20]
+    assert list(table["max tokens"]) == [40, 80, 160]
     with pytest.raises(ValueError, match="no chunked record"):
         record.chunked_union([])
 
@@ -305,4 +300,4 @@ def test_chunked_union_of_one_stopped_run_leaves_the_unsearched_buckets_empty():
     assert [r["record"] for r in union["rows"]] == [None, None, record.CHUNKED_NAME]
     assert union["comparison"]["compared"] == 1 and union["reference"]["compared"] == 0
     assert "only 1 of 3 buckets with both sizes" in union["comparison"]["target_line"]
-    assert any("not measured" in line for line in record.chunked_union_lines(union))
+    assert "not searched" in record.chunked_styled(union).to_html()

@@ -279,26 +279,6 @@ def before_after_rows(before: Mapping[str, Any], after: Mapping[str, Any], *, pa
     return out
 
 
-def before_after_table(before: Mapping[str, Any], after: Mapping[str, Any], *, paired_only: bool = False):
-    """:func:`before_after_rows` as a DataFrame for notebook 02: times in ms, MFU in %, peaks in GiB, blank
-    where absent."""
-    import pandas as pd  # here: the summary reads this module without pandas
-
-    table = pd.DataFrame(before_after_rows(before, after, paired_only=paired_only))
-    if table.empty:
-        return table
-    for label in ("before", "after"):
-        table[f"{label} ms"] = table.pop(f"{label}_step_s").astype(float) * 1e3
-        table[f"{label} audio s/s"] = table.pop(f"{label}_audio_s_per_s").astype(float)
-        table[f"{label} MFU %"] = table.pop(f"{label}_mfu").astype(float) * 100
-        table[f"{label} peak GiB"] = table.pop(f"{label}_peak_bytes").astype(float) / 2**30
-    table["speedup (before/after time)"] = table.pop("before_over_after_time").astype(float)
-    table = table.rename(columns={"shape_source": "shape", "batch_size": "B", "duration_s": "s", "num_tokens": "U"})
-    return table.round({"before ms": 1, "after ms": 1, "before audio s/s": 0, "after audio s/s": 0,
-                        "before MFU %": 1, "after MFU %": 1, "before peak GiB": 1, "after peak GiB": 1,
-                        "speedup (before/after time)": 2})
-
-
 # Notebook 02's reading of the step records: tables with human columns, sentences built from the figures.
 
 MATMUL_MARKERS = ("nvjet", "gemm", "cutlass", "sm90_xmma", "ampere_", "cublas")

@@ -20,7 +20,7 @@ import pandas as pd
 from workbench.bench.oomptimizer import chunked
 from workbench.bench.results import RESULTS_DIR, load_result
 from workbench.oomptimizer.plots import (bucket_label, meaning_of_search, plot_batch_sizes, plot_probe_trace,
-                                         plot_strategy_comparison, strategy_table, styled_strategy_table)
+                                         plot_strategy_comparison, styled_strategy_table)
 from workbench.oomptimizer.run import describe_soak
 from workbench.units import GiB
 
@@ -163,38 +163,6 @@ def chunked_union(records: list[Mapping[str, Any]]) -> dict[str, Any]:
                                                against=f"{chunked.REFERENCE}.json's")}
 
 
-def chunked_union_lines(union: Mapping[str, Any]) -> list[str]:
-    """chunked_union in lines: which records, the chunked / unchunked spread (same run) with its target
-    line, and the chunked / oomptimizer.json spread with its line."""
-    used = sorted({(row["record"], row["commit"]) for row in union["rows"] if row["record"]})
-    out = [f"- {union['model']}, joint_chunk_size {union['joint_chunk_size']}: buckets from "
-           f"{', '.join(f'{name}.json ({commit})' for name, commit in used) or 'no record'}"]
-    comp, ref = union["comparison"], union["reference"]
-    if comp["compared"]:
-        out.append(f"- chunked / unchunked (same run) over {comp['compared']} buckets: {_spread(comp)}")
-    out.append(f"- target: {comp['target_line']}")
-    if ref["compared"]:
-        out.append(f"- chunked / {chunked.REFERENCE}.json's rnnt predictive sizes (the commit each record was set "
-                   f"against is in its across_runs label) over {ref['compared']} buckets: {_spread(ref)}; "
-                   f">= {ref['target']:g}x at {len(ref['at_least_target'])} of them")
-    out.append(f"- {ref['target_line']}")
-    if union["left_out"]:
-        out.append(f"- left out: {', '.join(union['left_out'])}")
-    return out
-
-
-def chunked_union_table(union: Mapping[str, Any]) -> pd.DataFrame:
-    """chunked_union's rows as a table: bucket, duration (s), tokens, the three batch sizes, the two ratios
-    (x, 2 decimals) and the record each bucket came from."""
-    ref = f"{chunked.REFERENCE}.json"
-    table = pd.DataFrame(union["rows"]).rename(columns={
-        "duration_s": "duration s", "reference": ref, "chunked_over_unchunked": "chunked / unchunked",
-        "chunked_over_reference": f"chunked / {ref}"})
-    cols = ["bucket", "duration s", "tokens", ref, "unchunked", "chunked", "chunked / unchunked",
-            f"chunked / {ref}", "record", "commit"]
-    return table[cols].round({"duration s": 2, "chunked / unchunked": 2, f"chunked / {ref}": 2})
-
-
 def max_returned_peak_bytes(search: Mapping[str, Any]) -> float | None:
     """The largest peak of a search's probes at its returned batch sizes (None: no bucket searched)."""
     return max((p for p in chunked.returned_peaks(search) if p is not None), default=None)
@@ -274,12 +242,6 @@ def search_budget_bytes(record: Mapping[str, Any]) -> float:
     return record["params"]["memory_fraction"] * record["device"]["gpu_memory_bytes"]
 
 
-def true_max_table(part: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per bucket whose true maximum was probed: bucket, true maximum, each search's size, and how
-    far predictive is below the true maximum (a share)."""
-    return pd.DataFrame(part.get("true_max", {})).T
-
-
 def aed_part(record: Mapping[str, Any] | None, aed_record: Mapping[str, Any] | None) -> dict | None:
     """The AED part with both searches' traces: from oomptimizer_aed.json when it ran on its own GPU, else
     from oomptimizer.json; None when neither has it."""
@@ -288,35 +250,9 @@ def aed_part(record: Mapping[str, Any] | None, aed_record: Mapping[str, Any] | N
     return aed if ok else None
 
 
-def ddp_lines(ddp_record: Mapping[str, Any], record: Mapping[str, Any] | None) -> list[str]:
-    """The DDP run's batch sizes, beside the one-GPU DDP accounting's when the one-GPU record has it."""
-    f = ddp_record["figures"]
-    out = [f"{f['model']} on {f['world_size']} GPUs: {f['predictive']['probes']} probes, "
-           f"batch sizes {f['predictive']['batch_sizes']}"]
-    one = (record or {}).get("figures", {}).get("rnnt", {}).get("ddp_accounting", {})
-    if "batch_sizes" in one:
-        out.append(f"one GPU with DDP accounting: {one['batch_sizes']}")
-    return out
-
-
 def soak_line(part: Mapping[str, Any]) -> str | None:
     """The soak of a part in one line, None when it did not run."""
     return describe_soak(part["soak"]) if "soak" in part else None
-
-
-def rnnt_lines(record: Mapping[str, Any]) -> list[str]:
-    """What the notebook prints for the RNN-T part: the model and its soak."""
-    part = record["figures"]["rnnt"]
-    return [part["model"]] + ([soak_line(part)] if soak_line(part) else [])
-
-
-def rnnt_tables(record: Mapping[str, Any]) -> dict[str, pd.DataFrame]:
-    """The RNN-T part's tables: the searches side by side, and the true maxima where they were probed."""
-    part = record["figures"]["rnnt"]
-    tables = {"searches": strategy_table({k: v for k, v in part_runs(part).items() if "DDP" not in k})}
-    if part.get("true_max"):
-        tables["true maxima (probed upwards until OOM) against each search, by bucket"] = true_max_table(part)
-    return tables
 
 
 def rnnt_figures(record: Mapping[str, Any]) -> list:
@@ -332,16 +268,6 @@ def rnnt_figures(record: Mapping[str, Any]) -> list:
                                      title=f"{model}: probes per bucket, {len(comparison['bucket_indices'])} of "
                                            f"{len(bs)} buckets",
                                      buckets=[bs[i] for i in comparison["bucket_indices"]])]
-
-
-def aed_outputs(record: Mapping[str, Any] | None, aed_record: Mapping[str, Any] | None):
-    """(line, table, figure) of the AED part (:func:`aed_part`), or None when no record has it."""
-    aed = aed_part(record, aed_record)
-    if aed is None:
-        return None
-    runs = {k: aed[k] for k in ("predictive", "bisect")}
-    return (f"{aed['model']} batch sizes (predictive): {aed['predictive']['batch_sizes']}", strategy_table(runs),
-            plot_strategy_comparison(runs, title=f"{aed['model']}: all {len(aed['buckets'])} buckets"))
 
 
 def growth_rows(before: Mapping[str, Any], after: Mapping[str, Any], part: str = "rnnt") -> list[dict]:
