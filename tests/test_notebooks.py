@@ -29,6 +29,10 @@ def test_notebook_runs_in_smoke_mode(notebook, tmp_path):
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs), "the notebook drew no plot"
     assert not [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    silent = [i for i, c in enumerate(executed["cells"]) if "meaning" in c.get("metadata", {}).get("tags", [])
+              and not "".join("".join(o.get("text", "")) for o in c.get("outputs", [])
+                              if o.get("output_type") == "stream").strip()]
+    assert not silent, f"`meaning` cells that printed nothing: {silent}"
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
@@ -86,3 +90,33 @@ def test_notebook_title_carries_its_number(notebook):
     """The index and the reports list the notebooks as NN Title, in the order a reader takes them."""
     title = "".join(json.loads(notebook.read_text())["cells"][0]["source"]).splitlines()[0]
     assert title.startswith(f"# {notebook.name[:2]} "), title
+
+
+OPEN_SECTIONS = ("Explore", "In one line", "Live")  # panels, the index's line, a live GPU run: no reading of their own
+
+
+def _sections(nb: dict) -> list[tuple[str, list[dict]]]:
+    """(heading, cells) of each `## ` section of a notebook."""
+    out: list[tuple[str, list[dict]]] = []
+    for cell in nb["cells"]:
+        text = "".join(cell["source"])
+        if cell["cell_type"] == "markdown" and text.startswith("## "):
+            out.append((text.splitlines()[0][3:], []))
+        elif out:
+            out[-1][1].append(cell)
+    return out
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_section_ends_with_what_it_means(notebook):
+    """Each section's last code cell is tagged `meaning`: it prints what the result means, from the figures."""
+    missing = []
+    for heading, cells in _sections(json.loads(notebook.read_text())):
+        if heading.startswith(OPEN_SECTIONS):
+            continue
+        code = [c for c in cells if c["cell_type"] == "code"]
+        tagged = [i for i, c in enumerate(code) if "meaning" in c.get("metadata", {}).get("tags", [])]
+        if not tagged or any("print(" not in "".join(code[i]["source"]) for i in tagged) or \
+                not all("interactive" in "".join(c["source"]) for c in code[tagged[-1] + 1:]):
+            missing.append(heading)
+    assert not missing, f"sections without a closing `meaning` cell: {missing}"

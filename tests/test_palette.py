@@ -26,3 +26,15 @@ def test_unnamed_series_never_take_a_method_colour():
     assert not named & {palette.colour("bucket 3", fallback=k) for k in range(20)}
     with pytest.raises(KeyError, match="no colour for method 'bucket 3'"):
         palette.colour("bucket 3")
+
+
+def test_charts_take_method_colours_from_the_palette():
+    """No chart picks a cycle colour (C0, tab:blue, a tab10 colormap): those change meaning between charts."""
+    import re
+    from pathlib import Path
+
+    cycle = re.compile(r"""colou?r\s*=\s*f?["'](C\d|C\{|tab:)|plt\.cm\.tab|prop_cycle""")
+    package = Path(palette.__file__).parent
+    found = [f"{path.relative_to(package)}:{n}" for path in package.rglob("*.py")
+             for n, line in enumerate(path.read_text().splitlines(), 1) if cycle.search(line)]
+    assert not found, f"cycle colours instead of workbench.palette: {found}"
