@@ -280,7 +280,7 @@ def run_notebooks(out_dir: str | os.PathLike = "reports", *, smoke: bool = False
             f"<style>{INDEX_CSS}</style></head><body>"
             f"<h1>workbench reports</h1><p class='run'>{'smoke run' if smoke else 'full run'}, "
             f"{time.strftime('%Y-%m-%d %H:%M')}, {html.escape(run_description())}</p><ul>\n{items}\n</ul>"
-            f"<h2>Committed results</h2><p>{len(freshness)} results; the code {stale} of them measure has changed "
+            f"<h2>Committed results</h2><p>{len(freshness)} results; for {stale} of them the code they measure has changed "
             f"since they were measured (comments and docstrings do not count).</p>\n"
             f"{results_table(freshness)}</body></html>\n")
     index = write_text_atomically(out / "index.html", page)
