@@ -71,7 +71,8 @@ from workbench.models.losses import loss_backend
 from workbench.models.model import DTYPES, ASRModel, build_model, compile_encoder_layers
 from workbench.options import dropped_data_line
 from workbench.plain import to_plain
-from workbench.training.data import default_num_workers, loader_for_sampler
+from workbench.training.data import (allocator_settings_in_effect, allocator_settings_warning, default_num_workers,
+                                     loader_for_sampler)
 from workbench.training.split_batch import PartsTrained, UtteranceOutOfMemoryError, train_in_parts
 
 log = logging.getLogger(__name__)
@@ -187,8 +188,8 @@ def check_audio(cuts: CutSet, path: str) -> None:
 
 def check_profile_for_run(profile: BucketProfile, path: str, config: TrainConfig, ranks: Ranks,
                           device: torch.device) -> list[str]:
-    """Warnings (returned and logged) when the profile was measured for another model, dtype or GPU;
-    ValueError when it was made without DDP's accounting for a multi-process run."""
+    """Warnings (returned and logged) when the profile was measured for another model, dtype, GPU or CUDA
+    allocator settings; ValueError when it was made without DDP's accounting for a multi-process run."""
     meta = profile.metadata or {}
     if profile.bucket_batch_size is None:
         raise ValueError(f"--profile {path}: no 'bucket_batch_size': run `workbench oomptimize --bins {path}` "
@@ -199,6 +200,9 @@ def check_profile_for_run(profile: BucketProfile, path: str, config: TrainConfig
         run["gpu"] = torch.cuda.get_device_name(device)
     warnings = [f"--profile {path}: metadata.{name} is {meta[name]!r} but this run has {value!r}; its batch "
                 "sizes may not fit" for name, value in run.items() if name in meta and meta[name] != value]
+    if device.type == "cuda":
+        allocator = allocator_settings_warning(profile, f"--profile {path}", allocator_settings_in_effect())
+        warnings += [allocator] if allocator else []
     if config.compile and "compile" not in meta:  # profiles from before --compile measured the eager step
         warnings.append(f"--profile {path}: made without --compile (no metadata.compile) but this run compiles "
                         "the encoder; its batch sizes may not fit")
