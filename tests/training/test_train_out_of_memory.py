@@ -183,3 +183,76 @@ def test_one_utterance_that_does_not_fit_alone_is_a_one_line_error_with_the_stat
     assert state["step"] == step == len(memory.steps) and len(state["records"]) == step
     assert not (out / "model.pt").exists() and not (out / "train_summary.json").exists()
     assert not (out / "train_log.jsonl").exists()
+
+
+def _step_bytes(model, optimizer, host_batch) -> int:
+    """Device bytes one bf16 training step on ``host_batch`` needs above what is allocated before it."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    batch = {k: v.cuda() for k, v in host_batch.items()}
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model.loss(batch)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    del loss, batch
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+@pytest.mark.gpu
+def test_gpu_training_with_a_profile_too_large_trains_every_utterance_once(tmp_path, monkeypatch, caplog):
+    """A profile whose batch size is 1.5x what fits under a memory limit: real out-of-memory errors, each such
+    batch trained in parts, every utterance once, the bucket's size lowered to one that fits."""
+    from workbench.memory import configure_allocator
+    from workbench.memory.oom import release_memory
+    from workbench.training.collate import collate_cuts
+
+    configure_allocator()  # what train() does first: measure under the settings training runs under
+
+    # 96 utterances of 40 letters: one duration (6.5 s) and token count, so memory depends on batch size only
+    cuts_path = write_tone_corpus(tmp_path / "tones", 96, seed=2, min_letters=40, max_letters=40)
+    tokenizer_path = train_letter_tokenizer(tmp_path / "letters")
+    tokenizer = load_tokenizer(tokenizer_path)
+    cuts = CutSet.from_file(cuts_path)
+    fits, too_large = 32, 48
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    model = recipe.build_model("large-rnnt", vocab_size=tokenizer.vocab_size()).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    host = {n: collate_cuts(cuts.subset(first=n), tokenizer) for n in (1, fits, too_large)}
+    _step_bytes(model, optimizer, host[1])  # optimizer state and library workspaces exist from here on
+    need = {n: _step_bytes(model, optimizer, host[n]) for n in (fits, too_large)}
+    assert need[too_large] - need[fits] > 2**28, need  # a margin of 128 MiB on each side of the limit
+    release_memory()
+    settled = torch.cuda.memory_reserved()  # weights, optimizer state, and what earlier tests left behind
+    del model, optimizer
+    release_memory()
+    limit = settled + (need[fits] + need[too_large]) // 2  # a batch of `fits` fits, one of `too_large` does not
+    profile = tmp_path / "profile.yaml"
+    save_profile(profile, BucketProfile(bucket_duration_bins=[20.0], bucket_batch_size=[too_large]))
+    memory = LimitedMemory(ids_by_audio(cuts_path, tokenizer_path), batch_norm=True)  # only the GPU's limit
+    monkeypatch.setattr(recipe, "build_model", memory.build)
+    caplog.set_level(logging.WARNING, logger="workbench.training.recipe")
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(limit / total, device)
+    try:
+        summary = recipe.train(recipe.TrainConfig(
+            cuts=str(cuts_path), tokenizer=str(tokenizer_path), out_dir=str(tmp_path / "run"), model="large-rnnt",
+            profile=str(profile), steps=6, device="cuda", dtype="bf16", num_workers=0, concurrent=False,
+            log_cut_ids=True, warmup_steps=1))
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        memory.close()
+    log = _log(tmp_path / "run")
+    batches_trained = [ids for r in log for ids in r["cut_ids"]]
+    assert memory.steps == batches_trained  # every utterance of every batch, once, in the step that drew it
+    assert collections.Counter(memory.trained) == collections.Counter(c for ids in batches_trained for c in ids)
+    assert set(memory.trained) == {c.id for c in cuts}  # 2 x 48 a first epoch, at most 24 each after
+    events = summary["out_of_memory"]  # the first step may fit: the optimizer state is made at its end
+    assert events and events[0]["batch_size"] == too_large and events[0]["step"] <= 1
+    assert 1 <= summary["lowered_batch_sizes"]["0"] <= fits
+    assert all(r["batch_size"] <= summary["lowered_batch_sizes"]["0"] for r in log[events[-1]["step"] + 1:])
+    lines = [r.getMessage() for r in caplog.records if "out of memory" in r.getMessage()]
+    assert len(lines) == len(events) and "from bucket 0 (<= 20 s)" in lines[0]
