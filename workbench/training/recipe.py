@@ -592,8 +592,9 @@ def out_of_memory_advice(run: Run) -> str | None:
         return None
     lowered = lowered_batch_sizes(run)
     if not lowered:
-        return (f"out of memory in training on {len(run.out_of_memory)} batch(es), each trained in parts: lower "
-                f"--max-duration (now {run.config.max_duration:g})")
+        lower = (f"--max-duration (now {run.config.max_duration:g})" if run.config.profile is None
+                 else f"the batch sizes of --profile {run.config.profile}")
+        return f"out of memory in training on {len(run.out_of_memory)} batch(es), each trained in parts: lower {lower}"
     profile = run.sampler.profile
     changes = ", ".join(f"bucket_batch_size[{b}] {profile.bucket_batch_size[b]} -> {size}"
                         for b, size in sorted(lowered.items()))
