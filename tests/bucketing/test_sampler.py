@@ -137,16 +137,20 @@ def _ids(batches):
     return [[c.id for c in b] for b in batches]
 
 
+def _resumable(seed: int, num_cuts: int, batch_sizes: list[int]):
+    """(cuts of 1-10 s, a 3-bucket profile, a function making its sampler without concurrent bucketing)."""
+    durations = np.random.default_rng(seed).uniform(1, 10, num_cuts)
+    cuts = cuts_from_arrays(durations, (durations * 3).astype(int) + 1)
+    profile = BucketProfile([[3.0, 20], [6.0, 40], [10.0, 60]], batch_sizes)
+    return cuts, profile, lambda: make_sampler(cuts, profile, concurrent=False, seed=3, buffer_size=100)
+
+
 def test_sampler_resumes_mid_epoch_from_a_json_checkpoint():
     import json
 
     from workbench.bucketing import load_sampler_state_dict, sampler_state_dict
 
-    rng = np.random.default_rng(5)
-    durations = rng.uniform(1, 10, 500)
-    cuts = cuts_from_arrays(durations, (durations * 3).astype(int) + 1)
-    profile = BucketProfile([[3.0, 20], [6.0, 40], [10.0, 60]], [8, 4, 2])
-    make = lambda: make_sampler(cuts, profile, concurrent=False, seed=3, buffer_size=100)  # noqa: E731
+    cuts, profile, make = _resumable(5, 500, [8, 4, 2])
     uninterrupted = _ids(make())
     sampler = make()
     it = iter(sampler)
@@ -184,11 +188,7 @@ def test_sampler_resume_refuses_another_profile_or_seed():
 def test_a_lowered_bucket_batch_size_holds_from_the_next_batch_and_a_resume_replays_it():
     from workbench.bucketing import batches_drawn, load_sampler_state_dict, sampler_state_dict, set_bucket_batch_size
 
-    rng = np.random.default_rng(7)
-    durations = rng.uniform(1, 10, 400)
-    cuts = cuts_from_arrays(durations, (durations * 3).astype(int) + 1)
-    profile = BucketProfile([[3.0, 20], [6.0, 40], [10.0, 60]], [8, 6, 4])
-    make = lambda: make_sampler(cuts, profile, concurrent=False, seed=3, buffer_size=100)  # noqa: E731
+    cuts, profile, make = _resumable(7, 400, [8, 6, 4])
     bucket_of = {c.id: 0 if c.duration <= 3 else 1 if c.duration <= 6 else 2 for c in cuts}
     sampler = make()
     it = iter(sampler)
