@@ -263,6 +263,7 @@ def test_gpu_oomptimize_command_writes_a_loadable_profile(tmp_path, capsys):
     assert meta["gpu"] == torch.cuda.get_device_name() and meta["model"] == "tiny-rnnt"
     assert meta["budget_bytes"] == int(0.05 * torch.cuda.get_device_properties(0).total_memory)
     assert meta["soak"]["ooms"] == 0 and meta["soak"]["peak_allocated_bytes"] > 0
+    assert "expandable_segments:True" in profile.allocator_settings  # the command turned them on first
     assert f"wrote {out}" in capsys.readouterr().out
 
 
