@@ -256,3 +256,18 @@ def test_gpu_training_with_a_profile_too_large_trains_every_utterance_once(tmp_p
     assert all(r["batch_size"] <= summary["lowered_batch_sizes"]["0"] for r in log[events[-1]["step"] + 1:])
     lines = [r.getMessage() for r in caplog.records if "out of memory" in r.getMessage()]
     assert len(lines) == len(events) and "from bucket 0 (<= 20 s)" in lines[0]
+
+
+def test_under_torchrun_a_batch_out_of_memory_is_a_one_line_error(corpus, tmp_path, limited):
+    cuts_path, tokenizer_path, _ = corpus
+    cuts = CutSet.from_file(cuts_path)
+    limited(max_utterances=2)
+    profile = BucketProfile(bucket_duration_bins=[10.0], bucket_batch_size=[16])
+    run = recipe.start_run(_config(corpus, tmp_path, profile="p.yaml"), Ranks(), torch.device("cpu"),
+                           load_tokenizer(tokenizer_path), cuts, profile)
+    run.ranks = Ranks(0, 2, 0)  # every rank must run the same backward passes: nothing is split
+    host_batch = CutBatchDataset(str(tokenizer_path))[cuts.subset(first=4)]
+    with pytest.raises(ValueError, match=r"^out of memory at step 0 on a batch of 4 utterances from bucket 0 "
+                                         r"\(<= 10 s\); under torchrun batches are not split: lower that bucket's "
+                                         r"batch size in --profile p.yaml$"):
+        recipe.forward_backward(run, host_batch)

@@ -503,9 +503,11 @@ def forward_backward(run: Run, host_batch: dict) -> PartsTrained:
         except RuntimeError as e:
             if not is_oom_error(e):
                 raise
+            lower = ("--max-duration" if run.config.profile is None
+                     else f"that bucket's batch size in --profile {run.config.profile}")
             raise ValueError(f"out of memory at step {run.step} on a batch of {num_rows} utterances from "
-                             f"{bucket_name(run, bucket)}; under torchrun batches are not split: lower its "
-                             f"batch size in --profile {run.config.profile}") from None
+                             f"{bucket_name(run, bucket)}; under torchrun batches are not split: lower "
+                             f"{lower}") from None
         return PartsTrained(loss=loss.detach(), part_sizes=[num_rows])
     try:
         parts = train_in_parts(host_batch, forward=forward, to_device=to_device,
