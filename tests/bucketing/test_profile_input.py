@@ -57,3 +57,29 @@ def test_bins_warns_about_groups_the_tps_filter_cannot_see(tmp_path, capsys):
                  "-q"]) == 0
     err = capsys.readouterr().err
     assert "the TPS filter cannot flag an outlier in" in err and "--tps-threshold 4" in err
+
+
+def test_the_allocator_settings_a_profile_was_searched_under_round_trip(tmp_path):
+    searched = BucketProfile([[5.0, 40]], [8], allocator_settings="expandable_segments:True,max_split_size_mb:256")
+    path = save_profile(tmp_path / "p.yaml", searched)
+    assert "allocator_settings: expandable_segments:True,max_split_size_mb:256\n" in path.read_text()
+    assert load_profile(path).allocator_settings == searched.allocator_settings
+    defaults = load_profile(save_profile(tmp_path / "defaults.yaml", BucketProfile([5.0], [8], allocator_settings="")))
+    assert defaults.allocator_settings == ""  # searched under torch's defaults: recorded, not missing
+    old = save_profile(tmp_path / "old.yaml", BucketProfile([5.0], [8]))
+    assert "allocator_settings" not in old.read_text() and load_profile(old).allocator_settings is None
+
+
+@pytest.mark.parametrize("line, message", [
+    ("allocator_setting: expandable_segments:True", r"unknown field 'allocator_setting'; did you mean "
+                                                    r"'allocator_settings'\?"),
+    ("allocator_settings: [1, 2]", r"field 'allocator_settings' must be a settings string like "
+                                   r"'expandable_segments:True', got \[1, 2\]"),
+    ("allocator_settings: expandable_segments", r"field 'allocator_settings': allocator setting "
+                                                r"'expandable_segments' is not 'key:value'"),
+])
+def test_a_wrong_allocator_settings_field_is_named(tmp_path, line, message):
+    path = save_profile(tmp_path / "p.yaml", BucketProfile([5.0], [8]))
+    path.write_text(path.read_text() + line + "\n")
+    with pytest.raises(ValueError, match=f"p.yaml: {message}"):
+        load_profile(path)

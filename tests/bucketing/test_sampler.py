@@ -137,16 +137,20 @@ def _ids(batches):
     return [[c.id for c in b] for b in batches]
 
 
+def _resumable(seed: int, num_cuts: int, batch_sizes: list[int]):
+    """(cuts of 1-10 s, a 3-bucket profile, a function making its sampler without concurrent bucketing)."""
+    durations = np.random.default_rng(seed).uniform(1, 10, num_cuts)
+    cuts = cuts_from_arrays(durations, (durations * 3).astype(int) + 1)
+    profile = BucketProfile([[3.0, 20], [6.0, 40], [10.0, 60]], batch_sizes)
+    return cuts, profile, lambda: make_sampler(cuts, profile, concurrent=False, seed=3, buffer_size=100)
+
+
 def test_sampler_resumes_mid_epoch_from_a_json_checkpoint():
     import json
 
     from workbench.bucketing import load_sampler_state_dict, sampler_state_dict
 
-    rng = np.random.default_rng(5)
-    durations = rng.uniform(1, 10, 500)
-    cuts = cuts_from_arrays(durations, (durations * 3).astype(int) + 1)
-    profile = BucketProfile([[3.0, 20], [6.0, 40], [10.0, 60]], [8, 4, 2])
-    make = lambda: make_sampler(cuts, profile, concurrent=False, seed=3, buffer_size=100)  # noqa: E731
+    cuts, profile, make = _resumable(5, 500, [8, 4, 2])
     uninterrupted = _ids(make())
     sampler = make()
     it = iter(sampler)
@@ -179,3 +183,37 @@ def test_sampler_resume_refuses_another_profile_or_seed():
     plain_state = sampler_state_dict(plain)  # a plain lhotse sampler: lhotse's own state, round-tripped
     assert "workbench_profile" not in plain_state
     load_sampler_state_dict(DynamicBucketingSampler(cuts, max_duration=20.0, num_buckets=2, seed=1), plain_state)
+
+
+def test_a_lowered_bucket_batch_size_holds_from_the_next_batch_and_a_resume_replays_it():
+    from workbench.bucketing import batches_drawn, load_sampler_state_dict, sampler_state_dict, set_bucket_batch_size
+
+    cuts, profile, make = _resumable(7, 400, [8, 6, 4])
+    bucket_of = {c.id: 0 if c.duration <= 3 else 1 if c.duration <= 6 else 2 for c in cuts}
+    sampler = make()
+    it = iter(sampler)
+    before = [[c.id for c in next(it)] for _ in range(5)]
+    assert batches_drawn(sampler) == 5
+    set_bucket_batch_size(sampler, 0, 3)
+    after = [[c.id for c in next(it)] for _ in range(6)]
+    assert any(len(b) > 3 for b in before if bucket_of[b[0]] == 0)  # the change shows
+    assert all(len(b) <= 3 for b in after if bucket_of[b[0]] == 0) and any(bucket_of[b[0]] == 0 for b in after)
+    assert profile.bucket_batch_size == [8, 6, 4] and sampler.profile.bucket_batch_size == [8, 6, 4]
+    state = sampler_state_dict(sampler)  # 11 batches seen; the size changed from batch 5 on
+    rest = []  # the rest of the epoch (iterating the sampler anew would start it over)
+    while (batch := next(it, None)) is not None:
+        rest.append([c.id for c in batch])
+    resumed = make()
+    load_sampler_state_dict(resumed, state, batch_size_changes=[(5, 0, 3)])
+    assert _ids(resumed) == rest  # the same 11 batches were skipped, then the same sizes drawn
+    unreplayed = make()
+    set_bucket_batch_size(unreplayed, 0, 3)
+    load_sampler_state_dict(unreplayed, state)
+    assert _ids(unreplayed) != rest  # applied from the epoch's start, the skipped batches differ
+    for bucket, size, needle in ((3, 2, r"bucket 3 is not in \[0, 3\)"), (0, 0, "positive integer, got 0")):
+        with pytest.raises(ValueError, match=needle):
+            set_bucket_batch_size(make(), bucket, size)
+    from lhotse.dataset import DynamicBucketingSampler
+
+    with pytest.raises(ValueError, match="not made by make_sampler"):
+        set_bucket_batch_size(DynamicBucketingSampler(cuts, max_duration=20.0, num_buckets=2), 0, 2)

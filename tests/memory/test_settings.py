@@ -1,7 +1,8 @@
 import pytest
 
 from workbench.memory.settings import (backend_setting, effective_env_settings, expandable_segments_setting,
-                                       format_settings, merge_settings, parse_settings)
+                                       format_settings, merge_settings, parse_settings,
+                                       settings_differences)
 
 
 def test_parse_keeps_order_and_bracketed_lists():
@@ -56,3 +57,16 @@ def test_env_precedence_follows_torch():
     assert effective_env_settings({"PYTORCH_CUDA_ALLOC_CONF": "a:1", "PYTORCH_ALLOC_CONF": "b:2"}) == \
         ("PYTORCH_ALLOC_CONF", "b:2")
     assert effective_env_settings({"PYTORCH_ALLOC_CONF": ""}) == ("PYTORCH_ALLOC_CONF", "")
+
+
+def test_settings_differences_read_what_a_string_leaves_out_as_torch_does():
+    assert settings_differences("expandable_segments:True", "expandable_segments:True") == []
+    assert settings_differences("", None) == []  # both torch's defaults
+    assert settings_differences("", "expandable_segments:False,backend:native") == []
+    assert settings_differences("expandable_segments:True", "") == ["expandable_segments: True -> False"]
+    assert settings_differences("expandable_segments:True,max_split_size_mb:256", "expandable_segments:True") == [
+        "max_split_size_mb: 256 -> (unset)"]
+    assert settings_differences(None, "backend:cudaMallocAsync,roundup_power2_divisions:4") == [
+        "backend: native -> cudaMallocAsync", "roundup_power2_divisions: (unset) -> 4"]
+    with pytest.raises(ValueError, match="'expandable_segments' is not 'key:value'"):
+        settings_differences("expandable_segments", "")

@@ -73,6 +73,20 @@ def test_profile_for_another_gpu_warns_naming_the_field(monkeypatch):
     assert len(asked) == 2
 
 
+def test_profile_searched_under_other_allocator_settings_warns_naming_them(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(recipe, "allocator_settings_in_effect", lambda: "expandable_segments:True")
+    config = TrainConfig(cuts="c.jsonl", tokenizer="t.model", out_dir="out")
+    gpu = torch.device("cuda", 0)
+    searched = BucketProfile([2.0, 4.0], [8, 4], allocator_settings="")
+    assert check_profile_for_run(searched, "p.yaml", config, Ranks(), gpu) == [
+        "--profile p.yaml: searched under CUDA allocator settings '' but this process has 'expandable_segments:True' "
+        "(expandable_segments: False -> True); its batch sizes may not fit"]
+    same = BucketProfile([2.0, 4.0], [8, 4], allocator_settings="expandable_segments:True")
+    assert check_profile_for_run(same, "p.yaml", config, Ranks(), gpu) == []
+    assert check_profile_for_run(searched, "p.yaml", config, Ranks(), torch.device("cpu")) == []
+
+
 @pytest.mark.parametrize("device, pinned", [("cuda", True), ("cpu", False)])
 def test_loader_pins_host_batches_only_for_cuda(device, pinned):
     config = TrainConfig(cuts="c.jsonl", tokenizer="t.model", out_dir="out", num_workers=2, prefetch_factor=3)

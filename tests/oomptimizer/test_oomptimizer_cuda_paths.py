@@ -263,6 +263,7 @@ def test_gpu_oomptimize_command_writes_a_loadable_profile(tmp_path, capsys):
     assert meta["gpu"] == torch.cuda.get_device_name() and meta["model"] == "tiny-rnnt"
     assert meta["budget_bytes"] == int(0.05 * torch.cuda.get_device_properties(0).total_memory)
     assert meta["soak"]["ooms"] == 0 and meta["soak"]["peak_allocated_bytes"] > 0
+    assert "expandable_segments:True" in profile.allocator_settings  # the command turned them on first
     assert f"wrote {out}" in capsys.readouterr().out
 
 
@@ -286,3 +287,23 @@ def test_probe_warm_up_reads_the_baseline_again(monkeypatch):
     assert probe.baseline_bytes == 1000
     probe.warm_up((4.0, 40))
     assert probe.baseline_bytes == 1500 and probe.model.batches == [(2, 4.0, 40)]
+
+
+@pytest.mark.parametrize("settings, warns", [("expandable_segments:True,max_split_size_mb:512", False),
+                                             ("expandable_segments:False", True), (None, True)])
+def test_oomptimize_records_the_allocator_settings_and_warns_without_expandable_segments(monkeypatch, caplog, tmp_path,
+                                                                                        settings, warns):
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    if settings is not None:
+        monkeypatch.setenv("PYTORCH_ALLOC_CONF", settings)
+    alloc = FakeAllocator(monkeypatch)  # CUDA not initialized: the settings torch will read are the env's
+    caplog.set_level("WARNING", logger="workbench.oomptimizer.run")
+    profile, _ = run.oomptimize(FakeModel(alloc), "fake-rnnt", BucketProfile([[4.0, 40]]), memory_fraction=0.5)
+    assert profile.allocator_settings == (settings or "")
+    assert load_profile(save_profile(tmp_path / "p.yaml", profile)).allocator_settings == (settings or "")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == warns
+    if warns:
+        assert lines[0].startswith(f"oomptimize: the CUDA allocator runs without expandable segments (settings "
+                                   f"{settings or ''!r})") and "\n" not in lines[0]

@@ -86,3 +86,27 @@ def test_bad_arguments_are_named(corpus, kwargs, error, needle):
     args = dict(cuts=manifest, profile=profile, num_workers=0, configure_allocator=False) | kwargs
     with pytest.raises(error, match=needle):
         make_dataloader(args.pop("cuts"), args.pop("profile"), CutCount(), **args)
+
+
+@pytest.mark.parametrize("searched, current, warns", [
+    (None, "", False),  # a profile from before profiles recorded the settings: nothing to compare
+    ("expandable_segments:True", "expandable_segments:True", False),
+    ("expandable_segments:True", None, False),  # no CUDA: no allocator
+    ("expandable_segments:True", "expandable_segments:False", True),
+    ("expandable_segments:True,max_split_size_mb:256", "expandable_segments:True", True),
+])
+def test_a_profile_searched_under_other_allocator_settings_is_one_warning_line(corpus, tmp_path, monkeypatch, caplog,
+                                                                                searched, current, warns):
+    from workbench.training import data
+
+    manifest, _ = corpus
+    profile = save_profile(tmp_path / "p.yaml", BucketProfile([5.0, 10.0, 40.0], [16, 8, 2],
+                                                             allocator_settings=searched))
+    monkeypatch.setattr(data, "allocator_settings_in_effect", lambda: current)
+    caplog.set_level("WARNING", logger="workbench.training.data")
+    loader = make_dataloader(manifest, profile, CutCount(), num_workers=0, configure_allocator=False)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ([loader.allocator_warning] if warns else []) and (loader.allocator_warning is None) != warns
+    if warns:
+        assert lines[0].startswith(f"profile {profile}: searched under CUDA allocator settings {searched!r} but "
+                                   f"this process has {current!r} (") and lines[0].endswith("may not fit")

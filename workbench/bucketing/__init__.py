@@ -18,13 +18,15 @@ _LAZY = {
     "make_sampler": "workbench.bucketing.sampler",
     "sampler_state_dict": "workbench.bucketing.sampler",
     "load_sampler_state_dict": "workbench.bucketing.sampler",
+    "set_bucket_batch_size": "workbench.bucketing.sampler",
+    "batches_drawn": "workbench.bucketing.sampler",
 }
 
 __all__ = [
     "Bins2D", "BucketBatchSizeConstraint", "BucketFitter", "BucketProfile", "DurationGroup", "UnfitReport",
     "close_sampler", "cut_num_tokens", "estimate_2d_bins", "estimate_duration_bins", "expected_batch_max",
     "load_profile", "load_sampler_state_dict", "make_fitter", "make_sampler", "profile_from_arrays", "sampler_state_dict", "padding_comparison", "padding_waste",
-    "running_total_boundaries", "save_profile", "unfit_table",
+    "running_total_boundaries", "save_profile", "set_bucket_batch_size", "batches_drawn", "unfit_table",
 ]
 
 

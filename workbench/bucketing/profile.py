@@ -17,6 +17,7 @@ import yaml
 
 from workbench.atomic import write_text_atomically
 from workbench.bucketing.estimate import estimate_2d_bins, estimate_duration_bins
+from workbench.memory.settings import parse_settings
 from workbench.plain import to_plain
 
 
@@ -26,6 +27,8 @@ class BucketProfile:
     bucket_batch_size: list[int] | None = None  # one per bucket, once the OOMptimizer has run
     max_tps: list[float] | float | None = None  # tokens-per-second limit, per bucket (2D) or one value
     metadata: dict[str, Any] = field(default_factory=dict)  # model, dtype, GPU, torch version, date...
+    allocator_settings: str | None = None  # CUDA allocator settings the sizes were searched under ("": torch's
+    #                                        defaults; None: not recorded, as in profiles from before the field)
 
     @property
     def num_buckets(self) -> int:
@@ -43,6 +46,8 @@ class BucketProfile:
             out["bucket_batch_size"] = list(self.bucket_batch_size)
         if self.max_tps is not None:
             out["max_tps"] = self.max_tps
+        if self.allocator_settings is not None:
+            out["allocator_settings"] = self.allocator_settings
         if self.metadata:
             out["metadata"] = self.metadata
         return out
@@ -52,12 +57,14 @@ def save_profile(path: str | os.PathLike, profile: BucketProfile) -> Path:
     """Write the profile as YAML of built-in types, atomically (temp file in the same folder, then rename)."""
     data = to_plain(profile.to_dict())  # numpy scalars, str subclasses (torch.__version__) -> built-ins
     validate_profile(BucketProfile(data["bucket_duration_bins"], data.get("bucket_batch_size"),
-                                   data.get("max_tps"), data.get("metadata") or {}), source=str(path))
+                                   data.get("max_tps"), data.get("metadata") or {}, data.get("allocator_settings")),
+                     source=str(path))
     text = yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
     return write_text_atomically(path, text)
 
 
-PROFILE_FIELDS = ("num_buckets", "bucket_duration_bins", "bucket_batch_size", "max_tps", "metadata")
+PROFILE_FIELDS = ("num_buckets", "bucket_duration_bins", "bucket_batch_size", "max_tps", "allocator_settings",
+                  "metadata")
 
 
 class NoAliasLoader(yaml.SafeLoader):
@@ -95,7 +102,8 @@ def load_profile(path: str | os.PathLike) -> BucketProfile:
                          f" (the fields: {', '.join(PROFILE_FIELDS)})"))
     profile = BucketProfile(bucket_duration_bins=data["bucket_duration_bins"],
                             bucket_batch_size=data.get("bucket_batch_size"),
-                            max_tps=data.get("max_tps"), metadata=data.get("metadata") or {})
+                            max_tps=data.get("max_tps"), metadata=data.get("metadata") or {},
+                            allocator_settings=data.get("allocator_settings"))
     validate_profile(profile, source=str(path))
     if "num_buckets" in data and data["num_buckets"] != profile.num_buckets:
         raise ValueError(f"{path}: field 'num_buckets' is {data['num_buckets']} but "
@@ -146,6 +154,15 @@ def validate_profile(profile: BucketProfile, source: str = "profile") -> None:
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < float("inf"):
             where = f"max_tps[{i}]" if isinstance(tps, list) else "max_tps"
             raise ValueError(f"{source}: {where} = {v!r} must be a finite number >= 0 (tokens per second)")
+    settings = profile.allocator_settings
+    if settings is not None:
+        if not isinstance(settings, str):
+            raise ValueError(f"{source}: field 'allocator_settings' must be a settings string like "
+                             f"'expandable_segments:True', got {settings!r}")
+        try:
+            parse_settings(settings)
+        except ValueError as e:
+            raise ValueError(f"{source}: field 'allocator_settings': {e}") from None
     if not isinstance(profile.metadata, dict):
         raise ValueError(f"{source}: field 'metadata' must be a mapping, got {type(profile.metadata).__name__}")
 

@@ -178,7 +178,8 @@ def _rewind_to(state: dict[str, Any], batches_consumed: int) -> None:
     state["diagnostics"] = diagnostics
 
 
-def load_sampler_state_dict(sampler: DynamicBucketingSampler, state: dict[str, Any]) -> None:
+def load_sampler_state_dict(sampler: DynamicBucketingSampler, state: dict[str, Any], *,
+                            batch_size_changes: list[tuple[int, int, int]] = ()) -> None:
     """Resume a sampler from :func:`sampler_state_dict`: make it with ``make_sampler`` (or lhotse, without
     a profile) on the same cuts, profile, seed and world size, then call this; iteration continues the saved epoch after the batches
     already seen (lhotse re-draws and skips them: no audio is read).
@@ -186,6 +187,11 @@ def load_sampler_state_dict(sampler: DynamicBucketingSampler, state: dict[str, A
     With ``concurrent=False`` the following batches are exactly those of the uninterrupted run. With
     concurrent bucketing (the default) the same number of batches is skipped, but which bucket each
     batch comes from depends on the filling thread's timing, so the rest of the epoch may differ.
+
+    ``batch_size_changes``: ``(batch, bucket, batch_size)`` for each :func:`set_bucket_batch_size` made during
+    the saved epoch, in effect from that batch of the epoch on (0-based, counting the batches drawn). Set
+    the sizes in effect at the epoch's start first; the changes are replayed while the batches already seen
+    are drawn again, so those are the same batches, and are all in effect afterwards.
     Raises ValueError naming the field when the state does not match this sampler."""
     state = dict(state)
     saved = state.pop(STATE_KEY, None)
@@ -193,6 +199,8 @@ def load_sampler_state_dict(sampler: DynamicBucketingSampler, state: dict[str, A
         if saved is not None:
             raise ValueError("sampler state: saved with a bucket profile, but this sampler has none: resume with "
                              "the same profile")
+        if batch_size_changes:
+            raise ValueError("sampler state: batch size changes need a sampler made by make_sampler")
         saved = current = {}
     elif saved is None:
         raise ValueError(f"sampler state: no '{STATE_KEY}' field (not written by sampler_state_dict)")
@@ -209,7 +217,46 @@ def load_sampler_state_dict(sampler: DynamicBucketingSampler, state: dict[str, A
     diagnostics = dict(state["diagnostics"])  # JSON turns the per-epoch keys into strings: back to ints
     diagnostics["stats_per_epoch"] = {int(k): v for k, v in diagnostics["stats_per_epoch"].items()}
     state["diagnostics"] = diagnostics
-    sampler.load_state_dict(state)
+    seen = _batches_seen(state)
+    replayed = sorted(c for c in batch_size_changes if c[0] < seen)
+    if replayed:
+        _rewind_to(state, replayed[0][0])
+    sampler.load_state_dict(state)  # lhotse re-draws the batches the state counts
+    for i, (batch, bucket, size) in enumerate(replayed):
+        set_bucket_batch_size(sampler, bucket, size)
+        until = replayed[i + 1][0] if i + 1 < len(replayed) else seen
+        for _ in range(until - batch):
+            next(sampler)
+    if replayed:
+        sampler._just_restored_state = True  # as lhotse's own fast-forward leaves it: iter() continues the epoch
+    for batch, bucket, size in sorted(batch_size_changes):
+        if batch >= seen:
+            set_bucket_batch_size(sampler, bucket, size)
+
+
+def _batches_seen(state: dict[str, Any]) -> int:
+    """Batches of its current epoch that a lhotse sampler state counts."""
+    diagnostics = state["diagnostics"]
+    stats = diagnostics["stats_per_epoch"].get(diagnostics["current_epoch"])
+    return 0 if stats is None else stats["kept_batches"] + stats["discarded_batches"]
+
+
+def batches_drawn(sampler: DynamicBucketingSampler) -> int:
+    """Batches the sampler has drawn in its current epoch (a DataLoader's workers draw ahead of training)."""
+    return sampler.diagnostics.current_epoch_stats.total_batches
+
+
+def set_bucket_batch_size(sampler: DynamicBucketingSampler, bucket: int, batch_size: int) -> None:
+    """From the next batch the sampler draws on, bucket ``bucket`` gives batches of at most ``batch_size``
+    cuts (``sampler.profile`` keeps the file's sizes). ValueError naming the bucket or the size."""
+    constraint = getattr(sampler, "constraint", None)
+    if not isinstance(constraint, BucketBatchSizeConstraint):
+        raise ValueError("set_bucket_batch_size: the sampler was not made by make_sampler (no per-bucket sizes)")
+    if not isinstance(bucket, int) or not 0 <= bucket < len(constraint.batch_sizes):
+        raise ValueError(f"set_bucket_batch_size: bucket {bucket!r} is not in [0, {len(constraint.batch_sizes)})")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"set_bucket_batch_size: batch_size must be a positive integer, got {batch_size!r}")
+    constraint.batch_sizes[bucket] = batch_size  # lhotse copies the constraint per batch, sharing this list
 
 
 def close_sampler(sampler: DynamicBucketingSampler) -> None:

@@ -85,6 +85,19 @@ def backend_setting(options: Mapping[str, str]) -> str:
     return options.get("backend", "native")
 
 
+# What torch uses for an option a settings string leaves out, where it matters to a profile's batch sizes.
+TORCH_DEFAULTS = {"expandable_segments": "False", "backend": "native"}
+
+
+def settings_differences(searched: str | None, current: str | None) -> list[str]:
+    """The options that differ between two settings strings, each as ``"key: searched -> current"`` (an
+    option left out reads as torch's default for it, or ``(unset)``); [] when they agree. ValueError naming
+    the option for a malformed string."""
+    before, after = ({**TORCH_DEFAULTS, **parse_settings(text)} for text in (searched, current))
+    return [f"{key}: {before.get(key, '(unset)')} -> {after.get(key, '(unset)')}"
+            for key in dict.fromkeys([*before, *after]) if before.get(key) != after.get(key)]
+
+
 def effective_env_settings(environ: Mapping[str, str]) -> tuple[str | None, str | None]:
     """``(variable name, settings)`` that torch will read from ``environ``, or ``(None, None)``.
 

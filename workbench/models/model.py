@@ -62,7 +62,7 @@ class ASRModel(nn.Module):
         """Scalar loss with its graph: summed NLL / number of target tokens (AED: mean smoothed CE)."""
         tokens, token_lens = batch["tokens"], batch["token_lens"]
         enc, enc_lens = self.encode(batch["audio"], batch["audio_lens"])
-        num_targets = token_lens.sum().clamp_min(1)
+        num_targets = self.loss_normalizer(token_lens)
         head = self.config.head
         if head in ("rnnt", "tdt"):
             pred = self.predictor(tokens)
@@ -79,6 +79,14 @@ class ASRModel(nn.Module):
                              zero_infinity=True)
             return nll / num_targets
         return self._aed_loss(enc, enc_lens, tokens, token_lens)
+
+    def loss_normalizer(self, token_lens: torch.Tensor) -> torch.Tensor:
+        """The count :meth:`loss` divides its summed loss by: target tokens, at least 1 (AED: the tokens and
+        one end of sentence per utterance). A part of a batch weighted by its count over the batch's gives
+        the batch's loss, and its gradient, when summed (how a batch too large for memory is trained)."""
+        if self.config.head == "aed":
+            return (token_lens + 1).sum()
+        return token_lens.sum().clamp_min(1)
 
     def _transducer_nll(self, tokens, enc_lens, token_lens):
         """(padded joint logits of some rows of the batch, those rows) -> their summed transducer NLL."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import math
 import random
 import time
@@ -12,7 +13,9 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench.bucketing.profile import BucketProfile
+from workbench.memory.allocator import current_allocator_settings
 from workbench.memory.oom import is_oom_error, release_memory
+from workbench.memory.settings import expandable_segments_setting, parse_settings
 from workbench.models.model import encoder_layers_compiled
 from workbench.oomptimizer.merge import merge_equal_buckets
 from workbench.oomptimizer.probe import TrainingStepProbe
@@ -20,6 +23,7 @@ from workbench.oomptimizer.search import SearchResult, search_batch_sizes
 from workbench.units import GiB
 
 DEFAULT_TOKENS_PER_SECOND = 10.0  # token bound of a 1D bucket when the profile has no max_tps
+log = logging.getLogger(__name__)
 
 
 def profile_buckets(profile: BucketProfile) -> list[tuple[float, float]]:
@@ -43,6 +47,17 @@ def gpu_metadata(model_name: str, dtype: torch.dtype, memory_fraction: float, **
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **extra}
 
 
+def expandable_segments_warning(settings: str) -> str | None:
+    """One line when the allocator settings a search runs under (``""``: torch's defaults) leave expandable
+    segments off: training with dynamic batch shapes runs with them on, so the sizes would be measured
+    under other settings than training's."""
+    if expandable_segments_setting(parse_settings(settings)):
+        return None
+    return (f"oomptimize: the CUDA allocator runs without expandable segments (settings {settings!r}); training "
+            "turns them on for dynamic batch shapes, so search under the settings training will use "
+            "(PYTORCH_ALLOC_CONF=expandable_segments:True)")
+
+
 def oomptimize(model: torch.nn.Module, model_name: str, bins: BucketProfile, *, strategy: str = "predictive",
                dtype: torch.dtype = torch.bfloat16, memory_fraction: float = 0.9, ddp: bool = False,
                rel_gap: float = 0.05, start_batch_size: int = 32, merge: bool = True,
@@ -50,9 +65,14 @@ def oomptimize(model: torch.nn.Module, model_name: str, bins: BucketProfile, *, 
                ) -> tuple[BucketProfile, SearchResult]:
     """Search per-bucket batch sizes for ``model`` (already on the GPU) over the buckets of ``bins``.
 
-    Returns the filled profile (merged buckets when ``merge``) and the search trace. Raises
+    Returns the filled profile (merged buckets when ``merge``) and the search trace; the profile records the
+    CUDA allocator settings the search ran under (one warning line when expandable segments are off). Raises
     RuntimeError when the probes leave memory allocated behind.
     """
+    allocator_settings = current_allocator_settings() or ""
+    warning = expandable_segments_warning(allocator_settings)
+    if warning:
+        log.warning(warning)
     world = torch.distributed.get_world_size() if torch.distributed.is_available() and \
         torch.distributed.is_initialized() else 1
     probe = TrainingStepProbe(model, dtype=dtype, memory_fraction=memory_fraction,
@@ -78,7 +98,7 @@ def oomptimize(model: torch.nn.Module, model_name: str, bins: BucketProfile, *, 
                         compile=compiled,
                         world_size=world, probes=result.num_probes, search_seconds=round(result.seconds, 2),
                         budget_bytes=int(probe.budget_bytes), unmerged_buckets=len(buckets))
-    return BucketProfile(bin_list, batch_sizes, tps, {**bins.metadata, **meta}), result
+    return BucketProfile(bin_list, batch_sizes, tps, {**bins.metadata, **meta}, allocator_settings), result
 
 
 def soak_batch(model: torch.nn.Module, buckets: list[tuple[float, float]], i: int, batch_size: int,

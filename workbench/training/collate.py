@@ -15,6 +15,13 @@ def cut_text(cut) -> str:
     return " ".join(s.text for s in (cut.supervisions or []) if s.text)
 
 
+def cut_token_count(cut, tokenizer) -> int:
+    """The token count a cut is bucketed by: ``custom["num_tokens"]`` when the manifest has it (``workbench
+    corpus tokenizer --add-counts`` writes it), else the tokenizer's count of its transcript."""
+    custom = cut.custom or {}
+    return int(custom["num_tokens"]) if "num_tokens" in custom else len(tokenizer.encode(cut_text(cut)))
+
+
 def collate_cuts(cuts: Iterable, tokenizer, *, sample_rate: int = SAMPLE_RATE) -> dict[str, torch.Tensor]:
     """Batch dict from lhotse cuts: audio [B, S] float32 (mono, resampled to sample_rate when needed),
     audio_lens [B] samples, tokens [B, U] (tokenizer.encode of each transcript, zero-padded), token_lens [B].
@@ -54,7 +61,8 @@ class CutBatchDataset(torch.utils.data.Dataset):
 
     Meant for ``DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=N)``: the sampler in
     the main process yields CutSets, the workers read, resample and collate their audio; the batch
-    dict also lists the ``cut_ids`` (strings, left on the host). The tokenizer
+    dict also lists, per cut and left on the host, the ``cut_ids``, the ``durations`` (seconds) and the
+    ``num_tokens`` it is bucketed by (:func:`cut_token_count`), which name its bucket. The tokenizer
     is loaded from ``tokenizer_path`` once per process, so nothing unpicklable crosses to the workers.
     """
 
@@ -77,4 +85,6 @@ class CutBatchDataset(torch.utils.data.Dataset):
                                  "training needs real audio")
         batch = collate_cuts(cuts, self._tokenizer, sample_rate=self.sample_rate)
         batch["cut_ids"] = [cut.id for cut in cuts]
+        batch["durations"] = [float(cut.duration) for cut in cuts]
+        batch["num_tokens"] = [cut_token_count(cut, self._tokenizer) for cut in cuts]
         return batch

@@ -7,6 +7,7 @@ memory on a GPU machine. ``workbench train`` and :func:`make_dataloader` share :
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -17,7 +18,11 @@ from lhotse import CutSet
 from workbench.bucketing.profile import BucketProfile, load_profile
 from workbench.bucketing.sampler import make_sampler
 from workbench.memory import configure_allocator as configure_cuda_allocator
+from workbench.memory import current_allocator_settings
+from workbench.memory.settings import settings_differences
 from workbench.training.distributed import local_world_size, ranks_from_env
+
+log = logging.getLogger(__name__)
 
 
 def default_num_workers() -> int:
@@ -25,6 +30,28 @@ def default_num_workers() -> int:
     this machine, less one for the main process; at most 16."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(0, min(16, cores // local_world_size() - 1))
+
+
+def allocator_settings_in_effect() -> str | None:
+    """The CUDA allocator settings this process runs (or will run) under, ``""`` for torch's defaults; None
+    without CUDA (no allocator to compare)."""
+    if not torch.cuda.is_available():
+        return None
+    return current_allocator_settings() or ""
+
+
+def allocator_settings_warning(profile: BucketProfile, source: str, current: str | None) -> str | None:
+    """One line when ``profile`` was searched under other CUDA allocator settings than ``current`` (those in
+    effect; None: no CUDA). None when they agree, or when the profile does not record them (made before
+    profiles did)."""
+    searched = profile.allocator_settings
+    if searched is None or current is None:
+        return None
+    differences = settings_differences(searched, current)
+    if not differences:
+        return None
+    return (f"{source}: searched under CUDA allocator settings {searched!r} but this process has {current!r} "
+            f"({'; '.join(differences)}); its batch sizes may not fit")
 
 
 def loader_for_sampler(sampler, dataset: torch.utils.data.Dataset, *, num_workers: int, prefetch_factor: int = 2,
@@ -57,8 +84,10 @@ def make_dataloader(cuts: CutSet | str | os.PathLike, profile: BucketProfile | s
     ``world_size``/``rank`` default to torchrun's (``WORLD_SIZE``/``RANK``; else 1 and 0); concurrent bucketing
     is on for one process and off for several (ranks must draw the same buckets). Call
     ``loader.sampler.set_epoch(epoch)`` before each epoch; ``loader.sampler.unfit_report`` counts what no
-    bucket took. ``loader.allocator_status`` says what the allocator set-up did.
+    bucket took. ``loader.allocator_status`` says what the allocator set-up did; ``loader.allocator_warning``
+    is the line logged when the profile was searched under other allocator settings than those in effect.
     """
+    source = f"profile {profile}" if isinstance(profile, (str, os.PathLike)) else "profile"
     if isinstance(profile, (str, os.PathLike)):
         profile = load_profile(profile)
     if not isinstance(profile, BucketProfile):
@@ -79,4 +108,7 @@ def make_dataloader(cuts: CutSet | str | os.PathLike, profile: BucketProfile | s
     loader = loader_for_sampler(sampler, dataset, seed=seed, prefetch_factor=prefetch_factor,
                                 num_workers=default_num_workers() if num_workers is None else num_workers)
     loader.allocator_status = status
+    loader.allocator_warning = allocator_settings_warning(profile, source, allocator_settings_in_effect())
+    if loader.allocator_warning:
+        log.warning(loader.allocator_warning)
     return loader

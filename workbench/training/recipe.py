@@ -26,6 +26,14 @@ continues from it: the same corpus, model, sampler settings and world size are r
 names the field); --steps may grow. Without a profile, or with --no-concurrent, the resumed run is
 the run that was never stopped; with concurrent bucketing the batches after the checkpoint may differ.
 
+A step that runs out of device memory (one process) is trained in parts: the batch is halved, again down
+to one utterance where needed, and the parts' gradients are accumulated (each loss weighted by its share of
+the batch's target tokens) into one optimizer step; every utterance is trained once. One warning line
+names the bucket and the batch size, and the bucket's batch size is lowered for the rest of the run (kept
+in train_state.pt; train_summary.json lists the steps and the profile's bucket_batch_size line that fits).
+One utterance that does not fit alone ends the run with a one-line error naming it, after saving
+train_state.pt as of the step before.
+
 Under torchrun every rank's sampler knows its rank and world size, so ranks draw different batches;
 DDP all-reduces the gradients; rank 0 logs and saves. A profile for DDP comes from
 `workbench oomptimize --ddp` (one GPU, DDP's gradient buckets accounted) or `--nproc N`.
@@ -48,12 +56,14 @@ from lhotse.dataset import DynamicBucketingSampler
 from tqdm.auto import tqdm
 
 from workbench.atomic import atomic_path, check_writable, write_text_atomically
-from workbench.bucketing import (BucketProfile, close_sampler, load_profile, load_sampler_state_dict, make_sampler,
-                                 sampler_state_dict)
+from workbench.bucketing import (BucketProfile, batches_drawn, close_sampler, load_profile, load_sampler_state_dict,
+                                 make_sampler, sampler_state_dict, set_bucket_batch_size)
+from workbench.bucketing.constraint import BucketBatchSizeConstraint
 from workbench.bucketing.fit import FITS, REASONS, make_fitter
 from workbench.data.tokenizer import load_tokenizer, tokenized_cut_arrays
 from workbench.memory import configure_allocator
-from workbench.training.collate import CutBatchDataset, cut_has_audio, cut_text
+from workbench.memory.oom import is_oom_error
+from workbench.training.collate import CutBatchDataset, cut_has_audio, cut_token_count
 from workbench.models.config import ModelConfig, config_from_name
 from workbench.training.distributed import (Ranks, destroy_process_group, gather_objects, init_process_group,
                                           ranks_from_env, sum_over_ranks, weights_digest)
@@ -61,7 +71,9 @@ from workbench.models.losses import loss_backend
 from workbench.models.model import DTYPES, ASRModel, build_model, compile_encoder_layers
 from workbench.options import dropped_data_line
 from workbench.plain import to_plain
-from workbench.training.data import default_num_workers, loader_for_sampler
+from workbench.training.data import (allocator_settings_in_effect, allocator_settings_warning, default_num_workers,
+                                     loader_for_sampler)
+from workbench.training.split_batch import PartsTrained, UtteranceOutOfMemoryError, train_in_parts
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +188,8 @@ def check_audio(cuts: CutSet, path: str) -> None:
 
 def check_profile_for_run(profile: BucketProfile, path: str, config: TrainConfig, ranks: Ranks,
                           device: torch.device) -> list[str]:
-    """Warnings (returned and logged) when the profile was measured for another model, dtype or GPU;
-    ValueError when it was made without DDP's accounting for a multi-process run."""
+    """Warnings (returned and logged) when the profile was measured for another model, dtype, GPU or CUDA
+    allocator settings; ValueError when it was made without DDP's accounting for a multi-process run."""
     meta = profile.metadata or {}
     if profile.bucket_batch_size is None:
         raise ValueError(f"--profile {path}: no 'bucket_batch_size': run `workbench oomptimize --bins {path}` "
@@ -188,6 +200,9 @@ def check_profile_for_run(profile: BucketProfile, path: str, config: TrainConfig
         run["gpu"] = torch.cuda.get_device_name(device)
     warnings = [f"--profile {path}: metadata.{name} is {meta[name]!r} but this run has {value!r}; its batch "
                 "sizes may not fit" for name, value in run.items() if name in meta and meta[name] != value]
+    if device.type == "cuda":
+        allocator = allocator_settings_warning(profile, f"--profile {path}", allocator_settings_in_effect())
+        warnings += [allocator] if allocator else []
     if config.compile and "compile" not in meta:  # profiles from before --compile measured the eager step
         warnings.append(f"--profile {path}: made without --compile (no metadata.compile) but this run compiles "
                         "the encoder; its batch sizes may not fit")
@@ -233,8 +248,7 @@ def make_batches(cuts: CutSet, config: TrainConfig, tokenizer, profile: BucketPr
     Concurrent bucketing is off under DDP: its filling thread's timing would give ranks different batches."""
     if profile is not None:
         def num_tokens(cut) -> int:
-            custom = cut.custom or {}
-            return int(custom["num_tokens"]) if "num_tokens" in custom else len(tokenizer.encode(cut_text(cut)))
+            return cut_token_count(cut, tokenizer)
 
         return make_sampler(cuts, profile, shuffle=True, seed=config.seed, num_tokens_fn=num_tokens,
                             concurrent=config.concurrent and not ranks.distributed,
@@ -271,6 +285,7 @@ class Run:
     records: list = field(default_factory=list)
     last_end_event: object = None  # CUDA event at the end of the last launched step
     loss_backend: str | None = None  # transducers: which loss runs, and why
+    out_of_memory: list = field(default_factory=list)  # one dict per step that ran out of memory (see lower_batch_size)
 
 
 def train(config: TrainConfig) -> dict:
@@ -361,7 +376,16 @@ def train_steps(run: Run) -> None:
             except Exception as e:  # noqa: BLE001 - a worker's error arrives wrapped, with its traceback as text
                 progress.close()
                 raise worker_error(e) from None
-            launched = train_one_step(run, host_batch, data_s=time.perf_counter() - waited)
+            try:
+                launched = train_one_step(run, host_batch, data_s=time.perf_counter() - waited)
+            except UtteranceOutOfMemoryError as e:  # the step before is kept; this one left no trace
+                if pending is not None:
+                    log_step(run, finish_step(pending), progress)
+                progress.close()
+                saved = save_training_state(out / STATE_FILE, run)
+                close_sampler(run.sampler)
+                raise UtteranceOutOfMemoryError(f"{e}; saved the training state before it to {saved} (step "
+                                                f"{run.step})", e.row) from None
             drawn += 1
             if pending is not None:  # the step before is done on the device by now, or nearly
                 log_step(run, finish_step(pending), progress)
@@ -420,16 +444,14 @@ def train_one_step(run: Run, host_batch: dict, *, data_s: float) -> LaunchedStep
     cuda = device.type == "cuda"
     events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if cuda else []
     audio_lens, token_lens = host_batch["audio_lens"], host_batch["token_lens"]
-    batch = {k: v.to(device, non_blocking=True) for k, v in host_batch.items() if isinstance(v, torch.Tensor)}
     lr = learning_rate(run.step, config)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
     if cuda:
         events[0].record()
     run.model.train()
-    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=config.dtype == "bf16"):
-        loss = run.forward(batch)
-    loss.backward()
+    parts = forward_backward(run, host_batch)
+    loss = parts.loss
     if cuda:
         events[1].record()
     torch.nn.utils.clip_grad_norm_(run.model.parameters(), config.grad_clip)
@@ -445,6 +467,8 @@ def train_one_step(run: Run, host_batch: dict, *, data_s: float) -> LaunchedStep
               "audio_s": float(audio_lens.sum()) / run.model.config.sample_rate, "data_s": data_s,
               "host_data_s": data_s, "step_s": time.perf_counter() - started, "lr": lr,
               "input_padding": padding_share(audio_lens), "output_padding": padding_share(token_lens)}
+    if len(parts.part_sizes) > 1:
+        record["parts"] = parts.part_sizes
     if config.log_cut_ids:
         record["cut_ids"] = gather_objects(list(host_batch.get("cut_ids", [])), run.ranks)
     launched = LaunchedStep(record, loss_host, events, run.last_end_event)
@@ -452,6 +476,141 @@ def train_one_step(run: Run, host_batch: dict, *, data_s: float) -> LaunchedStep
     run.step += 1
     run.epoch_batches += 1
     return launched
+
+
+def forward_backward(run: Run, host_batch: dict) -> PartsTrained:
+    """Forward and backward of a host batch, its gradients left in ``.grad``.
+
+    One process: a batch that runs out of memory is trained in parts (workbench.training.split_batch), with
+    one warning line, and its bucket's batch size is lowered for the rest of the run; a batch drawn before
+    that, larger than its bucket's size now, is trained in parts of that size. Under torchrun every rank must
+    run the same backward passes, so there an out-of-memory is a one-line error."""
+    device = run.device
+    bucket = batch_bucket(run, host_batch)
+    num_rows = len(host_batch["audio_lens"])
+
+    def to_device(part: dict) -> dict:
+        return {k: v.to(device, non_blocking=True) for k, v in part.items() if isinstance(v, torch.Tensor)}
+
+    def forward(batch: dict) -> torch.Tensor:
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=run.config.dtype == "bf16"):
+            return run.forward(batch)
+
+    if run.ranks.distributed:
+        try:
+            loss = forward(to_device(host_batch))
+            loss.backward()
+        except RuntimeError as e:
+            if not is_oom_error(e):
+                raise
+            lower = ("--max-duration" if run.config.profile is None
+                     else f"that bucket's batch size in --profile {run.config.profile}")
+            raise ValueError(f"out of memory at step {run.step} on a batch of {num_rows} utterances from "
+                             f"{bucket_name(run, bucket)}; under torchrun batches are not split: lower "
+                             f"{lower}") from None
+        return PartsTrained(loss=loss.detach(), part_sizes=[num_rows])
+    try:
+        parts = train_in_parts(host_batch, forward=forward, to_device=to_device,
+                               normalizer=lambda token_lens: float(run.model.loss_normalizer(token_lens)),
+                               zero_grad=lambda: run.optimizer.zero_grad(set_to_none=True),
+                               max_rows=None if bucket is None else run.sampler.constraint.batch_sizes[bucket])
+    except UtteranceOutOfMemoryError as e:
+        raise UtteranceOutOfMemoryError(
+            f"out of memory at step {run.step} on one utterance alone, {utterance_name(host_batch, e.row)} from "
+            f"{bucket_name(run, bucket)}: it cannot be split; make it fit (--joint-chunk-size, a smaller model) "
+            "or leave it out (bins without it)", e.row) from None
+    if parts.failed_sizes:
+        lower_batch_size(run, host_batch, bucket, parts)
+    return parts
+
+
+def batch_bucket(run: Run, host_batch: dict) -> int | None:
+    """The bucket of the profile that a batch came from (its cuts share one), from the first cut's duration
+    and token count; None without a profile or without those fields."""
+    constraint = getattr(run.sampler, "constraint", None)
+    if not isinstance(constraint, BucketBatchSizeConstraint) or not host_batch.get("durations"):
+        return None
+    bucket, _ = constraint.fitter.select(host_batch["durations"][0], host_batch["num_tokens"][0])
+    return bucket if bucket >= 0 else None
+
+
+def bucket_bounds(run: Run, bucket: int | None):
+    """The bucket's upper bounds as the profile writes them: seconds (1D) or [seconds, tokens] (2D)."""
+    return None if bucket is None else run.sampler.profile.bucket_duration_bins[bucket]
+
+
+def bucket_name(run: Run, bucket: int | None) -> str:
+    """``bucket 3 (<= 12.5 s, <= 140 tokens)`` (1D: seconds only); what the batches are without a profile."""
+    if bucket is None:
+        return ("lhotse's --max-duration batches (no profile)" if run.config.profile is None
+                else "a bucket of the profile")
+    bounds = bucket_bounds(run, bucket)
+    if isinstance(bounds, (list, tuple)):
+        return f"bucket {bucket} (<= {bounds[0]:g} s, <= {bounds[1]:g} tokens)"
+    return f"bucket {bucket} (<= {bounds:g} s)"
+
+
+def utterance_name(host_batch: dict, row: int) -> str:
+    """``'cut-id' (3.20 s, 41 tokens)`` for a row of a batch (its row number when it has no cut ids)."""
+    ids, durations = host_batch.get("cut_ids"), host_batch.get("durations")
+    name = repr(ids[row]) if ids else f"row {row}"
+    return (f"{name} ({durations[row]:.2f} s, {host_batch['num_tokens'][row]} tokens)" if durations
+            else name)
+
+
+def lower_batch_size(run: Run, host_batch: dict, bucket: int | None, parts: PartsTrained) -> None:
+    """After a step that ran out of memory and was trained in parts: its bucket gives batches of at most the
+    largest part size that fit from the next batch the sampler draws on; one warning line; the step is
+    recorded in ``run.out_of_memory`` (saved in the training state, listed in the summary)."""
+    lowered = None
+    if bucket is not None and parts.safe_size < run.sampler.constraint.batch_sizes[bucket]:
+        lowered = parts.safe_size
+        set_bucket_batch_size(run.sampler, bucket, lowered)
+    num_rows = len(host_batch["audio_lens"])
+    run.out_of_memory.append({"step": run.step, "epoch": run.epoch, "bucket": bucket,
+                              "bucket_bounds": bucket_bounds(run, bucket), "batch_size": num_rows,
+                              "parts": parts.part_sizes, "lowered_to": lowered,
+                              "from_batch": batches_drawn(run.sampler) if lowered else None})
+    then = (f"; lowered the bucket's batch size to {lowered} for the rest of the run" if lowered else
+            "; lower --max-duration" if bucket is None and run.config.profile is None else "")
+    log.warning("step %d: out of memory on a batch of %d utterances from %s; trained it in %d parts (%s)%s",
+                run.step, num_rows, bucket_name(run, bucket), len(parts.part_sizes),
+                ", ".join(map(str, parts.part_sizes)), then)
+
+
+def lowered_batch_sizes(run: Run) -> dict[int, int]:
+    """Bucket -> the batch size it was lowered to in this run (buckets never lowered are left out)."""
+    sizes: dict[int, int] = {}
+    for event in run.out_of_memory:
+        if event["lowered_to"] is not None:
+            sizes[event["bucket"]] = min(event["lowered_to"], sizes.get(event["bucket"], event["lowered_to"]))
+    return sizes
+
+
+def out_of_memory_advice(run: Run) -> str | None:
+    """One line for the summary's warnings after steps that ran out of memory: the batch sizes lowered and
+    the profile line that fits (or, without a profile, a lower --max-duration)."""
+    if not run.out_of_memory:
+        return None
+    lowered = lowered_batch_sizes(run)
+    if not lowered:
+        lower = (f"--max-duration (now {run.config.max_duration:g})" if run.config.profile is None
+                 else f"the batch sizes of --profile {run.config.profile}")
+        return f"out of memory in training on {len(run.out_of_memory)} batch(es), each trained in parts: lower {lower}"
+    profile = run.sampler.profile
+    changes = ", ".join(f"bucket_batch_size[{b}] {profile.bucket_batch_size[b]} -> {size}"
+                        for b, size in sorted(lowered.items()))
+    return (f"--profile {run.config.profile}: out of memory in training; lowered {changes}; a profile that fits "
+            f"this run: {profile_fix(run)}")
+
+
+def profile_fix(run: Run) -> str | None:
+    """The profile's ``bucket_batch_size`` line with the sizes this run lowered (None when none were)."""
+    lowered = lowered_batch_sizes(run)
+    if not lowered:
+        return None
+    sizes = [lowered.get(b, size) for b, size in enumerate(run.sampler.profile.bucket_batch_size)]
+    return f"bucket_batch_size: [{', '.join(map(str, sizes))}]"
 
 
 def finish_step(step: LaunchedStep) -> dict:
@@ -506,13 +665,18 @@ def finish_run(run: Run, fit: dict | None, warnings: list[str]) -> dict:
         seen = {"cuts": unfit.seen, "unfit": unfit.total_unfit, "reasons": dict(unfit.counts)}
         message = report_dropped(seen, config, when="in training", strict=False)  # --strict acted at the start
         warnings = warnings + ([message] if message else [])
+    advice = out_of_memory_advice(run)
+    warnings = warnings + ([advice] if advice else [])
     wall = (data_s + step_s) / ranks.world_size  # per-rank seconds; ranks run side by side
     summary = {"model": config.model, "steps": run.step, "world_size": ranks.world_size, "audio_seconds": audio_s,
                "losses": [r["loss"] for r in records],
                "audio_seconds_per_second": audio_s / wall if wall else 0.0,
                "data_wait_share": data_s / (data_s + step_s) if data_s + step_s else 0.0,
                "num_workers": config.num_workers, "corpus_fit": fit, "warnings": warnings,
-               "weights_digests": digests, "loss_backend": run.loss_backend, "checkpoint": None}
+               "weights_digests": digests, "loss_backend": run.loss_backend, "checkpoint": None,
+               "out_of_memory": run.out_of_memory,
+               "lowered_batch_sizes": {str(b): size for b, size in sorted(lowered_batch_sizes(run).items())},
+               "profile_fix": profile_fix(run)}
     if run.device.type == "cuda":
         summary["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated(run.device))
     if ranks.is_main:
@@ -538,6 +702,7 @@ def save_training_state(path: Path, run: Run) -> Path | None:
         return None
     state = {"train_config": asdict(run.config), "step": run.step, "epoch": run.epoch,
              "epoch_batches": run.epoch_batches, "records": run.records, "world_size": run.ranks.world_size,
+             "out_of_memory": run.out_of_memory,
              "model": _cpu_state_dict(run.model), "optimizer": run.optimizer.state_dict(), "ranks": per_rank}
     return _save_atomically(path, state)
 
@@ -567,7 +732,16 @@ def load_training_state(path: Path, run: Run) -> None:
     mine = ranks_state[run.ranks.rank]
     run.model.load_state_dict(state["model"])
     run.optimizer.load_state_dict(state["optimizer"])
-    load_sampler_state_dict(run.sampler, mine["sampler"])
+    run.out_of_memory = list(state.get("out_of_memory", []))
+    lowered_this_epoch = []
+    for event in run.out_of_memory:  # the sizes at the saved epoch's start, then the changes during it
+        if event["lowered_to"] is None:
+            continue
+        if event["epoch"] < epoch:
+            set_bucket_batch_size(run.sampler, event["bucket"], event["lowered_to"])
+        else:
+            lowered_this_epoch.append((event["from_batch"], event["bucket"], event["lowered_to"]))
+    load_sampler_state_dict(run.sampler, mine["sampler"], batch_size_changes=lowered_this_epoch)
     torch.set_rng_state(mine["cpu_rng"])
     if mine["cuda_rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(mine["cuda_rng"])
