@@ -284,3 +284,38 @@ def test_a_run_folder_is_never_mixed_with_another_run(corpus, tmp_path, capsys):
     assert "choose one" in _train_error(capsys, *_train_args(corpus, out, "--resume", "--overwrite"))
     assert main(_train_args(corpus, out, "--steps", "2", "--num-workers", "0", "--overwrite")) == 0
     assert not (out / "train_state.pt").exists()  # the old run's state cannot be resumed into the new one
+
+
+def test_resume_refuses_an_input_rewritten_at_the_same_path(corpus, tmp_path, capsys):
+    """The state records the SHA-256 of the manifest, tokenizer and profile bytes: a tokenizer retrained, or a
+    manifest rewritten, at the path the run was trained with is named, and nothing of the run is touched."""
+    import gzip
+    import shutil
+
+    from workbench.data.tokenizer import train_tokenizer
+
+    cuts_src, tokenizer_src = corpus
+    cuts, tokenizer = tmp_path / "cuts.jsonl.gz", tmp_path / "tok.model"
+    shutil.copy(cuts_src, cuts)
+    shutil.copy(tokenizer_src, tokenizer)
+    out = tmp_path / "run"
+    args = _train_args((cuts, tokenizer), out, "--steps", "3", "--num-workers", "0")
+    assert main(_train_args((cuts, tokenizer), out, "--steps", "2", "--save-every", "1", "--num-workers", "0")) == 0
+    run_files = {p.name: p.read_bytes() for p in out.iterdir()}
+    original = tokenizer.read_bytes()
+    # the same eight letters and vocabulary size, other frequencies: another model at the same path
+    train_tokenizer(["a" * 40 + " " + "bcdefgh"] * 3, tmp_path / "tok", 10, model_type="char", progress=False)
+    assert tokenizer.read_bytes() != original
+    err = _train_error(capsys, *args, "--resume")
+    assert "--resume: the tokenizer (--tokenizer) is not the one" in err and "contents changed" in err
+    tokenizer.write_bytes(original)
+    with gzip.open(cuts, "rt") as f:
+        lines = f.read().splitlines()
+    with gzip.open(cuts, "wt") as f:  # the same cuts in another order: another corpus for a resume
+        f.write("\n".join(lines[::-1]) + "\n")
+    err = _train_error(capsys, *args, "--resume")
+    assert "--resume: the corpus manifest (--cuts) is not the one" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == run_files
+    shutil.copy(cuts_src, cuts)
+    assert main([*args, "--resume"]) == 0  # the inputs as they were: the run continues
+    assert [r["step"] for r in _log(out)] == [0, 1, 2]
