@@ -325,3 +325,67 @@ def test_oomptimize_search_options_are_checked_before_any_work(tmp_path, capsys,
     _one_line_error(capsys, main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(bins), option, value]),
                     needle)
     assert bins.read_text() == before
+
+
+# ---- D: no command writes over another command's corpus -------------------------------------------------
+
+def _spoken_corpus(folder: Path) -> dict[str, bytes]:
+    """A folder as `corpus tts` leaves it (manifests, audio/), with a tokenizer beside: {relative path: bytes}."""
+    (folder / "audio").mkdir(parents=True)
+    files = {"cuts.jsonl.gz": gzip.compress(json.dumps(_cut(0)).encode() + b"\n"),
+             "recordings.jsonl.gz": gzip.compress(json.dumps(RECORDING).encode() + b"\n"),
+             "supervisions.jsonl.gz": gzip.compress(json.dumps(SUPERVISION).encode() + b"\n"),
+             "audio/tts-000000.flac": b"fLaC old audio", "tokenizer_bpe_128.model": b"a tokenizer"}
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return files
+
+
+def _contents(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("command", [["corpus", "synthetic", "--num-cuts", "20"],
+                                     ["corpus", "tts", "--num-utterances", "1", "--workers", "1"]])
+def test_corpus_commands_refuse_a_folder_holding_a_corpus(tmp_path, capsys, command):
+    spoken = tmp_path / "spoken"
+    before = _spoken_corpus(spoken)
+    _one_line_error(capsys, main([*command, "--out", str(spoken)]), f"--out {spoken}: holds a corpus",
+                    "audio/, cuts.jsonl.gz, recordings.jsonl.gz, supervisions.jsonl.gz", "--overwrite")
+    assert _contents(spoken) == before
+    other = tmp_path / "other"  # any manifest counts, whatever its name
+    other.mkdir()
+    _jsonl(other / "dev.jsonl", [_cut(0)])
+    _one_line_error(capsys, main([*command, "--out", str(other)]), "holds a corpus (dev.jsonl)")
+    assert _tree(other) == ["dev.jsonl"]
+
+
+def test_corpus_synthetic_overwrite_replaces_the_whole_corpus_and_keeps_other_files(tmp_path, capsys):
+    out = tmp_path / "c"
+    assert main(["corpus", "synthetic", "--out", str(out), "--num-cuts", "20", "--seed", "1"]) == 0
+    first = (out / "cuts.jsonl.gz").read_bytes()
+    _one_line_error(capsys, main(["corpus", "synthetic", "--out", str(out), "--num-cuts", "30"]), "holds a corpus")
+    assert (out / "cuts.jsonl.gz").read_bytes() == first  # its own earlier corpus is not written over either
+    assert main(["corpus", "synthetic", "--out", str(out), "--num-cuts", "30", "--overwrite"]) == 0
+    assert len(read_cut_arrays(out / "cuts.jsonl.gz", progress=False)) == 30
+    spoken = tmp_path / "spoken"
+    _spoken_corpus(spoken)
+    assert main(["corpus", "synthetic", "--out", str(spoken), "--num-cuts", "25", "--overwrite"]) == 0
+    # no recordings, supervisions or audio of the spoken corpus are left beside the synthetic cuts
+    assert _tree(spoken) == ["cuts.jsonl.gz", "tokenizer_bpe_128.model"]
+    assert len(read_cut_arrays(spoken / "cuts.jsonl.gz", progress=False)) == 25
+    assert (spoken / "tokenizer_bpe_128.model").read_bytes() == b"a tokenizer"
+
+
+def test_corpus_tts_overwrite_leaves_no_audio_of_the_old_corpus(tmp_path):
+    import shutil
+
+    if not shutil.which("espeak-ng"):
+        pytest.skip("needs espeak-ng, which is not installed")
+    spoken = tmp_path / "spoken"
+    _spoken_corpus(spoken)
+    assert main(["corpus", "tts", "--out", str(spoken), "--num-utterances", "1", "--workers", "1",
+                 "--overwrite"]) == 0
+    assert (spoken / "audio" / "tts-000000.flac").read_bytes() != b"fLaC old audio"
+    assert _tree(spoken) == ["audio", "audio/tts-000000.flac", "cuts.jsonl.gz", "recordings.jsonl.gz",
+                             "supervisions.jsonl.gz", "tokenizer_bpe_128.model"]

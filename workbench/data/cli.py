@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -14,18 +16,60 @@ from workbench.data.tts import make_tts_corpus
 from workbench.options import count_int, fraction, number_in, positive_int, seconds
 
 
+# What a corpus command writes in its --out folder; --overwrite replaces these, and only these.
+CORPUS_PARTS = ("cuts.jsonl.gz", "recordings.jsonl.gz", "supervisions.jsonl.gz", "audio")
+
+
+def corpus_in(folder: str | os.PathLike) -> list[str]:
+    """Names of what makes ``folder`` hold a corpus: its manifests (``*.jsonl``, ``*.jsonl.gz``) and its
+    ``audio`` folder, sorted (empty when the folder does not exist)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir()
+                  if p.name.endswith((".jsonl", ".jsonl.gz")) or p.name == "audio" and p.is_dir())
+
+
+def check_corpus_target(folder: str | os.PathLike, *, overwrite: bool) -> None:
+    """Refuse an --out folder that holds a corpus (or any manifest) unless ``overwrite``: ValueError naming it
+    and what it holds."""
+    held = corpus_in(folder)
+    if held and not overwrite:
+        raise ValueError(f"--out {folder}: holds a corpus ({', '.join(held)}); pass --overwrite to replace it "
+                         f"(its {', '.join(CORPUS_PARTS)}), or choose another folder")
+
+
+def remove_corpus_parts(folder: Path, keep: tuple[str, ...] = ()) -> None:
+    """Remove the CORPUS_PARTS in ``folder`` but ``keep``: the cuts manifest first, so a folder left halfway
+    holds no cuts manifest that names audio or recordings that are gone."""
+    for name in CORPUS_PARTS:
+        path = folder / name
+        if name in keep:
+            continue
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
 def _synthetic(args: argparse.Namespace) -> int:
     check_writable(Path(args.out) / "cuts.jsonl.gz")
+    check_corpus_target(args.out, overwrite=args.overwrite)
     path = write_synthetic_corpus(args.out, args.num_cuts, seed=args.seed,
                                   median_duration_s=args.median_duration,
                                   max_duration_s=args.max_duration, outlier_share=args.outlier_share,
                                   progress=sys.stderr.isatty())
+    if args.overwrite:  # the new cuts are in place: what described the old corpus goes
+        remove_corpus_parts(path.parent, keep=("cuts.jsonl.gz",))
     print(f"wrote {args.num_cuts} cuts to {path}")
     return 0
 
 
 def _tts(args: argparse.Namespace) -> int:
     check_writable(Path(args.out) / "cuts.jsonl.gz")  # before minutes of speech synthesis
+    check_corpus_target(args.out, overwrite=args.overwrite)
+    if args.overwrite:  # the new audio goes where the old was: the old corpus goes first, whole
+        remove_corpus_parts(Path(args.out))
     paths = make_tts_corpus(args.out, text_file=args.text_file, num_utterances=args.num_utterances,
                             voice=args.voice, speed_wpm=args.speed_wpm, seed=args.seed,
                             tokenizer=args.tokenizer, num_speakers=args.num_speakers, num_workers=args.workers,
@@ -64,6 +108,13 @@ def _parser(sub, name: str, help: str, description: str, examples: list[str]):
                           formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def _overwrite_option(parser, when: str) -> None:
+    parser.add_argument("--overwrite", action="store_true",
+                        help=f"replace the corpus an --out folder holds: its {', '.join(CORPUS_PARTS)} are removed "
+                             f"{when}; other files stay (without it, a folder holding any manifest or audio "
+                             "folder is refused)")
+
+
 def register(sub) -> None:
     corpus = _parser(sub, "corpus", "make and inspect corpora (lhotse manifests)",
                      "Make and inspect corpora: lhotse cuts manifests (.jsonl.gz).",
@@ -92,6 +143,7 @@ def register(sub) -> None:
     p.add_argument("--outlier-share", type=fraction, default=0.01,
                    help="share of cuts whose transcript is 3-8x too long for its audio, from 0 (none) to 1 "
                         "(all) (default 0.01)")
+    _overwrite_option(p, "once the new cuts are written")
     p.set_defaults(func=_synthetic)
 
     p = _parser(csub, "tts", "real 16 kHz audio spoken by espeak-ng, no downloads",
@@ -127,6 +179,7 @@ def register(sub) -> None:
                    help="sentencepiece .model: fills custom.num_tokens (default: no token counts)")
     p.add_argument("--seed", type=count_int, default=0,
                    help="random seed for the sentence order and speakers, >= 0 (default 0)")
+    _overwrite_option(p, "before the new audio is made")
     p.set_defaults(func=_tts)
 
     p = _parser(csub, "tokenizer", "train a sentencepiece tokenizer on a corpus's transcripts",
