@@ -1,6 +1,7 @@
 """Ordinary failures of every command: exit 2, one line naming the file, option or field, nothing left behind."""
 
 import builtins
+import contextlib
 import errno
 import gzip
 import io
@@ -389,3 +390,64 @@ def test_corpus_tts_overwrite_leaves_no_audio_of_the_old_corpus(tmp_path):
     assert (spoken / "audio" / "tts-000000.flac").read_bytes() != b"fLaC old audio"
     assert _tree(spoken) == ["audio", "audio/tts-000000.flac", "cuts.jsonl.gz", "recordings.jsonl.gz",
                              "supervisions.jsonl.gz", "tokenizer_bpe_128.model"]
+
+
+# ---- E: Ctrl-C always stops ------------------------------------------------------------------------------
+
+def _interrupt_when_writing(argv: list[str], out: Path, sign: str = ".tmp*") -> tuple[int, list[str]]:
+    """Run `python -m workbench ARGV` in its own process group, send the group SIGINT three times, as a terminal
+    does on Ctrl-C, once a file named like ``sign`` appears under ``out`` (the command is writing its output),
+    and return the exit code and stderr lines."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "workbench", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (out.exists() and any(out.rglob(sign))):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the command never started writing"
+            time.sleep(0.01)
+        for _ in range(3):
+            os.killpg(proc.pid, signal.SIGINT)
+            time.sleep(0.05)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, [ln for ln in err.splitlines() if ln.strip()]
+
+
+def test_ctrl_c_stops_corpus_synthetic_at_once_and_leaves_nothing(tmp_path):
+    out = tmp_path / "new" / "corpus"
+    code, err = _interrupt_when_writing(["corpus", "synthetic", "--out", str(out), "--num-cuts", "1000000"], out)
+    assert code == 130 and len(err) == 1, err
+    assert err[0] == ("workbench corpus synthetic: interrupted; stopped, and what it had not finished writing "
+                      "was removed")
+    assert _tree(tmp_path) == []  # the folders it made are gone too
+
+
+def test_ctrl_c_during_an_overwrite_keeps_the_old_corpus(tmp_path):
+    spoken = tmp_path / "spoken"
+    before = _spoken_corpus(spoken)
+    code, err = _interrupt_when_writing(["corpus", "synthetic", "--out", str(spoken), "--num-cuts", "1000000",
+                                         "--overwrite"], spoken)
+    assert code == 130 and len(err) == 1 and "interrupted" in err[0], err
+    assert _contents(spoken) == before
+
+
+def test_ctrl_c_stops_corpus_tts_and_its_worker_processes(tmp_path):
+    import shutil
+
+    if not shutil.which("espeak-ng"):
+        pytest.skip("needs espeak-ng, which is not installed")
+    out = tmp_path / "tts"
+    code, err = _interrupt_when_writing(["corpus", "tts", "--out", str(out), "--num-utterances", "2000",
+                                         "--workers", "2"], out, sign="*.flac")
+    assert code == 130 and len(err) == 1, err  # no traceback from a worker either
+    assert err[0].startswith("workbench corpus tts: interrupted")
+    assert _tree(tmp_path) == []

@@ -20,6 +20,7 @@ import numpy as np
 from isal import igzip_threaded, isal_zlib
 from tqdm.auto import tqdm
 
+from workbench.atomic import ignore_interrupts
 from workbench.data.arrays import CutArrays
 
 try:
@@ -224,7 +225,7 @@ def _block_columns(path: Path, keep_texts: bool, progress: bool, workers: int) -
     import multiprocessing  # only large files are parsed in worker processes
 
     # fork before iter_manifest_blocks starts its inflating thread (the generator above is still lazy)
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
+    with multiprocessing.get_context("fork").Pool(workers, initializer=ignore_interrupts) as pool:
         yield from pool.imap(_extract_block, jobs)
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from workbench.atomic import atomic_path, new_folder
+from workbench.atomic import atomic_path, ignore_interrupts, new_folder
 from workbench.data.tokenizer import count_tokens, load_tokenizer
 from workbench.units import SAMPLE_RATE
 
@@ -308,8 +308,12 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
         if num_workers <= 1 or len(jobs) == 1:
             num_samples = [_speak_to_file(job) for job in tqdm(jobs, **bar)]
         else:
-            with ProcessPoolExecutor(max_workers=num_workers, mp_context=get_context("spawn")) as pool:
+            pool = ProcessPoolExecutor(max_workers=num_workers, mp_context=get_context("spawn"),
+                                       initializer=ignore_interrupts)
+            try:
                 num_samples = list(tqdm(pool.map(_speak_to_file, jobs, chunksize=4), **bar))
+            finally:  # on an error or Ctrl-C the utterances not yet begun are dropped, not spoken first
+                pool.shutdown(wait=True, cancel_futures=True)
 
         language = voice.split("-")[0].split("+")[0]
         recordings, supervisions, cuts = [], [], []
