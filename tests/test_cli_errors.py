@@ -119,6 +119,41 @@ def test_bins_options_name_their_range(corpus, tmp_path, capsys, option, value, 
     assert not (tmp_path / "p.yaml").exists()
 
 
+@pytest.mark.parametrize("option,value", [("--sub-buckets", "3"), ("--tps-threshold", "2.5")])
+def test_bins_refuses_2d_options_where_the_bins_are_1d(corpus, tmp_path, capsys, option, value):
+    out = tmp_path / "p.yaml"
+    no_tokens = _jsonl(tmp_path / "cuts.jsonl", [{**_cut(i, duration=1.0 + i), "custom": {}} for i in range(6)])
+    _one_line_error(capsys, main(["bins", str(no_tokens), option, value, "--buckets", "2", "--out", str(out), "-q",
+                                  "--strict"]), f"{option}: applies to 2D bins only", "has no token counts",
+                    "--tokenizer")
+    _one_line_error(capsys, main(["bins", str(corpus), option, value, "--1d", "--out", str(out), "-q"]),
+                    f"{option}: applies to 2D bins only, and --1d asks for 1D bins")
+    assert not out.exists()
+    # without the option both make 1D bins, and with token counts the option applies
+    assert main(["bins", str(no_tokens), "--buckets", "2", "--out", str(out), "-q"]) == 0
+    assert not load_profile(out).is_2d
+    assert main(["bins", str(corpus), option, value, "--out", str(out), "-q"]) == 0
+    metadata = load_profile(out).metadata
+    assert metadata[{"--sub-buckets": "num_subbuckets", "--tps-threshold": "tps_threshold"}[option]] == float(value)
+
+
+def test_bins_refuses_equal_count_for_2d_bins_and_names_buckets_by_option(corpus, tmp_path, capsys):
+    out = tmp_path / "p.yaml"
+    _one_line_error(capsys, main(["bins", str(corpus), "--equal-count", "--out", str(out), "-q"]),
+                    "--equal-count: applies to 1D bins only", "add --1d")
+    _one_line_error(capsys, main(["bins", str(corpus), "--buckets", "401", "--out", str(out), "-q"]),
+                    "--buckets=401 is more than the 400 utterances")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", [["corpus", "stats", "{corpus}", "--tokenizer", "{folder}"],
+                                     ["bins", "{corpus}", "--tokenizer", "{folder}", "--out", "{folder}/p.yaml"]])
+def test_a_folder_given_as_tokenizer_is_called_a_folder(corpus, tmp_path, capsys, command):
+    argv = [a.format(corpus=corpus, folder=tmp_path) for a in command]
+    _one_line_error(capsys, main(argv), f"{tmp_path}: is a folder; give the tokenizer's .model file")
+    assert _tree(tmp_path) == []
+
+
 def test_bins_says_what_it_left_out_at_start_and_end_and_strict_refuses(corpus, tmp_path, capsys):
     durations = read_cut_arrays(corpus, progress=False).durations
     limit = float(sorted(durations)[len(durations) // 2])  # half the corpus is longer

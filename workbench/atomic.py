@@ -9,7 +9,6 @@ import contextlib
 import errno
 import os
 import shutil
-import signal
 from pathlib import Path
 from typing import Iterator
 
@@ -40,12 +39,6 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             for folder in created:  # innermost first; only folders that are still empty
                 with contextlib.suppress(OSError):
                     folder.rmdir()
-
-
-def ignore_interrupts() -> None:
-    """Initializer of a worker process: Ctrl-C (SIGINT, sent to the whole process group) is left to the main
-    process, which stops the pool and removes what was half-written; a worker would only print a traceback."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def check_writable(path: str | os.PathLike) -> Path:

@@ -98,10 +98,11 @@ def test_train_recipe_reports_user_errors_in_one_line(tmp_path, capsys):
 
 
 def _train_args(corpus, out, *extra):
+    """`workbench train` on the tone corpus; batches of 2 s from lhotse's sampler unless ``extra`` has --profile."""
     cuts_path, tokenizer_path = corpus
+    batches = [] if "--profile" in extra else ["--max-duration", "2", "--num-buckets", "2"]
     return ["train", "--cuts", str(cuts_path), "--tokenizer", str(tokenizer_path), "--out", str(out),
-            "--model", "tiny-ctc", "--max-duration", "2", "--num-buckets", "2", "--dtype", "fp32",
-            "--device", "cpu", "--warmup-steps", "2", *extra]
+            "--model", "tiny-ctc", *batches, "--dtype", "fp32", "--device", "cpu", "--warmup-steps", "2", *extra]
 
 
 def _log(out):
@@ -204,6 +205,23 @@ def test_train_bad_options_and_inputs_are_one_line_errors_that_name_them(corpus,
     err = _train_error(capsys, *args)
     assert "has no audio" in err and str(synthetic) in err and "corpus tts" in err
     assert not out.exists()  # nothing written by a run that never started
+
+
+def test_train_refuses_options_that_cannot_apply_and_folders_as_files(corpus, tmp_path, capsys):
+    profile = save_profile(tmp_path / "profile.yaml", BucketProfile([0.8, 10.0], [2, 1]))
+    out = tmp_path / "run"
+    with_profile = _train_args(corpus, out, "--profile", str(profile))
+    for option, value in (("--max-duration", "30"), ("--num-buckets", "4")):
+        assert f"{option}: applies without --profile only" in _train_error(capsys, *with_profile, option, value)
+    assert "--no-concurrent: applies with --profile only" in _train_error(
+        capsys, *_train_args(corpus, out, "--no-concurrent"))
+    args = _train_args(corpus, out)
+    args[args.index("--cuts") + 1] = str(tmp_path)
+    assert f"--cuts {tmp_path}: is a folder" in _train_error(capsys, *args)
+    args = _train_args(corpus, out)
+    args[args.index("--tokenizer") + 1] = str(tmp_path)
+    assert f"{tmp_path}: is a folder; give the tokenizer's .model file" in _train_error(capsys, *args)
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("content", [b"", b"not a checkpoint at all", None])

@@ -12,6 +12,7 @@ import contextlib
 import gc
 import json as _stdlib_json
 import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -20,7 +21,6 @@ import numpy as np
 from isal import igzip_threaded, isal_zlib
 from tqdm.auto import tqdm
 
-from workbench.atomic import ignore_interrupts
 from workbench.data.arrays import CutArrays
 
 try:
@@ -225,7 +225,9 @@ def _block_columns(path: Path, keep_texts: bool, progress: bool, workers: int) -
     import multiprocessing  # only large files are parsed in worker processes
 
     # fork before iter_manifest_blocks starts its inflating thread (the generator above is still lazy)
-    with multiprocessing.get_context("fork").Pool(workers, initializer=ignore_interrupts) as pool:
+    # the workers leave Ctrl-C (SIGINT, sent to the whole process group) to this process, which stops them
+    with multiprocessing.get_context("fork").Pool(workers, initializer=signal.signal,
+                                                  initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
         yield from pool.imap(_extract_block, jobs)
 
 

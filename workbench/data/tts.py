@@ -20,6 +20,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from workbench.atomic import atomic_path, ignore_interrupts, new_folder
+from workbench.atomic import atomic_path, new_folder
 from workbench.data.tokenizer import count_tokens, load_tokenizer
 from workbench.units import SAMPLE_RATE
 
@@ -308,8 +309,9 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
         if num_workers <= 1 or len(jobs) == 1:
             num_samples = [_speak_to_file(job) for job in tqdm(jobs, **bar)]
         else:
+            # the workers leave Ctrl-C (SIGINT, sent to the whole process group) to this process, which stops them
             pool = ProcessPoolExecutor(max_workers=num_workers, mp_context=get_context("spawn"),
-                                       initializer=ignore_interrupts)
+                                       initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN))
             try:
                 num_samples = list(tqdm(pool.map(_speak_to_file, jobs, chunksize=4), **bar))
             finally:  # on an error or Ctrl-C the utterances not yet begun are dropped, not spoken first

@@ -134,6 +134,8 @@ def check_config(config: TrainConfig) -> None:
     for name in ("weight_decay", "grad_clip"):
         if not 0 <= getattr(config, name) < math.inf:
             raise ValueError(f"--{name.replace('_', '-')}: must be a finite number >= 0, got {getattr(config, name)!r}")
+    if Path(config.cuts).is_dir():
+        raise ValueError(f"--cuts {config.cuts}: is a folder; give the cuts manifest file (e.g. cuts.jsonl.gz)")
     if not Path(config.cuts).is_file():
         raise FileNotFoundError(f"--cuts: manifest {config.cuts!r} does not exist")
     if config.resume and config.overwrite:
