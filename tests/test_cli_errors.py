@@ -77,6 +77,37 @@ def test_non_integer_token_counts_are_refused_with_file_line_and_field(tmp_path,
                     "cuts.jsonl:2", f"'custom.num_tokens' = {shown}", "whole numbers")
 
 
+@pytest.mark.parametrize("change,field,rule", [
+    ({"num_tokens": 2 ** 63}, "'custom.num_tokens' = 9223372036854775808", "below 2^63"),
+    ({"num_tokens": 1e30}, "'custom.num_tokens' = 1e+30", "below 2^63"),
+    ({"custom": [5]}, "'custom' = [5]", "an object"),
+    ({"custom": "5 tokens"}, "'custom' = '5 tokens'", "an object"),
+    ({"supervisions": {"text": "a b"}}, "'supervisions' = {'text': 'a b'}", "a list of supervision objects"),
+    ({"supervisions": "a b"}, "'supervisions' = 'a b'", "a list"),
+    ({"supervisions": ["a b"]}, "'supervisions[0]' = 'a b'", "a supervision object"),
+    ({"supervisions": [{"text": 42}]}, "'supervisions[0].text' = 42", "a string"),
+    ({"supervisions": [{"text": ["a", "b"]}]}, "'supervisions[0].text' = ['a', 'b']", "a string"),
+    ({"id": 7}, "'id' = 7", "a string"),
+    ({"tracks": [{"cut": {"supervisions": [{"text": 3}]}}]}, "'tracks[0].cut.supervisions[0].text' = 3", "a string"),
+    ({"tracks": {"cut": {}}}, "'tracks' = {'cut': {}}", "a list")])
+def test_manifest_fields_of_the_wrong_type_or_range_name_file_line_and_field(tmp_path, capsys, change, field, rule):
+    bad = _cut(1)
+    if "num_tokens" in change:
+        bad["custom"] = change
+    else:
+        bad.update(change)
+    path = _jsonl(tmp_path / "cuts.jsonl", [_cut(0), bad, _cut(2)])
+    before = _tree(tmp_path)
+    for argv in (["corpus", "stats", str(path)], ["bins", str(path), "--out", str(tmp_path / "p.yaml"), "-q"]):
+        _one_line_error(capsys, main(argv), "cuts.jsonl:2", field, rule)
+    if "num_tokens" not in change:  # the transcripts are read for a tokenizer, and copied with counts
+        _one_line_error(capsys, main(["corpus", "tokenizer", str(path), "--vocab-size", "128"]),
+                        "cuts.jsonl:2", field)
+        with pytest.raises(ValueError, match=r"cuts\.jsonl:2: .*" + rule):
+            add_token_counts(path, None, tmp_path / "out.jsonl", progress=False)
+    assert _tree(tmp_path) == before
+
+
 def test_integral_float_token_counts_are_read_as_integers(tmp_path):
     path = _jsonl(tmp_path / "cuts.jsonl", [_cut(0, num_tokens=8.0), _cut(1, num_tokens=3)])
     assert read_cut_arrays(path, progress=False).num_tokens.tolist() == [8, 3]

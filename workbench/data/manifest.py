@@ -33,6 +33,7 @@ except ImportError:  # pragma: no cover - orjson is a declared dependency
     _JSONError = ValueError
 
 _CHUNK = 8 << 20
+MAX_TOKENS = 2 ** 63  # token counts are int64: this and above cannot be stored
 
 
 class _CountingReader:
@@ -142,7 +143,8 @@ def _gc_paused():
 
 
 def _cut_dicts(path: Path, first: int, block: bytes) -> tuple[list[dict], list[int]]:
-    """The cuts of one block as dicts, with their line numbers; a line that is not an object is an error."""
+    """The cuts of one block as dicts, with their line numbers; a line that is not an object, or a field this
+    module reads (:func:`check_cut_fields`) of the wrong JSON type, is an error naming the file and line."""
     objs, linenos = _parse_block(path, first, block)
     for lineno, cut in zip(linenos, objs):
         if not isinstance(cut, dict):
@@ -151,7 +153,47 @@ def _cut_dicts(path: Path, first: int, block: bytes) -> tuple[list[dict], list[i
             kind = "supervisions" if "recording_id" in cut else "recordings"
             raise ValueError(f"{path}:{lineno}: this is a {kind} manifest, not a cuts manifest; make cuts with "
                              "lhotse (CutSet.from_manifests(recordings=..., supervisions=...).to_file(...))")
+        problem = check_cut_fields(cut)
+        if problem:
+            raise ValueError(f"{path}:{lineno}: cut {cut.get('id', '?')!r} has {problem}")
     return objs, linenos
+
+
+def check_cut_fields(cut: dict, prefix: str = "") -> str | None:
+    """What is wrong with the JSON types of the fields a cut's columns come from (``id``, ``supervisions`` and
+    their ``text``, ``custom``, a MixedCut's ``tracks`` and their cuts), as "field 'name' = value; it must be
+    ...", or None. Null counts as absent, as lhotse writes it."""
+    def wrong(name: str, value, rule: str) -> str:
+        shown = repr(value)
+        return f"field '{prefix}{name}' = {shown if len(shown) <= 60 else shown[:57] + '...'}; it must be {rule}"
+
+    if cut.get("id") is not None and type(cut["id"]) is not str:
+        return wrong("id", cut["id"], "a string")
+    custom = cut.get("custom")
+    if custom is not None and type(custom) is not dict:
+        return wrong("custom", custom, "an object")
+    supervisions = cut.get("supervisions")
+    if supervisions is not None:
+        if type(supervisions) is not list:
+            return wrong("supervisions", supervisions, "a list of supervision objects")
+        for k, sup in enumerate(supervisions):
+            if type(sup) is not dict:
+                return wrong(f"supervisions[{k}]", sup, "a supervision object")
+            text = sup.get("text")
+            if text is not None and type(text) is not str:
+                return wrong(f"supervisions[{k}].text", text, "a string (the transcript)")
+    tracks = cut.get("tracks")
+    if tracks is not None:
+        if type(tracks) is not list:
+            return wrong("tracks", tracks, "a list of track objects")
+        for k, track in enumerate(tracks):
+            inner = track.get("cut") if type(track) is dict else None
+            if type(inner) is not dict:
+                return wrong(f"tracks[{k}]", track, "a track object with a 'cut' object")
+            problem = check_cut_fields(inner, f"{prefix}tracks[{k}].cut.")
+            if problem:
+                return problem
+    return None
 
 
 def iter_cut_blocks(path: str | os.PathLike, *, progress: bool = False) -> Iterator[tuple[list[dict], list[int]]]:
@@ -206,8 +248,11 @@ def _extract_block(job: tuple[Path, int, bytes, bool]) -> _BlockColumns:
             if n is None:
                 if not cols.first_missing_tokens_line:
                     cols.first_missing_tokens_line = lineno
-            elif type(n) is int or type(n) is float and n.is_integer():
+            elif (type(n) is int or type(n) is float and n.is_integer()) and n < MAX_TOKENS:
                 tokens.append(int(n))
+            elif type(n) in (int, float) and n >= MAX_TOKENS:
+                raise ValueError(f"{path}:{lineno}: cut {cut.get('id', '?')!r} has field 'custom.num_tokens' = "
+                                 f"{n!r}; token counts must be below 2^63")
             else:
                 raise ValueError(f"{path}:{lineno}: cut {cut.get('id', '?')!r} has field 'custom.num_tokens' = "
                                  f"{n!r}; token counts must be whole numbers")
