@@ -321,7 +321,14 @@ def test_oomptimize_refuses_a_folder_as_profile(tmp_path, capsys):
     ({"bucket_duration_bins": [[1.0, 3], [2.0, 3]], "max_tps": ["fast", 4.0]}, "max_tps[0] = 'fast'"),
     ({"bucket_duration_bins": [[1.0, 3], [2.0, 3]], "max_tps": "4"}, "max_tps = '4'"),
     ({"bucket_duration_bins": [[1.0, 3], [2.0, 3]], "max_tps": [4.0, float("inf")]}, "max_tps[1] = inf"),
-    ({"bucket_duration_bins": [1.0, 2.0], "metadata": [1]}, "'metadata' must be a mapping")])
+    ({"bucket_duration_bins": [1.0, 2.0], "metadata": [1]}, "'metadata' must be a mapping"),
+    ({"bucket_duration_bins": [[1.0, 3], [2.0, float("inf")]]}, "bucket_duration_bins[1] = [2.0, inf] must be a finite"),
+    ({"bucket_duration_bins": [[1.0, 3], [2.0, 1e30]]}, "a token count in [0, 2^63)"),
+    ({"bucket_duration_bins": [[1.0, 3], [2.0, 2 ** 63]]}, "a token count in [0, 2^63)"),
+    ({"bucket_duration_bins": [[1.0, 3], [2.0, "many"]]}, "bucket_duration_bins[1] = [2.0, 'many']"),
+    ({"bucket_duration_bins": [[1.0, 3], [float("inf"), 4]]}, "must be a finite positive duration"),
+    ({"bucket_duration_bins": [1.0, float("inf")]}, "bucket_duration_bins[1] = inf must be a finite positive"),
+    ({"bucket_duration_bins": [1.0, None]}, "bucket_duration_bins[1] = None")])
 def test_load_profile_refuses_what_train_would(tmp_path, capsys, fields, needle):
     path = tmp_path / "profile.yaml"
     path.write_text(yaml.safe_dump(fields))
@@ -517,3 +524,23 @@ def test_ctrl_c_stops_corpus_tts_and_its_worker_processes(tmp_path):
     assert code == 130 and len(err) == 1, err  # no traceback from a worker either
     assert err[0].startswith("workbench corpus tts: interrupted")
     assert _tree(tmp_path) == []
+
+
+# ---- F: messages that name the file ----------------------------------------------------------------------
+
+def test_undecodable_inputs_name_their_file(tmp_path, capsys):
+    profile = tmp_path / "profile.yaml"
+    profile.write_bytes(b"bucket_duration_bins: [1.0, 2.0]\nmetadata: {note: \xff\xfe}\n")
+    _one_line_error(capsys, main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(profile)]),
+                    "profile.yaml: not a YAML text file (byte 50 is not UTF-8)")
+    profile.write_text("bucket_duration_bins: [1.0, 2.0\nmax_tps: 3\n")
+    _one_line_error(capsys, main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(profile)]),
+                    "profile.yaml:2: not valid YAML")
+    text = tmp_path / "prose.txt"
+    text.write_bytes("Caf\xe9 au lait is what we drink here.".encode("latin-1"))
+    _one_line_error(capsys, main(["corpus", "tts", "--out", str(tmp_path / "tts"), "--text-file", str(text)]),
+                    "prose.txt: not UTF-8 text (byte 3)")
+    for name, data in (("cuts.jsonl.gz", b"\x1f\x8b not really gzip"), ("cuts.jsonl", b'{"id": "a", "dur\n')):
+        (tmp_path / name).write_bytes(data)
+        _one_line_error(capsys, main(["corpus", "stats", str(tmp_path / name)]), name)
+    assert _tree(tmp_path) == ["cuts.jsonl", "cuts.jsonl.gz", "profile.yaml", "prose.txt"]

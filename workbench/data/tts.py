@@ -280,7 +280,10 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
         text_path = Path(text_file)
         if not text_path.is_file():
             raise FileNotFoundError(f"text_file {str(text_path)!r} does not exist")
-        text, source = text_path.read_text(encoding="utf-8"), str(text_path)
+        try:
+            text, source = text_path.read_text(encoding="utf-8"), str(text_path)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{text_path}: not UTF-8 text (byte {e.start}); convert it, e.g. with iconv") from None
     sentences = split_sentences(text, min_words=min_words, max_words=max_words)
     if not sentences:
         raise ValueError(f"{source}: no sentences of {min_words}-{max_words} words made only of letters "
