@@ -51,6 +51,10 @@ class BucketProfile:
 
 def save_profile(path: str | os.PathLike, profile: BucketProfile) -> Path:
     """Write the profile as YAML of built-in types, atomically (temp file in the same folder, then rename)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path: expected a file path, got {type(path).__name__}")
+    if not isinstance(profile, BucketProfile):
+        raise TypeError(f"profile: expected a BucketProfile, got {type(profile).__name__}")
     data = to_plain(profile.to_dict())  # numpy scalars, str subclasses (torch.__version__) -> built-ins
     validate_profile(BucketProfile(data["bucket_duration_bins"], data.get("bucket_batch_size"),
                                    data.get("max_tps"), data.get("metadata") or {}), source=str(path))
@@ -76,6 +80,8 @@ class NoAliasLoader(yaml.SafeLoader):
 
 def load_profile(path: str | os.PathLike) -> BucketProfile:
     """Read a profile YAML; errors name the file and the field that is wrong."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path: expected a file path, got {type(path).__name__}")
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such profile file")
