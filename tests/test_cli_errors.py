@@ -108,6 +108,19 @@ def test_manifest_fields_of_the_wrong_type_or_range_name_file_line_and_field(tmp
     assert _tree(tmp_path) == before
 
 
+def test_a_duration_too_short_for_its_tokens_is_blamed_on_the_input(tmp_path, capsys):
+    """5 tokens in 1e-320 s: the tokens per second overflow; the manifest's cut is named, not the profile."""
+    path = _jsonl(tmp_path / "cuts.jsonl", [_cut(i, duration=1e-320 if i == 3 else 1.0 + i) for i in range(10)])
+    out = tmp_path / "p.yaml"
+    line = _one_line_error(capsys, main(["bins", str(path), "--buckets", "2", "--out", str(out), "-q"]),
+                           "cuts.jsonl: cut 'c3' has duration 1e-320 s, too short for its 5 tokens", "--min-duration")
+    assert "p.yaml" not in line and not out.exists()
+    assert main(["bins", str(path), "--buckets", "2", "--out", str(out), "-q", "--min-duration", "0.5"]) == 0
+    durations = [1e-320 if i == 3 else 1.0 + i for i in range(10)]
+    with pytest.raises(ValueError, match=r"durations\[3\] = 1e-320 s is too short for its 5 tokens"):
+        estimate_2d_bins(durations, [5] * 10, 2, 1)
+
+
 def test_integral_float_token_counts_are_read_as_integers(tmp_path):
     path = _jsonl(tmp_path / "cuts.jsonl", [_cut(0, num_tokens=8.0), _cut(1, num_tokens=3)])
     assert read_cut_arrays(path, progress=False).num_tokens.tolist() == [8, 3]

@@ -24,7 +24,7 @@ import yaml
 
 from workbench.atomic import check_writable
 from workbench.bucketing.estimate import (check_count, check_durations, check_tps_threshold, estimate_duration_bins,
-                                         tps_blind_groups)
+                                         overflowing_tps, tps_blind_groups)
 from workbench.bucketing.fit import unfit_table
 from workbench.bucketing.padding import padding_comparison
 from workbench.bucketing.profile import profile_from_arrays, save_profile
@@ -106,6 +106,13 @@ def run_bins(args: argparse.Namespace) -> int:
     if not keep.any():
         raise ValueError(f"no utterance of {args.manifest} lies in [{args.min_duration}, {args.max_duration}] s")
     check_count(args.buckets, "--buckets", int(keep.sum()))
+    if tok is not None and not args.one_d:
+        overflow = [i for i in overflowing_tps(dur, tok).tolist() if keep[i]]  # inside the duration window
+        if overflow:
+            i = overflow[0]
+            raise ValueError(f"{args.manifest}: cut {arrays.ids[i]!r} has duration {float(dur[i])!r} s, too short for "
+                             f"its {int(tok[i])} tokens: the tokens per second overflow ({len(overflow)} such cuts); "
+                             "fix or drop them, or raise --min-duration")
     dur_k = dur[keep]
     tok_k = tok[keep] if tok is not None else None
     profile = profile_from_arrays(

@@ -59,6 +59,13 @@ def check_num_tokens(num_tokens, num_utterances: int, name: str = "num_tokens") 
     return arr
 
 
+def overflowing_tps(durations: np.ndarray, num_tokens: np.ndarray) -> np.ndarray:
+    """Indices of the utterances whose tokens per second overflow float64 (a duration too short for its
+    tokens, e.g. 1e-320 s): no TPS limit or z-score can be computed with them."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        return np.flatnonzero(~np.isfinite(num_tokens / durations))
+
+
 def check_count(value, name: str, num_utterances: int | None = None) -> int:
     """``value`` as an int >= 1 (and <= ``num_utterances`` when given) or ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -190,6 +197,11 @@ def estimate_2d_bins(durations, num_tokens, num_buckets: int, num_subbuckets: in
     num_buckets = check_count(num_buckets, "num_buckets", dur.shape[0])
     num_subbuckets = check_count(num_subbuckets, "num_subbuckets")
     tps_threshold = check_tps_threshold(tps_threshold)
+    overflow = overflowing_tps(dur, tok)
+    if overflow.size:
+        i = int(overflow[0])
+        raise ValueError(f"durations[{i}] = {float(dur[i])!r} s is too short for its {int(tok[i])} tokens: the tokens "
+                         f"per second overflow ({overflow.size} such utterances)")
 
     order = np.lexsort((tok, dur))
     dur_s, tok_s = dur[order], tok[order]
