@@ -224,6 +224,27 @@ def test_train_refuses_options_that_cannot_apply_and_folders_as_files(corpus, tm
     assert not out.exists()
 
 
+@pytest.mark.parametrize("change,needle", [
+    (lambda cut: cut["supervisions"][0].update(text=42), "field 'supervisions[0].text' = 42; it must be a string"),
+    (lambda cut: cut.update(custom=[5]), "field 'custom' = [5]; it must be an object"),
+    (lambda cut: cut.update(supervisions={"text": "abc"}), "field 'supervisions' = {'text': 'abc'}")])
+def test_train_names_the_manifest_line_of_a_field_of_the_wrong_type(corpus, tmp_path, capsys, change, needle):
+    import gzip
+
+    cuts_path, tokenizer_path = corpus
+    lines = gzip.open(cuts_path, "rt").read().splitlines()
+    cut = json.loads(lines[1])
+    change(cut)
+    lines[1] = json.dumps(cut)
+    bad = tmp_path / "cuts.jsonl.gz"
+    with gzip.open(bad, "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    out = tmp_path / "run"
+    err = _train_error(capsys, *_train_args((bad, tokenizer_path), out, "--steps", "2", "--num-workers", "0"))
+    assert f"{bad}:2: cut " in err and needle in err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("content", [b"", b"not a checkpoint at all", None])
 def test_resume_from_a_truncated_or_garbage_state_is_one_line(corpus, tmp_path, capsys, content):
     assert main(_train_args(corpus, tmp_path, "--steps", "2", "--save-every", "1")) == 0

@@ -53,6 +53,7 @@ from workbench.atomic import atomic_path, check_writable, write_text_atomically
 from workbench.bucketing import (BucketProfile, close_sampler, load_profile, load_sampler_state_dict, make_sampler,
                                  sampler_state_dict)
 from workbench.bucketing.fit import FITS, REASONS, make_fitter
+from workbench.data.manifest import read_cut_arrays
 from workbench.data.tokenizer import load_tokenizer, tokenized_cut_arrays
 from workbench.memory import configure_allocator
 from workbench.training.collate import CutBatchDataset, cut_has_audio, cut_text
@@ -325,6 +326,7 @@ def train(config: TrainConfig) -> dict:
 
 def _train(config: TrainConfig, ranks: Ranks, device: torch.device) -> dict:
     tokenizer = load_tokenizer(config.tokenizer)
+    read_cut_arrays(config.cuts, progress=False)  # a field of the wrong type: file:line now, not a worker's traceback
     cuts = CutSet.from_file(config.cuts)
     check_audio(cuts, config.cuts)
     profile = load_profile(config.profile) if config.profile else None
