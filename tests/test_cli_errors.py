@@ -402,6 +402,15 @@ def test_repeated_bins_as_lhotse_and_nemo_write_them_load_and_stay_empty(tmp_pat
     assert [fitter.select(d, 2)[0] for d in (0.5, 1.0, 2.0, 3.0)] == [0, 0, 2, 2]  # bucket 1 never chosen
 
 
+@pytest.mark.parametrize("model", ["tiny-ctc", "large-aed"])
+def test_oomptimize_refuses_a_joint_chunk_size_for_models_without_a_joint(tmp_path, capsys, model):
+    bins = save_profile(tmp_path / "bins.yaml", BucketProfile([2.0, 4.0]))
+    before = bins.read_text()
+    _one_line_error(capsys, main(["oomptimize", "--model", model, "--bins", str(bins), "--joint-chunk-size", "4"]),
+                    f"--joint-chunk-size: applies to transducers (rnnt, tdt) only, not to --model {model}")
+    assert bins.read_text() == before
+
+
 @pytest.mark.parametrize("option,value,needle", [
     ("--rel-gap", "0", "--rel-gap: must be in (0, 1), got 0.0"),
     ("--start-batch-size", "0", "--start-batch-size: must be >= 1, got 0"),

@@ -145,7 +145,9 @@ def check_config(config: TrainConfig) -> None:
     if held and not (config.resume or config.overwrite):
         raise ValueError(f"--out {config.out_dir}: holds a run ({', '.join(held)}); pass --resume to continue it "
                          "or --overwrite to start over")
-    config_from_name(config.model)  # a wrong --model is one line now, not after the corpus is read
+    head = config_from_name(config.model).head  # a wrong --model is one line now, not after the corpus is read
+    if config.joint_chunk_size and head not in ("rnnt", "tdt"):
+        raise ValueError(f"--joint-chunk-size: applies to transducers (rnnt, tdt) only, not to --model {config.model}")
     for name in ("model.pt", "train_log.jsonl", "train_summary.json", *([STATE_FILE] if config.save_every else [])):
         check_writable(Path(config.out_dir) / name)  # refused now, not after hours of training
 
