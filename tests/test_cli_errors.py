@@ -473,6 +473,21 @@ def test_corpus_synthetic_overwrite_replaces_the_whole_corpus_and_keeps_other_fi
     assert (spoken / "tokenizer_bpe_128.model").read_bytes() == b"a tokenizer"
 
 
+def test_corpus_tokenizer_add_counts_does_not_replace_another_manifest(corpus, tmp_path, capsys):
+    other = _jsonl(tmp_path / "other.jsonl", [_cut(0)])
+    before = other.read_bytes()
+    args = ["corpus", "tokenizer", str(corpus), "--vocab-size", "128", "--out", str(tmp_path / "tok")]
+    _one_line_error(capsys, main([*args, "--add-counts", str(other)]),
+                    f"--add-counts {other}: a manifest is there already", "--overwrite")
+    assert _tree(tmp_path) == ["other.jsonl"] and other.read_bytes() == before
+    assert main([*args, "--add-counts", str(other), "--overwrite"]) == 0
+    assert len(read_cut_arrays(other, progress=False)) == 400
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(gzip.decompress(corpus.read_bytes()))
+    in_place = ["corpus", "tokenizer", str(copy), "--vocab-size", "128", "--out", str(tmp_path / "tok2")]
+    assert main([*in_place, "--add-counts", str(copy)]) == 0  # the input itself: counts added in place
+
+
 def test_corpus_tts_overwrite_leaves_no_audio_of_the_old_corpus(tmp_path):
     import shutil
 

@@ -85,6 +85,10 @@ def _tokenizer(args: argparse.Namespace) -> int:
         check_writable(Path(args.out + ".model"))
     if args.add_counts:
         check_writable(args.add_counts)
+        target = Path(args.add_counts)
+        if target.exists() and target.resolve() != manifest.resolve() and not args.overwrite:
+            raise ValueError(f"--add-counts {target}: a manifest is there already; pass --overwrite to replace it, "
+                             "give the input manifest itself to add the counts in place, or choose another path")
     progress = sys.stderr.isatty()
     model_path = train_tokenizer(manifest, args.out, vocab_size=args.vocab_size, model_type=args.model_type,
                                  progress=progress)
@@ -199,6 +203,8 @@ def register(sub) -> None:
     p.add_argument("--add-counts", default=None, metavar="CUTS_OUT",
                    help="also write the cuts with custom.num_tokens (counted with the new model) to this "
                         "manifest")
+    p.add_argument("--overwrite", action="store_true",
+                   help="let --add-counts replace a manifest other than the input (default: refused)")
     p.set_defaults(func=_tokenizer)
 
     p = _parser(csub, "stats", "count, hours, durations and token counts of a corpus",
