@@ -198,6 +198,17 @@ def test_a_folder_given_as_tokenizer_is_called_a_folder(corpus, tmp_path, capsys
     assert _tree(tmp_path) == []
 
 
+def test_bins_does_not_write_bare_bins_over_a_profile_with_batch_sizes(corpus, tmp_path, capsys):
+    out = save_profile(tmp_path / "profile.yaml", BucketProfile([2.0, 4.0], [16, 8]))
+    before = out.read_text()
+    _one_line_error(capsys, main(["bins", str(corpus), "--out", str(out), "-q"]),
+                    f"--out {out}: holds a profile with batch sizes", "--overwrite")
+    assert out.read_text() == before
+    assert main(["bins", str(corpus), "--out", str(out), "-q", "--overwrite"]) == 0
+    assert load_profile(out).bucket_batch_size is None
+    assert main(["bins", str(corpus), "--out", str(out), "-q"]) == 0  # bare bins over bare bins: nothing lost
+
+
 def test_bins_says_what_it_left_out_at_start_and_end_and_strict_refuses(corpus, tmp_path, capsys):
     durations = read_cut_arrays(corpus, progress=False).durations
     limit = float(sorted(durations)[len(durations) // 2])  # half the corpus is longer

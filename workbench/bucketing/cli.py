@@ -27,7 +27,7 @@ from workbench.bucketing.estimate import (check_count, check_durations, check_tp
                                          overflowing_tps, tps_blind_groups)
 from workbench.bucketing.fit import unfit_table
 from workbench.bucketing.padding import padding_comparison
-from workbench.bucketing.profile import profile_from_arrays, save_profile
+from workbench.bucketing.profile import NoAliasLoader, profile_from_arrays, save_profile
 from workbench.data.tokenizer import tokenized_cut_arrays
 from workbench.options import (DROP_NOTICE_SHARE, check_dropped, dropped_data_line, number_in, positive_int,
                                seconds)
@@ -60,6 +60,21 @@ def check_options(args: argparse.Namespace) -> None:
     inputs = [p for p in (args.manifest, args.tokenizer) if p is not None]
     if any(Path(args.out).resolve() == Path(p).resolve() for p in inputs):
         raise ValueError(f"--out {args.out}: is an input of this command; write the profile to another file")
+    if not args.overwrite and holds_batch_sizes(args.out):
+        raise ValueError(f"--out {args.out}: holds a profile with batch sizes (the OOMptimizer's GPU work); pass "
+                         "--overwrite to replace it with bare bins, or choose another path")
+
+
+def holds_batch_sizes(path: Path) -> bool:
+    """True when ``path`` is a YAML file with a 'bucket_batch_size' field (read loosely: any other file is
+    not a profile anyone measured)."""
+    if not path.is_file():
+        return False
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=NoAliasLoader)
+    except (yaml.YAMLError, UnicodeDecodeError):
+        return False
+    return isinstance(data, dict) and data.get("bucket_batch_size") is not None
 
 
 TWO_D_DEFAULTS = {"sub_buckets": 2, "tps_threshold": 4.0}  # --sub-buckets and --tps-threshold for 2D bins
@@ -189,6 +204,9 @@ def register(sub) -> None:
                    help="1D: the same number of utterances per bucket (default: the same total duration)")
     p.add_argument("--out", type=Path, default=Path("bucket_profile.yaml"),
                    help="profile YAML to write (default bucket_profile.yaml)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an --out profile that holds batch sizes (default: refused, so the OOMptimizer's "
+                        "results are not lost)")
     p.add_argument("--no-padding", action="store_true", help="skip the padding summary")
     p.add_argument("--strict", action="store_true",
                    help=f"fail (exit 2, no profile) when more than {100 * DROP_NOTICE_SHARE:g}%% of the utterances "
