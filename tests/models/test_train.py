@@ -215,6 +215,7 @@ def test_train_refuses_options_that_cannot_apply_and_folders_as_files(corpus, tm
         assert f"{option}: applies without --profile only" in _train_error(capsys, *with_profile, option, value)
     assert "--no-concurrent: applies with --profile only" in _train_error(
         capsys, *_train_args(corpus, out, "--no-concurrent"))
+    assert "--strict: applies with --profile only" in _train_error(capsys, *_train_args(corpus, out, "--strict"))
     assert "--joint-chunk-size: applies to transducers (rnnt, tdt) only, not to --model tiny-ctc" in _train_error(
         capsys, *_train_args(corpus, out, "--joint-chunk-size", "2"))
     args = _train_args(corpus, out)

@@ -10,8 +10,8 @@ from workbench.options import DROP_NOTICE_SHARE
 
 def check_options_apply(args: argparse.Namespace) -> None:
     """Refuse, naming it, an option that cannot apply: the batch options of lhotse's sampler with --profile (the
-    profile's bins and batch sizes make the batches), --no-concurrent without one (lhotse's sampler has no
-    background thread)."""
+    profile's bins and batch sizes make the batches), --no-concurrent and --strict without one (lhotse's sampler
+    has no background thread, and no bins to check)."""
     if args.profile is not None:
         for option, value in (("--max-duration", args.max_duration), ("--num-buckets", args.num_buckets)):
             if value is not None:
@@ -20,6 +20,9 @@ def check_options_apply(args: argparse.Namespace) -> None:
     elif args.concurrent is False:
         raise ValueError("--no-concurrent: applies with --profile only (without one, batches come from lhotse's "
                          "sampler, which buckets in this thread already)")
+    elif args.strict:
+        raise ValueError("--strict: applies with --profile only (it refuses a profile whose bins leave out more "
+                         "than 1 % of the corpus); without one nothing would be checked")
 
 
 def _train(args: argparse.Namespace) -> int:
