@@ -78,7 +78,11 @@ def test_load_and_save_profile_name_an_argument_of_the_wrong_type(tmp_path):
     (lambda: estimate_2d_bins([1.0, 2.0], [1, 2], 1, 1.5), "num_subbuckets must be an integer >= 1, got 1.5"),
     (lambda: estimate_2d_bins([1.0, 2.0], [1, 2], 1, 1, tps_threshold=float("nan")),
      "tps_threshold must be a number > 0"),
-    (lambda: estimate_2d_bins([1.0, 2.0], [1, "2"], 1, 1), "num_tokens must be numeric")])
+    (lambda: estimate_2d_bins([1.0, 2.0], [1, "2"], 1, 1), "num_tokens must be numeric"),
+    (lambda: estimate_2d_bins([1.0, 2.0], [1.0, 1e30], 1, 1),
+     "num_tokens has 1 values at or past 2^63 (first at index 1"),
+    (lambda: estimate_duration_bins([1.0, "two"], 1), "durations must be numbers of seconds"),
+    (lambda: estimate_2d_bins([[1.0], [2.0]], [1, 2], 1, 1), "durations must be a 1-D array")])
 def test_the_estimators_name_the_argument_that_is_wrong(call, needle):
     with pytest.raises(ValueError, match=re.escape(needle)):
         call()

@@ -19,7 +19,10 @@ import numpy as np
 
 def check_durations(durations, name: str = "durations") -> np.ndarray:
     """float64 copy of ``durations`` or ValueError naming what is wrong and how many."""
-    arr = np.asarray(durations, dtype=np.float64)
+    try:
+        arr = np.asarray(durations, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name} must be numbers of seconds ({e})") from None
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a 1-D array, got shape {arr.shape}")
     if arr.size == 0:
@@ -50,6 +53,10 @@ def check_num_tokens(num_tokens, num_utterances: int, name: str = "num_tokens") 
         frac = arr != np.round(arr)
         if frac.any():
             raise ValueError(f"{name} has {int(frac.sum())} non-integer values")
+        huge = np.abs(arr) >= 2.0 ** 63
+        if huge.any():
+            raise ValueError(f"{name} has {int(huge.sum())} values at or past 2^63 (first at index "
+                             f"{int(np.argmax(huge))}: {arr[np.argmax(huge)]!r}), more than int64 holds")
     elif arr.dtype.kind not in "iub":
         raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
     arr = arr.astype(np.int64)

@@ -24,8 +24,9 @@ where each rank's sampler is in its epoch (batches prefetched by the workers but
 not counted, so a resume neither loses nor repeats them), RNG states and the log so far. --resume
 continues from it: the same corpus, model, sampler settings and world size are required (a mismatch
 names the field; the manifest, tokenizer and profile are compared by the SHA-256 of their bytes, so one
-rewritten at the same path is caught too); --steps may grow. Without a profile, or with --no-concurrent, the resumed run is
-the run that was never stopped; with concurrent bucketing the batches after the checkpoint may differ.
+rewritten at the same path is caught too); --steps may grow. Without a profile, or with --no-concurrent,
+the resumed run is the run that was never stopped; with concurrent bucketing the batches after the
+checkpoint may differ.
 
 Under torchrun every rank's sampler knows its rank and world size, so ranks draw different batches;
 DDP all-reduces the gradients; rank 0 logs and saves. A profile for DDP comes from
