@@ -500,6 +500,14 @@ def test_corpus_tokenizer_add_counts_does_not_replace_another_manifest(corpus, t
     assert main([*in_place, "--add-counts", str(copy)]) == 0  # the input itself: counts added in place
 
 
+@pytest.mark.parametrize("bad", [["--text-file", "no_such_prose.txt"], ["--voice", "en+f2"]])
+def test_corpus_tts_overwrite_keeps_the_old_corpus_when_its_input_is_refused(tmp_path, capsys, bad):
+    spoken = tmp_path / "spoken"
+    before = _spoken_corpus(spoken)
+    assert main(["corpus", "tts", "--out", str(spoken), "--num-utterances", "1", "--overwrite", *bad]) == 2
+    assert _contents(spoken) == before
+
+
 def test_corpus_tts_overwrite_leaves_no_audio_of_the_old_corpus(tmp_path):
     import shutil
 

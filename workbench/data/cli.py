@@ -4,52 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
 from pathlib import Path
 
 from workbench.atomic import check_writable
+from workbench.data.corpus_folder import CORPUS_PARTS, check_corpus_target, remove_corpus_parts
 from workbench.data.synthetic import write_synthetic_corpus
 from workbench.data.tokenizer import add_token_counts, load_tokenizer, tokenized_cut_arrays, train_tokenizer
 from workbench.data.tts import make_tts_corpus
 from workbench.options import count_int, fraction, number_in, positive_int, seconds
-
-
-# What a corpus command writes in its --out folder; --overwrite replaces these, and only these.
-CORPUS_PARTS = ("cuts.jsonl.gz", "recordings.jsonl.gz", "supervisions.jsonl.gz", "audio")
-
-
-def corpus_in(folder: str | os.PathLike) -> list[str]:
-    """Names of what makes ``folder`` hold a corpus: its manifests (``*.jsonl``, ``*.jsonl.gz``) and its
-    ``audio`` folder, sorted (empty when the folder does not exist)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    return sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir()
-                  if p.name.endswith((".jsonl", ".jsonl.gz")) or p.name == "audio" and p.is_dir())
-
-
-def check_corpus_target(folder: str | os.PathLike, *, overwrite: bool) -> None:
-    """Refuse an --out folder that holds a corpus (or any manifest) unless ``overwrite``: ValueError naming it
-    and what it holds."""
-    held = corpus_in(folder)
-    if held and not overwrite:
-        raise ValueError(f"--out {folder}: holds a corpus ({', '.join(held)}); pass --overwrite to replace it "
-                         f"(its {', '.join(CORPUS_PARTS)}), or choose another folder")
-
-
-def remove_corpus_parts(folder: Path, keep: tuple[str, ...] = ()) -> None:
-    """Remove the CORPUS_PARTS in ``folder`` but ``keep``: the cuts manifest first, so a folder left halfway
-    holds no cuts manifest that names audio or recordings that are gone."""
-    for name in CORPUS_PARTS:
-        path = folder / name
-        if name in keep:
-            continue
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
 
 
 def _synthetic(args: argparse.Namespace) -> int:
@@ -68,12 +31,11 @@ def _synthetic(args: argparse.Namespace) -> int:
 def _tts(args: argparse.Namespace) -> int:
     check_writable(Path(args.out) / "cuts.jsonl.gz")  # before minutes of speech synthesis
     check_corpus_target(args.out, overwrite=args.overwrite)
-    if args.overwrite:  # the new audio goes where the old was: the old corpus goes first, whole
-        remove_corpus_parts(Path(args.out))
     paths = make_tts_corpus(args.out, text_file=args.text_file, num_utterances=args.num_utterances,
                             voice=args.voice, speed_wpm=args.speed_wpm, seed=args.seed,
                             tokenizer=args.tokenizer, num_speakers=args.num_speakers, num_workers=args.workers,
-                            repeat=args.repeat, join=args.join, progress=sys.stderr.isatty())
+                            repeat=args.repeat, join=args.join, progress=sys.stderr.isatty(),
+                            replace_corpus=args.overwrite)
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     return 0

@@ -31,6 +31,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from workbench.atomic import atomic_path, new_folder
+from workbench.data.corpus_folder import remove_corpus_parts
 from workbench.data.tokenizer import count_tokens, load_tokenizer
 from workbench.units import SAMPLE_RATE
 
@@ -250,7 +251,7 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
                     num_utterances: int | None = None, voice: str = "en", speed_wpm: int | None = None,
                     seed: int = 0, progress: bool = True, tokenizer=None, num_speakers: int = 8,
                     num_workers: int = 2, min_words: int = 3, max_words: int = 30,
-                    repeat: int = 1, join: int = 1) -> dict[str, Path]:
+                    repeat: int = 1, join: int = 1, replace_corpus: bool = False) -> dict[str, Path]:
     """Speak sentences with espeak-ng into a 16 kHz lhotse corpus under ``out_dir``; returns its paths.
 
     ``text_file``: UTF-8 prose to take sentences from (default: CPython's pydoc topics). The sentences
@@ -263,6 +264,8 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
     one audio file): a large corpus for pipeline and throughput runs, in the time of a small one.
     ``join`` > 1 makes each utterance 1..``join`` sentences long (:func:`join_sentences`), so durations
     reach the 30-40 s of real corpora; ``num_utterances`` then counts the joined utterances.
+    ``replace_corpus`` removes the corpus ``out_dir`` holds (:func:`workbench.data.corpus_folder.remove_corpus_parts`)
+    once the arguments, the text and espeak-ng have been checked, before the new audio is written.
 
     Returns ``{"recordings", "supervisions", "cuts", "audio_dir"}`` paths.
     """
@@ -304,6 +307,8 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
         num_tokens = count_tokens(load_tokenizer(tokenizer), chosen)
 
     out = Path(out_dir).resolve()
+    if replace_corpus:  # everything is checked: the old corpus goes, whole, before new audio takes its place
+        remove_corpus_parts(out)
     with new_folder(out / "audio") as audio_dir:  # a failed run removes the folders it made
         ids = [f"tts-{i:06d}" for i in range(len(chosen))]
         paths = [str(audio_dir / f"{cut_id}.flac") for cut_id in ids]
