@@ -89,7 +89,14 @@ def test_non_integer_token_counts_are_refused_with_file_line_and_field(tmp_path,
     ({"supervisions": [{"text": ["a", "b"]}]}, "'supervisions[0].text' = ['a', 'b']", "a string"),
     ({"id": 7}, "'id' = 7", "a string"),
     ({"tracks": [{"cut": {"supervisions": [{"text": 3}]}}]}, "'tracks[0].cut.supervisions[0].text' = 3", "a string"),
-    ({"tracks": {"cut": {}}}, "'tracks' = {'cut': {}}", "a list")])
+    ({"tracks": {"cut": {}}}, "'tracks' = {'cut': {}}", "a list"),
+    ({"start": "zero"}, "'start' = 'zero'", "a finite number of seconds >= 0"),
+    ({"start": -1}, "'start' = -1", "a finite number of seconds >= 0"),
+    ({"channel": [[0]]}, "'channel' = [[0]]", "a channel number or a list of them"),
+    ({"recording": "r1.wav"}, "'recording' = 'r1.wav'", "an object"),
+    ({"supervisions": [{"text": "a", "duration": "long"}]}, "'supervisions[0].duration' = 'long'", "a finite"),
+    ({"supervisions": [{"text": "a", "speaker": 5}]}, "'supervisions[0].speaker' = 5", "a string"),
+    ({"supervisions": [{"text": "a", "start": float("nan")}]}, "'supervisions[0].start' = nan", "a finite")])
 def test_manifest_fields_of_the_wrong_type_or_range_name_file_line_and_field(tmp_path, capsys, change, field, rule):
     bad = _cut(1)
     if "num_tokens" in change:

@@ -159,19 +159,46 @@ def _cut_dicts(path: Path, first: int, block: bytes) -> tuple[list[dict], list[i
     return objs, linenos
 
 
+def _is_number(v) -> bool:
+    return type(v) in (int, float) and v == v and abs(v) != float("inf")
+
+
+def _is_channel(v) -> bool:
+    return type(v) is int or type(v) is list and all(type(c) is int for c in v)
+
+
+# The plain fields of a cut and of a supervision, as lhotse writes them: (is it right, what it must be).
+_PLAIN_RULES = {"id": (lambda v: type(v) is str, "a string"),
+                "recording_id": (lambda v: type(v) is str, "a string"),
+                "start": (lambda v: _is_number(v) and v >= 0, "a finite number of seconds >= 0"),
+                "channel": (_is_channel, "a channel number or a list of them"),
+                "speaker": (lambda v: type(v) is str, "a string"),
+                "language": (lambda v: type(v) is str, "a string"),
+                "type": (lambda v: type(v) is str, "a string"),
+                "custom": (lambda v: type(v) is dict, "an object"),
+                "recording": (lambda v: type(v) is dict, "an object"),
+                "features": (lambda v: type(v) is dict, "an object")}
+
+
 def check_cut_fields(cut: dict, prefix: str = "") -> str | None:
-    """What is wrong with the JSON types of the fields a cut's columns come from (``id``, ``supervisions`` and
-    their ``text``, ``custom``, a MixedCut's ``tracks`` and their cuts), as "field 'name' = value; it must be
-    ...", or None. Null counts as absent, as lhotse writes it."""
+    """What is wrong with the JSON types and ranges of a cut's fields (those of ``_PLAIN_RULES``; each of
+    its ``supervisions`` the same way, their ``duration`` too and their ``text`` a string; a MixedCut's
+    ``tracks`` and their cuts), as "field 'name' = value; it must be ...", or None. The cut's own
+    ``duration`` is checked by the reader. Null counts as absent, as lhotse writes it."""
     def wrong(name: str, value, rule: str) -> str:
         shown = repr(value)
         return f"field '{prefix}{name}' = {shown if len(shown) <= 60 else shown[:57] + '...'}; it must be {rule}"
 
-    if cut.get("id") is not None and type(cut["id"]) is not str:
-        return wrong("id", cut["id"], "a string")
-    custom = cut.get("custom")
-    if custom is not None and type(custom) is not dict:
-        return wrong("custom", custom, "an object")
+    def plain(fields: dict, where: str) -> str | None:
+        for name, value in fields.items():
+            rule = _PLAIN_RULES.get(name)
+            if rule is not None and value is not None and not rule[0](value):
+                return wrong(where + name, value, rule[1])
+        return None
+
+    problem = plain(cut, "")
+    if problem:
+        return problem
     supervisions = cut.get("supervisions")
     if supervisions is not None:
         if type(supervisions) is not list:
@@ -179,9 +206,14 @@ def check_cut_fields(cut: dict, prefix: str = "") -> str | None:
         for k, sup in enumerate(supervisions):
             if type(sup) is not dict:
                 return wrong(f"supervisions[{k}]", sup, "a supervision object")
-            text = sup.get("text")
+            problem = plain(sup, f"supervisions[{k}].")
+            if problem:
+                return problem
+            text, duration = sup.get("text"), sup.get("duration")
             if text is not None and type(text) is not str:
                 return wrong(f"supervisions[{k}].text", text, "a string (the transcript)")
+            if duration is not None and not (_is_number(duration) and duration >= 0):
+                return wrong(f"supervisions[{k}].duration", duration, "a finite number of seconds >= 0")
     tracks = cut.get("tracks")
     if tracks is not None:
         if type(tracks) is not list:
