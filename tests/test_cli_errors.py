@@ -1,6 +1,7 @@
 """Ordinary failures of every command: exit 2, one line naming the file, option or field, nothing left behind."""
 
 import builtins
+import contextlib
 import errno
 import gzip
 import io
@@ -76,6 +77,57 @@ def test_non_integer_token_counts_are_refused_with_file_line_and_field(tmp_path,
                     "cuts.jsonl:2", f"'custom.num_tokens' = {shown}", "whole numbers")
 
 
+@pytest.mark.parametrize("change,field,rule", [
+    ({"num_tokens": 2 ** 63}, "'custom.num_tokens' = 9223372036854775808", "below 2^63"),
+    ({"num_tokens": 1e30}, "'custom.num_tokens' = 1e+30", "below 2^63"),
+    ({"custom": [5]}, "'custom' = [5]", "an object"),
+    ({"custom": "5 tokens"}, "'custom' = '5 tokens'", "an object"),
+    ({"supervisions": {"text": "a b"}}, "'supervisions' = {'text': 'a b'}", "a list of supervision objects"),
+    ({"supervisions": "a b"}, "'supervisions' = 'a b'", "a list"),
+    ({"supervisions": ["a b"]}, "'supervisions[0]' = 'a b'", "a supervision object"),
+    ({"supervisions": [{"text": 42}]}, "'supervisions[0].text' = 42", "a string"),
+    ({"supervisions": [{"text": ["a", "b"]}]}, "'supervisions[0].text' = ['a', 'b']", "a string"),
+    ({"id": 7}, "'id' = 7", "a string"),
+    ({"tracks": [{"cut": {"supervisions": [{"text": 3}]}}]}, "'tracks[0].cut.supervisions[0].text' = 3", "a string"),
+    ({"tracks": {"cut": {}}}, "'tracks' = {'cut': {}}", "a list"),
+    ({"start": "zero"}, "'start' = 'zero'", "a finite number of seconds >= 0"),
+    ({"start": -1}, "'start' = -1", "a finite number of seconds >= 0"),
+    ({"channel": [[0]]}, "'channel' = [[0]]", "a channel number or a list of them"),
+    ({"recording": "r1.wav"}, "'recording' = 'r1.wav'", "an object"),
+    ({"supervisions": [{"text": "a", "duration": "long"}]}, "'supervisions[0].duration' = 'long'", "a finite"),
+    ({"supervisions": [{"text": "a", "speaker": 5}]}, "'supervisions[0].speaker' = 5", "a string"),
+    ({"supervisions": [{"text": "a", "start": float("nan")}]}, "'supervisions[0].start' = nan", "a finite")])
+def test_manifest_fields_of_the_wrong_type_or_range_name_file_line_and_field(tmp_path, capsys, change, field, rule):
+    bad = _cut(1)
+    if "num_tokens" in change:
+        bad["custom"] = change
+    else:
+        bad.update(change)
+    path = _jsonl(tmp_path / "cuts.jsonl", [_cut(0), bad, _cut(2)])
+    before = _tree(tmp_path)
+    for argv in (["corpus", "stats", str(path)], ["bins", str(path), "--out", str(tmp_path / "p.yaml"), "-q"]):
+        _one_line_error(capsys, main(argv), "cuts.jsonl:2", field, rule)
+    if "num_tokens" not in change:  # the transcripts are read for a tokenizer, and copied with counts
+        _one_line_error(capsys, main(["corpus", "tokenizer", str(path), "--vocab-size", "128"]),
+                        "cuts.jsonl:2", field)
+        with pytest.raises(ValueError, match=r"cuts\.jsonl:2: .*" + rule):
+            add_token_counts(path, None, tmp_path / "out.jsonl", progress=False)
+    assert _tree(tmp_path) == before
+
+
+def test_a_duration_too_short_for_its_tokens_is_blamed_on_the_input(tmp_path, capsys):
+    """5 tokens in 1e-320 s: the tokens per second overflow; the manifest's cut is named, not the profile."""
+    path = _jsonl(tmp_path / "cuts.jsonl", [_cut(i, duration=1e-320 if i == 3 else 1.0 + i) for i in range(10)])
+    out = tmp_path / "p.yaml"
+    line = _one_line_error(capsys, main(["bins", str(path), "--buckets", "2", "--out", str(out), "-q"]),
+                           "cuts.jsonl: cut 'c3' has duration 1e-320 s, too short for its 5 tokens", "--min-duration")
+    assert "p.yaml" not in line and not out.exists()
+    assert main(["bins", str(path), "--buckets", "2", "--out", str(out), "-q", "--min-duration", "0.5"]) == 0
+    durations = [1e-320 if i == 3 else 1.0 + i for i in range(10)]
+    with pytest.raises(ValueError, match=r"durations\[3\] = 1e-320 s is too short for its 5 tokens"):
+        estimate_2d_bins(durations, [5] * 10, 2, 1)
+
+
 def test_integral_float_token_counts_are_read_as_integers(tmp_path):
     path = _jsonl(tmp_path / "cuts.jsonl", [_cut(0, num_tokens=8.0), _cut(1, num_tokens=3)])
     assert read_cut_arrays(path, progress=False).num_tokens.tolist() == [8, 3]
@@ -116,6 +168,52 @@ def test_bins_options_name_their_range(corpus, tmp_path, capsys, option, value, 
     _one_line_error(capsys, main(["bins", str(corpus), option, value, "--out", str(tmp_path / "p.yaml")]),
                     f"argument {option}: {rule}")
     assert not (tmp_path / "p.yaml").exists()
+
+
+@pytest.mark.parametrize("option,value", [("--sub-buckets", "3"), ("--tps-threshold", "2.5")])
+def test_bins_refuses_2d_options_where_the_bins_are_1d(corpus, tmp_path, capsys, option, value):
+    out = tmp_path / "p.yaml"
+    no_tokens = _jsonl(tmp_path / "cuts.jsonl", [{**_cut(i, duration=1.0 + i), "custom": {}} for i in range(6)])
+    _one_line_error(capsys, main(["bins", str(no_tokens), option, value, "--buckets", "2", "--out", str(out), "-q",
+                                  "--strict"]), f"{option}: applies to 2D bins only", "has no token counts",
+                    "--tokenizer")
+    _one_line_error(capsys, main(["bins", str(corpus), option, value, "--1d", "--out", str(out), "-q"]),
+                    f"{option}: applies to 2D bins only, and --1d asks for 1D bins")
+    assert not out.exists()
+    # without the option both make 1D bins, and with token counts the option applies
+    assert main(["bins", str(no_tokens), "--buckets", "2", "--out", str(out), "-q"]) == 0
+    assert not load_profile(out).is_2d
+    assert main(["bins", str(corpus), option, value, "--out", str(out), "-q"]) == 0
+    metadata = load_profile(out).metadata
+    assert metadata[{"--sub-buckets": "num_subbuckets", "--tps-threshold": "tps_threshold"}[option]] == float(value)
+
+
+def test_bins_refuses_equal_count_for_2d_bins_and_names_buckets_by_option(corpus, tmp_path, capsys):
+    out = tmp_path / "p.yaml"
+    _one_line_error(capsys, main(["bins", str(corpus), "--equal-count", "--out", str(out), "-q"]),
+                    "--equal-count: applies to 1D bins only", "add --1d")
+    _one_line_error(capsys, main(["bins", str(corpus), "--buckets", "401", "--out", str(out), "-q"]),
+                    "--buckets=401 is more than the 400 utterances")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", [["corpus", "stats", "{corpus}", "--tokenizer", "{folder}"],
+                                     ["bins", "{corpus}", "--tokenizer", "{folder}", "--out", "{folder}/p.yaml"]])
+def test_a_folder_given_as_tokenizer_is_called_a_folder(corpus, tmp_path, capsys, command):
+    argv = [a.format(corpus=corpus, folder=tmp_path) for a in command]
+    _one_line_error(capsys, main(argv), f"{tmp_path}: is a folder; give the tokenizer's .model file")
+    assert _tree(tmp_path) == []
+
+
+def test_bins_does_not_write_bare_bins_over_a_profile_with_batch_sizes(corpus, tmp_path, capsys):
+    out = save_profile(tmp_path / "profile.yaml", BucketProfile([2.0, 4.0], [16, 8]))
+    before = out.read_text()
+    _one_line_error(capsys, main(["bins", str(corpus), "--out", str(out), "-q"]),
+                    f"--out {out}: holds a profile with batch sizes", "--overwrite")
+    assert out.read_text() == before
+    assert main(["bins", str(corpus), "--out", str(out), "-q", "--overwrite"]) == 0
+    assert load_profile(out).bucket_batch_size is None
+    assert main(["bins", str(corpus), "--out", str(out), "-q"]) == 0  # bare bins over bare bins: nothing lost
 
 
 def test_bins_says_what_it_left_out_at_start_and_end_and_strict_refuses(corpus, tmp_path, capsys):
@@ -254,7 +352,15 @@ def test_oomptimize_refuses_a_folder_as_profile(tmp_path, capsys):
     ({"bucket_duration_bins": [[1.0, 3], [2.0, 3]], "max_tps": ["fast", 4.0]}, "max_tps[0] = 'fast'"),
     ({"bucket_duration_bins": [[1.0, 3], [2.0, 3]], "max_tps": "4"}, "max_tps = '4'"),
     ({"bucket_duration_bins": [[1.0, 3], [2.0, 3]], "max_tps": [4.0, float("inf")]}, "max_tps[1] = inf"),
-    ({"bucket_duration_bins": [1.0, 2.0], "metadata": [1]}, "'metadata' must be a mapping")])
+    ({"bucket_duration_bins": [1.0, 2.0], "metadata": [1]}, "'metadata' must be a mapping"),
+    ({"bucket_duration_bins": [[1.0, 3], [2.0, float("inf")]]},
+     "bucket_duration_bins[1] = [2.0, inf] must be a finite"),
+    ({"bucket_duration_bins": [[1.0, 3], [2.0, 1e30]]}, "a token count in [0, 2^63)"),
+    ({"bucket_duration_bins": [[1.0, 3], [2.0, 2 ** 63]]}, "a token count in [0, 2^63)"),
+    ({"bucket_duration_bins": [[1.0, 3], [2.0, "many"]]}, "bucket_duration_bins[1] = [2.0, 'many']"),
+    ({"bucket_duration_bins": [[1.0, 3], [float("inf"), 4]]}, "must be a finite positive duration"),
+    ({"bucket_duration_bins": [1.0, float("inf")]}, "bucket_duration_bins[1] = inf must be a finite positive"),
+    ({"bucket_duration_bins": [1.0, None]}, "bucket_duration_bins[1] = None")])
 def test_load_profile_refuses_what_train_would(tmp_path, capsys, fields, needle):
     path = tmp_path / "profile.yaml"
     path.write_text(yaml.safe_dump(fields))
@@ -315,6 +421,15 @@ def test_repeated_bins_as_lhotse_and_nemo_write_them_load_and_stay_empty(tmp_pat
     assert [fitter.select(d, 2)[0] for d in (0.5, 1.0, 2.0, 3.0)] == [0, 0, 2, 2]  # bucket 1 never chosen
 
 
+@pytest.mark.parametrize("model", ["tiny-ctc", "large-aed"])
+def test_oomptimize_refuses_a_joint_chunk_size_for_models_without_a_joint(tmp_path, capsys, model):
+    bins = save_profile(tmp_path / "bins.yaml", BucketProfile([2.0, 4.0]))
+    before = bins.read_text()
+    _one_line_error(capsys, main(["oomptimize", "--model", model, "--bins", str(bins), "--joint-chunk-size", "4"]),
+                    f"--joint-chunk-size: applies to transducers (rnnt, tdt) only, not to --model {model}")
+    assert bins.read_text() == before
+
+
 @pytest.mark.parametrize("option,value,needle", [
     ("--rel-gap", "0", "--rel-gap: must be in (0, 1), got 0.0"),
     ("--start-batch-size", "0", "--start-batch-size: must be >= 1, got 0"),
@@ -325,3 +440,171 @@ def test_oomptimize_search_options_are_checked_before_any_work(tmp_path, capsys,
     _one_line_error(capsys, main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(bins), option, value]),
                     needle)
     assert bins.read_text() == before
+
+
+# ---- D: no command writes over another command's corpus -------------------------------------------------
+
+def _spoken_corpus(folder: Path) -> dict[str, bytes]:
+    """A folder as `corpus tts` leaves it (manifests, audio/), with a tokenizer beside: {relative path: bytes}."""
+    (folder / "audio").mkdir(parents=True)
+    files = {"cuts.jsonl.gz": gzip.compress(json.dumps(_cut(0)).encode() + b"\n"),
+             "recordings.jsonl.gz": gzip.compress(json.dumps(RECORDING).encode() + b"\n"),
+             "supervisions.jsonl.gz": gzip.compress(json.dumps(SUPERVISION).encode() + b"\n"),
+             "audio/tts-000000.flac": b"fLaC old audio", "tokenizer_bpe_128.model": b"a tokenizer"}
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return files
+
+
+def _contents(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("command", [["corpus", "synthetic", "--num-cuts", "20"],
+                                     ["corpus", "tts", "--num-utterances", "1", "--workers", "1"]])
+def test_corpus_commands_refuse_a_folder_holding_a_corpus(tmp_path, capsys, command):
+    spoken = tmp_path / "spoken"
+    before = _spoken_corpus(spoken)
+    _one_line_error(capsys, main([*command, "--out", str(spoken)]), f"--out {spoken}: holds a corpus",
+                    "audio/, cuts.jsonl.gz, recordings.jsonl.gz, supervisions.jsonl.gz", "--overwrite")
+    assert _contents(spoken) == before
+    other = tmp_path / "other"  # any manifest counts, whatever its name
+    other.mkdir()
+    _jsonl(other / "dev.jsonl", [_cut(0)])
+    _one_line_error(capsys, main([*command, "--out", str(other)]), "holds a corpus (dev.jsonl)")
+    assert _tree(other) == ["dev.jsonl"]
+
+
+def test_corpus_synthetic_overwrite_replaces_the_whole_corpus_and_keeps_other_files(tmp_path, capsys):
+    out = tmp_path / "c"
+    assert main(["corpus", "synthetic", "--out", str(out), "--num-cuts", "20", "--seed", "1"]) == 0
+    first = (out / "cuts.jsonl.gz").read_bytes()
+    _one_line_error(capsys, main(["corpus", "synthetic", "--out", str(out), "--num-cuts", "30"]), "holds a corpus")
+    assert (out / "cuts.jsonl.gz").read_bytes() == first  # its own earlier corpus is not written over either
+    assert main(["corpus", "synthetic", "--out", str(out), "--num-cuts", "30", "--overwrite"]) == 0
+    assert len(read_cut_arrays(out / "cuts.jsonl.gz", progress=False)) == 30
+    spoken = tmp_path / "spoken"
+    _spoken_corpus(spoken)
+    assert main(["corpus", "synthetic", "--out", str(spoken), "--num-cuts", "25", "--overwrite"]) == 0
+    # no recordings, supervisions or audio of the spoken corpus are left beside the synthetic cuts
+    assert _tree(spoken) == ["cuts.jsonl.gz", "tokenizer_bpe_128.model"]
+    assert len(read_cut_arrays(spoken / "cuts.jsonl.gz", progress=False)) == 25
+    assert (spoken / "tokenizer_bpe_128.model").read_bytes() == b"a tokenizer"
+
+
+def test_corpus_tokenizer_add_counts_does_not_replace_another_manifest(corpus, tmp_path, capsys):
+    other = _jsonl(tmp_path / "other.jsonl", [_cut(0)])
+    before = other.read_bytes()
+    args = ["corpus", "tokenizer", str(corpus), "--vocab-size", "128", "--out", str(tmp_path / "tok")]
+    _one_line_error(capsys, main([*args, "--add-counts", str(other)]),
+                    f"--add-counts {other}: a manifest is there already", "--overwrite")
+    assert _tree(tmp_path) == ["other.jsonl"] and other.read_bytes() == before
+    assert main([*args, "--add-counts", str(other), "--overwrite"]) == 0
+    assert len(read_cut_arrays(other, progress=False)) == 400
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(gzip.decompress(corpus.read_bytes()))
+    in_place = ["corpus", "tokenizer", str(copy), "--vocab-size", "128", "--out", str(tmp_path / "tok2")]
+    assert main([*in_place, "--add-counts", str(copy)]) == 0  # the input itself: counts added in place
+
+
+@pytest.mark.parametrize("bad", [["--text-file", "no_such_prose.txt"], ["--voice", "en+f2"]])
+def test_corpus_tts_overwrite_keeps_the_old_corpus_when_its_input_is_refused(tmp_path, capsys, bad):
+    spoken = tmp_path / "spoken"
+    before = _spoken_corpus(spoken)
+    assert main(["corpus", "tts", "--out", str(spoken), "--num-utterances", "1", "--overwrite", *bad]) == 2
+    assert _contents(spoken) == before
+
+
+def test_corpus_tts_overwrite_leaves_no_audio_of_the_old_corpus(tmp_path):
+    import shutil
+
+    if not shutil.which("espeak-ng"):
+        pytest.skip("needs espeak-ng, which is not installed")
+    spoken = tmp_path / "spoken"
+    _spoken_corpus(spoken)
+    assert main(["corpus", "tts", "--out", str(spoken), "--num-utterances", "1", "--workers", "1",
+                 "--overwrite"]) == 0
+    assert (spoken / "audio" / "tts-000000.flac").read_bytes() != b"fLaC old audio"
+    assert _tree(spoken) == ["audio", "audio/tts-000000.flac", "cuts.jsonl.gz", "recordings.jsonl.gz",
+                             "supervisions.jsonl.gz", "tokenizer_bpe_128.model"]
+
+
+# ---- E: Ctrl-C always stops ------------------------------------------------------------------------------
+
+def _interrupt_when_writing(argv: list[str], out: Path, sign: str = ".tmp*") -> tuple[int, list[str]]:
+    """Run `python -m workbench ARGV` in its own process group, send the group SIGINT three times, as a terminal
+    does on Ctrl-C, once a file named like ``sign`` appears under ``out`` (the command is writing its output),
+    and return the exit code and stderr lines."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "workbench", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (out.exists() and any(out.rglob(sign))):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the command never started writing"
+            time.sleep(0.01)
+        for _ in range(3):
+            os.killpg(proc.pid, signal.SIGINT)
+            time.sleep(0.05)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, [ln for ln in err.splitlines() if ln.strip()]
+
+
+def test_ctrl_c_stops_corpus_synthetic_at_once_and_leaves_nothing(tmp_path):
+    out = tmp_path / "new" / "corpus"
+    code, err = _interrupt_when_writing(["corpus", "synthetic", "--out", str(out), "--num-cuts", "1000000"], out)
+    assert code == 130 and len(err) == 1, err
+    assert err[0] == ("workbench corpus synthetic: interrupted; stopped, and what it had not finished writing "
+                      "was removed")
+    assert _tree(tmp_path) == []  # the folders it made are gone too
+
+
+def test_ctrl_c_during_an_overwrite_keeps_the_old_corpus(tmp_path):
+    spoken = tmp_path / "spoken"
+    before = _spoken_corpus(spoken)
+    code, err = _interrupt_when_writing(["corpus", "synthetic", "--out", str(spoken), "--num-cuts", "1000000",
+                                         "--overwrite"], spoken)
+    assert code == 130 and len(err) == 1 and "interrupted" in err[0], err
+    assert _contents(spoken) == before
+
+
+def test_ctrl_c_stops_corpus_tts_and_its_worker_processes(tmp_path):
+    import shutil
+
+    if not shutil.which("espeak-ng"):
+        pytest.skip("needs espeak-ng, which is not installed")
+    out = tmp_path / "tts"
+    code, err = _interrupt_when_writing(["corpus", "tts", "--out", str(out), "--num-utterances", "2000",
+                                         "--workers", "2"], out, sign="*.flac")
+    assert code == 130 and len(err) == 1, err  # no traceback from a worker either
+    assert err[0].startswith("workbench corpus tts: interrupted")
+    assert _tree(tmp_path) == []
+
+
+# ---- F: messages that name the file ----------------------------------------------------------------------
+
+def test_undecodable_inputs_name_their_file(tmp_path, capsys):
+    profile = tmp_path / "profile.yaml"
+    profile.write_bytes(b"bucket_duration_bins: [1.0, 2.0]\nmetadata: {note: \xff\xfe}\n")
+    _one_line_error(capsys, main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(profile)]),
+                    "profile.yaml: not a YAML text file (byte 50 is not UTF-8)")
+    profile.write_text("bucket_duration_bins: [1.0, 2.0\nmax_tps: 3\n")
+    _one_line_error(capsys, main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(profile)]),
+                    "profile.yaml:2: not valid YAML")
+    text = tmp_path / "prose.txt"
+    text.write_bytes("Caf\xe9 au lait is what we drink here.".encode("latin-1"))
+    _one_line_error(capsys, main(["corpus", "tts", "--out", str(tmp_path / "tts"), "--text-file", str(text)]),
+                    "prose.txt: not UTF-8 text (byte 3)")
+    for name, data in (("cuts.jsonl.gz", b"\x1f\x8b not really gzip"), ("cuts.jsonl", b'{"id": "a", "dur\n')):
+        (tmp_path / name).write_bytes(data)
+        _one_line_error(capsys, main(["corpus", "stats", str(tmp_path / name)]), name)
+    assert _tree(tmp_path) == ["cuts.jsonl", "cuts.jsonl.gz", "profile.yaml", "prose.txt"]

@@ -1,6 +1,6 @@
 """Atomic writes: one home for 'write a temp file beside the target, then rename'.
 
-A reader never sees a half-written file, and a failure leaves nothing behind.
+A reader never sees a half-written file, and a failure (Ctrl-C too) leaves nothing behind.
 """
 
 from __future__ import annotations

@@ -7,9 +7,12 @@ Each module in COMMAND_MODULES has ``register(subparsers)`` that adds its sub-co
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
+import signal
 import sys
+import threading
 
 COMMAND_MODULES = [
     "workbench.data.cli",         # corpus synthetic | tts | tokenizer | stats
@@ -63,7 +66,52 @@ def os_error_line(e: OSError) -> str:
     return f"{path}: {reason}" + (f"; {advice}" if advice else "")
 
 
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+
+
+@contextlib.contextmanager
+def interrupts_spare_cleanup():
+    """Ctrl-C (SIGINT) raises KeyboardInterrupt, except while one is already being handled: then the command
+    is removing its temp files and the folders it made, and pressing Ctrl-C again must not leave them behind.
+    (A KeyboardInterrupt swallowed inside a C extension is not being handled: the next Ctrl-C raises again.)
+    The previous handler is back afterwards, unless the block set another. Outside the main thread, nothing
+    changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        if not isinstance(sys.exc_info()[1], KeyboardInterrupt):
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGINT) is interrupt:
+            signal.signal(signal.SIGINT, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the command of ``argv`` (default: the command line). Returns its exit code, or exits with it when
+    ``argv`` is None: 0 done, 2 a one-line error, 130 stopped by Ctrl-C."""
+    with interrupts_spare_cleanup():
+        try:
+            code = _main(argv)
+        except KeyboardInterrupt:
+            if argv is None:  # this process ends now: a Ctrl-C on the way out changes nothing
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+            words = [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("-")]
+            command = " ".join(words[:2] if words[:1] == ["corpus"] else words[:1])
+            print(f"workbench {command}: interrupted; stopped, and what it had not finished writing was removed",
+                  file=sys.stderr)
+            code = INTERRUPTED_EXIT_CODE
+    if argv is None:
+        sys.exit(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -86,6 +134,4 @@ def main(argv: list[str] | None = None) -> int:
         message = os_error_line(e) if e.filename is not None or e.strerror else str(e)
         print(f"workbench {command}: error: {message}", file=sys.stderr)
         code = 2
-    if argv is None:
-        sys.exit(code or 0)
     return code or 0

@@ -1,8 +1,11 @@
 """A profile file that is wrong in a way a user makes: one line naming the file and the field, never a hang."""
 
+import re
+
 import pytest
 
-from workbench.bucketing import BucketProfile, load_profile, save_profile
+from workbench.bucketing import (BucketProfile, estimate_2d_bins, estimate_duration_bins, load_profile,
+                                 save_profile)
 
 
 def test_a_misspelled_field_is_refused_with_the_nearest_name(tmp_path):
@@ -83,3 +86,29 @@ def test_a_wrong_allocator_settings_field_is_named(tmp_path, line, message):
     path.write_text(path.read_text() + line + "\n")
     with pytest.raises(ValueError, match=f"p.yaml: {message}"):
         load_profile(path)
+
+
+def test_load_and_save_profile_name_an_argument_of_the_wrong_type(tmp_path):
+    with pytest.raises(TypeError, match="path: expected a file path, got int"):
+        load_profile(3)
+    with pytest.raises(TypeError, match="profile: expected a BucketProfile, got dict"):
+        save_profile(tmp_path / "p.yaml", {"bucket_duration_bins": [1.0]})
+    with pytest.raises(TypeError, match="path: expected a file path, got BucketProfile"):
+        save_profile(BucketProfile([1.0]), tmp_path / "p.yaml")  # arguments swapped
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("call,needle", [
+    (lambda: estimate_duration_bins([1.0, 2.0], 0), "num_buckets must be an integer >= 1, got 0"),
+    (lambda: estimate_duration_bins([1.0, float("nan")], 1), "durations has 1 NaN or infinite values"),
+    (lambda: estimate_2d_bins([1.0, 2.0], [1, 2], 1, 1.5), "num_subbuckets must be an integer >= 1, got 1.5"),
+    (lambda: estimate_2d_bins([1.0, 2.0], [1, 2], 1, 1, tps_threshold=float("nan")),
+     "tps_threshold must be a number > 0"),
+    (lambda: estimate_2d_bins([1.0, 2.0], [1, "2"], 1, 1), "num_tokens must be numeric"),
+    (lambda: estimate_2d_bins([1.0, 2.0], [1.0, 1e30], 1, 1),
+     "num_tokens has 1 values at or past 2^63 (first at index 1"),
+    (lambda: estimate_duration_bins([1.0, "two"], 1), "durations must be numbers of seconds"),
+    (lambda: estimate_2d_bins([[1.0], [2.0]], [1, 2], 1, 1), "durations must be a 1-D array")])
+def test_the_estimators_name_the_argument_that_is_wrong(call, needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        call()

@@ -106,6 +106,13 @@ def test_make_sampler_rejects_bad_setup():
         make_sampler(cuts, BucketProfile(bucket_duration_bins=[2.0], bucket_batch_size=[2]), world_size=2, rank=2)
     with pytest.raises(ValueError, match="num_tokens_fn"):
         make_sampler(cuts_from_arrays([1.0, 2.0]), PROFILE_2D)
+    with pytest.raises(TypeError, match="profile: expected a BucketProfile .*, got dict"):
+        make_sampler(cuts, {"bucket_duration_bins": [2.0], "bucket_batch_size": [2]})
+    profile = BucketProfile(bucket_duration_bins=[2.0], bucket_batch_size=[2])
+    with pytest.raises(ValueError, match="buffer_size must be an integer >= 1, got 0"):
+        make_sampler(cuts, profile, buffer_size=0)
+    with pytest.raises(ValueError, match="seed must be an integer >= 0, got 1.5"):
+        make_sampler(cuts, profile, seed=1.5)
 
 
 @pytest.mark.parametrize("concurrent", [False, True])

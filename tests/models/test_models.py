@@ -57,6 +57,28 @@ def test_training_step_gives_finite_loss_and_gradients(head, dtype):
     assert sum(float(g.abs().sum()) for g in grads) > 0
 
 
+@pytest.mark.parametrize("head", ["rnnt", "tdt", "ctc", "aed"])
+def test_a_batch_whose_transcripts_are_all_empty_trains_on_saying_nothing(head):
+    """tokens [B, 0]: the target is no label at all (transducers and CTC: blanks only, AED: EOS at once),
+    with a finite loss and gradients, as for a batch with labels."""
+    torch.manual_seed(0)
+    model = build_model(f"tiny-{head}", vocab_size=12)
+    batch = model.make_batch(2, 0.8, 0, "cpu")
+    assert batch["tokens"].shape == (2, 0)
+    loss = model.training_step(batch)
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    if head == "rnnt":  # the one path: a blank at every frame, at label position 0
+        model.eval()
+        with torch.no_grad():
+            enc, enc_lens = model.encode(batch["audio"], batch["audio_lens"])
+            logits = model.joint(enc, model.predictor(batch["tokens"]))[..., :model.joint.num_outputs]
+            blank = logits.float().log_softmax(-1)[:, :, 0, model.blank_id]
+            valid = torch.arange(enc.shape[1])[None] < enc_lens[:, None]
+            expected = -(blank * valid).sum()  # summed over the batch, over one target (the clamp to 1)
+            torch.testing.assert_close(model.loss(batch), expected, rtol=1e-4, atol=1e-4)
+
+
 def test_encoder_output_lengths_and_padding_invariance():
     torch.manual_seed(0)
     model = build_model("tiny-rnnt").eval()

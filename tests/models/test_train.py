@@ -98,10 +98,11 @@ def test_train_recipe_reports_user_errors_in_one_line(tmp_path, capsys):
 
 
 def _train_args(corpus, out, *extra):
+    """`workbench train` on the tone corpus; batches of 2 s from lhotse's sampler unless ``extra`` has --profile."""
     cuts_path, tokenizer_path = corpus
+    batches = [] if "--profile" in extra else ["--max-duration", "2", "--num-buckets", "2"]
     return ["train", "--cuts", str(cuts_path), "--tokenizer", str(tokenizer_path), "--out", str(out),
-            "--model", "tiny-ctc", "--max-duration", "2", "--num-buckets", "2", "--dtype", "fp32",
-            "--device", "cpu", "--warmup-steps", "2", *extra]
+            "--model", "tiny-ctc", *batches, "--dtype", "fp32", "--device", "cpu", "--warmup-steps", "2", *extra]
 
 
 def _log(out):
@@ -206,6 +207,47 @@ def test_train_bad_options_and_inputs_are_one_line_errors_that_name_them(corpus,
     assert not out.exists()  # nothing written by a run that never started
 
 
+def test_train_refuses_options_that_cannot_apply_and_folders_as_files(corpus, tmp_path, capsys):
+    profile = save_profile(tmp_path / "profile.yaml", BucketProfile([0.8, 10.0], [2, 1]))
+    out = tmp_path / "run"
+    with_profile = _train_args(corpus, out, "--profile", str(profile))
+    for option, value in (("--max-duration", "30"), ("--num-buckets", "4")):
+        assert f"{option}: applies without --profile only" in _train_error(capsys, *with_profile, option, value)
+    assert "--no-concurrent: applies with --profile only" in _train_error(
+        capsys, *_train_args(corpus, out, "--no-concurrent"))
+    assert "--strict: applies with --profile only" in _train_error(capsys, *_train_args(corpus, out, "--strict"))
+    assert "--joint-chunk-size: applies to transducers (rnnt, tdt) only, not to --model tiny-ctc" in _train_error(
+        capsys, *_train_args(corpus, out, "--joint-chunk-size", "2"))
+    args = _train_args(corpus, out)
+    args[args.index("--cuts") + 1] = str(tmp_path)
+    assert f"--cuts {tmp_path}: is a folder" in _train_error(capsys, *args)
+    args = _train_args(corpus, out)
+    args[args.index("--tokenizer") + 1] = str(tmp_path)
+    assert f"{tmp_path}: is a folder; give the tokenizer's .model file" in _train_error(capsys, *args)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("change,needle", [
+    (lambda cut: cut["supervisions"][0].update(text=42), "field 'supervisions[0].text' = 42; it must be a string"),
+    (lambda cut: cut.update(custom=[5]), "field 'custom' = [5]; it must be an object"),
+    (lambda cut: cut.update(supervisions={"text": "abc"}), "field 'supervisions' = {'text': 'abc'}")])
+def test_train_names_the_manifest_line_of_a_field_of_the_wrong_type(corpus, tmp_path, capsys, change, needle):
+    import gzip
+
+    cuts_path, tokenizer_path = corpus
+    lines = gzip.open(cuts_path, "rt").read().splitlines()
+    cut = json.loads(lines[1])
+    change(cut)
+    lines[1] = json.dumps(cut)
+    bad = tmp_path / "cuts.jsonl.gz"
+    with gzip.open(bad, "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    out = tmp_path / "run"
+    err = _train_error(capsys, *_train_args((bad, tokenizer_path), out, "--steps", "2", "--num-workers", "0"))
+    assert f"{bad}:2: cut " in err and needle in err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("content", [b"", b"not a checkpoint at all", None])
 def test_resume_from_a_truncated_or_garbage_state_is_one_line(corpus, tmp_path, capsys, content):
     assert main(_train_args(corpus, tmp_path, "--steps", "2", "--save-every", "1")) == 0
@@ -284,3 +326,38 @@ def test_a_run_folder_is_never_mixed_with_another_run(corpus, tmp_path, capsys):
     assert "choose one" in _train_error(capsys, *_train_args(corpus, out, "--resume", "--overwrite"))
     assert main(_train_args(corpus, out, "--steps", "2", "--num-workers", "0", "--overwrite")) == 0
     assert not (out / "train_state.pt").exists()  # the old run's state cannot be resumed into the new one
+
+
+def test_resume_refuses_an_input_rewritten_at_the_same_path(corpus, tmp_path, capsys):
+    """The state records the SHA-256 of the manifest, tokenizer and profile bytes: a tokenizer retrained, or a
+    manifest rewritten, at the path the run was trained with is named, and nothing of the run is touched."""
+    import gzip
+    import shutil
+
+    from workbench.data.tokenizer import train_tokenizer
+
+    cuts_src, tokenizer_src = corpus
+    cuts, tokenizer = tmp_path / "cuts.jsonl.gz", tmp_path / "tok.model"
+    shutil.copy(cuts_src, cuts)
+    shutil.copy(tokenizer_src, tokenizer)
+    out = tmp_path / "run"
+    args = _train_args((cuts, tokenizer), out, "--steps", "3", "--num-workers", "0")
+    assert main(_train_args((cuts, tokenizer), out, "--steps", "2", "--save-every", "1", "--num-workers", "0")) == 0
+    run_files = {p.name: p.read_bytes() for p in out.iterdir()}
+    original = tokenizer.read_bytes()
+    # the same eight letters and vocabulary size, other frequencies: another model at the same path
+    train_tokenizer(["a" * 40 + " " + "bcdefgh"] * 3, tmp_path / "tok", 10, model_type="char", progress=False)
+    assert tokenizer.read_bytes() != original
+    err = _train_error(capsys, *args, "--resume")
+    assert "--resume: the tokenizer (--tokenizer) is not the one" in err and "contents changed" in err
+    tokenizer.write_bytes(original)
+    with gzip.open(cuts, "rt") as f:
+        lines = f.read().splitlines()
+    with gzip.open(cuts, "wt") as f:  # the same cuts in another order: another corpus for a resume
+        f.write("\n".join(lines[::-1]) + "\n")
+    err = _train_error(capsys, *args, "--resume")
+    assert "--resume: the corpus manifest (--cuts) is not the one" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == run_files
+    shutil.copy(cuts_src, cuts)
+    assert main([*args, "--resume"]) == 0  # the inputs as they were: the run continues
+    assert [r["step"] for r in _log(out)] == [0, 1, 2]

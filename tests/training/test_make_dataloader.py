@@ -80,12 +80,22 @@ def test_allocator_is_configured_unless_opted_out(corpus):
     (dict(cuts=42), TypeError, "cuts: expected a lhotse CutSet or a manifest path, got int"),
     (dict(profile=[1, 2]), TypeError, "profile: expected a BucketProfile or a path, got list"),
     (dict(num_workers=-1), ValueError, "num_workers: must be an integer >= 0"),
+    (dict(num_workers=1.5), ValueError, "num_workers: must be an integer >= 0, got 1.5"),
+    (dict(prefetch_factor=0), ValueError, "prefetch_factor: must be an integer >= 1, got 0"),
+    (dict(seed=-2), ValueError, "seed: must be an integer >= 0, got -2"),
+    (dict(world_size=0), ValueError, "world_size: must be an integer >= 1, got 0"),
+    (dict(rank=True), ValueError, "rank: must be an integer >= 0, got True"),
+    (dict(world_size=2, rank=2), ValueError, r"rank: must be below world_size \(2\), got 2"),
+    (dict(dataset=None), TypeError, "dataset: expected a map-style dataset"),
+    (dict(cuts="{folder}"), ValueError, "is a folder; give the cuts manifest file"),
 ])
 def test_bad_arguments_are_named(corpus, kwargs, error, needle):
     manifest, profile = corpus
-    args = dict(cuts=manifest, profile=profile, num_workers=0, configure_allocator=False) | kwargs
+    args = dict(cuts=manifest, profile=profile, dataset=CutCount(), num_workers=0, configure_allocator=False) | kwargs
+    if args["cuts"] == "{folder}":
+        args["cuts"] = manifest.parent
     with pytest.raises(error, match=needle):
-        make_dataloader(args.pop("cuts"), args.pop("profile"), CutCount(), **args)
+        make_dataloader(args.pop("cuts"), args.pop("profile"), args.pop("dataset"), **args)
 
 
 @pytest.mark.parametrize("searched, current, warns", [

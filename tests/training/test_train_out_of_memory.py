@@ -3,6 +3,7 @@ whole batch's gradient), one warning line, the bucket's batch size lowered for t
 --resume and listed in the summary; one utterance that does not fit alone is a one-line error."""
 
 import collections
+import re
 import json
 import logging
 import math
@@ -263,11 +264,12 @@ def test_under_torchrun_a_batch_out_of_memory_is_a_one_line_error(corpus, tmp_pa
     cuts = CutSet.from_file(cuts_path)
     limited(max_utterances=2)
     profile = BucketProfile(bucket_duration_bins=[10.0], bucket_batch_size=[16])
-    run = recipe.start_run(_config(corpus, tmp_path, profile="p.yaml"), Ranks(), torch.device("cpu"),
+    profile_path = save_profile(tmp_path / "p.yaml", profile)  # the run records the digest of its profile
+    run = recipe.start_run(_config(corpus, tmp_path, profile=str(profile_path)), Ranks(), torch.device("cpu"),
                            load_tokenizer(tokenizer_path), cuts, profile)
     run.ranks = Ranks(0, 2, 0)  # every rank must run the same backward passes: nothing is split
     host_batch = CutBatchDataset(str(tokenizer_path))[cuts.subset(first=4)]
     with pytest.raises(ValueError, match=r"^out of memory at step 0 on a batch of 4 utterances from bucket 0 "
                                          r"\(<= 10 s\); under torchrun batches are not split: lower that bucket's "
-                                         r"batch size in --profile p.yaml$"):
+                                         r"batch size in --profile " + re.escape(str(profile_path)) + "$"):
         recipe.forward_backward(run, host_batch)

@@ -24,10 +24,10 @@ import yaml
 
 from workbench.atomic import check_writable
 from workbench.bucketing.estimate import (check_count, check_durations, check_tps_threshold, estimate_duration_bins,
-                                         tps_blind_groups)
+                                         overflowing_tps, tps_blind_groups)
 from workbench.bucketing.fit import unfit_table
 from workbench.bucketing.padding import padding_comparison
-from workbench.bucketing.profile import profile_from_arrays, save_profile
+from workbench.bucketing.profile import NoAliasLoader, profile_from_arrays, save_profile
 from workbench.data.tokenizer import tokenized_cut_arrays
 from workbench.options import (DROP_NOTICE_SHARE, check_dropped, dropped_data_line, number_in, positive_int,
                                seconds)
@@ -47,8 +47,10 @@ def duration_window(durations: np.ndarray, min_duration: float | None, max_durat
 def check_options(args: argparse.Namespace) -> None:
     """ValueError naming the first bucketing option outside its range (before any file is read)."""
     check_count(args.buckets, "--buckets")
-    check_count(args.sub_buckets, "--sub-buckets")
-    check_tps_threshold(args.tps_threshold, "--tps-threshold")
+    if args.sub_buckets is not None:
+        check_count(args.sub_buckets, "--sub-buckets")
+    if args.tps_threshold is not None:
+        check_tps_threshold(args.tps_threshold, "--tps-threshold")
     if args.min_duration is not None and not args.min_duration >= 0:
         raise ValueError(f"--min-duration must be a number of seconds >= 0, got {args.min_duration!r}")
     if args.max_duration is not None and not args.max_duration > 0:
@@ -58,6 +60,42 @@ def check_options(args: argparse.Namespace) -> None:
     inputs = [p for p in (args.manifest, args.tokenizer) if p is not None]
     if any(Path(args.out).resolve() == Path(p).resolve() for p in inputs):
         raise ValueError(f"--out {args.out}: is an input of this command; write the profile to another file")
+    if not args.overwrite and holds_batch_sizes(args.out):
+        raise ValueError(f"--out {args.out}: holds a profile with batch sizes (the OOMptimizer's GPU work); pass "
+                         "--overwrite to replace it with bare bins, or choose another path")
+
+
+def holds_batch_sizes(path: Path) -> bool:
+    """True when ``path`` is a YAML file with a 'bucket_batch_size' field (read loosely: any other file is
+    not a profile anyone measured)."""
+    if not path.is_file():
+        return False
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=NoAliasLoader)
+    except (yaml.YAMLError, UnicodeDecodeError):
+        return False
+    return isinstance(data, dict) and data.get("bucket_batch_size") is not None
+
+
+TWO_D_DEFAULTS = {"sub_buckets": 2, "tps_threshold": 4.0}  # --sub-buckets and --tps-threshold for 2D bins
+
+
+def check_options_apply(args: argparse.Namespace, has_tokens: bool) -> None:
+    """Refuse the 2D options (--sub-buckets, --tps-threshold) where the bins will be 1D, and --equal-count where
+    they will be 2D, naming the option and why, rather than ignore them; fill in the 2D options' defaults."""
+    for name, default in TWO_D_DEFAULTS.items():
+        given = getattr(args, name) is not None
+        option = "--" + name.replace("_", "-")
+        if given and args.one_d:
+            raise ValueError(f"{option}: applies to 2D bins only, and --1d asks for 1D bins; leave out one of them")
+        if given and not has_tokens:
+            raise ValueError(f"{option}: applies to 2D bins only, and {args.manifest} has no token counts "
+                             "(custom.num_tokens) to make them; give --tokenizer to count them, or leave it out")
+        if not given:
+            setattr(args, name, default)
+    if args.equal_count and has_tokens and not args.one_d:
+        raise ValueError(f"--equal-count: applies to 1D bins only, and {args.manifest} has token counts, so the bins "
+                         "are 2D; add --1d for 1D bins")
 
 
 def unfit_line(durations: np.ndarray, num_tokens: np.ndarray | None, profile) -> str:
@@ -78,9 +116,18 @@ def run_bins(args: argparse.Namespace) -> int:
     t_read = time.perf_counter() - t0
     dur = check_durations(arrays.durations, name=f"{args.manifest}: durations")
     tok = arrays.num_tokens
+    check_options_apply(args, has_tokens=tok is not None)
     keep = duration_window(dur, args.min_duration, args.max_duration)
     if not keep.any():
         raise ValueError(f"no utterance of {args.manifest} lies in [{args.min_duration}, {args.max_duration}] s")
+    check_count(args.buckets, "--buckets", int(keep.sum()))
+    if tok is not None and not args.one_d:
+        overflow = [i for i in overflowing_tps(dur, tok).tolist() if keep[i]]  # inside the duration window
+        if overflow:
+            i = overflow[0]
+            raise ValueError(f"{args.manifest}: cut {arrays.ids[i]!r} has duration {float(dur[i])!r} s, too short for "
+                             f"its {int(tok[i])} tokens: the tokens per second overflow ({len(overflow)} such cuts); "
+                             "fix or drop them, or raise --min-duration")
     dur_k = dur[keep]
     tok_k = tok[keep] if tok is not None else None
     profile = profile_from_arrays(
@@ -143,10 +190,10 @@ def register(sub) -> None:
                                        "from the manifest, when there)")
     p.add_argument("--buckets", type=positive_int, default=30,
                    help="duration buckets, >= 1 (default 30)")
-    p.add_argument("--sub-buckets", type=positive_int, default=2,
-                   help="token sub-buckets per duration bucket (2D bins), >= 1 (default 2)")
-    p.add_argument("--tps-threshold", type=float, default=4.0,
-                   help="2D: tokens-per-second z-score within a duration bucket, > 0, above which an "
+    p.add_argument("--sub-buckets", type=positive_int, default=None,
+                   help="token sub-buckets per duration bucket (2D bins only), >= 1 (default 2)")
+    p.add_argument("--tps-threshold", type=float, default=None,
+                   help="2D bins only: tokens-per-second z-score within a duration bucket, > 0, above which an "
                         "utterance is a TPS outlier, left out of the bins (default 4)")
     p.add_argument("--min-duration", type=number_in(float, 0, unit=" seconds"), default=None,
                    help="leave out utterances shorter than this, seconds, >= 0 (default: none)")
@@ -157,6 +204,9 @@ def register(sub) -> None:
                    help="1D: the same number of utterances per bucket (default: the same total duration)")
     p.add_argument("--out", type=Path, default=Path("bucket_profile.yaml"),
                    help="profile YAML to write (default bucket_profile.yaml)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an --out profile that holds batch sizes (default: refused, so the OOMptimizer's "
+                        "results are not lost)")
     p.add_argument("--no-padding", action="store_true", help="skip the padding summary")
     p.add_argument("--strict", action="store_true",
                    help=f"fail (exit 2, no profile) when more than {100 * DROP_NOTICE_SHARE:g}%% of the utterances "

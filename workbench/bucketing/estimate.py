@@ -19,7 +19,10 @@ import numpy as np
 
 def check_durations(durations, name: str = "durations") -> np.ndarray:
     """float64 copy of ``durations`` or ValueError naming what is wrong and how many."""
-    arr = np.asarray(durations, dtype=np.float64)
+    try:
+        arr = np.asarray(durations, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name} must be numbers of seconds ({e})") from None
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a 1-D array, got shape {arr.shape}")
     if arr.size == 0:
@@ -50,6 +53,10 @@ def check_num_tokens(num_tokens, num_utterances: int, name: str = "num_tokens") 
         frac = arr != np.round(arr)
         if frac.any():
             raise ValueError(f"{name} has {int(frac.sum())} non-integer values")
+        huge = np.abs(arr) >= 2.0 ** 63
+        if huge.any():
+            raise ValueError(f"{name} has {int(huge.sum())} values at or past 2^63 (first at index "
+                             f"{int(np.argmax(huge))}: {arr[np.argmax(huge)]!r}), more than int64 holds")
     elif arr.dtype.kind not in "iub":
         raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
     arr = arr.astype(np.int64)
@@ -57,6 +64,13 @@ def check_num_tokens(num_tokens, num_utterances: int, name: str = "num_tokens") 
     if neg.any():
         raise ValueError(f"{name} has {int(neg.sum())} negative values (first at index {int(np.argmax(neg))})")
     return arr
+
+
+def overflowing_tps(durations: np.ndarray, num_tokens: np.ndarray) -> np.ndarray:
+    """Indices of the utterances whose tokens per second overflow float64 (a duration too short for its
+    tokens, e.g. 1e-320 s): no TPS limit or z-score can be computed with them."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        return np.flatnonzero(~np.isfinite(num_tokens / durations))
 
 
 def check_count(value, name: str, num_utterances: int | None = None) -> int:
@@ -190,6 +204,11 @@ def estimate_2d_bins(durations, num_tokens, num_buckets: int, num_subbuckets: in
     num_buckets = check_count(num_buckets, "num_buckets", dur.shape[0])
     num_subbuckets = check_count(num_subbuckets, "num_subbuckets")
     tps_threshold = check_tps_threshold(tps_threshold)
+    overflow = overflowing_tps(dur, tok)
+    if overflow.size:
+        i = int(overflow[0])
+        raise ValueError(f"durations[{i}] = {float(dur[i])!r} s is too short for its {int(tok[i])} tokens: the tokens "
+                         f"per second overflow ({overflow.size} such utterances)")
 
     order = np.lexsort((tok, dur))
     dur_s, tok_s = dur[order], tok[order]

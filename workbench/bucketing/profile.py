@@ -8,6 +8,7 @@ The file is shaped so that a NeMo or lhotse config takes ``bucket_duration_bins`
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,10 @@ class BucketProfile:
 
 def save_profile(path: str | os.PathLike, profile: BucketProfile) -> Path:
     """Write the profile as YAML of built-in types, atomically (temp file in the same folder, then rename)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path: expected a file path, got {type(path).__name__}")
+    if not isinstance(profile, BucketProfile):
+        raise TypeError(f"profile: expected a BucketProfile, got {type(profile).__name__}")
     data = to_plain(profile.to_dict())  # numpy scalars, str subclasses (torch.__version__) -> built-ins
     validate_profile(BucketProfile(data["bucket_duration_bins"], data.get("bucket_batch_size"),
                                    data.get("max_tps"), data.get("metadata") or {}, data.get("allocator_settings")),
@@ -63,6 +68,7 @@ def save_profile(path: str | os.PathLike, profile: BucketProfile) -> Path:
     return write_text_atomically(path, text)
 
 
+MAX_TOKENS = 2 ** 63  # token bounds are compared with int64 token counts
 PROFILE_FIELDS = ("num_buckets", "bucket_duration_bins", "bucket_batch_size", "max_tps", "allocator_settings",
                   "metadata")
 
@@ -81,13 +87,17 @@ class NoAliasLoader(yaml.SafeLoader):
 
 def load_profile(path: str | os.PathLike) -> BucketProfile:
     """Read a profile YAML; errors name the file and the field that is wrong."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path: expected a file path, got {type(path).__name__}")
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such profile file")
     if path.is_dir():
         raise ValueError(f"{path}: is a folder; give the profile YAML file (e.g. bucket_profile.yaml)")
     try:
-        data = yaml.load(path.read_text(), Loader=NoAliasLoader)
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=NoAliasLoader)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not a YAML text file (byte {e.start} is not UTF-8)") from None
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         line = f":{where.line + 1}" if where is not None else ""
@@ -120,10 +130,10 @@ def validate_profile(profile: BucketProfile, source: str = "profile") -> None:
         values = b if isinstance(b, (list, tuple)) else [b]
         if isinstance(b, (list, tuple)) and len(b) != 2:
             raise ValueError(f"{source}: bucket_duration_bins[{i}] must be [max_duration, max_tokens]")
-        if any(not isinstance(v, (int, float)) or isinstance(v, bool) or v != v for v in values) \
-                or values[0] <= 0 or (len(values) == 2 and values[1] < 0):
-            raise ValueError(f"{source}: bucket_duration_bins[{i}] = {b!r} must be a positive duration"
-                             f"{' and a token count >= 0' if len(values) == 2 else ''}")
+        if any(not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) for v in values) \
+                or values[0] <= 0 or (len(values) == 2 and not 0 <= values[1] < MAX_TOKENS):
+            raise ValueError(f"{source}: bucket_duration_bins[{i}] = {b!r} must be a finite positive duration"
+                             f"{' and a token count in [0, 2^63)' if len(values) == 2 else ''}")
     if profile.is_2d != all(isinstance(b, (list, tuple)) for b in bins):
         raise ValueError(f"{source}: field 'bucket_duration_bins' mixes 1D and 2D entries")
     keys = [tuple(b) if profile.is_2d else (b,) for b in bins]

@@ -101,7 +101,13 @@ def make_sampler(cuts: CutSet, profile: BucketProfile, *, world_size: int = 1, r
     Dynamic batch shapes want the CUDA allocator's expandable segments: call
     ``workbench.memory.configure_allocator()`` before CUDA starts (``workbench train`` does).
     """
+    if not isinstance(profile, BucketProfile):
+        raise TypeError(f"profile: expected a BucketProfile (workbench.bucketing.load_profile reads one), got "
+                        f"{type(profile).__name__}")
     validate_profile(profile)
+    for name, value, minimum in (("buffer_size", buffer_size, 1), ("seed", seed, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     if profile.bucket_batch_size is None:
         raise ValueError("profile has no 'bucket_batch_size': run the OOMptimizer or set one batch size per bucket")
     if not isinstance(world_size, int) or world_size < 1:

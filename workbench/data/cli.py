@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from workbench.atomic import check_writable
+from workbench.data.corpus_folder import CORPUS_PARTS, check_corpus_target, remove_corpus_parts
 from workbench.data.synthetic import write_synthetic_corpus
 from workbench.data.tokenizer import add_token_counts, load_tokenizer, tokenized_cut_arrays, train_tokenizer
 from workbench.data.tts import make_tts_corpus
@@ -16,20 +17,25 @@ from workbench.options import count_int, fraction, number_in, positive_int, seco
 
 def _synthetic(args: argparse.Namespace) -> int:
     check_writable(Path(args.out) / "cuts.jsonl.gz")
+    check_corpus_target(args.out, overwrite=args.overwrite)
     path = write_synthetic_corpus(args.out, args.num_cuts, seed=args.seed,
                                   median_duration_s=args.median_duration,
                                   max_duration_s=args.max_duration, outlier_share=args.outlier_share,
                                   progress=sys.stderr.isatty())
+    if args.overwrite:  # the new cuts are in place: what described the old corpus goes
+        remove_corpus_parts(path.parent, keep=("cuts.jsonl.gz",))
     print(f"wrote {args.num_cuts} cuts to {path}")
     return 0
 
 
 def _tts(args: argparse.Namespace) -> int:
     check_writable(Path(args.out) / "cuts.jsonl.gz")  # before minutes of speech synthesis
+    check_corpus_target(args.out, overwrite=args.overwrite)
     paths = make_tts_corpus(args.out, text_file=args.text_file, num_utterances=args.num_utterances,
                             voice=args.voice, speed_wpm=args.speed_wpm, seed=args.seed,
                             tokenizer=args.tokenizer, num_speakers=args.num_speakers, num_workers=args.workers,
-                            repeat=args.repeat, join=args.join, progress=sys.stderr.isatty())
+                            repeat=args.repeat, join=args.join, progress=sys.stderr.isatty(),
+                            replace_corpus=args.overwrite)
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     return 0
@@ -41,6 +47,10 @@ def _tokenizer(args: argparse.Namespace) -> int:
         check_writable(Path(args.out + ".model"))
     if args.add_counts:
         check_writable(args.add_counts)
+        target = Path(args.add_counts)
+        if target.exists() and target.resolve() != manifest.resolve() and not args.overwrite:
+            raise ValueError(f"--add-counts {target}: a manifest is there already; pass --overwrite to replace it, "
+                             "give the input manifest itself to add the counts in place, or choose another path")
     progress = sys.stderr.isatty()
     model_path = train_tokenizer(manifest, args.out, vocab_size=args.vocab_size, model_type=args.model_type,
                                  progress=progress)
@@ -62,6 +72,13 @@ def _parser(sub, name: str, help: str, description: str, examples: list[str]):
     return sub.add_parser(name, help=help, description=description,
                           epilog="examples:\n" + "\n".join("  " + e.replace("\n", "\n  ") for e in examples),
                           formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def _overwrite_option(parser, when: str) -> None:
+    parser.add_argument("--overwrite", action="store_true",
+                        help=f"replace the corpus an --out folder holds: its {', '.join(CORPUS_PARTS)} are removed "
+                             f"{when}; other files stay (without it, a folder holding any manifest or audio "
+                             "folder is refused)")
 
 
 def register(sub) -> None:
@@ -92,6 +109,7 @@ def register(sub) -> None:
     p.add_argument("--outlier-share", type=fraction, default=0.01,
                    help="share of cuts whose transcript is 3-8x too long for its audio, from 0 (none) to 1 "
                         "(all) (default 0.01)")
+    _overwrite_option(p, "once the new cuts are written")
     p.set_defaults(func=_synthetic)
 
     p = _parser(csub, "tts", "real 16 kHz audio spoken by espeak-ng, no downloads",
@@ -127,6 +145,7 @@ def register(sub) -> None:
                    help="sentencepiece .model: fills custom.num_tokens (default: no token counts)")
     p.add_argument("--seed", type=count_int, default=0,
                    help="random seed for the sentence order and speakers, >= 0 (default 0)")
+    _overwrite_option(p, "before the new audio is made")
     p.set_defaults(func=_tts)
 
     p = _parser(csub, "tokenizer", "train a sentencepiece tokenizer on a corpus's transcripts",
@@ -146,6 +165,8 @@ def register(sub) -> None:
     p.add_argument("--add-counts", default=None, metavar="CUTS_OUT",
                    help="also write the cuts with custom.num_tokens (counted with the new model) to this "
                         "manifest")
+    p.add_argument("--overwrite", action="store_true",
+                   help="let --add-counts replace a manifest other than the input (default: refused)")
     p.set_defaults(func=_tokenizer)
 
     p = _parser(csub, "stats", "count, hours, durations and token counts of a corpus",

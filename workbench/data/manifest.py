@@ -12,6 +12,7 @@ import contextlib
 import gc
 import json as _stdlib_json
 import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -32,6 +33,7 @@ except ImportError:  # pragma: no cover - orjson is a declared dependency
     _JSONError = ValueError
 
 _CHUNK = 8 << 20
+MAX_TOKENS = 2 ** 63  # token counts are int64: this and above cannot be stored
 
 
 class _CountingReader:
@@ -141,7 +143,8 @@ def _gc_paused():
 
 
 def _cut_dicts(path: Path, first: int, block: bytes) -> tuple[list[dict], list[int]]:
-    """The cuts of one block as dicts, with their line numbers; a line that is not an object is an error."""
+    """The cuts of one block as dicts, with their line numbers; a line that is not an object, or a field this
+    module reads (:func:`check_cut_fields`) of the wrong JSON type, is an error naming the file and line."""
     objs, linenos = _parse_block(path, first, block)
     for lineno, cut in zip(linenos, objs):
         if not isinstance(cut, dict):
@@ -150,7 +153,79 @@ def _cut_dicts(path: Path, first: int, block: bytes) -> tuple[list[dict], list[i
             kind = "supervisions" if "recording_id" in cut else "recordings"
             raise ValueError(f"{path}:{lineno}: this is a {kind} manifest, not a cuts manifest; make cuts with "
                              "lhotse (CutSet.from_manifests(recordings=..., supervisions=...).to_file(...))")
+        problem = check_cut_fields(cut)
+        if problem:
+            raise ValueError(f"{path}:{lineno}: cut {cut.get('id', '?')!r} has {problem}")
     return objs, linenos
+
+
+def _is_number(v) -> bool:
+    return type(v) in (int, float) and v == v and abs(v) != float("inf")
+
+
+def _is_channel(v) -> bool:
+    return type(v) is int or type(v) is list and all(type(c) is int for c in v)
+
+
+# The plain fields of a cut and of a supervision, as lhotse writes them: (is it right, what it must be).
+_PLAIN_RULES = {"id": (lambda v: type(v) is str, "a string"),
+                "recording_id": (lambda v: type(v) is str, "a string"),
+                "start": (lambda v: _is_number(v) and v >= 0, "a finite number of seconds >= 0"),
+                "channel": (_is_channel, "a channel number or a list of them"),
+                "speaker": (lambda v: type(v) is str, "a string"),
+                "language": (lambda v: type(v) is str, "a string"),
+                "type": (lambda v: type(v) is str, "a string"),
+                "custom": (lambda v: type(v) is dict, "an object"),
+                "recording": (lambda v: type(v) is dict, "an object"),
+                "features": (lambda v: type(v) is dict, "an object")}
+
+
+def check_cut_fields(cut: dict, prefix: str = "") -> str | None:
+    """What is wrong with the JSON types and ranges of a cut's fields (those of ``_PLAIN_RULES``; each of
+    its ``supervisions`` the same way, their ``duration`` too and their ``text`` a string; a MixedCut's
+    ``tracks`` and their cuts), as "field 'name' = value; it must be ...", or None. The cut's own
+    ``duration`` is checked by the reader. Null counts as absent, as lhotse writes it."""
+    def wrong(name: str, value, rule: str) -> str:
+        shown = repr(value)
+        return f"field '{prefix}{name}' = {shown if len(shown) <= 60 else shown[:57] + '...'}; it must be {rule}"
+
+    def plain(fields: dict, where: str) -> str | None:
+        for name, value in fields.items():
+            rule = _PLAIN_RULES.get(name)
+            if rule is not None and value is not None and not rule[0](value):
+                return wrong(where + name, value, rule[1])
+        return None
+
+    problem = plain(cut, "")
+    if problem:
+        return problem
+    supervisions = cut.get("supervisions")
+    if supervisions is not None:
+        if type(supervisions) is not list:
+            return wrong("supervisions", supervisions, "a list of supervision objects")
+        for k, sup in enumerate(supervisions):
+            if type(sup) is not dict:
+                return wrong(f"supervisions[{k}]", sup, "a supervision object")
+            problem = plain(sup, f"supervisions[{k}].")
+            if problem:
+                return problem
+            text, duration = sup.get("text"), sup.get("duration")
+            if text is not None and type(text) is not str:
+                return wrong(f"supervisions[{k}].text", text, "a string (the transcript)")
+            if duration is not None and not (_is_number(duration) and duration >= 0):
+                return wrong(f"supervisions[{k}].duration", duration, "a finite number of seconds >= 0")
+    tracks = cut.get("tracks")
+    if tracks is not None:
+        if type(tracks) is not list:
+            return wrong("tracks", tracks, "a list of track objects")
+        for k, track in enumerate(tracks):
+            inner = track.get("cut") if type(track) is dict else None
+            if type(inner) is not dict:
+                return wrong(f"tracks[{k}]", track, "a track object with a 'cut' object")
+            problem = check_cut_fields(inner, f"{prefix}tracks[{k}].cut.")
+            if problem:
+                return problem
+    return None
 
 
 def iter_cut_blocks(path: str | os.PathLike, *, progress: bool = False) -> Iterator[tuple[list[dict], list[int]]]:
@@ -205,8 +280,11 @@ def _extract_block(job: tuple[Path, int, bytes, bool]) -> _BlockColumns:
             if n is None:
                 if not cols.first_missing_tokens_line:
                     cols.first_missing_tokens_line = lineno
-            elif type(n) is int or type(n) is float and n.is_integer():
+            elif (type(n) is int or type(n) is float and n.is_integer()) and n < MAX_TOKENS:
                 tokens.append(int(n))
+            elif type(n) in (int, float) and n >= MAX_TOKENS:
+                raise ValueError(f"{path}:{lineno}: cut {cut.get('id', '?')!r} has field 'custom.num_tokens' = "
+                                 f"{n!r}; token counts must be below 2^63")
             else:
                 raise ValueError(f"{path}:{lineno}: cut {cut.get('id', '?')!r} has field 'custom.num_tokens' = "
                                  f"{n!r}; token counts must be whole numbers")
@@ -224,7 +302,9 @@ def _block_columns(path: Path, keep_texts: bool, progress: bool, workers: int) -
     import multiprocessing  # only large files are parsed in worker processes
 
     # fork before iter_manifest_blocks starts its inflating thread (the generator above is still lazy)
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
+    # the workers leave Ctrl-C (SIGINT, sent to the whole process group) to this process, which stops them
+    with multiprocessing.get_context("fork").Pool(workers, initializer=signal.signal,
+                                                  initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
         yield from pool.imap(_extract_block, jobs)
 
 

@@ -156,16 +156,17 @@ def write_synthetic_corpus(out_dir: str | os.PathLike, num_cuts: int, seed: int 
     spec = SyntheticSpec(num_cuts=num_cuts, seed=seed, **spec_fields)
     dur, tokens, speaker = _draw(spec)
     rng = np.random.default_rng(seed + 1)
-    words = np.array(_word_list(rng))
+    words = _word_list(rng)
     num_words = np.maximum(np.round(tokens / 1.4), 1).astype(np.int64)
-    word_idx = rng.integers(0, len(words), int(num_words.sum()))
-    ends = np.cumsum(num_words)
+    # Python lists, not numpy arrays, in the loop: joining numpy strings can swallow a KeyboardInterrupt (Ctrl-C)
+    text_words = [words[j] for j in rng.integers(0, len(words), int(num_words.sum())).tolist()]
+    ends = np.cumsum(num_words).tolist()
     path = Path(out_dir) / "cuts.jsonl.gz"
     with atomic_path(path) as tmp, gzip.open(tmp, "wt", compresslevel=1) as f:
         start = 0
         for i in tqdm(range(num_cuts), desc="synthetic cuts", unit="cut", disable=not progress,
                       mininterval=1.0):
-            text = " ".join(words[word_idx[start:ends[i]]])
+            text = " ".join(text_words[start:ends[i]])
             start = ends[i]
             cid = f"syn-{seed}-{i:08d}"
             d = float(dur[i])

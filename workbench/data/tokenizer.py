@@ -111,6 +111,8 @@ def load_tokenizer(path):
     if not isinstance(path, (str, os.PathLike)):
         return path  # already a processor
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path}: is a folder; give the tokenizer's .model file (e.g. tokenizer_bpe_256.model)")
     if not path.is_file():
         raise FileNotFoundError(f"tokenizer model {str(path)!r} does not exist")
     try:

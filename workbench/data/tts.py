@@ -20,6 +20,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from workbench.atomic import atomic_path, new_folder
+from workbench.data.corpus_folder import remove_corpus_parts
 from workbench.data.tokenizer import count_tokens, load_tokenizer
 from workbench.units import SAMPLE_RATE
 
@@ -249,7 +251,7 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
                     num_utterances: int | None = None, voice: str = "en", speed_wpm: int | None = None,
                     seed: int = 0, progress: bool = True, tokenizer=None, num_speakers: int = 8,
                     num_workers: int = 2, min_words: int = 3, max_words: int = 30,
-                    repeat: int = 1, join: int = 1) -> dict[str, Path]:
+                    repeat: int = 1, join: int = 1, replace_corpus: bool = False) -> dict[str, Path]:
     """Speak sentences with espeak-ng into a 16 kHz lhotse corpus under ``out_dir``; returns its paths.
 
     ``text_file``: UTF-8 prose to take sentences from (default: CPython's pydoc topics). The sentences
@@ -262,6 +264,8 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
     one audio file): a large corpus for pipeline and throughput runs, in the time of a small one.
     ``join`` > 1 makes each utterance 1..``join`` sentences long (:func:`join_sentences`), so durations
     reach the 30-40 s of real corpora; ``num_utterances`` then counts the joined utterances.
+    ``replace_corpus`` removes the corpus ``out_dir`` holds (:func:`workbench.data.corpus_folder.remove_corpus_parts`)
+    once the arguments, the text and espeak-ng have been checked, before the new audio is written.
 
     Returns ``{"recordings", "supervisions", "cuts", "audio_dir"}`` paths.
     """
@@ -279,7 +283,10 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
         text_path = Path(text_file)
         if not text_path.is_file():
             raise FileNotFoundError(f"text_file {str(text_path)!r} does not exist")
-        text, source = text_path.read_text(encoding="utf-8"), str(text_path)
+        try:
+            text, source = text_path.read_text(encoding="utf-8"), str(text_path)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{text_path}: not UTF-8 text (byte {e.start}); convert it, e.g. with iconv") from None
     sentences = split_sentences(text, min_words=min_words, max_words=max_words)
     if not sentences:
         raise ValueError(f"{source}: no sentences of {min_words}-{max_words} words made only of letters "
@@ -300,6 +307,8 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
         num_tokens = count_tokens(load_tokenizer(tokenizer), chosen)
 
     out = Path(out_dir).resolve()
+    if replace_corpus:  # everything is checked: the old corpus goes, whole, before new audio takes its place
+        remove_corpus_parts(out)
     with new_folder(out / "audio") as audio_dir:  # a failed run removes the folders it made
         ids = [f"tts-{i:06d}" for i in range(len(chosen))]
         paths = [str(audio_dir / f"{cut_id}.flac") for cut_id in ids]
@@ -308,8 +317,13 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
         if num_workers <= 1 or len(jobs) == 1:
             num_samples = [_speak_to_file(job) for job in tqdm(jobs, **bar)]
         else:
-            with ProcessPoolExecutor(max_workers=num_workers, mp_context=get_context("spawn")) as pool:
+            # the workers leave Ctrl-C (SIGINT, sent to the whole process group) to this process, which stops them
+            pool = ProcessPoolExecutor(max_workers=num_workers, mp_context=get_context("spawn"),
+                                       initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN))
+            try:
                 num_samples = list(tqdm(pool.map(_speak_to_file, jobs, chunksize=4), **bar))
+            finally:  # on an error or Ctrl-C the utterances not yet begun are dropped, not spoken first
+                pool.shutdown(wait=True, cancel_futures=True)
 
         language = voice.split("-")[0].split("+")[0]
         recordings, supervisions, cuts = [], [], []

@@ -103,7 +103,7 @@ class ASRModel(nn.Module):
     def _aed_loss(self, enc, enc_lens, tokens, token_lens) -> torch.Tensor:
         batch, max_tokens = tokens.shape
         in_use = torch.arange(max_tokens, device=tokens.device)[None] < token_lens[:, None]
-        bos = torch.full_like(tokens[:, :1], self.decoder.bos_id)
+        bos = tokens.new_full((batch, 1), self.decoder.bos_id)  # also when U = 0: the target is EOS alone
         inputs = torch.cat([bos, tokens.masked_fill(~in_use, self.decoder.eos_id)], dim=1)
         targets = torch.cat([tokens.masked_fill(~in_use, -100), torch.full_like(bos, -100)], dim=1)
         at_end = torch.arange(max_tokens + 1, device=tokens.device)[None] == token_lens[:, None]

@@ -52,7 +52,7 @@ class Predictor(nn.Module):
 
     def forward(self, targets: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: targets [B, U] -> [B, U + 1, hidden] (position u has seen the first u labels)."""
-        start = torch.full_like(targets[:, :1], self.blank_id)
+        start = targets.new_full((targets.shape[0], 1), self.blank_id)  # also when U = 0 (no labels at all)
         out, _ = self._lstm(self.embed(torch.cat([start, targets], dim=1)))
         return self.dropout(out)
 

@@ -85,6 +85,14 @@ def check_options(args) -> None:
         for option, used in (("--joint-chunk-size", args.joint_chunk_size), ("--compile", args.compile)):
             if used:
                 raise ValueError(f"{option}: applies to the reference models only, not to --model {args.model}")
+    elif args.joint_chunk_size:
+        try:
+            head = config_from_name(args.model).head
+        except ValueError:  # an adapter's name, or a wrong one: check_model_name says which
+            head = None
+        if head in ("ctc", "aed"):
+            raise ValueError(f"--joint-chunk-size: applies to transducers (rnnt, tdt) only, not to --model "
+                             f"{args.model}")
 
 
 def check_model_name(name: str) -> None:

@@ -8,8 +8,27 @@ import dataclasses
 from workbench.options import DROP_NOTICE_SHARE
 
 
+def check_options_apply(args: argparse.Namespace) -> None:
+    """Refuse, naming it, an option that cannot apply: the batch options of lhotse's sampler with --profile (the
+    profile's bins and batch sizes make the batches), --no-concurrent and --strict without one (lhotse's sampler
+    has no background thread, and no bins to check)."""
+    if args.profile is not None:
+        for option, value in (("--max-duration", args.max_duration), ("--num-buckets", args.num_buckets)):
+            if value is not None:
+                raise ValueError(f"{option}: applies without --profile only (the profile's bins and batch sizes "
+                                 "make the batches); leave out one of them")
+    elif args.concurrent is False:
+        raise ValueError("--no-concurrent: applies with --profile only (without one, batches come from lhotse's "
+                         "sampler, which buckets in this thread already)")
+    elif args.strict:
+        raise ValueError("--strict: applies with --profile only (it refuses a profile whose bins leave out more "
+                         "than 1 % of the corpus); without one nothing would be checked")
+
+
 def _train(args: argparse.Namespace) -> int:
     from workbench.training.recipe import TrainConfig, train  # here: torch and lhotse load only for `train`
+
+    check_options_apply(args)
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     config = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})

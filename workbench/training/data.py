@@ -95,12 +95,22 @@ def make_dataloader(cuts: CutSet | str | os.PathLike, profile: BucketProfile | s
     if isinstance(cuts, (str, os.PathLike)):
         if not Path(cuts).exists():
             raise FileNotFoundError(f"{cuts}: no such manifest")
+        if Path(cuts).is_dir():
+            raise ValueError(f"cuts: {cuts} is a folder; give the cuts manifest file (e.g. cuts.jsonl.gz)")
         cuts = CutSet.from_jsonl_lazy(cuts)
     if not isinstance(cuts, CutSet):
         raise TypeError(f"cuts: expected a lhotse CutSet or a manifest path, got {type(cuts).__name__}")
+    if not callable(getattr(dataset, "__getitem__", None)):
+        raise TypeError(f"dataset: expected a map-style dataset (dataset[cuts] -> batch), got {type(dataset).__name__}")
     ranks = ranks_from_env()  # torchrun's environment, whether or not the process group is up yet
     world_size = ranks.world_size if world_size is None else world_size
     rank = ranks.rank if rank is None else rank
+    for name, value, minimum in (("num_workers", num_workers, 0), ("prefetch_factor", prefetch_factor, 1),
+                                 ("seed", seed, 0), ("world_size", world_size, 1), ("rank", rank, 0)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+            raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")
+    if rank >= world_size:
+        raise ValueError(f"rank: must be below world_size ({world_size}), got {rank}")
     status = configure_cuda_allocator() if configure_allocator else None  # after the arguments are checked
     sampler = make_sampler(cuts, profile, world_size=world_size, rank=rank, shuffle=shuffle, seed=seed,
                            num_tokens_fn=num_tokens_fn,

@@ -23,8 +23,10 @@ the step's own device time (step_s, split into forward_backward_s and optimizer_
 where each rank's sampler is in its epoch (batches prefetched by the workers but not trained on are
 not counted, so a resume neither loses nor repeats them), RNG states and the log so far. --resume
 continues from it: the same corpus, model, sampler settings and world size are required (a mismatch
-names the field); --steps may grow. Without a profile, or with --no-concurrent, the resumed run is
-the run that was never stopped; with concurrent bucketing the batches after the checkpoint may differ.
+names the field; the manifest, tokenizer and profile are compared by the SHA-256 of their bytes, so one
+rewritten at the same path is caught too); --steps may grow. Without a profile, or with --no-concurrent,
+the resumed run is the run that was never stopped; with concurrent bucketing the batches after the
+checkpoint may differ.
 
 A step that runs out of device memory (one process) is trained in parts: the batch is halved, again down
 to one utterance where needed, and the parts' gradients are accumulated (each loss weighted by its share of
@@ -41,6 +43,7 @@ DDP all-reduces the gradients; rank 0 logs and saves. A profile for DDP comes fr
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
@@ -60,6 +63,7 @@ from workbench.bucketing import (BucketProfile, batches_drawn, close_sampler, lo
                                  make_sampler, sampler_state_dict, set_bucket_batch_size)
 from workbench.bucketing.constraint import BucketBatchSizeConstraint
 from workbench.bucketing.fit import FITS, REASONS, make_fitter
+from workbench.data.manifest import read_cut_arrays
 from workbench.data.tokenizer import load_tokenizer, tokenized_cut_arrays
 from workbench.memory import configure_allocator
 from workbench.memory.oom import is_oom_error
@@ -110,6 +114,9 @@ class TrainConfig:
 
 
 STATE_FILE = "train_state.pt"
+# The files a run depends on, by TrainConfig field: a resume checks their contents, not only their paths.
+INPUT_FILES = {"cuts": "corpus manifest (--cuts)", "tokenizer": "tokenizer (--tokenizer)",
+               "profile": "profile (--profile)"}
 # Settings a resumed run must share with the saved one (steps, logging, saving and workers may change).
 RESUME_MUST_MATCH = ("cuts", "tokenizer", "model", "profile", "max_duration", "num_buckets", "lr",
                      "warmup_steps", "weight_decay", "grad_clip", "dtype", "seed", "concurrent")
@@ -141,6 +148,8 @@ def check_config(config: TrainConfig) -> None:
     for name in ("weight_decay", "grad_clip"):
         if not 0 <= getattr(config, name) < math.inf:
             raise ValueError(f"--{name.replace('_', '-')}: must be a finite number >= 0, got {getattr(config, name)!r}")
+    if Path(config.cuts).is_dir():
+        raise ValueError(f"--cuts {config.cuts}: is a folder; give the cuts manifest file (e.g. cuts.jsonl.gz)")
     if not Path(config.cuts).is_file():
         raise FileNotFoundError(f"--cuts: manifest {config.cuts!r} does not exist")
     if config.resume and config.overwrite:
@@ -149,9 +158,36 @@ def check_config(config: TrainConfig) -> None:
     if held and not (config.resume or config.overwrite):
         raise ValueError(f"--out {config.out_dir}: holds a run ({', '.join(held)}); pass --resume to continue it "
                          "or --overwrite to start over")
-    config_from_name(config.model)  # a wrong --model is one line now, not after the corpus is read
+    head = config_from_name(config.model).head  # a wrong --model is one line now, not after the corpus is read
+    if config.joint_chunk_size and head not in ("rnnt", "tdt"):
+        raise ValueError(f"--joint-chunk-size: applies to transducers (rnnt, tdt) only, not to --model {config.model}")
     for name in ("model.pt", "train_log.jsonl", "train_summary.json", *([STATE_FILE] if config.save_every else [])):
         check_writable(Path(config.out_dir) / name)  # refused now, not after hours of training
+
+
+def file_digest(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> str:
+    """SHA-256 of a file's bytes, read ``chunk_bytes`` at a time (a manifest of gigabytes takes seconds)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def input_digests(config: TrainConfig) -> dict[str, str | None]:
+    """``{field: SHA-256}`` of the files named by the INPUT_FILES fields of ``config`` (None when not given)."""
+    return {name: file_digest(getattr(config, name)) if getattr(config, name) else None for name in INPUT_FILES}
+
+
+def check_same_inputs(saved: dict, current: dict, state_path: Path) -> None:
+    """ValueError naming the first input file whose contents differ from those the saved run read (the same
+    path may hold a retrained tokenizer or a rewritten manifest)."""
+    for name, label in INPUT_FILES.items():
+        if name in saved and saved[name] != current.get(name):
+            was, now = (d[:12] if d else "none" for d in (saved[name], current.get(name)))
+            raise ValueError(f"--resume: the {label} is not the one {state_path} was trained with: its contents "
+                             f"changed (SHA-256 {now}..., trained with {was}...); restore it, or start over with "
+                             "--overwrite")
 
 
 def resolve_device(name: str | None, ranks: Ranks) -> torch.device:
@@ -286,6 +322,7 @@ class Run:
     last_end_event: object = None  # CUDA event at the end of the last launched step
     loss_backend: str | None = None  # transducers: which loss runs, and why
     out_of_memory: list = field(default_factory=list)  # one dict per step that ran out of memory (see lower_batch_size)
+    input_digests: dict = field(default_factory=dict)  # SHA-256 of the files the run reads: see input_digests
 
 
 def train(config: TrainConfig) -> dict:
@@ -307,6 +344,7 @@ def train(config: TrainConfig) -> dict:
 
 def _train(config: TrainConfig, ranks: Ranks, device: torch.device) -> dict:
     tokenizer = load_tokenizer(config.tokenizer)
+    read_cut_arrays(config.cuts, progress=False)  # a field of the wrong type: file:line now, not a worker's traceback
     cuts = CutSet.from_file(config.cuts)
     check_audio(cuts, config.cuts)
     profile = load_profile(config.profile) if config.profile else None
@@ -333,7 +371,7 @@ def start_run(config: TrainConfig, ranks: Ranks, device: torch.device, tokenizer
         log.info("encoder blocks compiled with torch.compile (dynamic shapes; compiling on the first step)")
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     sampler = make_batches(cuts, config, tokenizer, profile, ranks)
-    run = Run(config, ranks, device, model, model, optimizer, sampler)
+    run = Run(config, ranks, device, model, model, optimizer, sampler, input_digests=input_digests(config))
     if model.config.head in ("rnnt", "tdt"):
         dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
         run.loss_backend = loss_backend(torch.empty(0, device=device, dtype=dtype))[1]
@@ -700,9 +738,9 @@ def save_training_state(path: Path, run: Run) -> Path | None:
     per_rank = gather_objects(rank_state, run.ranks)
     if not run.ranks.is_main:
         return None
-    state = {"train_config": asdict(run.config), "step": run.step, "epoch": run.epoch,
-             "epoch_batches": run.epoch_batches, "records": run.records, "world_size": run.ranks.world_size,
-             "out_of_memory": run.out_of_memory,
+    state = {"train_config": asdict(run.config), "input_digests": run.input_digests, "step": run.step,
+             "epoch": run.epoch, "epoch_batches": run.epoch_batches, "records": run.records,
+             "world_size": run.ranks.world_size, "out_of_memory": run.out_of_memory,
              "model": _cpu_state_dict(run.model), "optimizer": run.optimizer.state_dict(), "ranks": per_rank}
     return _save_atomically(path, state)
 
@@ -724,6 +762,7 @@ def load_training_state(path: Path, run: Run) -> None:
         if saved.get(name) != getattr(config, name):
             raise ValueError(f"--resume: {name} is {getattr(config, name)!r} but {path} was trained with "
                              f"{saved.get(name)!r}")
+    check_same_inputs(state.get("input_digests") or {}, run.input_digests, path)
     if len(ranks_state) != run.ranks.world_size:
         raise ValueError(f"--resume: {path} was saved by {len(ranks_state)} process(es), this run has "
                          f"{run.ranks.world_size}: resume with the same number of processes")
