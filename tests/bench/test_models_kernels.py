@@ -244,5 +244,7 @@ def test_kernel_table_and_its_meaning():
     assert record.meaning_of_kernels(figures, rows=2) == (
         "No kernel dominates a step: the largest takes at most 12 % of a model's kernel time (a), and each "
         "model's top 2 together 10-17 %; 1 of those 4 are matmuls.")
+    figures["kernels"]["b"] = _kernels(("reduce_kernel", 0.6))
+    assert record.meaning_of_kernels(figures).startswith("One kernel dominates a step: the largest takes at most 60 %")
     assert record.meaning_of_kernels({}).startswith("The committed models record has no kernel profile")
     assert record.meaning_of_kernels(None).startswith("The committed models record has no kernel profile")

@@ -176,10 +176,14 @@ def test_meaning_sentences_come_from_the_runs():
             "2d": _run(1800, 1000, 2000, 160, 0.004)}
     figures = {"model": "xl-aed", "seconds": {"runs": runs}, "steps": {"runs": runs}}
     assert tp.throughput_meaning(figures) == ("In the same wall time, the 2D profile trains 1.80x the audio of "
-                                              "lhotse's best max_duration (target 1.8x), and 1.20x the 1D profile's.")
+                                              "lhotse's best max_duration (target 1.8x: met), and 1.20x the 1D "
+                                              "profile's (target 1.1x: met).")
     assert "1D profile stands clear of lhotse's" in tp.spread_meaning(figures)  # 2D's p25 1000 < baseline p75
     assert "the 1D profile's is 3.0x as large and the 2D profile's is 3.2x" in tp.batch_size_meaning(figures)
     assert tp.step_time_meaning(figures).startswith("Data wait is at most 2.0 % of a step (1D profile)")
     assert "2D profile 2.00 after 2.0 h of audio" in tp.loss_meaning(figures, "steps")
+    runs["2d"]["loss_curve"]["audio_s"][-1], runs["baseline"]["loss_curve"]["loss"][-1] = 9000.0, 1.5
+    assert tp.loss_meaning(figures).endswith("The 2D profile saw the most audio and the lhotse max_duration reached "
+                                             "the lowest loss; the right-hand plot shows the loss per hour of audio seen.")
     runs["2d"] = {"ooms": 1}
     assert tp.throughput_meaning(figures).startswith("A sampler ran out of memory")

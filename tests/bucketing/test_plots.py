@@ -50,7 +50,11 @@ def test_padding_and_unfit_sentences_name_the_setups_and_reasons():
     comparison = pd.DataFrame({"buckets": [1, 30, 60], "utterances": [100, 100, 98], "unfit": [0, 0, 2],
                                "padded_input_share": [0.8, 0.06, 0.06], "padded_output_share": [0.98, 0.91, 0.46]},
                               index=pd.Index(["none", "1D", "2D"], name="setup"))
-    assert "from 91 % to 46 % at the same input padding (6 %)" in padding_meaning(comparison)
+    assert padding_meaning(comparison).startswith("Against 1D bins, 2D bins cut the padded share of the output "
+                                                  "tokens from 91 % to 46 %, with 6 % of the input frames padding "
+                                                  "against 6 %: memory")
+    comparison.loc["2D", "padded_output_share"] = 0.95
+    assert "2D bins raise the padded share" in padding_meaning(comparison)
     html = styled_padding(comparison, "to the bound").to_html()
     assert "padded output tokens (%)" in html and "no bucketing" in html and "98.0" in html
     assert unfit_meaning({"too_long": 0, "tps_over_limit": 2}, 100) == (

@@ -122,3 +122,22 @@ def test_garbage_gzip_is_one_error_naming_the_file(tmp_path):
     corrupt.write_bytes(bytes(data))
     with pytest.raises(ValueError, match=r"corrupt\.jsonl\.gz: (not a valid gzip file|gzip stream is truncated)"):
         read_cut_arrays(corrupt, progress=False)
+
+
+def test_a_truncated_cut_whose_supervision_starts_before_it_reads(tmp_path):
+    from lhotse import SupervisionSegment
+    from lhotse.testing.dummies import dummy_cut
+
+    cut = dummy_cut(0, duration=4.0, supervisions=[SupervisionSegment("s", "dummy-recording-0000", 0.0, 4.0,
+                                                                      text="a b")])
+    truncated = cut.truncate(offset=2.0, duration=2.0)  # keeps the supervision, which now starts at -2 s
+    assert truncated.supervisions[0].start < 0
+    path = tmp_path / "cuts.jsonl"
+    CutSet.from_cuts([truncated]).to_file(path)
+    arrays = read_cut_arrays(path, with_texts=True, progress=False)
+    assert arrays.durations.tolist() == [2.0] and arrays.texts == ["a b"]
+    line = json.loads(path.read_text())
+    line["start"] = -1.0  # a cut itself cannot start before its recording
+    path.write_text(json.dumps(line) + "\n")
+    with pytest.raises(ValueError, match=r"field 'start' = -1.0; it must be a finite number of seconds >= 0"):
+        read_cut_arrays(path, progress=False)

@@ -358,6 +358,29 @@ def test_resume_refuses_an_input_rewritten_at_the_same_path(corpus, tmp_path, ca
     err = _train_error(capsys, *args, "--resume")
     assert "--resume: the corpus manifest (--cuts) is not the one" in err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == run_files
-    shutil.copy(cuts_src, cuts)
+    with gzip.GzipFile(cuts, "wb", mtime=12345) as f:  # the same cuts recompressed: another gzip header
+        f.write(("\n".join(lines) + "\n").encode())
+    assert cuts.read_bytes() != cuts_src.read_bytes()
     assert main([*args, "--resume"]) == 0  # the inputs as they were: the run continues
     assert [r["step"] for r in _log(out)] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
+def test_the_sampler_is_closed_however_training_stops(corpus, tmp_path, monkeypatch, error):
+    """A Ctrl-C or a crash mid-epoch still stops the sampler's filling thread, so the process can exit."""
+    from workbench.training import recipe
+
+    closed, one_step = [], recipe.train_one_step
+
+    def crash_on_third(run, host_batch, **kw):
+        if run.step == 2:
+            raise error("stopped")
+        return one_step(run, host_batch, **kw)
+
+    monkeypatch.setattr(recipe, "train_one_step", crash_on_third)
+    monkeypatch.setattr(recipe, "close_sampler", lambda sampler: closed.append(sampler))
+    with pytest.raises(error):
+        recipe.train(recipe.TrainConfig(cuts=str(corpus[0]), tokenizer=str(corpus[1]), out_dir=str(tmp_path / "run"),
+                                        model="tiny-ctc", max_duration=2.0, num_buckets=2, dtype="fp32",
+                                        device="cpu", warmup_steps=2, steps=6, num_workers=0))
+    assert len(closed) == 1

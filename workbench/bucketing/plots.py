@@ -184,10 +184,13 @@ def padding_meaning(comparison: pd.DataFrame) -> str:
         return (f"1D bins leave {one['padded_input_share'] * 100:.0f} % of the input frames padding, against "
                 f"{rows['none']['padded_input_share'] * 100:.0f} % without bucketing." if one is not None else "")
     one, two = rows["1D"], rows["2D"]
-    return (f"Against 1D bins, 2D bins cut the padded share of the output tokens from "
-            f"{one['padded_output_share'] * 100:.0f} % to {two['padded_output_share'] * 100:.0f} % at the same input "
-            f"padding ({two['padded_input_share'] * 100:.0f} %): memory budgeted for tokens that do not exist "
-            f"goes to more utterances per batch.")
+    out_1d, out_2d = one["padded_output_share"] * 100, two["padded_output_share"] * 100
+    in_1d, in_2d = one["padded_input_share"] * 100, two["padded_input_share"] * 100
+    verb = "cut" if round(out_2d) < round(out_1d) else "leave" if round(out_2d) == round(out_1d) else "raise"
+    return (f"Against 1D bins, 2D bins {verb} the padded share of the output tokens from {out_1d:.0f} % to "
+            f"{out_2d:.0f} %, with {in_2d:.0f} % of the input frames padding against {in_1d:.0f} %"
+            + (": memory budgeted for tokens that do not exist goes to more utterances per batch." if verb == "cut"
+               else "."))
 
 
 def unfit_meaning(counts: dict, total: int) -> str:

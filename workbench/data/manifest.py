@@ -178,6 +178,8 @@ _PLAIN_RULES = {"id": (lambda v: type(v) is str, "a string"),
                 "custom": (lambda v: type(v) is dict, "an object"),
                 "recording": (lambda v: type(v) is dict, "an object"),
                 "features": (lambda v: type(v) is dict, "an object")}
+# A supervision may start before its cut (lhotse's truncate keeps supervisions that stick out): any number.
+_SUPERVISION_START = (_is_number, "a finite number of seconds")
 
 
 def check_cut_fields(cut: dict, prefix: str = "") -> str | None:
@@ -191,7 +193,7 @@ def check_cut_fields(cut: dict, prefix: str = "") -> str | None:
 
     def plain(fields: dict, where: str) -> str | None:
         for name, value in fields.items():
-            rule = _PLAIN_RULES.get(name)
+            rule = _SUPERVISION_START if where and name == "start" else _PLAIN_RULES.get(name)
             if rule is not None and value is not None and not rule[0](value):
                 return wrong(where + name, value, rule[1])
         return None

@@ -45,8 +45,8 @@ def distribution_meaning(arrays: CutArrays, *, fast_tps: float = 10.0) -> str:
     tps = arrays.tokens_per_second
     fast = float(np.mean(tps > fast_tps))
     return (f"Most utterances speak near the median of {float(np.median(tps)):.1f} tokens per second; "
-            f"{fast * 100:.1f} % exceed {fast_tps:g}, transcripts too long for their audio, and those are what the "
-            f"tokens-per-second filter of notebook 01 removes before they inflate a bucket's token bound.")
+            f"{fast * 100:.1f} % exceed {fast_tps:g}: transcripts long for their audio, which would set the token "
+            f"bounds of 2D buckets unless a tokens-per-second filter (notebook 01) leaves them out.")
 
 
 def corpus_source_line(arrays: CutArrays) -> str:

@@ -43,6 +43,7 @@ DDP all-reduces the gradients; rank 0 logs and saves. A profile for DDP comes fr
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import itertools
 import json
@@ -166,9 +167,10 @@ def check_config(config: TrainConfig) -> None:
 
 
 def file_digest(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> str:
-    """SHA-256 of a file's bytes, read ``chunk_bytes`` at a time (a manifest of gigabytes takes seconds)."""
+    """SHA-256 of a file's contents, read ``chunk_bytes`` at a time (a manifest of gigabytes takes seconds);
+    a .gz file's decompressed bytes, since its header holds a time and a name that a rewrite changes."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with (gzip.open if str(path).endswith(".gz") else open)(path, "rb") as f:
         while chunk := f.read(chunk_bytes):
             digest.update(chunk)
     return digest.hexdigest()
@@ -387,8 +389,9 @@ def start_run(config: TrainConfig, ranks: Ranks, device: torch.device, tokenizer
 
 def train_steps(run: Run) -> None:
     """Epochs of the DataLoader until run.step reaches config.steps, or config.max_seconds of wall time
-    have passed since the first batch was asked for; saves train_state.pt as asked."""
-    config, out = run.config, Path(run.config.out_dir)
+    have passed since the first batch was asked for; saves train_state.pt as asked. The sampler's filling
+    thread is stopped however the loop ends (an error, Ctrl-C), so the process can exit."""
+    config = run.config
     if config.max_seconds and run.ranks.distributed:
         raise ValueError("--max-seconds: not under torchrun (ranks would stop after different steps)")
     started = time.perf_counter()
@@ -396,9 +399,21 @@ def train_steps(run: Run) -> None:
     def more_steps() -> bool:
         in_time = not config.max_seconds or time.perf_counter() - started < config.max_seconds
         return run.step < config.steps and in_time
-    loader = make_loader(run.sampler, config, run.device)
     progress = tqdm(total=config.steps, initial=run.step, desc=f"train {config.model}", unit="step",
                     disable=None if run.ranks.is_main else True)  # None: off when stderr is no terminal
+    try:
+        run_epochs(run, make_loader(run.sampler, config, run.device), progress, more_steps)
+        progress.close()
+        if config.save_every:  # where the sampler stands now: a later --resume --steps N continues from here
+            save_training_state(Path(config.out_dir) / STATE_FILE, run)
+    finally:
+        progress.close()
+        close_sampler(run.sampler)
+
+
+def run_epochs(run: Run, loader, progress, more_steps) -> None:
+    """The epochs of :func:`train_steps`: draw, launch, and log each step one step late."""
+    config, out = run.config, Path(run.config.out_dir)
     resumed_mid_epoch = config.resume  # the restored sampler may have nothing left of its epoch
     pending = None  # the step launched last, finished (loss read) after the next one is launched
     while more_steps():
@@ -412,16 +427,13 @@ def train_steps(run: Run) -> None:
             except StopIteration:
                 break
             except Exception as e:  # noqa: BLE001 - a worker's error arrives wrapped, with its traceback as text
-                progress.close()
                 raise worker_error(e) from None
             try:
                 launched = train_one_step(run, host_batch, data_s=time.perf_counter() - waited)
             except UtteranceOutOfMemoryError as e:  # the step before is kept; this one left no trace
                 if pending is not None:
                     log_step(run, finish_step(pending), progress)
-                progress.close()
                 saved = save_training_state(out / STATE_FILE, run)
-                close_sampler(run.sampler)
                 raise UtteranceOutOfMemoryError(f"{e}; saved the training state before it to {saved} (step "
                                                 f"{run.step})", e.row) from None
             drawn += 1
@@ -441,13 +453,9 @@ def train_steps(run: Run) -> None:
             raise ValueError(f"--cuts: the sampler gave 0 batches from {config.cuts} (empty corpus or nothing fits)")
         resumed_mid_epoch = False
         if not more_steps():
-            break  # the epoch stays current: a checkpoint saved below resumes inside it
+            break  # the epoch stays current: the checkpoint saved after the loop resumes inside it
         run.epoch += 1
         run.epoch_batches = 0
-    progress.close()
-    if config.save_every:  # where the sampler stands now: a later --resume --steps N continues from here
-        save_training_state(out / STATE_FILE, run)
-    close_sampler(run.sampler)
 
 
 @dataclass

@@ -3,8 +3,11 @@
 The batch is tried whole; a part that runs out of memory is cut in halves, again and again down to one
 utterance, and the parts are trained one after another with their gradients accumulated. Each part's
 loss is weighted by its share of the batch's loss normalizer (the count the loss divides its sum by), so
-the accumulated gradient is the whole batch's gradient (exactly, for models without batch statistics:
-BatchNorm normalizes each part with its own). Every utterance is trained exactly once:
+the accumulated gradient is the whole batch's gradient, exactly for models without batch statistics or
+randomness: BatchNorm normalizes each part with its own statistics and updates its running averages once
+per part (twice for parts trained again after a backward failure), and dropout draws other masks. Only
+the forward and backward passes are split; an optimizer step that runs out of memory is not recovered.
+Every utterance is trained exactly once:
 
 - out of memory in the forward pass: no gradient was touched, so the part is halved and training goes on;
 - out of memory in the backward pass: some gradients may hold part of it, so they are dropped and the

@@ -324,7 +324,8 @@ def meaning_of_kernels(figures: Mapping[str, Any] | None, rows: int = 5) -> str:
     entries = [k for p in profiles.values() for k in p["top"][:rows]]
     matmuls = sum(any(mark in k["name"].lower() for mark in MATMUL_MARKERS) for k in entries)
     biggest = max(top1, key=top1.get)
-    return (f"No kernel dominates a step: the largest takes at most {100 * top1[biggest]:.0f} % of a model's "
+    lead = "No kernel dominates a step" if top1[biggest] < 0.25 else "One kernel dominates a step"
+    return (f"{lead}: the largest takes at most {100 * top1[biggest]:.0f} % of a model's "
             f"kernel time ({biggest}), and each model's top {rows} together "
             f"{100 * min(tops.values()):.0f}-{100 * max(tops.values()):.0f} %; {matmuls} of those "
             f"{len(entries)} are matmuls.")

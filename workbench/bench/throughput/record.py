@@ -356,19 +356,33 @@ def setup_line(figures: Mapping[str, Any]) -> str:
             f"{min(sizes['2d'])}-{max(sizes['2d'])}.")
 
 
+# The design's targets for the same-wall-time part: 2D over lhotse's max_duration per model, 2D over 1D
+BASELINE_TARGETS = {"xl-aed": AED_TARGET, "large-rnnt": 1.5}
+OVER_1D_TARGETS = {"xl-aed": 1.1}
+
+
+def _verdict(ratio_: float, target: float | None) -> str:
+    if target is None:
+        return ""
+    return f" (target {target}x: {'met' if ratio_ >= target else 'missed'})"
+
+
 def throughput_meaning(figures: Mapping[str, Any]) -> str:
-    """What the runs mean: the judged ratios against the target, in words."""
+    """What the runs mean: the judged ratios against the design's targets, in words."""
     part = "seconds" if "seconds" in parts(figures) else next(iter(parts(figures)), None)
     if part is None:
         return "No training part was recorded."
     over_base, over_1d = ratio(figures, part, "2d", "baseline"), ratio(figures, part, "2d", "1d")
     if over_base is None:
         return "A sampler ran out of memory or was not run, so no ratio is judged; see the table."
-    when = "in the same wall time" if part == "seconds" else "over the same steps"
+    model = figures.get("model", "")
+    judged = part == "seconds"
+    when = "in the same wall time" if judged else "over the same steps"
     text = (f"{when.capitalize()}, the 2D profile trains {over_base:.2f}x the audio of lhotse's best max_duration"
-            + (f" (target {AED_TARGET}x)" if figures.get("model", "").endswith("aed") else ""))
+            + _verdict(over_base, BASELINE_TARGETS.get(model) if judged else None))
     if over_1d is not None:
-        text += f", and {over_1d:.2f}x the 1D profile's"
+        text += f", and {over_1d:.2f}x the 1D profile's" + _verdict(over_1d, OVER_1D_TARGETS.get(model) if judged
+                                                                    else None)
     return text + "."
 
 
@@ -392,8 +406,11 @@ def loss_meaning(figures: Mapping[str, Any], part: str | None = None) -> str:
         return "No loss curve was recorded."
     ends = ", ".join(f"{LABELS[s]} {r['loss_curve']['loss'][-1]:.2f} after {r['loss_curve']['audio_s'][-1] / 3600:.1f} h"
                      f" of audio" for s, r in runs.items())
-    return (f"At the end of the {'same wall time' if part == 'seconds' else 'same steps'}: {ends}. The larger batches "
-            "buy more audio in the same time; how much each hour of audio lowers the loss is the right-hand plot.")
+    most_audio = max(runs, key=lambda s: runs[s]["loss_curve"]["audio_s"][-1])
+    lowest = min(runs, key=lambda s: runs[s]["loss_curve"]["loss"][-1])
+    return (f"At the end of the {'same wall time' if part == 'seconds' else 'same steps'}: {ends}. The "
+            f"{LABELS[most_audio]} saw the most audio and the {LABELS[lowest]} reached the lowest loss; the "
+            "right-hand plot shows the loss per hour of audio seen.")
 
 
 def step_time_meaning(figures: Mapping[str, Any], part: str = "steps") -> str:
