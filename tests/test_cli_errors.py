@@ -529,6 +529,29 @@ def test_corpus_tts_overwrite_leaves_no_audio_of_the_old_corpus(tmp_path):
                              "supervisions.jsonl.gz", "tokenizer_bpe_128.model"]
 
 
+def test_corpus_tts_overwrite_keeps_the_old_corpus_when_speaking_fails(tmp_path, monkeypatch):
+    import shutil
+
+    from workbench.data import tts
+
+    if not shutil.which("espeak-ng"):
+        pytest.skip("needs espeak-ng, which is not installed")
+    spoken = tmp_path / "spoken"
+    before = _spoken_corpus(spoken)
+    speak, calls = tts._speak_to_file, []
+
+    def fail_on_second(job):
+        calls.append(job)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C while the new audio is being spoken
+        return speak(job)
+
+    monkeypatch.setattr(tts, "_speak_to_file", fail_on_second)
+    assert main(["corpus", "tts", "--out", str(spoken), "--num-utterances", "3", "--workers", "1",
+                 "--overwrite"]) == 130
+    assert _contents(spoken) == before  # the old corpus is whole, and nothing of the new one is left
+
+
 # ---- E: Ctrl-C always stops ------------------------------------------------------------------------------
 
 def _interrupt_when_writing(argv: list[str], out: Path, sign: str = ".tmp*") -> tuple[int, list[str]]:

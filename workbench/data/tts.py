@@ -307,12 +307,13 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
         num_tokens = count_tokens(load_tokenizer(tokenizer), chosen)
 
     out = Path(out_dir).resolve()
-    if replace_corpus:  # everything is checked: the old corpus goes, whole, before new audio takes its place
-        remove_corpus_parts(out)
-    with new_folder(out / "audio") as audio_dir:  # a failed run removes the folders it made
+    audio_dir, staging = out / "audio", out / ".audio.partial"  # spoken into staging; an old corpus stays till then
+    shutil.rmtree(staging, ignore_errors=True)  # what a killed run left
+    with new_folder(staging):  # a failed or interrupted run removes the folders it made
         ids = [f"tts-{i:06d}" for i in range(len(chosen))]
         paths = [str(audio_dir / f"{cut_id}.flac") for cut_id in ids]
-        jobs = [(sentence, styles[k], path, espeak) for sentence, k, path in zip(chosen, who, paths)]
+        jobs = [(sentence, styles[k], str(staging / f"{cut_id}.flac"), espeak)
+                for sentence, k, cut_id in zip(chosen, who, ids)]
         bar = dict(total=len(jobs), desc="espeak-ng", unit="utt", disable=not progress)
         if num_workers <= 1 or len(jobs) == 1:
             num_samples = [_speak_to_file(job) for job in tqdm(jobs, **bar)]
@@ -325,6 +326,9 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
             finally:  # on an error or Ctrl-C the utterances not yet begun are dropped, not spoken first
                 pool.shutdown(wait=True, cancel_futures=True)
 
+        if replace_corpus:  # everything is spoken: the old corpus goes, whole, and the new audio takes its place
+            remove_corpus_parts(out)
+        staging.rename(audio_dir)
         language = voice.split("-")[0].split("+")[0]
         recordings, supervisions, cuts = [], [], []
         for i, cut_id in enumerate(ids):
