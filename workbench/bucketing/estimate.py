@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from workbench.data.manifest import MAX_TOKENS
+
 
 def check_durations(durations, name: str = "durations") -> np.ndarray:
     """float64 copy of ``durations`` or ValueError naming what is wrong and how many."""
@@ -53,7 +55,7 @@ def check_num_tokens(num_tokens, num_utterances: int, name: str = "num_tokens") 
         frac = arr != np.round(arr)
         if frac.any():
             raise ValueError(f"{name} has {int(frac.sum())} non-integer values")
-        huge = np.abs(arr) >= 2.0 ** 63
+        huge = np.abs(arr) >= MAX_TOKENS
         if huge.any():
             raise ValueError(f"{name} has {int(huge.sum())} values at or past 2^63 (first at index "
                              f"{int(np.argmax(huge))}: {arr[np.argmax(huge)]!r}), more than int64 holds")

@@ -18,6 +18,7 @@ import yaml
 
 from workbench.atomic import write_text_atomically
 from workbench.bucketing.estimate import estimate_2d_bins, estimate_duration_bins
+from workbench.data.manifest import MAX_TOKENS
 from workbench.memory.settings import parse_settings
 from workbench.plain import to_plain
 
@@ -68,7 +69,6 @@ def save_profile(path: str | os.PathLike, profile: BucketProfile) -> Path:
     return write_text_atomically(path, text)
 
 
-MAX_TOKENS = 2 ** 63  # token bounds are compared with int64 token counts
 PROFILE_FIELDS = ("num_buckets", "bucket_duration_bins", "bucket_batch_size", "max_tps", "allocator_settings",
                   "metadata")
 
