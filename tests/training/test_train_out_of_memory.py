@@ -171,10 +171,11 @@ def test_one_utterance_that_does_not_fit_alone_is_a_one_line_error_with_the_stat
     out = tmp_path / "run"
     code = main(["train", "--cuts", str(cuts_path), "--tokenizer", str(tokenizer_path), "--out", str(out),
                  "--model", "tiny-ctc", "--profile", str(_profile(tmp_path)), "--steps", "20", "--dtype", "fp32",
-                 "--device", "cpu", "--num-workers", "0", "--no-concurrent"])
+                 "--device", "cpu", "--num-workers", "0", "--no-concurrent", "--save-every", "100"])
     assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("workbench train: error: out of memory at step ")
+    assert err.endswith("--resume it with --joint-chunk-size\n")
     assert (f"on one utterance alone, {too_large.id!r} ({too_large.duration:.2f} s, " in err
             and "from bucket 1 (<= 10 s, " not in err and "from bucket 1 (<= 10 s)" in err)
     assert "it cannot be split" in err and f"saved the training state before it to {out / 'train_state.pt'}" in err
@@ -184,6 +185,12 @@ def test_one_utterance_that_does_not_fit_alone_is_a_one_line_error_with_the_stat
     assert state["step"] == step == len(memory.steps) and len(state["records"]) == step
     assert not (out / "model.pt").exists() and not (out / "train_summary.json").exists()
     assert not (out / "train_log.jsonl").exists()
+    other = tmp_path / "run_unsaved"  # without --save-every the run keeps no state: nothing is written
+    assert main(["train", "--cuts", str(cuts_path), "--tokenizer", str(tokenizer_path), "--out", str(other),
+                 "--model", "tiny-ctc", "--profile", str(_profile(tmp_path)), "--steps", "20", "--dtype", "fp32",
+                 "--device", "cpu", "--num-workers", "0", "--no-concurrent"]) == 2
+    err = capsys.readouterr().err
+    assert "it cannot be split" in err and "saved" not in err and not (other / "train_state.pt").exists()
 
 
 def _step_bytes(model, optimizer, host_batch) -> int:

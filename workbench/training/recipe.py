@@ -433,9 +433,11 @@ def run_epochs(run: Run, loader, progress, more_steps) -> None:
             except UtteranceOutOfMemoryError as e:  # the step before is kept; this one left no trace
                 if pending is not None:
                     log_step(run, finish_step(pending), progress)
+                if not config.save_every:
+                    raise
                 saved = save_training_state(out / STATE_FILE, run)
                 raise UtteranceOutOfMemoryError(f"{e}; saved the training state before it to {saved} (step "
-                                                f"{run.step})", e.row) from None
+                                                f"{run.step}): --resume it with --joint-chunk-size", e.row) from None
             drawn += 1
             if pending is not None:  # the step before is done on the device by now, or nearly
                 log_step(run, finish_step(pending), progress)
@@ -564,7 +566,7 @@ def forward_backward(run: Run, host_batch: dict) -> PartsTrained:
         raise UtteranceOutOfMemoryError(
             f"out of memory at step {run.step} on one utterance alone, {utterance_name(host_batch, e.row)} from "
             f"{bucket_name(run, bucket)}: it cannot be split; make it fit (--joint-chunk-size, a smaller model) "
-            "or leave it out (bins without it)", e.row) from None
+            "or leave it out (a corpus or profile without it; a new run)", e.row) from None
     if parts.failed_sizes:
         lower_batch_size(run, host_batch, bucket, parts)
     return parts
