@@ -6,8 +6,8 @@ in one run.
         --time-limit-s 240
 
 Writes ``oomptimizer_rnnt_chunked.json`` (``oomptimizer_rnnt_chunked_START_STOP.json`` when ``--buckets``
-picks buckets START..STOP-1: the other buckets get batch size None): both searches (record.SearchFigures,
-each with its probe and budget), and each search's sizes against the committed ``oomptimizer.json``'s rnnt
+picks buckets START..STOP-1: the other buckets get batch size None): both searches (a search's figures, as
+the record module's docstring lists them, each with its probe and budget), and each search's sizes against the committed ``oomptimizer.json``'s rnnt
 predictive ones (``across_runs``, ``chunked_across_runs``; fixed at run time, since that record may be
 rerun; its commit is in the label). The reader derives per bucket the chunked / unchunked batch size ratio
 with its min/median/max, the buckets at >= 2x and the target line (:func:`ratio_figures`, through
