@@ -31,13 +31,13 @@ def test_report_renders_html_and_index(tmp_path):
     assert '<span class="finding">' in page and " utterances, " in page  # and what it found
     assert 'href="benchmarks.html"' in page
     bench = (tmp_path / "benchmarks.html").read_text()
-    assert "<h2>decoding.json</h2>" in bench and "commit" in bench  # every committed result, with provenance
+    assert "<h2>decoding_nemo.json</h2>" in bench and "commit" in bench  # every committed result, with provenance
     assert not list(tmp_path.glob("*.tmp*"))
     assert "corpus_arrays(" not in html  # code cells are hidden by default
     from workbench.bench.results import git_commit
 
     assert f"commit {git_commit()[:12]}" in page and ("CPU cores" in page or "NVIDIA" in page)  # the run's own
-    assert "Committed results" in page and "<td>decoding</td>" in page
+    assert "Committed results" in page and "<td>decoding_nemo</td>" in page
 
 
 def test_a_missing_kernel_is_one_line_with_the_fix(tmp_path, monkeypatch, capsys):
