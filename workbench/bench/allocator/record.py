@@ -54,9 +54,6 @@ def blocks(record: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Headroom label -> dict with ``figures`` (the block), ``series`` (config -> per-step columns of one
     run), ``warmup_steps``, ``memory_limit_bytes`` and ``rounds``."""
     params, figures = record["params"], record["figures"]
-    if "headrooms" not in figures:
-        raise ValueError("allocator record: no 'headrooms' in figures (a record from before the rounds "
-                         "protocol; rerun python3 -m workbench.bench.allocator)")
     return {label: dict(figures=block, series=params["series"][label], warmup_steps=params["warmup_steps"],
                         memory_limit_bytes=block["memory_limit_bytes"], rounds=figures["rounds_run"])
             for label, block in figures["headrooms"].items()}

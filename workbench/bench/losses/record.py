@@ -186,7 +186,7 @@ def summary_lines(figures: dict) -> list[str]:
     for step in figures["chunked"]:
         out.append(f"- {step['model']} {step['dtype']} B={step['batch_size']} {step['duration_s']:g} s "
                    f"U={step['num_tokens']} joint_chunk_size={step['joint_chunk_size']}: {_step_result(step)}")
-    out += [f"- {rows_line(c)}" for c in figures.get("rows", [])]  # records before the tiles have none
+    out += [f"- {rows_line(c)}" for c in figures.get("rows", [])]  # absent when the rows part did not run
     out.append(f"- targets: {figures['targets']}")
     out.append(f"- failures: {figures['failures'] or 'none'}")
     return out
