@@ -2,7 +2,6 @@
 
 import json
 
-
 import matplotlib
 
 matplotlib.use("Agg")
