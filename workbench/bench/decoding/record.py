@@ -23,6 +23,7 @@ from typing import Any, TypedDict
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from workbench.bench.decoding.targets import TORCH_FULL
 from workbench.bench.results import times_faster
 from workbench.palette import BUDGET_COLOUR, colour
 
@@ -91,8 +92,6 @@ class DecodingFigures(TypedDict, total=False):
     failures: list[str]
     skipped_for_time: list[str]
 
-
-TORCH_FULL = "label-looping full"  # the torch stages' full graph, reported beside the target method
 
 METHOD_ORDER = ["frame-looping off", "label-looping off", "label-looping fused off", "NeMo no graphs",
                 "label-looping partial", "label-looping fused partial", "NeMo partial graphs",

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 from workbench.bench.results import summarize
 
-TARGET_RATIO = 2.0  # the target: chunked batch size >= 2x the unchunked one at every bucket
+TARGET_RATIO = 2.0  # the target: chunked batch size >= 2x the unchunked one at every bucket
 UNCHUNKED_SHARE = 0.45  # of --time-limit-s for the unchunked search (the chunked one probes larger batches)
 REFERENCE = "oomptimizer"  # the committed record whose rnnt predictive sizes the unchunked run is set against
 
