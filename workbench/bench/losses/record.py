@@ -132,7 +132,7 @@ def _ratio(a, b) -> float | None:
 
 
 def targets(figures: dict) -> dict:
-    """The issue's targets, each True / False, or None where the figures to decide are missing."""
+    """The targets, each True / False, or None where the figures to decide are missing."""
     r = ratios(figures) if "ratios" not in figures else figures["ratios"]
     compared = [x for x in r["ours_over_torchaudio"] if x["time"] is not None]
 
