@@ -83,7 +83,7 @@ def targets_line(figures: Mapping[str, Any]) -> str:
             + (f" (caveat: {'; '.join(caveats)})" if caveats else ""))
 
 
-def summary_lines(figures: Mapping[str, Any]) -> list[str]:
+def summary_lines(figures: AllocatorFigures) -> list[str]:
     """The record's lines in benchmarks/SUMMARY.md."""
     out = [f"- rounds run: {figures['rounds_run']}; {targets_line(figures)}"]
     for label, block in figures["headrooms"].items():

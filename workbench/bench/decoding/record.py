@@ -345,7 +345,7 @@ def _sizes_at_target(t: dict[str, Any]) -> str:
     return f"{rows - len(t.get('speedup_vs_nemo_missed', []))} of {rows} sizes"
 
 
-def summary_lines(figures: dict[str, Any]) -> list[str]:
+def summary_lines(figures: DecodingFigures) -> list[str]:
     """The record's lines in benchmarks/SUMMARY.md."""
     t = figures["targets"]
     out = []
