@@ -50,7 +50,7 @@ def _search_line(label: str, r: Mapping[str, Any]) -> str:
 
 def part_runs(part: Mapping[str, Any]) -> dict[str, dict]:
     """label -> search figures of one model's part, those that ran: the profile's predictive search, both
-    strategies on the compared buckets (or on all of them in records without a comparison), and the DDP
+    strategies on the compared buckets (on all of them where the part has no comparison, as xl-aed), and the DDP
     accounting."""
     comparison = part.get("comparison", {})
     runs = {"predictive, all buckets": part.get("predictive")}
