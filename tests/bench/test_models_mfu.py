@@ -196,7 +196,8 @@ def test_row_kernel_lines_show_share_time_calls_and_name():
 
 def _row(model, dtype, b, s, u, median, **extra):
     return {"model": model, "dtype": dtype, "batch_size": b, "duration_s": s, "num_tokens": u,
-            "step_s": {"median": median, "min": median, "max": median, "n": 5}, "peak_bytes": None, **extra}
+            "step_s": {"median": median, "min": median, "max": median, "n": 5}, "peak_bytes": None,
+            "shape_source": "fixed", **extra}
 
 
 def test_row_line_and_mfu_targets_from_given_rows():

@@ -170,7 +170,7 @@ def table_lines(figures: Mapping[str, Any]) -> list[str]:
     for r in figures["bf16_vs_fp32"]:
         b, f = (next(x for x in rows if x["model"] == r["model"] and x["batch_size"] == r["batch_size"]
                      and x["duration_s"] == r["duration_s"] and x["dtype"] == dtype
-                     and x.get("shape_source", "fixed") == "fixed") for dtype in ("bf16", "fp32"))
+                     and x["shape_source"] == "fixed") for dtype in ("bf16", "fp32"))
         out.append(f"{r['model']:<11} {params[r['model']] / 1e6:>7.1f}M {r['batch_size']:>3} {r['duration_s']:>5g} "
                    f"{b['num_tokens']:>4} {b['step_s']['median'] * 1e3:>9.1f} {f['step_s']['median'] * 1e3:>9.1f} "
                    f"{r['fp32_over_bf16_time']:>9.2f} {_gib(b['peak_bytes']):>9} {_gib(f['peak_bytes']):>9} "
@@ -189,7 +189,7 @@ def table_lines(figures: Mapping[str, Any]) -> list[str]:
 
 
 def _row_key(r: Mapping[str, Any]) -> tuple:
-    return (r["model"], r["dtype"], r.get("shape_source", "fixed"), r["batch_size"], r["duration_s"], r["num_tokens"])
+    return (r["model"], r["dtype"], r["shape_source"], r["batch_size"], r["duration_s"], r["num_tokens"])
 
 
 def before_after_rows(before: Mapping[str, Any], after: Mapping[str, Any], *, paired_only: bool = False) -> list[dict]:
