@@ -160,7 +160,7 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
                       run_stage models_depthwise 330 python3 -m workbench.bench.models --depthwise triton \
                         --only-profile-shapes --models large-rnnt large-tdt xl-aed --name models_depthwise \
                         --out "$RESULTS" ;;
-    models-cudnn-depthwise)  # the same, the depthwise convolutions by cuDNN (torch's, the default before auto)
+    models-cudnn-depthwise)  # the same, the depthwise convolutions by cuDNN (--depthwise torch)
                       run_stage models_cudnn_depthwise 330 python3 -m workbench.bench.models --depthwise torch \
                         --only-profile-shapes --models large-rnnt large-tdt xl-aed --name models_cudnn_depthwise \
                         --out "$RESULTS" ;;

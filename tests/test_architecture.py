@@ -48,3 +48,21 @@ def test_models_hold_models_only():
     offenders = sorted(f"{a} -> {b}" for a, deps in _imports().items() for b in deps
                        if a.startswith("workbench.models") and b.startswith(("workbench.bucketing", "workbench.data")))
     assert offenders == []
+
+
+def test_no_code_reads_the_archive_of_superseded_results():
+    """benchmarks/results/archive/ holds superseded records for people only: no module names it, and the
+    summary and the staleness mark read the results folder's own *.json, not its subfolders."""
+    import json
+    import tempfile
+
+    from workbench.bench.summary import render
+    from workbench.reporting import result_freshness
+
+    named = [str(p.relative_to(ROOT.parent)) for p in ROOT.rglob("*.py") if "archive" in p.read_text()]
+    scripts = [str(p) for p in (ROOT.parent / "scripts").glob("*") if p.is_file() and "archive" in p.read_text()]
+    assert not named and not scripts
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "archive").mkdir()
+        (Path(folder) / "archive" / "models.json").write_text(json.dumps({"not": "a record"}))
+        assert "models.json" not in render(Path(folder)) and result_freshness(folder) == []

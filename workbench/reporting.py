@@ -68,24 +68,6 @@ def committed_result(name: str) -> dict[str, Any] | None:
     return record
 
 
-def record_finding(name: str, *, contains: str | tuple[str, ...] = "", count: int = 1) -> str:
-    """A notebook's one-line finding for the report's index, from the summary lines (benchmarks/SUMMARY.md's)
-    of the committed result ``name``: the first ``count`` lines that contain ``contains``, or for a tuple the
-    first line containing each of its strings, joined."""
-    from workbench.bench.summary import section_for
-
-    record = load_result(name)
-    if record is None:
-        return f"No committed result '{name}' yet."
-    lines = [line.strip().removeprefix("- ") for line in section_for(name)(record["figures"])]
-    if isinstance(contains, tuple):
-        picked = [next((line for line in lines if part in line), None) for part in contains]
-        picked = [line for line in picked if line is not None]
-    else:
-        picked = [line for line in lines if contains in line][:count]
-    return "; ".join(picked) or f"'{name}' has no summary line with {contains!r}."
-
-
 def executed_finding(executed: Path) -> str:
     """The first line a notebook's cell tagged ``finding`` printed, or '' when it has none."""
     nb = json.loads(Path(executed).read_text())

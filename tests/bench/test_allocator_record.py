@@ -2,8 +2,6 @@
 
 import json
 
-import pytest
-
 import matplotlib
 
 matplotlib.use("Agg")
@@ -34,11 +32,6 @@ def test_committed_record_gives_its_blocks_tables_and_curves():
         assert not paired.empty
         assert (paired["rounds"] == block["rounds"]).all()
         plot_memory_curves(block["series"], warmup_steps=block["warmup_steps"])
-
-
-def test_record_without_headrooms_is_refused_with_a_reason():
-    with pytest.raises(ValueError, match="headrooms"):
-        allocator_blocks({"params": {}, "figures": {"static_plain": {}}})
 
 
 def test_rounds_record_gives_a_block_per_headroom_with_paired_ratios_and_events(monkeypatch, tmp_path, capsys):

@@ -292,7 +292,7 @@ def test_the_targets_judge_the_method_users_get_by_default(monkeypatch):
     assert targets["speedup_vs_nemo_missed"] == [] and failures == []  # 15.5 / 6.5 = 2.38x >= 2x
     assert targets["speedup_vs_nemo_full_tdt"] == pytest.approx(15.5 / 6.5)
     assert targets["torch_stages"]["speedup_vs_nemo_missed"] == ["tdt float32 B=16 T=150: 0.97x NeMo full graph"]
-    failures = []  # judged on the torch stages (the old way) the same rows miss
+    failures = []  # judged on the torch stages (nemo_targets_of's default) the same rows miss
     assert nemo_targets_of(rows, failures, smoke=False)["speedup_vs_nemo_missed"] == [
         "tdt float32 B=16 T=150: 0.97x NeMo full graph"] and len(failures) == 1
 

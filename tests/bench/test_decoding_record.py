@@ -11,27 +11,24 @@ from workbench.bench.decoding.targets import add_nemo_speedups, nemo_targets_of 
 from workbench.bench.results import RESULTS_DIR  # noqa: E402
 
 
-def _old_record(ours_rnnt, ours_tdt, speedup):
-    """A record as the bench wrote it before NeMo ran in the same process: a hand-typed nemo_reference, no
-    NeMo rows."""
-    nemo = {"source": "DESIGN.md", "rnnt_full_graph_s": 0.05, "tdt_full_graph_s": 0.02,
-            "rnnt_frame_looping_no_graphs_s": 0.6}
+def _plain_record(ours_rnnt, ours_tdt, speedup):
+    """A record of the bench without --nemo: targets against frame-looping, no NeMo rows."""
     return {"git_commit": "0123456789", "figures": {
-        "nemo_reference": nemo, "rows": [], "failures": [], "skipped_for_time": [],
+        "rows": [], "failures": [], "skipped_for_time": [],
         "empty_while_iteration": {"seconds_per_iteration": 1e-6},
-        "targets": {"rnnt_full_s": ours_rnnt, "tdt_full_s": ours_tdt, "speedup_vs_nemo_full_rnnt": 2.0,
+        "targets": {"target_method": "label-looping full", "rnnt_full_s": ours_rnnt, "tdt_full_s": ours_tdt,
                     "full_speedup_vs_frame_looping_off_rnnt": speedup, "goal": "the goal"}}}
 
 
-def test_an_old_record_renders_without_nemo_and_ignores_its_hand_typed_figures():
-    record = _old_record(0.025, 0.04, 16.0)
+def test_a_record_without_nemo_rows_renders_without_nemo():
+    record = _plain_record(0.025, 0.04, 16.0)
     line = plots.frame_looping_speedup_line(record)
     assert "16.0x faster" in line and "the goal" in line and "NeMo" not in line
-    assert "not measured" in plots.frame_looping_speedup_line(_old_record(None, None, None))
+    assert "not measured" in plots.frame_looping_speedup_line(_plain_record(None, None, None))
     assert plots.nemo_comparison_table(record).empty and not plots.has_nemo_rows(record)
     summary = plots.summary_lines(record["figures"])
-    assert summary[0] == ("- B=16, 12 s, fp32: RNN-T full graph 25.00 ms, TDT full graph 40.00 ms; RNN-T full "
-                          "graph 16.00x faster than frame-looping off")
+    assert summary[0] == ("- B=16, 12 s, fp32: RNN-T label-looping full 25.00 ms, TDT label-looping full 40.00 ms; "
+                          "RNN-T label-looping full 16.00x faster than frame-looping off")
     assert not any("NeMo" in s for s in summary)
     assert "NeMo" not in plots.describe_targets("decoding", record)
 
@@ -108,12 +105,6 @@ def test_a_nemo_record_shows_ours_against_nemo_in_words():
     assert "NeMo 3.0.0 in the same run" in plots.describe_targets("decoding_nemo", record)
     assert plots.table_lines(record["figures"])[-1].startswith("empty while iteration")
 
-    # a record written before the targets named their method reads as it did
-    del record["figures"]["targets"]["target_method"]
-    assert plots.summary_lines(record["figures"])[0] == (
-        "- B=16, 12 s, fp32: RNN-T full graph 10.00 ms, NeMo's 25.00 ms (2.50x faster than NeMo)")
-    assert plots.nemo_comparison_table(record)["ours full graph (ms)"].tolist() == [12.0, 5.0, 10.0]
-    assert "the targets judge: label-looping full" in plots.describe_targets("decoding_nemo", record)
 
 
 def test_the_targets_judge_the_default_kernels_and_report_the_torch_stages_beside():
@@ -178,7 +169,7 @@ def test_summary_names_the_sizes_not_judged_against_nemo():
     lines = decoding_record.summary_lines(figures)
     assert "- not judged against NeMo (no NeMo full-graph row, and it did not fail there): tdt float32 B=64 T=150: " \
            "not run (past the time for the rows run last)" in lines
-    del figures["targets"]["sizes_not_judged"]  # an older record
+    del figures["targets"]["sizes_not_judged"]  # every size judged
     assert not [line for line in decoding_record.summary_lines(figures) if "not judged" in line]
 
 
@@ -236,9 +227,9 @@ def test_each_section_of_the_notebook_means_a_sentence_from_the_figures():
         "With CUDA graphs (label-looping full) the label-looping RNN-T decoder runs a batch of 16 12-s utterances "
         "(fp32) in 10 ms, 2.5× faster than NeMo 3.0.0's in the same run.")
     assert plots.finding(record) == plots.meaning_of_speed(record)  # no TDT ratio: the speed sentence
-    old = _old_record(0.025, 0.04, 16.0)
+    old = _plain_record(0.025, 0.04, 16.0)
     assert plots.meaning_of_speed(old).endswith("in 25 ms, 16.0× faster than frame-looping without graphs.")
-    assert plots.meaning_of_speed(_old_record(None, None, None)).startswith("This record has no full-graph time")
+    assert plots.meaning_of_speed(_plain_record(None, None, None)).startswith("This record has no full-graph time")
 
     assert plots.meaning_of_nemo(record) == (
         "label-looping full meets its target against NeMo's full graph (RNN-T ≥ 4×, TDT ≥ 2×) at 1 of 3 sizes; it "
@@ -253,7 +244,7 @@ def test_each_section_of_the_notebook_means_a_sentence_from_the_figures():
         "At batch 16 (RNN-T, 12 s, fp32) one outer iteration of label-looping full takes 100 µs against 800 µs "
         "without graphs (label-looping off), launching 17 kernels per iteration instead of 102; an empty "
         "conditional-while iteration costs 4.0 µs, 4% of it.")
-    assert plots.meaning_of_iterations(_old_record(0.025, 0.04, 16.0)).startswith("This record has no")
+    assert plots.meaning_of_iterations(_plain_record(0.025, 0.04, 16.0)).startswith("This record has no")
 
     live = {"figures": {"rows": [_row("rnnt", 4, "frame-looping off", 9.0), _row("rnnt", 4, "label-looping off", 8.0),
                                  _row("rnnt", 4, "label-looping full", 2.0)]}}

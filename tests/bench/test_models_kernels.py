@@ -79,36 +79,6 @@ def test_models_bench_compile_smoke_records_it_under_its_name(tmp_path, cpu_sett
     assert [m.config.name for m in compiled] == ["tiny-aed"] and not (tmp_path / "models.json").exists()
 
 
-def test_lean_step_lines_show_the_kernel_tables_and_the_compiled_speed():
-    def row(model, dtype, median):
-        return {"model": model, "dtype": dtype, "batch_size": 16, "duration_s": 15.0, "num_tokens": 120,
-                "step_s": {"median": median}}
-
-    profile = {"dtype": "bf16", "batch_size": 16, "duration_s": 15.0, "num_tokens": 120, "device": "cuda",
-               "total_s": 0.2, "top": [{"name": "gemm", "self_s": 0.1, "share": 0.5, "calls": 3}]}
-    eager = {"steps": [row("large-rnnt", "bf16", 0.30), row("large-rnnt", "fp32", 0.5), {"model": "xl-aed"}],
-             "kernels": {"large-rnnt": profile}}
-    compiled = {"steps": [row("large-rnnt", "bf16", 0.25)]}
-    assert record.compile_speedups(eager, compiled) == [
-        {"model": "large-rnnt", "dtype": "bf16", "batch_size": 16, "duration_s": 15.0,
-         "eager_over_compiled_time": pytest.approx(1.2)}]
-    assert record.lean_step_lines(eager, compiled) == [
-        "top kernels, eager:", record.kernel_line("large-rnnt", profile),
-        "   50.0%   100.000 ms     3x  gemm",
-        "compiled encoder: no kernel table in this record (the bench ran without --kernels)",
-        "large-rnnt bf16 B=16 15 s: compiled encoder 1.20x faster than eager"]
-    assert record.lean_step_lines(None, None) == []
-    assert record.lean_step_lines(eager, compiled, commits=("a" * 40, "a" * 40)) == \
-        record.lean_step_lines(eager, compiled)
-    assert record.lean_step_record_lines({"git_commit": "a" * 40, "figures": eager},
-                                         {"git_commit": "b" * 40, "figures": compiled}) == \
-        record.lean_step_lines(eager, compiled, commits=("a" * 40, "b" * 40))
-    assert record.lean_step_record_lines(None, None) == []
-    assert record.lean_step_lines(eager, compiled, commits=("a" * 40, "b" * 40))[-1] == (
-        "compiled encoder: not set against eager (the records were made at commits aaaaaaaaaaaa and bbbbbbbbbbbb; "
-        "the step may differ: rerun both in one call)")
-
-
 KERNEL_SMOKE = """
 import sys
 sys.path.insert(0, "tests/models")

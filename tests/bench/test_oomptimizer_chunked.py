@@ -55,13 +55,13 @@ def test_ratio_figures_over_a_range_of_buckets_judge_only_those():
 
 
 def test_across_runs_sets_the_unchunked_sizes_against_the_committed_record():
-    reference = {"git_commit": "21cbce16df47f990", "date": "2026-11-30T08:26:23+00:00",
+    reference = {"git_commit": "0123456789abcdef", "date": "2026-11-30T08:26:23+00:00",
                  "figures": {"rnnt": {"buckets": [list(b) for b in BUCKETS],
                                       "predictive": {"batch_sizes": [80, 40, 10]}}}}
     a = chunked.across_runs([100, None, 15], BUCKETS, reference)
     assert a["ratios"] == [1.25, None, 1.5] and (a["min"], a["median"], a["max"]) == (1.25, 1.375, 1.5)
     assert a["label"].startswith("across runs: this run's unchunked ")
-    assert "commit 21cbce16df47, 2026-11-30" in a["label"]
+    assert "commit 0123456789ab, 2026-11-30" in a["label"]
     c = chunked.across_runs([160, 120, None], BUCKETS, reference, "chunked")
     assert c["ratios"] == [2.0, 3.0, None] and c["label"].startswith("across runs: this run's chunked batch sizes")
     assert chunked.across_runs([1, 1, 1], BUCKETS, None) == {"skipped": "unchunked: no oomptimizer.json committed"}

@@ -44,46 +44,11 @@ def test_aed_part_comes_from_its_own_record_when_there_is_one():
     assert record.aed_part(None, None) is None
 
 
-def test_committed_ddp_run_beside_the_one_gpu_accounting_of_its_day():
-    ddp, gpu = _load("oomptimizer_ddp"), _load(record.BEFORE_LEAN_STEP_RECORDS["rnnt"])  # the one-GPU run of its day
+def test_committed_ddp_run_beside_the_one_gpu_accounting_of_the_same_step():
+    ddp, gpu = _load("oomptimizer_ddp"), _load(record.DDP_ONE_GPU_NAME)
     rows = record.ddp_rows(ddp, gpu)
     assert [r["1 GPU, DDP buckets accounted"] for r in rows] == gpu["figures"]["rnnt"]["ddp_accounting"]["batch_sizes"]
     assert record.meaning_of_ddp(ddp, gpu).startswith(f"On {ddp['figures']['world_size']} GPUs")
-
-
-def _sizes_record(commit, part, buckets, sizes):
-    return {"git_commit": commit, "figures": {part: {"model": "m", "buckets": buckets,
-                                                     "predictive": {"batch_sizes": sizes}},
-                                              "aed" if part == "rnnt" else "rnnt": {"skipped": "not run"}}}
-
-
-def test_growth_sets_each_buckets_profile_size_against_an_older_record():
-    buckets = [[3.0, 10.0], [3.0, 40.0], [20.0, 200.0]]
-    before = _sizes_record("aaaaaaa111", "rnnt", buckets, [100, 50, 10])
-    after = _sizes_record("bbbbbbb222", "rnnt", buckets, [150, 100, 31])
-    rows = record.growth_rows(before, after)
-    assert [(r["bucket"], r["before"], r["after"], r["after_over_before"]) for r in rows] == [
-        (0, 100, 150, 1.5), (1, 50, 100, 2.0), (2, 10, 31, 3.1)]
-    assert record.growth_lines(before, after) == [
-        "- rnnt profile batch sizes at bbbbbbb222 / at aaaaaaa111 over 3 buckets: min 1.50x, median 2.00x, "
-        "max 3.10x; >= 2x at 2 of 3"]
-    table = record.growth_table(before, after)
-    assert list(table.columns) == ["bucket", "duration s", "tokens", "before (aaaaaaa)", "after (bbbbbbb)",
-                                   "after / before"]
-    assert list(table["after / before"]) == [1.5, 2.0, 3.1]
-    other = _sizes_record("ccccccc333", "rnnt", buckets[:2], [1, 2])
-    assert record.growth_rows(before, other) == [] and record.growth_table(before, other).empty
-    assert record.growth_lines(before, other) == [
-        "- rnnt profile batch sizes at ccccccc333 / at aaaaaaa111: not comparable (other buckets)"]
-    aed = _sizes_record("ddddddd444", "aed", buckets, [1, 2, 3])
-    assert record.growth_lines(before, aed) == []  # no part searched in both
-
-
-def test_committed_records_show_the_growth_since_the_lean_step():
-    for part, name in record.BEFORE_LEAN_STEP_RECORDS.items():
-        current = _load("oomptimizer" if part == "rnnt" else "oomptimizer_aed")
-        rows = record.growth_rows(_load(name), current, part)
-        assert rows and all(r["after"] and r["before"] for r in rows)
 
 
 GIB = 2**30

@@ -149,7 +149,7 @@ def test_2d_exact_case_two_groups():
 
 
 def test_2d_minimal_tied_case_fits_its_own_corpus():
-    # The case of issue 12: 2 duration buckets, the 1D bounds are [1, 2] (the total before the sixth
+    # A tied case: 2 duration buckets, the 1D bounds are [1, 2] (the total before the sixth
     # 1.0 is 5 > 4). NeMo's rule starts group 2 at that utterance, giving [(1, 2), (2, 5)] with
     # max_tps [2, 5], which reject (1 s, 5 tokens). Ours: group 1 holds every 1 s utterance.
     d, t = [1, 1, 1, 1, 1, 1, 2], [1, 1, 1, 1, 2, 5, 2]

@@ -36,7 +36,7 @@ EDITED_TPS = [4.0, 12.0, 3.0, 3.0]  # an edited profile: the limits differ insid
 
 
 def test_strict_tps_check_uses_the_chosen_bucket():
-    # issue 12: 2.0 s and 20 tokens (10 tokens/s) goes to bucket 1 (limit 12), as in NeMo; the group's
+    # 2.0 s and 20 tokens (10 tokens/s) goes to bucket 1 (limit 12), as in NeMo; the group's
     # first bucket's limit (4) does not apply to it
     f = make_fitter(EDITED_BINS, EDITED_TPS)
     assert f.select(2.0, 20) == (1, FITS)
@@ -118,8 +118,8 @@ def test_padding_2d_beats_1d_beats_none_and_counts_unfit():
                                       "2D": (est.bins, est.max_tps)})
     assert table.loc["none", "padded_input_share"] > table.loc["1D", "padded_input_share"]
     assert table.loc["1D", "padded_output_share"] > table.loc["2D", "padded_output_share"]
-    # the bins' own corpus: exactly the TPS outliers fit no bucket (before issue 12, the utterances tied
-    # at a duration bound could too, so this was only checked to within one per group)
+    # the bins' own corpus: exactly the TPS outliers fit no bucket (an utterance tied at a duration bound
+    # belongs to the group below it, so it fits)
     outliers = int(est.outliers.sum())
     assert outliers > 0 and int(table.loc["2D", "unfit"]) == outliers
     assert table.loc["2D", "utterances"] + table.loc["2D", "unfit"] == 20_000

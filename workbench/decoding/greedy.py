@@ -28,8 +28,8 @@ logger = logging.getLogger("workbench.decoding")
 ALGORITHMS = ("label_looping", "frame_looping")
 GRAPH_MODES = ("auto", "full", "partial", "off")
 DEFAULT_MAX_SYMBOLS = 10
-# Frames per blank-skipping joint call: a wider window skips more blanks per inner iteration (decoding.json's
-# window-16 and window-1 rows record the inner iteration counts), and the joint over B x 16 rows is still a
+# Frames per blank-skipping joint call: a wider window skips more blanks per inner iteration (the decoding
+# bench's window-16 and window-1 rows record the inner iteration counts), and the joint over B x 16 rows is still a
 # small matrix product, so each iteration costs about the same.
 DEFAULT_BLANK_WINDOW = 16
 # blank_window="auto" (see auto_blank_window): TDT with a float32/float64 joint takes this window from this many

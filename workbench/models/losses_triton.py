@@ -53,7 +53,7 @@ _MAX_BLOCK_V = 4096  # vocabulary block of the per-node kernels (larger vocabula
 _MAX_BLOCK_U = 256   # label block of the per-utterance kernels (longer targets loop)
 _SHAPE_ARGS = ["NODES", "T", "U1", "U", "NDIAG"]  # change with every batch: one compiled kernel for all values
 _TILE_ELEMENTS = 8192  # logits per program of the per-node kernels: ROWS * BLOCK_V, at most
-_MAX_ROWS = 2          # nodes per program at most (H200: 4 rows on 8 warps took 2.5x 1 row's time, 2 rows on 4 warps 0.95-1.0x)
+_MAX_ROWS = 2          # nodes per program at most (losses.json's rows part times 1, 2, 4 and 8 per program)
 _rows_setting: int | None = None  # rows_per_program's override (None: _node_rows picks)
 
 

@@ -54,9 +54,6 @@ def blocks(record: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Headroom label -> dict with ``figures`` (the block), ``series`` (config -> per-step columns of one
     run), ``warmup_steps``, ``memory_limit_bytes`` and ``rounds``."""
     params, figures = record["params"], record["figures"]
-    if "headrooms" not in figures:
-        raise ValueError("allocator record: no 'headrooms' in figures (a record from before the rounds "
-                         "protocol; rerun python3 -m workbench.bench.allocator)")
     return {label: dict(figures=block, series=params["series"][label], warmup_steps=params["warmup_steps"],
                         memory_limit_bytes=block["memory_limit_bytes"], rounds=figures["rounds_run"])
             for label, block in figures["headrooms"].items()}
@@ -86,7 +83,7 @@ def targets_line(figures: Mapping[str, Any]) -> str:
             + (f" (caveat: {'; '.join(caveats)})" if caveats else ""))
 
 
-def summary_lines(figures: Mapping[str, Any]) -> list[str]:
+def summary_lines(figures: AllocatorFigures) -> list[str]:
     """The record's lines in benchmarks/SUMMARY.md."""
     out = [f"- rounds run: {figures['rounds_run']}; {targets_line(figures)}"]
     for label, block in figures["headrooms"].items():

@@ -1,5 +1,5 @@
 """The allocator bench's CLI: expandable segments vs the plain caching allocator with dynamic batch shapes
-near the memory limit (protocol and timings: benchmarks/NOTES.md, "Allocator bench").
+near the memory limit (the protocol: benchmarks/NOTES.md, "How each bench measures").
 
     python3 -m workbench.bench.allocator --out benchmarks/results            # GPU
     python3 -m workbench.bench.allocator --out DIR --headroom 0.08 0.15       # a headroom sweep

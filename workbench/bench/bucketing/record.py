@@ -33,7 +33,7 @@ def _spread(s: Mapping[str, float]) -> str:
     return f"{s['median']:.4g} s ({s['min']:.4g}-{s['max']:.4g}, n={s.get('n', '?')})"
 
 
-def summary_lines(figures: Mapping[str, Any]) -> list[str]:
+def summary_lines(figures: BinsFigures) -> list[str]:
     """The lines of any of the three records in benchmarks/SUMMARY.md (told apart by their fields)."""
     if "workbench_bins_tokenized_end_to_end_s" in figures:
         return [f"- with tokenizer: {_spread(figures['workbench_bins_tokenized_end_to_end_s'])} for "

@@ -10,8 +10,8 @@ from workbench.bench.decoding.cases import Case, Outcome
 from workbench.bench.decoding.methods import BLANK, FUSED, method_name
 from workbench.decoding.protocol import module_dtype
 
-# bf16 frame-looping vs label-looping: one near-tie flips the rest of an utterance (benchmarks/NOTES.md
-# gives the disagreement measured); a wrong decision rule disagrees far more.
+# bf16 frame-looping vs label-looping: one near-tie flips the rest of an utterance (each row's measured
+# ``token_disagreement`` is in the decoding records); a wrong decision rule disagrees far more.
 MAX_BF16_DISAGREEMENT = 0.25
 SAME_MATH = {method_name(a, m) for a in ("label_looping", FUSED) for m in ("off", "partial", "full")}
 

@@ -7,7 +7,7 @@ import torch
 from workbench.decoding import label_looping
 from workbench.decoding.greedy import DEFAULT_BLANK_WINDOW, auto_blank_window
 
-VOCAB, PRED, JOINT, ENC = 1024, 640, 640, 512  # the sizes of the NeMo comparison
+VOCAB, PRED, JOINT, ENC = 1024, 640, 640, 512  # the sizes of the NeMo comparison
 BLANK = VOCAB
 FRAME_S = 0.08
 TDT_DURATIONS = [0, 1, 2, 3, 4]

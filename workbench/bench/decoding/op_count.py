@@ -107,8 +107,8 @@ def stage_ops(durations: list[int] | None, kernels: str, *, window: int = 16, vo
 
 def predictor_step_ops(kernels: str, num_layers: int) -> list[str]:
     """The ops of the predictor step inside emit_labels (``kernels`` "triton" or "triton_cudnn"): the fused LSTM
-    step, or the toy predictor's own step(); the masked keep of its new state is in ``triton:select`` either way
-    (which "triton" no longer needs for the state)."""
+    step, or the toy predictor's own step(); then ``triton:select``, which keeps the projection, and under
+    "triton_cudnn" the new state too (the "triton" LSTM kernel keeps the state itself)."""
     with torch.inference_mode():
         predictor, _, buf = _started_toy(None, kernels, 16, 32, 2, 6, num_layers)
         return _counted(lambda: label_looping.fused_predictor_step(buf, predictor))

@@ -11,9 +11,7 @@ and ``targets`` against NeMo at every size. ``targets["target_method"]`` names t
 (the full graph with the default kernels: "label-looping fused full" on CUDA), ``targets["torch_stages"]``
 the torch stages' full graph beside it; rows name the ``reference_method`` they were checked against and,
 where they differ, carry ``first_difference``. A run with --kernel-profile puts ``kernel_profile``
-(:class:`KernelProfile`) on the rows it profiled. Older records (without these: the targets judged
-"label-looping full" against "label-looping off"; without NeMo rows; with a hand-typed ``nemo_reference``,
-which no reader uses) render too.
+(:class:`KernelProfile`) on the rows it profiled.
 """
 
 from __future__ import annotations
@@ -25,10 +23,11 @@ from typing import Any, TypedDict
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from workbench.bench.decoding.targets import TORCH_FULL
 from workbench.bench.results import times_faster
 from workbench.palette import BUDGET_COLOUR, colour
 
-NAME = "decoding"  # decoding.json and decoding_quick.json
+NAME = "decoding"  # decoding*.json
 
 
 class TorchStagesTargets(TypedDict, total=False):
@@ -41,7 +40,7 @@ class TorchStagesTargets(TypedDict, total=False):
 
 
 class DecodingTargets(TypedDict, total=False):
-    target_method: str  # the method judged (absent in older records: "label-looping full")
+    target_method: str  # the method judged: the full graph with the default kernels
     torch_stages: TorchStagesTargets  # where the target method is not the torch stages' full graph
     rnnt_full_s: float | None  # our RNN-T full graph, B=16, 12 s, fp32, seconds per batch
     tdt_full_s: float | None
@@ -93,8 +92,6 @@ class DecodingFigures(TypedDict, total=False):
     failures: list[str]
     skipped_for_time: list[str]
 
-
-OLD_TARGET_METHOD = "label-looping full"  # what records without ``target_method`` judged
 
 METHOD_ORDER = ["frame-looping off", "label-looping off", "label-looping fused off", "NeMo no graphs",
                 "label-looping partial", "label-looping fused partial", "NeMo partial graphs",
@@ -264,17 +261,16 @@ def iteration_breakdown(table: pd.DataFrame, empty_iteration_s: float | None, *,
 
 
 def target_method(record_or_figures: dict[str, Any]) -> str:
-    """The method a record's targets judge (older records: "label-looping full")."""
+    """The method a record's targets judge."""
     figures = record_or_figures.get("figures", record_or_figures)
-    return figures["targets"].get("target_method", OLD_TARGET_METHOD)
+    return figures["targets"]["target_method"]
 
 
 def frame_looping_speedup_line(record: dict[str, Any]) -> str:
     """Our full graph over frame-looping without graphs (B=16, 12 s, fp32), from the record."""
     t = record["figures"]["targets"]
     ours = t.get("full_speedup_vs_frame_looping_off_rnnt")
-    name = target_method(record) if "target_method" in t else "full graph"
-    return (f"RNN-T {name} vs frame-looping off: "
+    return (f"RNN-T {target_method(record)} vs frame-looping off: "
             f"{'not measured' if ours is None else f'{ours:.1f}x faster'} (goal: {t.get('goal', 'none recorded')})")
 
 
@@ -300,8 +296,8 @@ def nemo_comparison_table(record: dict[str, Any]) -> pd.DataFrame:
             continue
         shape = (r["model"], r["dtype"], r["batch"], r["frames"])
         target = targets.get(r["model"])
-        torch_stages = {} if judged == OLD_TARGET_METHOD else {
-            "ours torch stages full graph (ms)": _round(ms.get((*shape, OLD_TARGET_METHOD), math.nan))}
+        torch_stages = {} if judged == TORCH_FULL else {
+            "ours torch stages full graph (ms)": _round(ms.get((*shape, TORCH_FULL), math.nan))}
         out.append({"model": r["model"], "dtype": r["dtype"], "audio_s": r["audio_seconds"], "B": r["batch"],
                     "ours full graph (ms)": _round(ms[(*shape, judged)]), **torch_stages,
                     "NeMo full graph (ms)": _round(ms.get((*shape, "NeMo full graph"), math.nan)),
@@ -349,20 +345,19 @@ def _sizes_at_target(t: dict[str, Any]) -> str:
     return f"{rows - len(t.get('speedup_vs_nemo_missed', []))} of {rows} sizes"
 
 
-def summary_lines(figures: dict[str, Any]) -> list[str]:
+def summary_lines(figures: DecodingFigures) -> list[str]:
     """The record's lines in benchmarks/SUMMARY.md."""
     t = figures["targets"]
     out = []
     judged = target_method(figures)
-    ours_name = judged if "target_method" in t else "full graph"  # an older record's lines read as they did
     if figures.get("peer"):
         for model, label in (("rnnt", "RNN-T"), ("tdt", "TDT")):
             ours, theirs = t.get(f"{model}_full_s"), t.get(f"nemo_{model}_full_s")
             if ours and theirs:
-                out.append(f"- B=16, 12 s, fp32: {label} {ours_name} {ours * 1e3:.2f} ms, NeMo's "
+                out.append(f"- B=16, 12 s, fp32: {label} {judged} {ours * 1e3:.2f} ms, NeMo's "
                            f"{theirs * 1e3:.2f} ms ({times_faster(theirs / ours, 'NeMo')})")
         missed = t.get("speedup_vs_nemo_missed", [])
-        out.append(f"- {'our full graph' if ours_name == 'full graph' else judged} against NeMo's ({t.get('goal', '')}): "
+        out.append(f"- {judged} against NeMo's ({t.get('goal', '')}): "
                    f"{_sizes_at_target(t)} meet the target" + (f"; below: {'; '.join(missed)}" if missed else ""))
         not_judged = t.get("sizes_not_judged", [])
         if not_judged:
@@ -379,8 +374,8 @@ def summary_lines(figures: dict[str, Any]) -> list[str]:
         out += [f"  - {line}" for line in difference_lines(figures)]
     elif None not in (t.get("rnnt_full_s"), t.get("tdt_full_s"), t.get("full_speedup_vs_frame_looping_off_rnnt")):
         frame = times_faster(t["full_speedup_vs_frame_looping_off_rnnt"], "frame-looping off")
-        out.append(f"- B=16, 12 s, fp32: RNN-T {ours_name} {t['rnnt_full_s'] * 1e3:.2f} ms, TDT {ours_name} "
-                   f"{t['tdt_full_s'] * 1e3:.2f} ms; RNN-T {ours_name} {frame}")
+        out.append(f"- B=16, 12 s, fp32: RNN-T {judged} {t['rnnt_full_s'] * 1e3:.2f} ms, TDT {judged} "
+                   f"{t['tdt_full_s'] * 1e3:.2f} ms; RNN-T {judged} {frame}")
     for r in figures["rows"]:
         if r.get("batch") == 16 and r.get("frames") == 150 and "time_s" in r:
             extra = f", token disagreement {r['token_disagreement']:.3f}" if "token_disagreement" in r else ""

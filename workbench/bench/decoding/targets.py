@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 from workbench.bench.decoding.methods import method_name, own_window
 
-MIN_SPEEDUP_OVER_FRAME_LOOPING = 10.0  # the target: full graph vs frame-looping off, B=16, 12 s, fp32
+MIN_SPEEDUP_OVER_FRAME_LOOPING = 10.0  # the target: full graph vs frame-looping off, B=16, 12 s, fp32
 MIN_SPEEDUP_OVER_NEMO = {"rnnt": 4.0, "tdt": 2.0}  # our full graph over NeMo's, every B, length and dtype
 
 

@@ -132,7 +132,7 @@ def _ratio(a, b) -> float | None:
 
 
 def targets(figures: dict) -> dict:
-    """The issue's targets, each True / False, or None where the figures to decide are missing."""
+    """The targets, each True / False, or None where the figures to decide are missing."""
     r = ratios(figures) if "ratios" not in figures else figures["ratios"]
     compared = [x for x in r["ours_over_torchaudio"] if x["time"] is not None]
 
@@ -186,7 +186,7 @@ def summary_lines(figures: dict) -> list[str]:
     for step in figures["chunked"]:
         out.append(f"- {step['model']} {step['dtype']} B={step['batch_size']} {step['duration_s']:g} s "
                    f"U={step['num_tokens']} joint_chunk_size={step['joint_chunk_size']}: {_step_result(step)}")
-    out += [f"- {rows_line(c)}" for c in figures.get("rows", [])]  # records before the tiles have none
+    out += [f"- {rows_line(c)}" for c in figures.get("rows", [])]  # absent when the rows part did not run
     out.append(f"- targets: {figures['targets']}")
     out.append(f"- failures: {figures['failures'] or 'none'}")
     return out

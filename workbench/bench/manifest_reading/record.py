@@ -27,7 +27,7 @@ def _spread(s: Mapping[str, float]) -> str:
     return f"{s['median']:.4g} s ({s['min']:.4g}-{s['max']:.4g}, n={s.get('n', '?')})"
 
 
-def summary_lines(figures: Mapping[str, Any]) -> list[str]:
+def summary_lines(figures: ManifestReadingFigures) -> list[str]:
     """The record's lines in benchmarks/SUMMARY.md."""
     return [f"- read_cut_arrays: {_spread(figures['workbench_read_cut_arrays_s'])}; lhotse from_jsonl_lazy: "
             f"{_spread(figures['lhotse_from_jsonl_lazy_s'])}; {times_faster(figures['speedup_vs_lhotse'])} "

@@ -3,47 +3,27 @@
 ``figures["steps"]``: one row per (model, dtype, shape) with ``step_s`` (seconds of one training step:
 median, min, max, n), ``peak_bytes`` (None off a GPU), ``audio_s_per_s`` (batch x seconds / median step),
 ``shape_source`` ("fixed": the bench's own shapes; "profile": a bucket of an OOMptimizer 2D profile, with
-``profile_bucket`` {"record", "index"}) and, in records since MFU was measured, ``flops`` (one
-forward+backward, torch.utils.flop_counter), ``mfu`` (flops / median step / ``figures["matmul"]
-["flops_per_s"]``), ``kernel_s`` (summed device time of one profiled step's kernels) and ``gpu_busy``
+``profile_bucket`` {"record", "index"}), ``flops`` (one forward+backward, torch.utils.flop_counter),
+``mfu`` (flops / median step / ``figures["matmul"]["flops_per_s"]``), ``kernel_s`` (summed device time of one profiled step's kernels) and ``gpu_busy``
 (kernel_s / median step), each None when not measured (``gpu_busy_note`` says why); ``parameters``:
 model -> count; ``bf16_vs_fp32``: ratios per model and fixed shape; ``profile_shapes``: {"shapes": model
 -> the profile shapes measured, "skipped": model -> why it has none}; ``rnnt_loss_vs_torchaudio``: our
 loss and gradient against torchaudio's on the same logits, and their times. ``kernels`` (with --kernels):
 model -> one profiled bf16 step at ``params["kernel_shape"]``: ``device``, ``total_s`` (summed self time
 of every kernel: device time on a GPU, CPU operator time off one), ``top`` (rows of ``name``, ``self_s``,
-``share`` of that total, ``calls``), or ``oom`` / ``error``. Older records lack the MFU fields, the
-profile rows and ``shape_source`` (every row of theirs is fixed); every reading here takes them as absent.
+``share`` of that total, ``calls``), or ``oom`` / ``error``. A step that did not run has ``oom`` or
+``error`` in place of the timed fields.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence, TypedDict
+from typing import Any, Mapping, Sequence
 
 from workbench.bench.results import times_faster
 from workbench.units import GiB
 
 NAME = "models"
-BEFORE_LEAN_STEP = "models_before_lean_step"  # the record of the step before the lean-step changes
-MFU_TARGETS = {"xl-aed": 0.45, "large-rnnt": 0.25, "large-tdt": 0.25}  # issue 15, at profile shapes
-
-
-class StepRow(TypedDict, total=False):
-    model: str
-    dtype: str  # "bf16" (autocast) or "fp32"
-    batch_size: int
-    duration_s: float
-    num_tokens: int
-    step_s: dict[str, float]  # results.summarize() of one step's seconds
-    peak_bytes: int | None
-    audio_s_per_s: float
-    shape_source: str  # "fixed" or "profile" (absent in older records: fixed)
-    profile_bucket: dict[str, Any]  # profile rows: {"record": file name, "index": bucket index}
-    flops: float | None  # one forward+backward
-    mfu: float | None  # 0.25 is 25 %
-    kernel_s: float | None
-    gpu_busy: float | None
-    oom: bool
+MFU_TARGETS = {"xl-aed": 0.45, "large-rnnt": 0.25, "large-tdt": 0.25}  # bf16, at the profile's shapes
 
 
 def _spread(s: Mapping[str, float], scale: float = 1.0, unit: str = "s") -> str:
@@ -69,7 +49,7 @@ def shape_text(r: Mapping[str, Any]) -> str:
 
 
 def utilization_text(r: Mapping[str, Any]) -> str:
-    """", MFU 4.1 %, GPU busy 41.0 %" for a row that has the fields ("-" where None), "" for older rows."""
+    """", MFU 4.1 %, GPU busy 41.0 %" ("-" where None); a field the row lacks is left out."""
     out = f", MFU {_percent(r['mfu'])}" if "mfu" in r else ""
     return out + (f", GPU busy {_percent(r['gpu_busy'])}" if "gpu_busy" in r else "")
 
@@ -90,11 +70,8 @@ def audio_per_second(r: Mapping[str, Any]) -> float:
 
 def mfu_target_lines(figures: Mapping[str, Any], targets: Mapping[str, float] = MFU_TARGETS) -> list[str]:
     """One line per model with an MFU target in the record: its bf16 MFU at each profile shape against the
-    target, met when every profile shape reaches it; "not judged" when it has no profile row with MFU.
-    Empty for a record from before MFU was measured (no "matmul" rate, no row with "mfu")."""
+    target, met when every profile shape reaches it; "not judged" when it has no profile row with MFU."""
     out = []
-    if "matmul" not in figures and not any("mfu" in r for r in figures["steps"]):
-        return out
     for model, target in targets.items():
         if model not in figures.get("parameters", {}):
             continue
@@ -193,7 +170,7 @@ def table_lines(figures: Mapping[str, Any]) -> list[str]:
     for r in figures["bf16_vs_fp32"]:
         b, f = (next(x for x in rows if x["model"] == r["model"] and x["batch_size"] == r["batch_size"]
                      and x["duration_s"] == r["duration_s"] and x["dtype"] == dtype
-                     and x.get("shape_source", "fixed") == "fixed") for dtype in ("bf16", "fp32"))
+                     and x["shape_source"] == "fixed") for dtype in ("bf16", "fp32"))
         out.append(f"{r['model']:<11} {params[r['model']] / 1e6:>7.1f}M {r['batch_size']:>3} {r['duration_s']:>5g} "
                    f"{b['num_tokens']:>4} {b['step_s']['median'] * 1e3:>9.1f} {f['step_s']['median'] * 1e3:>9.1f} "
                    f"{r['fp32_over_bf16_time']:>9.2f} {_gib(b['peak_bytes']):>9} {_gib(f['peak_bytes']):>9} "
@@ -211,48 +188,8 @@ def table_lines(figures: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def compile_speedups(eager: Mapping[str, Any], compiled: Mapping[str, Any]) -> list[dict]:
-    """Per model, dtype and shape timed in both figures: eager step time / compiled step time."""
-    def key(r):
-        return r["model"], r["dtype"], r["batch_size"], r["duration_s"], r["num_tokens"]
-
-    timed = {key(r): r["step_s"]["median"] for r in compiled["steps"] if "step_s" in r}
-    return [{"model": r["model"], "dtype": r["dtype"], "batch_size": r["batch_size"], "duration_s": r["duration_s"],
-             "eager_over_compiled_time": r["step_s"]["median"] / timed[key(r)]}
-            for r in eager["steps"] if "step_s" in r and key(r) in timed]
-
-
-def lean_step_lines(eager: Mapping[str, Any] | None, compiled: Mapping[str, Any] | None,
-                    commits: tuple[str, str] | None = None) -> list[str]:
-    """Notebook 02's view of the step (figures of ``models`` and ``models_compile``, either may be None):
-    the kernel table of each, then the compiled step's speed against the eager one, unless ``commits`` (the
-    two records' git commits) differ: then the step itself changed between them, and a line says so."""
-    out = []
-    for label, figures in (("eager", eager), ("compiled encoder", compiled)):
-        if figures is None:
-            continue
-        if figures.get("kernels"):
-            out += [f"top kernels, {label}:", *kernel_table_lines(figures["kernels"])]
-        else:
-            out.append(f"{label}: no kernel table in this record (the bench ran without --kernels)")
-    if eager is not None and compiled is not None and commits and commits[0] != commits[1]:
-        out.append(f"compiled encoder: not set against eager (the records were made at commits {commits[0][:12]} "
-                   f"and {commits[1][:12]}; the step may differ: rerun both in one call)")
-    elif eager is not None and compiled is not None:
-        out += [f"{s['model']} {s['dtype']} B={s['batch_size']} {s['duration_s']:g} s: compiled encoder "
-                f"{times_faster(s['eager_over_compiled_time'], 'eager')}" for s in compile_speedups(eager, compiled)]
-    return out
-
-
-def lean_step_record_lines(eager: Mapping[str, Any] | None, compiled: Mapping[str, Any] | None) -> list[str]:
-    """:func:`lean_step_lines` of two whole records (``models``, ``models_compile``; either may be None), with
-    their commits."""
-    commits = (eager["git_commit"], compiled["git_commit"]) if eager and compiled else None
-    return lean_step_lines(eager and eager["figures"], compiled and compiled["figures"], commits)
-
-
 def _row_key(r: Mapping[str, Any]) -> tuple:
-    return (r["model"], r["dtype"], r.get("shape_source", "fixed"), r["batch_size"], r["duration_s"], r["num_tokens"])
+    return (r["model"], r["dtype"], r["shape_source"], r["batch_size"], r["duration_s"], r["num_tokens"])
 
 
 def before_after_rows(before: Mapping[str, Any], after: Mapping[str, Any], *, paired_only: bool = False) -> list[dict]:

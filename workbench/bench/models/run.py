@@ -377,7 +377,7 @@ def torchaudio_check(failures: list[str], *, device: torch.device, shape=LOSS_SH
 def bf16_vs_fp32(rows: list[dict]) -> list[dict]:
     """fp32 / bf16 ratios of step time and peak memory (None off a GPU) per model and fixed shape."""
     ratios = []
-    fixed = [r for r in rows if r.get("shape_source", "fixed") == "fixed"]
+    fixed = [r for r in rows if r["shape_source"] == "fixed"]
     for bf16 in (r for r in fixed if r["dtype"] == "bf16" and "step_s" in r):
         match = [r for r in fixed if r["dtype"] == "fp32" and "step_s" in r and r["model"] == bf16["model"]
                  and r["batch_size"] == bf16["batch_size"] and r["duration_s"] == bf16["duration_s"]]

@@ -6,8 +6,8 @@ in one run.
         --time-limit-s 240
 
 Writes ``oomptimizer_rnnt_chunked.json`` (``oomptimizer_rnnt_chunked_START_STOP.json`` when ``--buckets``
-picks buckets START..STOP-1: the other buckets get batch size None): both searches (record.SearchFigures,
-each with its probe and budget), and each search's sizes against the committed ``oomptimizer.json``'s rnnt
+picks buckets START..STOP-1: the other buckets get batch size None): both searches (a search's figures, as
+the record module's docstring lists them, each with its probe and budget), and each search's sizes against the committed ``oomptimizer.json``'s rnnt
 predictive ones (``across_runs``, ``chunked_across_runs``; fixed at run time, since that record may be
 rerun; its commit is in the label). The reader derives per bucket the chunked / unchunked batch size ratio
 with its min/median/max, the buckets at >= 2x and the target line (:func:`ratio_figures`, through
@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 from workbench.bench.results import summarize
 
-TARGET_RATIO = 2.0  # the issue's target: chunked batch size >= 2x the unchunked one at every bucket
+TARGET_RATIO = 2.0  # the target: chunked batch size >= 2x the unchunked one at every bucket
 UNCHUNKED_SHARE = 0.45  # of --time-limit-s for the unchunked search (the chunked one probes larger batches)
 REFERENCE = "oomptimizer"  # the committed record whose rnnt predictive sizes the unchunked run is set against
 

@@ -2,18 +2,25 @@
 
 ``oomptimizer.json`` and ``oomptimizer_aed.json``: ``figures["rnnt"]`` and ``figures["aed"]``, each with
 the model, its buckets ``[(duration s, tokens)]`` and per search (``predictive``, ``bisect``,
-``comparison``, ``ddp_accounting``) a :class:`SearchFigures`; RNN-T also ``true_max`` per bucket index and
-the ``soak`` report. ``oomptimizer_ddp.json``: ``figures["predictive"]`` of a torchrun run on
-``world_size`` GPUs. ``oomptimizer_rnnt_chunked.json`` (``part`` "rnnt-chunked"): the buckets, the
-``unchunked`` and ``chunked`` SearchFigures (batch size None for a bucket not searched) each with its
-``joint_chunk_size``, ``probe`` and ``budget_bytes``, and ``across_runs`` (chunked.across_runs); the
-chunked / unchunked comparison is derived when read (:func:`chunked_comparison`).
-"""
+``comparison``, ``ddp_accounting``) a search's figures (below); RNN-T also ``true_max`` per bucket index
+and the ``soak`` report. ``oomptimizer_ddp.json``: ``figures["predictive"]`` of a torchrun run on
+``world_size`` GPUs; ``oomptimizer_ddp_one_gpu.json``: a one-GPU record of the same training step whose
+``ddp_accounting`` search the DDP run is set against. ``oomptimizer_rnnt_chunked.json`` (``part``
+"rnnt-chunked"): the buckets, the ``unchunked`` and ``chunked`` searches (batch size None for a bucket not
+searched) each with its ``joint_chunk_size``, ``probe`` and ``budget_bytes``, and ``across_runs``
+(chunked.across_runs); the chunked / unchunked comparison is derived when read (:func:`chunked_comparison`).
 
+A search's figures: ``batch_sizes`` (one per bucket, each probed successfully; None: not searched, time
+limit), ``stopped`` (only when the search stopped at its time limit: how many buckets it searched),
+``probes``, ``ooms``, ``probes_per_bucket``, ``seconds`` (wall time), ``all_returned_probed``,
+``leftover_bytes`` (allocated bytes after the search minus before; None: not measurable),
+``probe_seconds`` (results.summarize() of one probe's seconds) and ``trace`` (rows of bucket index, batch
+size, peak bytes or None for an OOM, predicted bytes).
+"""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, TypedDict
+from typing import Any, Mapping
 
 import pandas as pd
 
@@ -24,29 +31,16 @@ from workbench.oomptimizer.plots import (bucket_label, meaning_of_search, plot_b
 from workbench.oomptimizer.run import describe_soak
 from workbench.units import GiB
 
-NAME = "oomptimizer"  # oomptimizer.json, oomptimizer_aed.json, oomptimizer_ddp.json, oomptimizer_rnnt_chunked.json
+NAME = "oomptimizer"  # every oomptimizer*.json but the chunked ones
 CHUNKED_NAME = "oomptimizer_rnnt_chunked"  # --part rnnt-chunked (chunked.py)
-# oomptimizer.json and oomptimizer_aed.json as they were before the lean step (21cbce1: the sizes issue 15 started from)
-BEFORE_LEAN_STEP_RECORDS = {"rnnt": "oomptimizer_before_lean_step", "aed": "oomptimizer_aed_before_lean_step"}
+# the one-GPU search with DDP's gradient buckets accounted, of the same training step as oomptimizer_ddp.json
+DDP_ONE_GPU_NAME = "oomptimizer_ddp_one_gpu"
 CHUNKED_PART = "rnnt-chunked"
 
 
 def chunked_name(start: int, stop: int, num_buckets: int) -> str:
     """The chunked record's name: CHUNKED_NAME over every bucket, else CHUNKED_NAME_START_STOP."""
     return CHUNKED_NAME if (start, stop) == (0, num_buckets) else f"{CHUNKED_NAME}_{start}_{stop}"
-
-
-class SearchFigures(TypedDict, total=False):
-    batch_sizes: list[int | None]  # one per bucket, each probed successfully (None: not searched, time limit)
-    stopped: str  # only when the search stopped at its time limit: how many buckets it searched
-    probes: int
-    ooms: int
-    probes_per_bucket: float
-    seconds: float  # wall time of the search
-    all_returned_probed: bool
-    leftover_bytes: int | None  # allocated bytes after the search minus before (None: not measurable)
-    probe_seconds: dict[str, float]  # results.summarize() of one probe's seconds
-    trace: list[list]  # [bucket index, batch size, peak bytes or None for an OOM, predicted bytes]
 
 
 def _search_line(label: str, r: Mapping[str, Any]) -> str:
@@ -56,7 +50,7 @@ def _search_line(label: str, r: Mapping[str, Any]) -> str:
 
 def part_runs(part: Mapping[str, Any]) -> dict[str, dict]:
     """label -> search figures of one model's part, those that ran: the profile's predictive search, both
-    strategies on the compared buckets (or on all of them in records without a comparison), and the DDP
+    strategies on the compared buckets (on all of them where the part has no comparison, as xl-aed), and the DDP
     accounting."""
     comparison = part.get("comparison", {})
     runs = {"predictive, all buckets": part.get("predictive")}
@@ -268,54 +262,6 @@ def rnnt_figures(record: Mapping[str, Any]) -> list:
                                      title=f"{model}: probes per bucket, {len(comparison['bucket_indices'])} of "
                                            f"{len(bs)} buckets",
                                      buckets=[bs[i] for i in comparison["bucket_indices"]])]
-
-
-def growth_rows(before: Mapping[str, Any], after: Mapping[str, Any], part: str = "rnnt") -> list[dict]:
-    """Per bucket of ``part`` ("rnnt" or "aed"), the profile's (predictive) batch size in the ``before`` and
-    ``after`` records and after / before; [] when either record lacks the part or their buckets differ."""
-    old, new = before["figures"].get(part, {}), after["figures"].get(part, {})
-    if "predictive" not in old or "predictive" not in new or buckets(old) != buckets(new):
-        return []
-    sizes = old["predictive"]["batch_sizes"], new["predictive"]["batch_sizes"]
-    ratios = chunked.ratio_figures(*sizes, buckets(new))["ratios"]
-    return [{"bucket": i, "duration_s": duration, "tokens": int(tokens), "before": b, "after": a,
-             "after_over_before": ratio}
-            for i, ((duration, tokens), b, a, ratio) in enumerate(zip(buckets(new), *sizes, ratios))]
-
-
-def _commit(record: Mapping[str, Any], digits: int = 12) -> str:
-    return str(record.get("git_commit", "?"))[:digits]
-
-
-def growth_lines(before: Mapping[str, Any], after: Mapping[str, Any],
-                 target: float = chunked.TARGET_RATIO) -> list[str]:
-    """One line per part both records searched: after / before batch sizes (min, median, max) and the buckets
-    at >= ``target``x (:func:`chunked.ratio_figures`), each record named by its commit; or why the part cannot
-    be compared."""
-    out = []
-    for part in ("rnnt", "aed"):
-        old, new = before["figures"].get(part, {}), after["figures"].get(part, {})
-        if "predictive" not in old or "predictive" not in new:
-            continue  # a part not searched in one of them
-        label = f"{part} profile batch sizes at {_commit(after)} / at {_commit(before)}"
-        if buckets(old) != buckets(new):
-            out.append(f"- {label}: not comparable (other buckets)")
-            continue
-        r = chunked.ratio_figures(old["predictive"]["batch_sizes"], new["predictive"]["batch_sizes"], buckets(new),
-                                  target)
-        out.append(f"- {label} over {r['compared']} buckets: {_spread(r)}; >= {target:g}x at "
-                   f"{len(r['at_least_target'])} of {r['compared']}")
-    return out
-
-
-def growth_table(before: Mapping[str, Any], after: Mapping[str, Any], part: str = "rnnt") -> pd.DataFrame:
-    """growth_rows as a table for notebook 02 (each size's column names its commit; ratios to 2 decimals)."""
-    table = pd.DataFrame(growth_rows(before, after, part))
-    if table.empty:
-        return table
-    table = table.rename(columns={"duration_s": "duration s", "before": f"before ({_commit(before, 7)})",
-                                  "after": f"after ({_commit(after, 7)})", "after_over_before": "after / before"})
-    return table.round({"duration s": 2, "after / before": 2})
 
 
 # Notebook 02's reading of the records: sentences built from the figures, tables with human columns.

@@ -104,9 +104,9 @@ def rnnt_bins(num_buckets: int = 15, num_subbuckets: int = 2, max_duration: floa
 
 def run_search(probe, buckets, strategy: str, max_batch_size: int, *, stop_at: float | None = None,
                only: range | None = None) -> dict:
-    """One search's figures (record.SearchFigures). ``stop_at`` (a ``time.perf_counter()`` value): no new
-    bucket starts after it; the buckets not searched get batch size None and ``stopped`` says so.
-    ``only``: search just these bucket indices (the others get None); sizes and trace keep the full
+    """One search's figures (their fields: the record module's docstring). ``stop_at`` (a
+    ``time.perf_counter()`` value): no new bucket starts after it; the buckets not searched get batch size
+    None and ``stopped`` says so. ``only``: search just these bucket indices (the others get None); sizes and trace keep the full
     list's indices."""
     only = range(len(buckets)) if only is None else only
     release_memory()
@@ -395,8 +395,8 @@ def aed_part(parts: Parts) -> None:
 
 
 def chunked_search(parts: Parts, label: str, joint_chunk_size: int, stop_at: float) -> dict:
-    """One predictive search on the model with that joint chunking (built for it, freed after): its
-    SearchFigures with the joint chunk size, the probe's class and its budget (bytes)."""
+    """One predictive search on the model with that joint chunking (built for it, freed after): a search's
+    figures (the record module's docstring) with the joint chunk size, the probe's class and its budget (bytes)."""
     args, fig = parts.args, parts.figures
     model = probe = None
     try:

@@ -160,7 +160,7 @@ def checks(figures: Mapping[str, Any]) -> dict[str, bool]:
 
 
 def targets(figures: Mapping[str, Any]) -> list[str]:
-    """The issue's targets, met or missed, with the numbers: judged on the same-wall-time part when there is
+    """The targets, met or missed, with the numbers: judged on the same-wall-time part when there is
     one (else the only part); the other part's ratios are listed beside them."""
     lines = []
     aed = figures.get("model", "").endswith("aed")
