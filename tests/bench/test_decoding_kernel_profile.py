@@ -115,7 +115,7 @@ def test_only_fp32_sizes_of_the_profile_batches_at_the_profile_frames_are_profil
 
 
 def _figures(rows):
-    return {"rows": rows, "targets": {}, "failures": [], "skipped_for_time": [],
+    return {"rows": rows, "targets": {"target_method": "label-looping fused full"}, "failures": [], "skipped_for_time": [],
             "empty_while_iteration": {"seconds_per_iteration": 4e-6}}
 
 
@@ -125,7 +125,7 @@ def _timed_row(**extra):
             "audio_s_per_s": 9600.0, "labels_per_frame": 0.333, **extra}
 
 
-def test_rows_without_a_kernel_profile_render_as_before():
+def test_rows_without_a_kernel_profile_render_no_profile_lines():
     figures = _figures([_timed_row()])
     assert plots.kernel_profile_lines(figures) == []
     assert not any("kernel profile" in line for line in plots.summary_lines(figures))
