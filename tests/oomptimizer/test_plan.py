@@ -3,6 +3,7 @@
 import os
 import resource
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -135,6 +136,15 @@ def test_cli_writes_a_planned_profile(tmp_path, capsys):
     assert meta["budget_bytes"] == int(0.9 * 256 * MiB - 16 * MiB)
     assert profile.allocator_settings == "expandable_segments:True"
     assert "planned:" in capsys.readouterr().out
+
+
+def test_cli_plans_a_model_that_keeps_the_contract(tmp_path):
+    bins = _bins(tmp_path, [(2.0, 20)])
+    spec = f"{Path(__file__).with_name('oomptimizer_toy_model.py')}:ToyTransducerLike"
+    assert main(["oomptimize", "--model", spec, "--bins", str(bins), "--plan", "--gpu-memory", "1GiB",
+                 "--plan-margin", "64MiB"]) == 0
+    profile = load_profile(bins)
+    assert profile.metadata["planned"] is True and profile.bucket_batch_size[0] > 1
 
 
 @pytest.mark.parametrize("options, error", [

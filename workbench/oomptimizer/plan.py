@@ -178,7 +178,7 @@ def build_fake_user_model(spec: str, fake_mode: FakeTensorMode):
     from workbench.adapters import build_model_from_spec
 
     with fake_mode:
-        return build_model_from_spec(spec, "cpu")  # a factory that fails is a one-line ModelContractError
+        return build_model_from_spec(spec, None)  # a factory that fails is a one-line ModelContractError
 
 
 class StepTracer:
