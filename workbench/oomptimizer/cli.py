@@ -21,12 +21,14 @@ def register(sub) -> None:
         "oomptimize", help="find the largest batch size per bucket that fits on the GPU",
         description="Find, per bucket of a profile, the largest batch size whose training step fits in GPU\n"
                     "memory (real forward/backward/optimizer steps on this CUDA GPU), and write the batch\n"
-                    "sizes into the profile. Needs a CUDA GPU.",
+                    "sizes into the profile. Needs a CUDA GPU; with --plan and --gpu-memory, none (the peaks are\n"
+                    "predicted from a fake trace of the step on torch's ops).",
         epilog="examples:\n"
                "  workbench oomptimize --model large-rnnt --bins work/demo/profile.yaml\n"
                "  workbench oomptimize --model xl-tdt --bins bins.yaml --out profile.yaml --validate --nproc 4\n"
                "  workbench oomptimize --model ./model.py:build --bins bins.yaml --memory-fraction 0.8 "
-               "--strategy bisect",
+               "--strategy bisect\n"
+               "  workbench oomptimize --model large-rnnt --bins bins.yaml --plan --gpu-memory h100-80gb",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True,
                    help="a reference model (e.g. large-rnnt), an adapter (torchaudio-emformer-rnnt, hf-whisper, "

@@ -108,7 +108,7 @@ class DeviceMemoryTracker(TorchDispatchMode):
         self.small_bytes = self.large_bytes = 0
         self.peak_allocated_bytes = self.peak_reserved_bytes = 0
         self.host_reads = 0
-        self.last_op = ""
+        self.last_op = None  # the op dispatched last, named when a trace fails
 
     @property
     def allocated_bytes(self) -> int:
@@ -140,12 +140,12 @@ class DeviceMemoryTracker(TorchDispatchMode):
         self.peak_reserved_bytes = max(self.peak_reserved_bytes, reserved_bytes(self.small_bytes, self.large_bytes))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.last_op = str(func)
+        self.last_op = func
         if func is torch.ops.aten._local_scalar_dense.default:
             self.host_reads += 1
             return 1.0 if args[0].dtype.is_floating_point else 0
         out = func(*args, **(kwargs or {}))
-        for value in tree_flatten(out)[0]:
+        for value in (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]:
             if isinstance(value, torch.Tensor):
                 self.track(value)
         return out
