@@ -74,6 +74,13 @@ def test_predicted_peak_grows_with_batch_size_and_duration(tiny):
     assert small.peak_reserved_bytes >= small.peak_allocated_bytes
 
 
+@pytest.mark.parametrize("name", ["tiny-tdt", "tiny-ctc", "tiny-aed"])
+def test_every_head_traces(name):
+    fake_mode = new_fake_mode()
+    tracer = StepTracer(build_fake_reference_model(name, fake_mode), fake_mode)
+    assert tracer.trace((4.0, 20), 4).peak_allocated_bytes < tracer.trace((4.0, 20), 8).peak_allocated_bytes
+
+
 def test_a_fake_trace_takes_no_real_memory(tiny):
     _, _, tracer = tiny
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB

@@ -17,6 +17,8 @@ What the trace can and cannot see:
 - A value read back to the host (``.item()``, ``.tolist()``, ``if tensor:``) has no data to read: it reads
   as 0 for integers and booleans (the input checks' counts of bad values) and 1.0 for floats (AdamW's step
   count). ``host_reads`` counts them.
+- CTC's lengths are taken from the padded shapes (the worst case of a bucket), as its output's shape
+  depends on the longest target.
 - cuBLAS and cuDNN workspaces, and the allocator's fragmentation, are not traced: the margin covers them.
 """
 
@@ -144,11 +146,21 @@ class DeviceMemoryTracker(TorchDispatchMode):
         if func is torch.ops.aten._local_scalar_dense.default:
             self.host_reads += 1
             return 1.0 if args[0].dtype.is_floating_point else 0
-        out = func(*args, **(kwargs or {}))
+        if func in (torch.ops.aten._ctc_loss.Tensor, torch.ops.aten._ctc_loss.default):
+            out = _ctc_loss_outputs(*args)
+        else:
+            out = func(*args, **(kwargs or {}))
         for value in (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]:
             if isinstance(value, torch.Tensor):
                 self.track(value)
         return out
+
+
+def _ctc_loss_outputs(log_probs, targets, *_):
+    """CTC's outputs (losses [B], alphas [B, T, 2 S + 1]) for targets as long as their padded width S: the
+    shape depends on the longest target, which a fake tensor cannot read (a bucket's worst case is that)."""
+    frames, batch = log_probs.shape[0], log_probs.shape[1]
+    return log_probs.new_empty(batch), log_probs.new_empty(batch, frames, 2 * targets.shape[-1] + 1)
 
 
 @dataclass
