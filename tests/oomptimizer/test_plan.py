@@ -154,6 +154,16 @@ def test_cli_plans_a_model_that_keeps_the_contract(tmp_path):
     assert profile.metadata["planned"] is True and profile.bucket_batch_size[0] > 1
 
 
+def test_cli_a_model_that_cannot_be_traced_is_one_line_naming_the_operation(tmp_path, capsys):
+    bins = _bins(tmp_path, [(2.0, 20)])
+    out = tmp_path / "plan.yaml"
+    assert main(["oomptimize", "--model", f"{__file__}:Untraceable", "--bins", str(bins), "--out", str(out),
+                 "--plan", "--gpu-memory", "1GiB", "--plan-margin", "64MiB"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("workbench oomptimize: error: cannot trace the training step at 2 s / 20 tokens")
+    assert "aten.nonzero" in err and "\n" not in err and not out.exists()
+
+
 @pytest.mark.parametrize("options, error", [
     (["--plan", "--gpu-memory", "h300"], "--gpu-memory 'h300': not a GPU we know"),
     (["--plan", "--gpu-memory", "80 parsecs"], "--gpu-memory: '80 parsecs' is not a size"),
