@@ -30,7 +30,7 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -142,6 +142,8 @@ class DeviceMemoryTracker(TorchDispatchMode):
         self.peak_reserved_bytes = max(self.peak_reserved_bytes, reserved_bytes(self.small_bytes, self.large_bytes))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.prim.device.default and isinstance(args[0], FakeTensor):
+            return args[0].fake_device  # most calls of a trace: answered here, as the fake mode would
         self.last_op = func
         if func is torch.ops.aten._local_scalar_dense.default:
             self.host_reads += 1
