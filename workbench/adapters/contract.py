@@ -84,8 +84,9 @@ def _import_file(spec: str, path: Path):
     return module
 
 
-def build_model_from_spec(spec: str, device: torch.device | str) -> torch.nn.Module:
-    """Call the spec's factory, check the contract's methods, move the model to ``device``.
+def build_model_from_spec(spec: str, device: torch.device | str | None) -> torch.nn.Module:
+    """Call the spec's factory, check the contract's methods, move the model to ``device`` (None: leave it
+    where the factory built it).
 
     Raises :class:`ModelContractError` with one line for every way this can fail."""
     factory = load_model_factory(spec)
@@ -94,6 +95,8 @@ def build_model_from_spec(spec: str, device: torch.device | str) -> torch.nn.Mod
     except Exception as e:  # noqa: BLE001 - the user's code may raise anything
         raise ModelContractError(f"{spec}: calling {factory.__name__}() raised {_first_line(e)}") from None
     check_contract_methods(spec, model)
+    if device is None:
+        return model
     try:
         model = model.to(device)
     except Exception as e:  # noqa: BLE001 - a meta-device model, a device that is not there

@@ -21,12 +21,14 @@ def register(sub) -> None:
         "oomptimize", help="find the largest batch size per bucket that fits on the GPU",
         description="Find, per bucket of a profile, the largest batch size whose training step fits in GPU\n"
                     "memory (real forward/backward/optimizer steps on this CUDA GPU), and write the batch\n"
-                    "sizes into the profile. Needs a CUDA GPU.",
+                    "sizes into the profile. Needs a CUDA GPU; with --plan and --gpu-memory, none (the peaks are\n"
+                    "predicted from a fake trace of the step on torch's ops).",
         epilog="examples:\n"
                "  workbench oomptimize --model large-rnnt --bins work/demo/profile.yaml\n"
                "  workbench oomptimize --model xl-tdt --bins bins.yaml --out profile.yaml --validate --nproc 4\n"
                "  workbench oomptimize --model ./model.py:build --bins bins.yaml --memory-fraction 0.8 "
-               "--strategy bisect",
+               "--strategy bisect\n"
+               "  workbench oomptimize --model large-rnnt --bins bins.yaml --plan --gpu-memory h100-80gb",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True,
                    help="a reference model (e.g. large-rnnt), an adapter (torchaudio-emformer-rnnt, hf-whisper, "
@@ -63,6 +65,15 @@ def register(sub) -> None:
     p.add_argument("--compile", action="store_true",
                    help="probe with each encoder block compiled by torch.compile (as `workbench train --compile` "
                         "trains); recorded as metadata.compile")
+    p.add_argument("--plan", action="store_true",
+                   help="no GPU needed: predict each step's peak memory from a fake trace (torch's ops, no Triton "
+                        "kernels) and search against --gpu-memory; the profile records that it was planned")
+    p.add_argument("--gpu-memory", metavar="SIZE|NAME",
+                   help="with --plan: the GPU's memory, a size (80GiB, 80GB, 81920MiB) or a GPU's name "
+                        "(a100-40gb, a100-80gb, h100-80gb, h200, l40s)")
+    p.add_argument("--plan-margin", metavar="SIZE", default="1GiB",
+                   help="with --plan: memory kept free below the fraction for workspaces and fragmentation "
+                        "(default 1GiB)")
     p.set_defaults(func=run_oomptimize)
     register_check_model(sub)
 
@@ -79,6 +90,7 @@ def check_options(args) -> None:
         raise ValueError(f"--start-batch-size: must be >= 1, got {args.start_batch_size}")
     if args.nproc is not None and args.nproc < 1:
         raise ValueError(f"--nproc: must be >= 1 GPUs, got {args.nproc}")
+    check_plan_options(args)
     from workbench.adapters import user_model_spec  # torch loads with it: only when oomptimize runs
 
     if user_model_spec(args.model) is not None:
@@ -93,6 +105,31 @@ def check_options(args) -> None:
         if head in ("ctc", "aed"):
             raise ValueError(f"--joint-chunk-size: applies to transducers (rnnt, tdt) only, not to --model "
                              f"{args.model}")
+
+
+def check_plan_options(args) -> None:
+    """--plan needs --gpu-memory and no option that runs on a GPU; sets ``args.gpu_memory_bytes`` and
+    ``args.plan_margin_bytes``. One-line ValueErrors."""
+    if not args.plan:
+        for option, used in (("--gpu-memory", args.gpu_memory is not None), ("--plan-margin", args.plan_margin != "1GiB")):
+            if used:
+                raise ValueError(f"{option}: applies with --plan only")
+        return
+    for option, used in (("--validate", args.validate), ("--nproc", args.nproc is not None), ("--compile", args.compile)):
+        if used:
+            raise ValueError(f"{option}: runs on a GPU, so it cannot be combined with --plan")
+    if args.gpu_memory is None:
+        raise ValueError("--plan: needs --gpu-memory SIZE|NAME (e.g. 80GiB or h100-80gb)")
+    from workbench.oomptimizer.plan import gpu_memory_bytes, parse_size
+
+    args.gpu_memory_bytes = gpu_memory_bytes(args.gpu_memory)
+    try:
+        args.plan_margin_bytes = parse_size(args.plan_margin)
+    except ValueError as e:
+        raise ValueError(f"--plan-margin: {e}") from None
+    if args.plan_margin_bytes >= args.gpu_memory_bytes * args.memory_fraction:
+        raise ValueError(f"--plan-margin {args.plan_margin}: leaves nothing of --memory-fraction "
+                         f"{args.memory_fraction} x {args.gpu_memory}")
 
 
 def check_model_name(name: str) -> None:
@@ -118,6 +155,8 @@ def run_oomptimize(args) -> int:
     check_writable(args.out or bins_path)  # the profile is written after the GPU work: refuse a bad path now
     check_model_name(args.model)  # a wrong model name is a one-line error here, before any GPU work
     bins = load_profile(bins_path)  # so is a malformed profile file
+    if args.plan:
+        return run_plan(args, bins, bins_path)
     configure_allocator()  # before CUDA is initialized
     # torch and the modules that import it load here, so that the CLI's other commands start without them
     import torch
@@ -178,6 +217,33 @@ def run_oomptimize(args) -> int:
     if rank == 0:
         out = save_profile(args.out or bins_path, profile)
         print(f"wrote {out}")
+    return 0
+
+
+def run_plan(args, bins, bins_path: Path) -> int:
+    """`oomptimize --plan`: the search against predicted peaks, without a GPU (see oomptimizer/plan.py)."""
+    from workbench.adapters import user_model_spec
+    from workbench.models.model import DTYPES
+    from workbench.oomptimizer.plan import (build_fake_reference_model, build_fake_user_model, new_fake_mode,
+                                            plan_profile)
+
+    fake_mode = new_fake_mode()
+    spec = user_model_spec(args.model)
+    model = (build_fake_user_model(args.model, fake_mode) if spec is not None else
+             build_fake_reference_model(args.model, fake_mode, joint_chunk_size=args.joint_chunk_size))
+    print(f"oomptimize --plan {args.model}: {bins.num_buckets} buckets, {args.strategy}, {args.dtype}, "
+          f"{args.gpu_memory} ({args.gpu_memory_bytes / GiB:.2f} GiB) x {args.memory_fraction} - margin "
+          f"{args.plan_margin_bytes / GiB:.2f} GiB; traced on torch's ops")
+    t0 = time.perf_counter()
+    profile, result = plan_profile(model, fake_mode, args.model, bins, gpu_memory=args.gpu_memory,
+                                   memory_fraction=args.memory_fraction, margin_bytes=args.plan_margin_bytes,
+                                   dtype=DTYPES[args.dtype], ddp=args.ddp, strategy=args.strategy,
+                                   rel_gap=args.rel_gap, start_batch_size=args.start_batch_size,
+                                   merge=not args.no_merge)
+    print(f"planned: {result.num_probes} traced steps ({result.probes_per_bucket:.2f} per bucket) in "
+          f"{time.perf_counter() - t0:.1f} s; {profile.num_buckets} buckets after merging")
+    out = save_profile(args.out or bins_path, profile)
+    print(f"wrote {out}")
     return 0
 
 

@@ -88,17 +88,24 @@ def oomptimize(model: torch.nn.Module, model_name: str, bins: BucketProfile, *, 
     leftover = torch.cuda.memory_allocated() - probe.baseline_bytes
     if leftover != 0:
         raise RuntimeError(f"probes left {leftover} bytes allocated (baseline {probe.baseline_bytes})")
-    bin_list, batch_sizes, tps = list(bins.bucket_duration_bins), result.profile_batch_sizes(), bins.max_tps
-    if merge:
-        per_bucket_tps = tps if isinstance(tps, list) else None
-        bin_list, batch_sizes, merged_tps = merge_equal_buckets(bin_list, batch_sizes, per_bucket_tps)
-        tps = merged_tps if per_bucket_tps is not None else tps
     meta = gpu_metadata(model_name, dtype, memory_fraction, strategy=strategy, ddp=bool(ddp or world > 1),
                         joint_chunk_size=int(getattr(getattr(model, "config", None), "joint_chunk_size", 0)),
                         compile=compiled,
                         world_size=world, probes=result.num_probes, search_seconds=round(result.seconds, 2),
                         budget_bytes=int(probe.budget_bytes), unmerged_buckets=len(buckets))
-    return BucketProfile(bin_list, batch_sizes, tps, {**bins.metadata, **meta}, allocator_settings), result
+    return profile_with_batch_sizes(bins, result, meta, allocator_settings, merge=merge), result
+
+
+def profile_with_batch_sizes(bins: BucketProfile, result: SearchResult, metadata: dict, allocator_settings: str,
+                             *, merge: bool = True) -> BucketProfile:
+    """``bins`` with the batch sizes a search found (neighbours with equal sizes merged when ``merge``) and
+    ``metadata`` added to the bins' own."""
+    bin_list, batch_sizes, tps = list(bins.bucket_duration_bins), result.profile_batch_sizes(), bins.max_tps
+    if merge:
+        per_bucket_tps = tps if isinstance(tps, list) else None
+        bin_list, batch_sizes, merged_tps = merge_equal_buckets(bin_list, batch_sizes, per_bucket_tps)
+        tps = merged_tps if per_bucket_tps is not None else tps
+    return BucketProfile(bin_list, batch_sizes, tps, {**bins.metadata, **metadata}, allocator_settings)
 
 
 def soak_batch(model: torch.nn.Module, buckets: list[tuple[float, float]], i: int, batch_size: int,

@@ -1,0 +1,200 @@
+"""Planning without a GPU: the fake trace, its memory tracker, the planned search and `oomptimize --plan`."""
+
+import os
+import resource
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from workbench.bucketing.profile import BucketProfile, load_profile, save_profile
+from workbench.cli import main
+from workbench.oomptimizer.plan import (GPU_MEMORY_BYTES, DeviceMemoryTracker, PlanError, PlannedProbe, StepTracer,
+                                        build_fake_reference_model, gpu_memory_bytes, new_fake_mode, parse_size,
+                                        plan_profile)
+from workbench.oomptimizer.search import search_batch_sizes
+from workbench.units import GiB, MiB
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    fake_mode = new_fake_mode()
+    model = build_fake_reference_model("tiny-rnnt", fake_mode)
+    return model, fake_mode, StepTracer(model, fake_mode)
+
+
+@pytest.mark.parametrize("text, size", [("80GiB", 80 * GiB), ("80GB", 80 * 10**9), ("81920MiB", 80 * GiB),
+                                        ("1.5 GiB", 3 * GiB // 2), ("4096", 4096)])
+def test_sizes(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["80 parsecs", "GiB", "", "0GiB", "-1GiB"])
+def test_a_size_that_is_not_one_is_one_line(text):
+    with pytest.raises(ValueError) as e:
+        parse_size(text)
+    assert "\n" not in str(e.value)
+
+
+def test_gpu_names_and_sizes():
+    assert gpu_memory_bytes("H100-80GB") == GPU_MEMORY_BYTES["h100-80gb"]
+    assert gpu_memory_bytes("80GiB") == 80 * GiB
+    with pytest.raises(ValueError, match=r"^--gpu-memory 'h300': not a GPU we know \(a100-40gb, "):
+        gpu_memory_bytes("h300")
+    with pytest.raises(ValueError, match=r"^--gpu-memory: '80Gb/s' is not a size"):
+        gpu_memory_bytes("80Gb/s")
+
+
+def test_tracker_counts_blocks_as_the_caching_allocator_rounds_them():
+    tracker = DeviceMemoryTracker()
+    with new_fake_mode(), tracker:
+        a = torch.empty(1000, dtype=torch.uint8)  # 1000 -> 1024 bytes, small pool
+        b = torch.empty(3 * MiB, dtype=torch.uint8)  # large pool
+        view = b.view(3, MiB)  # a view holds no new block
+        assert tracker.allocated_bytes == 1024 + 3 * MiB
+        del a
+        c = torch.empty(100, dtype=torch.float32)  # 400 -> 512 bytes
+        assert tracker.allocated_bytes == 512 + 3 * MiB
+        del b, view
+        assert tracker.allocated_bytes == 512
+        d = torch.empty(0)  # no block for zero bytes
+        del c, d
+    assert tracker.allocated_bytes == 0
+    assert tracker.peak_allocated_bytes == 1024 + 3 * MiB
+    assert tracker.peak_reserved_bytes == 2 * MiB + 4 * MiB  # one small-pool page, two large-pool pages
+
+
+def test_predicted_peak_grows_with_batch_size_and_duration(tiny):
+    _, _, tracer = tiny
+    small = tracer.trace((2.0, 10), 2)
+    assert tracer.trace((2.0, 10), 4).peak_allocated_bytes > small.peak_allocated_bytes
+    assert tracer.trace((4.0, 10), 2).peak_allocated_bytes > small.peak_allocated_bytes
+    assert small.peak_allocated_bytes > small.state_bytes > 0
+    assert small.peak_reserved_bytes >= small.peak_allocated_bytes
+
+
+@pytest.mark.parametrize("name", ["tiny-tdt", "tiny-ctc", "tiny-aed"])
+def test_every_head_traces(name):
+    fake_mode = new_fake_mode()
+    tracer = StepTracer(build_fake_reference_model(name, fake_mode), fake_mode)
+    assert tracer.trace((4.0, 20), 4).peak_allocated_bytes < tracer.trace((4.0, 20), 8).peak_allocated_bytes
+
+
+def test_a_fake_trace_takes_no_real_memory(tiny):
+    _, _, tracer = tiny
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+    memory = tracer.trace((8.0, 16), 4096)  # gigabytes if it were real
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+    assert memory.peak_allocated_bytes > 4 * GiB and grown < 256 * MiB
+
+
+def test_planned_search_returns_sizes_that_fit(tiny):
+    model, fake_mode, _ = tiny
+    probe = PlannedProbe(model, fake_mode, 256 * MiB, memory_fraction=0.9, margin_bytes=16 * MiB)
+    result = search_batch_sizes([(4.0, 40)], probe, budget_bytes=probe.budget_bytes, start_batch_size=16)
+    assert result.batch_sizes[0] > 16
+    with pytest.raises(torch.OutOfMemoryError, match="^planned: batch size"):
+        probe((4.0, 40), int(result.batch_sizes[0] * 1.5))
+
+
+class Untraceable(torch.nn.Module):
+    """Keeps the model contract, but its step takes a shape from the data (nonzero)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 4)
+
+    def make_batch(self, batch_size, duration_s, num_tokens, device):
+        return {"audio": torch.randn(batch_size, 4, device=device)}
+
+    def training_step(self, batch, *, dtype=torch.float32):
+        out = self.layer(batch["audio"])
+        loss = out[out.nonzero(as_tuple=True)].sum()
+        loss.backward()
+        return loss.detach()
+
+
+def test_a_step_that_cannot_be_traced_names_the_operation():
+    fake_mode = new_fake_mode()
+    with fake_mode:
+        model = Untraceable()
+    with pytest.raises(PlanError) as e:
+        StepTracer(model, fake_mode).trace((1.0, 4), 2)
+    message = str(e.value)
+    assert message.startswith("cannot trace the training step at 1 s / 4 tokens, batch size 2: aten.nonzero")
+    assert "\n" not in message
+
+
+def _bins(tmp_path, bins=((2.0, 20), (4.0, 40))):
+    return save_profile(tmp_path / "bins.yaml", BucketProfile([list(b) for b in bins]))
+
+
+def test_cli_writes_a_planned_profile(tmp_path, capsys):
+    bins = _bins(tmp_path, [(4.0, 40)])
+    out = tmp_path / "plan.yaml"
+    assert main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(bins), "--out", str(out), "--plan",
+                 "--gpu-memory", "256MiB", "--plan-margin", "16MiB", "--start-batch-size", "16"]) == 0
+    profile = load_profile(out)
+    meta = profile.metadata
+    assert profile.bucket_batch_size[0] > 16 and meta["planned"] is True
+    assert meta["gpu_memory_bytes"] == 256 * MiB and meta["memory_fraction"] == 0.9
+    assert meta["plan"]["margin_bytes"] == 16 * MiB and "fake CPU device" in meta["plan"]["traced_path"]
+    assert meta["budget_bytes"] == int(0.9 * 256 * MiB - 16 * MiB)
+    assert profile.allocator_settings == "expandable_segments:True"
+    assert "planned:" in capsys.readouterr().out
+
+
+def test_cli_plans_a_model_that_keeps_the_contract(tmp_path):
+    bins = _bins(tmp_path, [(2.0, 20)])
+    spec = f"{Path(__file__).with_name('oomptimizer_toy_model.py')}:ToyTransducerLike"
+    assert main(["oomptimize", "--model", spec, "--bins", str(bins), "--plan", "--gpu-memory", "1GiB",
+                 "--plan-margin", "64MiB"]) == 0
+    profile = load_profile(bins)
+    assert profile.metadata["planned"] is True and profile.bucket_batch_size[0] > 1
+
+
+def test_cli_a_model_that_cannot_be_traced_is_one_line_naming_the_operation(tmp_path, capsys):
+    bins = _bins(tmp_path, [(2.0, 20)])
+    out = tmp_path / "plan.yaml"
+    assert main(["oomptimize", "--model", f"{__file__}:Untraceable", "--bins", str(bins), "--out", str(out),
+                 "--plan", "--gpu-memory", "1GiB", "--plan-margin", "64MiB"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("workbench oomptimize: error: cannot trace the training step at 2 s / 20 tokens")
+    assert "aten.nonzero" in err and "\n" not in err and not out.exists()
+
+
+@pytest.mark.parametrize("options, error", [
+    (["--plan", "--gpu-memory", "h300"], "--gpu-memory 'h300': not a GPU we know"),
+    (["--plan", "--gpu-memory", "80 parsecs"], "--gpu-memory: '80 parsecs' is not a size"),
+    (["--plan", "--gpu-memory", "h200", "--plan-margin", "lots"], "--plan-margin: 'lots' is not a size"),
+    (["--plan"], "--plan: needs --gpu-memory"),
+    (["--gpu-memory", "h200"], "--gpu-memory: applies with --plan only"),
+    (["--plan", "--gpu-memory", "h200", "--validate"], "--validate: runs on a GPU"),
+    (["--plan", "--gpu-memory", "h200", "--nproc", "2"], "--nproc: runs on a GPU"),
+    (["--plan", "--gpu-memory", "h200", "--compile"], "--compile: runs on a GPU"),
+])
+def test_cli_bad_plan_input_is_one_line_and_writes_nothing(tmp_path, capsys, options, error):
+    bins = _bins(tmp_path)
+    written = bins.read_bytes()
+    out = tmp_path / "plan.yaml"
+    assert main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(bins), "--out", str(out), *options]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"workbench oomptimize: error: {error}") and "\n" not in err
+    assert not out.exists() and bins.read_bytes() == written
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("WORKBENCH_SLOW") != "1", reason="minutes on the CPU: WORKBENCH_SLOW=1")
+def test_thirty_bucket_plan_of_large_rnnt(capsys):
+    bins = BucketProfile([[round(1.0 + i, 1), int(8 * (1.0 + i))] for i in range(30)])
+    fake_mode = new_fake_mode()
+    model = build_fake_reference_model("large-rnnt", fake_mode)
+    start = time.perf_counter()
+    profile, result = plan_profile(model, fake_mode, "large-rnnt", bins, gpu_memory="h200", merge=False)
+    seconds = time.perf_counter() - start
+    with capsys.disabled():
+        print(f"\n30-bucket large-rnnt plan: {result.num_probes} traced steps in {seconds:.1f} s; "
+              f"batch sizes {profile.bucket_batch_size}")
+    sizes = profile.bucket_batch_size
+    assert len(sizes) == 30 and all(s >= 1 for s in sizes) and sizes[0] >= sizes[-1]

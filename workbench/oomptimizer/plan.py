@@ -1,0 +1,343 @@
+"""Planning without a GPU: the peak memory of one training step, predicted from a fake trace.
+
+The step (AdamW state first, then ``make_batch``, ``training_step`` with backward, then the optimizer step, as
+:class:`workbench.oomptimizer.probe.TrainingStepProbe` runs it) runs under torch's ``FakeTensorMode``: every
+tensor, parameters, gradients and optimizer state included, has a shape, a dtype and a device but no data,
+so nothing is computed and no memory is taken. A dispatch mode on top counts the bytes of every storage the
+step creates while it lives (a weak reference per storage says when it is freed), rounded as the CUDA
+caching allocator rounds a block (512 bytes), and keeps the peak.
+
+What the trace can and cannot see:
+
+- It traces on a fake *CPU* device: a CPU build of torch cannot create fake CUDA tensors (its factory
+  functions need CUDA's device guard), so autocast follows the CPU's bf16 op list, scaled-dot-product
+  attention takes the CPU's kernel choice, and models take their torch path (the reference models are built
+  with torch's depthwise convolutions; the transducer losses run their torch reference off CUDA). The
+  profile says so (``metadata.plan.traced_path``).
+- A value read back to the host (``.item()``, ``.tolist()``, ``if tensor:``) has no data to read: it reads
+  as 0 for integers and booleans (the input checks' counts of bad values) and 1.0 for floats (AdamW's step
+  count). ``host_reads`` counts them.
+- CTC's lengths are taken from the padded shapes (the worst case of a bucket), as its output's shape
+  depends on the longest target.
+- cuBLAS and cuDNN workspaces, and the allocator's fragmentation, are not traced: the margin covers them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from workbench.units import GiB, MiB
+
+BLOCK_ROUNDING = 512  # bytes: the caching allocator rounds every block up to a multiple of this
+SMALL_BLOCK_LIMIT = 1 * MiB  # bytes: blocks up to this size come from the small pool
+PAGE_BYTES = 2 * MiB  # bytes: small-pool segments, and the pages expandable segments grow by
+DEFAULT_MARGIN_BYTES = 1 * GiB  # bytes kept free for cuBLAS/cuDNN workspaces and fragmentation
+TRACED_PATH = "torch ops on a fake CPU device (CPU autocast list, torch kernels, no Triton)"
+
+# torch.cuda.get_device_properties(...).total_memory of each GPU, in bytes (0.01 GiB as torch's out-of-memory
+# messages print it); calibrate against the GPU where one is at hand.
+GPU_MEMORY_BYTES = {
+    "a100-40gb": round(39.39 * GiB),
+    "a100-80gb": round(79.15 * GiB),
+    "h100-80gb": round(79.11 * GiB),
+    "h200": round(139.81 * GiB),
+    "l40s": round(44.39 * GiB),
+}
+
+SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+              "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes in "80GiB", "80GB" (10^9), "81920MiB", "1.5 TiB" or a plain number of bytes; a one-line
+    ValueError otherwise."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in SIZE_UNITS:
+        raise ValueError(f"{text!r} is not a size: expected a number and a unit, e.g. 80GiB, 80GB or 81920MiB")
+    size = int(float(match.group(1)) * SIZE_UNITS[unit])
+    if size <= 0:
+        raise ValueError(f"{text!r}: a memory size must be positive")
+    return size
+
+
+def gpu_memory_bytes(name_or_size: str) -> int:
+    """Bytes of a named GPU (see GPU_MEMORY_BYTES, any case) or of a size such as 80GiB."""
+    known = GPU_MEMORY_BYTES.get(name_or_size.strip().lower())
+    if known is not None:
+        return known
+    if not re.match(r"\s*[\d.]", name_or_size):
+        raise ValueError(f"--gpu-memory {name_or_size!r}: not a GPU we know ({', '.join(GPU_MEMORY_BYTES)}) "
+                         "nor a size such as 80GiB")
+    try:
+        return parse_size(name_or_size)
+    except ValueError as e:
+        raise ValueError(f"--gpu-memory: {e}") from None
+
+
+def block_bytes(nbytes: int) -> int:
+    """Bytes the caching allocator holds for a storage of ``nbytes``: rounded up to 512 (0 stays 0)."""
+    return -(-nbytes // BLOCK_ROUNDING) * BLOCK_ROUNDING
+
+
+def reserved_bytes(small_bytes: int, large_bytes: int) -> int:
+    """Reserved memory under expandable segments for live small- and large-pool blocks (bytes): each pool
+    grows by 2 MiB pages; fragmentation inside a pool is not modeled."""
+    pages = -(-small_bytes // PAGE_BYTES) + -(-large_bytes // PAGE_BYTES)
+    return pages * PAGE_BYTES
+
+
+class PlanError(ValueError):
+    """A step that cannot be traced; the message names the operation."""
+
+
+class DeviceMemoryTracker(TorchDispatchMode):
+    """Counts the bytes of the storages that ops create while they live: ``allocated_bytes`` now,
+    ``peak_allocated_bytes`` and ``peak_reserved_bytes`` (see :func:`reserved_bytes`) since the last
+    :meth:`reset_peak`. ``track`` counts a tensor made outside an op. Also answers host reads (module doc)."""
+
+    def __init__(self):
+        super().__init__()
+        self._live: dict[int, tuple[weakref.ref, int]] = {}  # id(storage) -> (weak reference, block bytes)
+        self.small_bytes = self.large_bytes = 0
+        self.peak_allocated_bytes = self.peak_reserved_bytes = 0
+        self.host_reads = 0
+        self.last_op = None  # the op dispatched last, named when a trace fails
+
+    @property
+    def allocated_bytes(self) -> int:
+        return self.small_bytes + self.large_bytes
+
+    def reset_peak(self) -> None:
+        self.peak_allocated_bytes = self.allocated_bytes
+        self.peak_reserved_bytes = reserved_bytes(self.small_bytes, self.large_bytes)
+
+    def track(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        if key in self._live and self._live[key][0]() is storage:
+            return
+        nbytes = block_bytes(storage.nbytes())
+        small = nbytes <= SMALL_BLOCK_LIMIT
+        self._live[key] = (weakref.ref(storage, lambda _ref, key=key: self._free(key)), nbytes)
+        self._add(nbytes if small else 0, 0 if small else nbytes)
+
+    def _free(self, key: int) -> None:
+        _, nbytes = self._live.pop(key)
+        small = nbytes <= SMALL_BLOCK_LIMIT
+        self._add(-nbytes if small else 0, 0 if small else -nbytes)
+
+    def _add(self, small: int, large: int) -> None:
+        self.small_bytes += small
+        self.large_bytes += large
+        self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
+        self.peak_reserved_bytes = max(self.peak_reserved_bytes, reserved_bytes(self.small_bytes, self.large_bytes))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.prim.device.default and isinstance(args[0], FakeTensor):
+            return args[0].fake_device  # most calls of a trace: answered here, as the fake mode would
+        self.last_op = func
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.host_reads += 1
+            return 1.0 if args[0].dtype.is_floating_point else 0
+        if func in (torch.ops.aten._ctc_loss.Tensor, torch.ops.aten._ctc_loss.default):
+            out = _ctc_loss_outputs(*args)
+        else:
+            out = func(*args, **(kwargs or {}))
+        for value in (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]:
+            if isinstance(value, torch.Tensor):
+                self.track(value)
+        return out
+
+
+def _ctc_loss_outputs(log_probs, targets, *_):
+    """CTC's outputs (losses [B], alphas [B, T, 2 S + 1]) for targets as long as their padded width S: the
+    shape depends on the longest target, which a fake tensor cannot read (a bucket's worst case is that)."""
+    frames, batch = log_probs.shape[0], log_probs.shape[1]
+    return log_probs.new_empty(batch), log_probs.new_empty(batch, frames, 2 * targets.shape[-1] + 1)
+
+
+@dataclass
+class StepMemory:
+    """Predicted memory of one training step (bytes)."""
+    peak_allocated_bytes: int  # what torch.cuda.max_memory_allocated would report
+    peak_reserved_bytes: int  # what the allocator reserves for it under expandable segments
+    state_bytes: int  # parameters, gradients' and AdamW's state held before the batch exists
+    host_reads: int  # values read back to the host during the trace (answered, not computed)
+
+
+def new_fake_mode() -> FakeTensorMode:
+    """A fake-tensor mode for building and tracing a model (real tensors may enter: they are faked)."""
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def build_fake_reference_model(name: str, fake_mode: FakeTensorMode, *, joint_chunk_size: int = 0):
+    """A reference model (e.g. large-rnnt) whose weights are fake (no memory), on torch's kernels."""
+    from workbench.models import build_model
+
+    with fake_mode:
+        return build_model(name, joint_chunk_size=joint_chunk_size, depthwise="torch", time_depthwise="torch")
+
+
+def build_fake_user_model(spec: str, fake_mode: FakeTensorMode):
+    """A model that keeps the model contract (MODULE:CALLABLE or an adapter), built with fake weights."""
+    from workbench.adapters import build_model_from_spec
+
+    with fake_mode:
+        return build_model_from_spec(spec, None)  # a factory that fails is a one-line ModelContractError
+
+
+class StepTracer:
+    """Traces training steps of ``model`` (built under ``fake_mode``): ``trace(bucket, batch_size)`` ->
+    :class:`StepMemory`. AdamW's state is made once, as in steady-state training; the optimizer step's own
+    temporaries (bytes above what is live when it starts) are traced once here and added to each step."""
+
+    def __init__(self, model: torch.nn.Module, fake_mode: FakeTensorMode, *, dtype: torch.dtype = torch.bfloat16,
+                 ddp_gradient_buckets: bool = False):
+        self.model, self.fake_mode, self.dtype = model, fake_mode, dtype
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        tracker = DeviceMemoryTracker()
+        with fake_mode, tracker, _naming_the_operation(tracker, "creating AdamW's state"):
+            self._track_state(tracker)
+            self.optimizer = torch.optim.AdamW(self.params, lr=0.0, foreach=True)  # foreach: CUDA's default
+            for p in self.params:
+                p.grad = torch.zeros_like(p)
+            self.optimizer.step()  # creates the state
+            tracker.reset_peak()
+            before = tracker.allocated_bytes
+            self.optimizer.step()
+            self.optimizer_step_bytes = tracker.peak_allocated_bytes - before
+            self.optimizer.zero_grad(set_to_none=True)
+            self.gradient_buffer = (torch.empty(sum(p.numel() * p.element_size() for p in self.params),
+                                                dtype=torch.uint8) if ddp_gradient_buckets else None)
+
+    def _track_state(self, tracker: DeviceMemoryTracker) -> None:
+        """Count the tensors that live across steps: weights, buffers, AdamW's state, DDP's buffer."""
+        state = getattr(self, "optimizer", None)
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        if state is not None:
+            tensors += [t for s in state.state.values() for key, t in s.items()
+                        if key != "step" and isinstance(t, torch.Tensor)]  # AdamW's step count is on the host
+        if getattr(self, "gradient_buffer", None) is not None:
+            tensors.append(self.gradient_buffer)
+        for tensor in tensors:
+            tracker.track(tensor)
+
+    def trace(self, bucket: tuple[float, float], batch_size: int) -> StepMemory:
+        """Memory of one step on the worst-case batch of ``bucket`` (duration s, tokens); a
+        :class:`PlanError` names the operation that cannot be traced."""
+        duration, tokens = float(bucket[0]), int(round(bucket[1]))
+        tracker = DeviceMemoryTracker()
+        batch = None
+        where = f"at {duration:g} s / {tokens} tokens, batch size {batch_size}"
+        try:
+            with self.fake_mode, tracker, _naming_the_operation(tracker, where):
+                self._track_state(tracker)
+                state_bytes = tracker.allocated_bytes
+                tracker.reset_peak()
+                batch = self.model.make_batch(int(batch_size), duration, tokens, "cpu")
+                self.model.training_step(batch, dtype=self.dtype)
+                step_peak = tracker.allocated_bytes + self.optimizer_step_bytes
+                peak = max(tracker.peak_allocated_bytes, step_peak)
+                reserved = max(tracker.peak_reserved_bytes, -(-step_peak // PAGE_BYTES) * PAGE_BYTES)
+        finally:
+            del batch
+            self.model.zero_grad(set_to_none=True)
+        return StepMemory(peak, reserved, state_bytes, tracker.host_reads)
+
+
+@contextlib.contextmanager
+def _naming_the_operation(tracker: DeviceMemoryTracker, where: str):
+    """Turn a failure inside a trace into a one-line :class:`PlanError` that names the operation."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - whatever the traced code raises is named in one line
+        op = getattr(e, "func", None) or tracker.last_op or "the first operation"
+        raise PlanError(f"cannot trace the training step {where}: {op} ({type(e).__name__}: "
+                        f"{_first_line(e)})") from None
+
+
+@dataclass
+class PlannedProbe:
+    """``probe(bucket, batch_size) -> predicted peak allocated bytes`` for ``search_batch_sizes``, raising
+    ``torch.OutOfMemoryError`` when the predicted reserved peak exceeds ``budget_bytes`` = gpu memory x
+    memory fraction - margin (bytes). ``model`` is built under ``fake_mode``."""
+    model: torch.nn.Module
+    fake_mode: FakeTensorMode
+    gpu_memory_bytes: int
+    memory_fraction: float = 0.9
+    margin_bytes: int = DEFAULT_MARGIN_BYTES
+    dtype: torch.dtype = torch.bfloat16
+    ddp_gradient_buckets: bool = False
+    traces: list[StepMemory] = field(default_factory=list)
+    baseline_bytes: int = 0  # nothing is allocated on a device
+
+    def __post_init__(self):
+        self.tracer = StepTracer(self.model, self.fake_mode, dtype=self.dtype,
+                                 ddp_gradient_buckets=self.ddp_gradient_buckets)
+        if not 0 < self.memory_fraction <= 1:
+            raise ValueError(f"memory_fraction: must be in (0, 1], got {self.memory_fraction}")
+        if self.budget_bytes <= 0:
+            raise ValueError(f"margin {self.margin_bytes / GiB:.2f} GiB leaves no memory of "
+                             f"{self.memory_fraction} x {self.gpu_memory_bytes / GiB:.2f} GiB")
+
+    @property
+    def budget_bytes(self) -> float:
+        return self.gpu_memory_bytes * self.memory_fraction - self.margin_bytes
+
+    def __call__(self, bucket: tuple[float, float], batch_size: int) -> float:
+        memory = self.tracer.trace(bucket, batch_size)
+        self.traces.append(memory)
+        if memory.peak_reserved_bytes > self.budget_bytes:
+            raise torch.OutOfMemoryError(
+                f"planned: batch size {batch_size} at {bucket[0]:g} s / {int(round(bucket[1]))} tokens needs "
+                f"{memory.peak_reserved_bytes / GiB:.2f} GiB > {self.budget_bytes / GiB:.2f} GiB")
+        return float(memory.peak_allocated_bytes)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def plan_profile(model: torch.nn.Module, fake_mode: FakeTensorMode, model_name: str, bins, *, gpu_memory: str,
+                 memory_fraction: float = 0.9, margin_bytes: int = DEFAULT_MARGIN_BYTES,
+                 dtype: torch.dtype = torch.bfloat16, ddp: bool = False, strategy: str = "predictive",
+                 rel_gap: float = 0.05, start_batch_size: int = 32, merge: bool = True, on_probe=None,
+                 on_bucket=None):
+    """Batch sizes for the buckets of ``bins`` on a GPU of ``gpu_memory`` (a name or a size), found by
+    the same search as on a GPU against predicted peaks. Returns (profile, search result); the profile's
+    metadata says it was planned, for which memory, with which fraction and margin, on which path."""
+    import datetime as _dt
+
+    from workbench.oomptimizer.run import profile_buckets, profile_with_batch_sizes
+    from workbench.oomptimizer.search import search_batch_sizes
+
+    total = gpu_memory_bytes(gpu_memory)
+    probe = PlannedProbe(model, fake_mode, total, memory_fraction=memory_fraction, margin_bytes=margin_bytes,
+                         dtype=dtype, ddp_gradient_buckets=ddp)
+    result = search_batch_sizes(profile_buckets(bins), probe, budget_bytes=probe.budget_bytes, rel_gap=rel_gap,
+                                start_batch_size=start_batch_size, strategy=strategy, on_probe=on_probe,
+                                on_bucket=on_bucket)
+    named = gpu_memory.strip().lower() in GPU_MEMORY_BYTES
+    meta = {"model": model_name, "dtype": str(dtype).replace("torch.", ""),
+            "gpu": gpu_memory.strip().lower() if named else None, "gpu_memory_bytes": int(total),
+            "memory_fraction": float(memory_fraction), "torch": str(torch.__version__),
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "strategy": strategy,
+            "ddp": bool(ddp), "joint_chunk_size": int(getattr(getattr(model, "config", None), "joint_chunk_size", 0)),
+            "compile": False, "world_size": 1, "probes": result.num_probes,
+            "search_seconds": round(result.seconds, 2), "budget_bytes": int(probe.budget_bytes),
+            "unmerged_buckets": len(profile_buckets(bins)), "planned": True,
+            "plan": {"margin_bytes": int(margin_bytes), "traced_path": TRACED_PATH,
+                     "allocator": "expandable segments, 512-byte blocks, 2 MiB pages",
+                     "host_reads_per_step": max((t.host_reads for t in probe.traces), default=0)}}
+    profile = profile_with_batch_sizes(bins, result, meta, "expandable_segments:True", merge=merge)
+    return profile, result
