@@ -247,6 +247,34 @@ def _write_manifest_atomically(manifest, path: Path) -> None:
         manifest.to_file(tmp)
 
 
+def read_prose(text_file: str | os.PathLike | None) -> tuple[str, str]:
+    """(the text, where it came from): ``text_file`` read as UTF-8, or CPython's pydoc topics for None."""
+    if text_file is None:
+        return default_text(), "pydoc_data.topics"
+    text_path = Path(text_file)
+    if not text_path.is_file():
+        raise FileNotFoundError(f"text_file {str(text_path)!r} does not exist")
+    try:
+        return text_path.read_text(encoding="utf-8"), str(text_path)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{text_path}: not UTF-8 text (byte {e.start}); convert it, e.g. with iconv") from None
+
+
+def speak_all(jobs: list, num_workers: int, progress: bool) -> list[int]:
+    """Samples written per job (``_speak_to_file``), in ``num_workers`` processes; an error or Ctrl-C drops
+    the jobs not yet begun."""
+    bar = dict(total=len(jobs), desc="espeak-ng", unit="utt", disable=not progress)
+    if num_workers <= 1 or len(jobs) == 1:
+        return [_speak_to_file(job) for job in tqdm(jobs, **bar)]
+    # the workers leave Ctrl-C (SIGINT, sent to the whole process group) to this process, which stops them
+    pool = ProcessPoolExecutor(max_workers=num_workers, mp_context=get_context("spawn"),
+                               initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN))
+    try:
+        return list(tqdm(pool.map(_speak_to_file, jobs, chunksize=4), **bar))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike | None = None,
                     num_utterances: int | None = None, voice: str = "en", speed_wpm: int | None = None,
                     seed: int = 0, progress: bool = True, tokenizer=None, num_speakers: int = 8,
@@ -265,7 +293,7 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
     ``join`` > 1 makes each utterance 1..``join`` sentences long (:func:`join_sentences`), so durations
     reach the 30-40 s of real corpora; ``num_utterances`` then counts the joined utterances.
     ``replace_corpus`` removes the corpus ``out_dir`` holds (:func:`workbench.data.corpus_folder.remove_corpus_parts`)
-    once the arguments, the text and espeak-ng have been checked, before the new audio is written.
+    once every new utterance is spoken (into a staging folder that then becomes ``audio``).
 
     Returns ``{"recordings", "supervisions", "cuts", "audio_dir"}`` paths.
     """
@@ -277,16 +305,7 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
         raise ValueError(f"repeat (--repeat): must be an integer >= 1, got {repeat!r}")
     join_sentences([], join)  # a bad join is one line now, before any synthesis
     espeak = espeak_binary()
-    if text_file is None:
-        text, source = default_text(), "pydoc_data.topics"
-    else:
-        text_path = Path(text_file)
-        if not text_path.is_file():
-            raise FileNotFoundError(f"text_file {str(text_path)!r} does not exist")
-        try:
-            text, source = text_path.read_text(encoding="utf-8"), str(text_path)
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{text_path}: not UTF-8 text (byte {e.start}); convert it, e.g. with iconv") from None
+    text, source = read_prose(text_file)
     sentences = split_sentences(text, min_words=min_words, max_words=max_words)
     if not sentences:
         raise ValueError(f"{source}: no sentences of {min_words}-{max_words} words made only of letters "
@@ -314,17 +333,7 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
         paths = [str(audio_dir / f"{cut_id}.flac") for cut_id in ids]
         jobs = [(sentence, styles[k], str(staging / f"{cut_id}.flac"), espeak)
                 for sentence, k, cut_id in zip(chosen, who, ids)]
-        bar = dict(total=len(jobs), desc="espeak-ng", unit="utt", disable=not progress)
-        if num_workers <= 1 or len(jobs) == 1:
-            num_samples = [_speak_to_file(job) for job in tqdm(jobs, **bar)]
-        else:
-            # the workers leave Ctrl-C (SIGINT, sent to the whole process group) to this process, which stops them
-            pool = ProcessPoolExecutor(max_workers=num_workers, mp_context=get_context("spawn"),
-                                       initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN))
-            try:
-                num_samples = list(tqdm(pool.map(_speak_to_file, jobs, chunksize=4), **bar))
-            finally:  # on an error or Ctrl-C the utterances not yet begun are dropped, not spoken first
-                pool.shutdown(wait=True, cancel_futures=True)
+        num_samples = speak_all(jobs, num_workers, progress)
 
         if replace_corpus:  # everything is spoken: the old corpus goes, whole, and the new audio takes its place
             remove_corpus_parts(out)
