@@ -57,3 +57,23 @@ def test_check_meaning_says_which_adapters_keep_the_contract():
         "a keeps the contract: one step gives a finite scalar loss and a gradient for every trainable tensor, so "
         "the OOMptimizer can probe it. Not checked: b (No module named 'transformers').")
     assert check_meaning({}) == "No adapter was checked here."
+
+
+
+def test_check_adapters_reports_each_adapter_or_why_not(monkeypatch):
+    pytest.importorskip("transformers")
+    import workbench.adapters
+    from workbench.bench.byo_models import record
+
+    real = workbench.adapters.build_adapter
+
+    def build(name, device, small=False):
+        if name == "hf-whisper":
+            raise ImportError("No module named 'transformers'")
+        return real(name, device, small=small)
+
+    monkeypatch.setattr(workbench.adapters, "build_adapter", build)
+    results = record.check_adapters(["hf-wav2vec2-ctc", "hf-whisper"], "cpu", small=True)
+    assert record.check_line("hf-wav2vec2-ctc", results["hf-wav2vec2-ctc"]).startswith("ok: hf-wav2vec2-ctc: ")
+    assert record.check_line("hf-whisper", results["hf-whisper"]) == (
+        "hf-whisper: not checked here (No module named 'transformers'; pip install -e .[adapters])")

@@ -78,7 +78,8 @@ def _inflated_chunks(path: Path, progress: tqdm) -> Iterator[bytes]:
             raise ValueError(f"{path}: not a valid gzip file ({e})") from None
 
 
-def _existing_manifest(path: str | os.PathLike) -> Path:
+def existing_manifest(path: str | os.PathLike) -> Path:
+    """``path`` as a Path, or a one-line error when there is no file there (nothing, or a folder)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such manifest")
@@ -89,7 +90,7 @@ def _existing_manifest(path: str | os.PathLike) -> Path:
 
 def iter_manifest_blocks(path: str | os.PathLike, *, progress: bool = False) -> Iterator[tuple[int, bytes]]:
     """Yield ``(first_line_number, block)``: runs of whole lines of a JSONL(.gz) file; numbers start at 1."""
-    path = _existing_manifest(path)
+    path = existing_manifest(path)
     bar = tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc=f"reading {path.name}",
                disable=not progress, mininterval=0.5)
     lineno = 1
@@ -232,7 +233,7 @@ def check_cut_fields(cut: dict, prefix: str = "") -> str | None:
 
 def iter_cut_blocks(path: str | os.PathLike, *, progress: bool = False) -> Iterator[tuple[list[dict], list[int]]]:
     """Yield the cuts of a JSONL(.gz) manifest as dicts, a block at a time, with their line numbers."""
-    path = _existing_manifest(path)
+    path = existing_manifest(path)
     for first, block in iter_manifest_blocks(path, progress=progress):
         yield _cut_dicts(path, first, block)
 
@@ -321,7 +322,7 @@ def read_cut_arrays(path: str | os.PathLike, *, with_texts: bool = False, progre
     are kept when ``with_texts`` is set. ``workers`` parsing processes for large files (default: the
     number of CPUs, at most 4; 1 parses in this process).
     """
-    path = _existing_manifest(path)
+    path = existing_manifest(path)
     keep_texts = with_texts
     workers = min(os.cpu_count() or 1, 4) if workers is None else workers
     ids: list[str] = []

@@ -83,5 +83,5 @@ def corpus_finding(arrays: CutArrays) -> str:
     line = (f"{len(d):,} utterances, {d.sum() / 3600:.1f} h, {d.min():.1f}-{d.max():.1f} s long "
             f"(median {float(np.median(d)):.1f} s)")
     if arrays.num_tokens is not None:
-        line += f", a median of {float(np.median(arrays.num_tokens / d)):.1f} output tokens per second"
+        line += f", a median of {float(np.median(arrays.tokens_per_second)):.1f} output tokens per second"
     return line + "."

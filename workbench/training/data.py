@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -17,6 +16,7 @@ from lhotse import CutSet
 
 from workbench.bucketing.profile import BucketProfile, load_profile
 from workbench.bucketing.sampler import make_sampler
+from workbench.data.manifest import existing_manifest
 from workbench.memory import configure_allocator as configure_cuda_allocator
 from workbench.memory import current_allocator_settings
 from workbench.memory.settings import settings_differences
@@ -93,11 +93,7 @@ def make_dataloader(cuts: CutSet | str | os.PathLike, profile: BucketProfile | s
     if not isinstance(profile, BucketProfile):
         raise TypeError(f"profile: expected a BucketProfile or a path, got {type(profile).__name__}")
     if isinstance(cuts, (str, os.PathLike)):
-        if not Path(cuts).exists():
-            raise FileNotFoundError(f"{cuts}: no such manifest")
-        if Path(cuts).is_dir():
-            raise ValueError(f"cuts: {cuts} is a folder; give the cuts manifest file (e.g. cuts.jsonl.gz)")
-        cuts = CutSet.from_jsonl_lazy(cuts)
+        cuts = CutSet.from_jsonl_lazy(existing_manifest(cuts))
     if not isinstance(cuts, CutSet):
         raise TypeError(f"cuts: expected a lhotse CutSet or a manifest path, got {type(cuts).__name__}")
     if not callable(getattr(dataset, "__getitem__", None)):

@@ -151,3 +151,23 @@ def check_meaning(results: Mapping[str, Any]) -> str:
     if skipped:
         text += " Not checked: " + "; ".join(f"{n} ({r})" for n, r in skipped.items()) + "."
     return text
+
+
+def check_adapters(names, device: str, *, small: bool) -> dict[str, Any]:
+    """``check_model`` on each adapter at a small bucket: name -> its CheckReport, or the one-line reason it
+    was not checked here (a missing package, a broken contract)."""
+    from workbench.adapters import ModelContractError, build_adapter, check_model
+
+    results: dict[str, Any] = {}
+    for name in names:
+        try:
+            results[name] = check_model(build_adapter(name, device, small=small), spec=name, bucket=(2.0, 16),
+                                        device=device)
+        except (ImportError, ModelContractError) as e:
+            results[name] = f"{e}; pip install -e .[adapters]"
+    return results
+
+
+def check_line(name: str, result: Any) -> str:
+    """One line of :func:`check_adapters`'s results."""
+    return f"{name}: not checked here ({result})" if isinstance(result, str) else result.line()

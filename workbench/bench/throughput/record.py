@@ -392,9 +392,9 @@ def batch_size_meaning(figures: Mapping[str, Any], part: str = "steps") -> str:
     if "baseline" not in runs:
         return "No baseline run to compare batch sizes with."
     base = runs["baseline"]["mean_batch_size"]
-    parts_ = [f"the {LABELS[s]}'s is {runs[s]['mean_batch_size'] / base:.1f}x as large" for s in ("1d", "2d")
+    larger = [f"the {LABELS[s]}'s is {runs[s]['mean_batch_size'] / base:.1f}x as large" for s in ("1d", "2d")
               if s in runs]
-    return (f"lhotse's max_duration averages {base:.0f} utterances per batch; " + " and ".join(parts_) + ". The "
+    return (f"lhotse's max_duration averages {base:.0f} utterances per batch; " + " and ".join(larger) + ". The "
             "profiles fill each bucket to what fits, where one duration budget must leave room for the worst bucket.")
 
 
