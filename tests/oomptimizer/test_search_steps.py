@@ -98,3 +98,14 @@ def test_notebook_scenarios_keep_their_probe_counts(kind, budget_known, probes):
     result = search_batch_sizes(demo_buckets(15, 2), model.probe,
                                 budget_bytes=model.budget_bytes if budget_known else None)
     assert result.num_probes == probes
+
+
+@pytest.mark.parametrize("step_kib", [8, 24, 72])
+@pytest.mark.parametrize("splits_earlier", [1, 4])
+@pytest.mark.parametrize("usable", [1.0, 0.97])
+def test_steps_never_return_a_size_above_the_true_maximum(step_kib, splits_earlier, usable):
+    """Step sizes, split thresholds and a budget overstated like on a GPU (steps fail 3 % before it)."""
+    model = SplitBatchMemory(step_bytes_per_frame=step_kib * 1024, split_elements=NEMO_SPLIT_ELEMENTS / splits_earlier,
+                             budget_bytes=usable * 126 * 2**30)
+    result = search_batch_sizes(H200_RNNT_BUCKETS, model.probe, budget_bytes=126 * 2**30)
+    _check_against_true_max(result, model)

@@ -23,7 +23,6 @@ class MemoryFit:
     base_known: bool  # True once some bucket was probed at two different batch sizes
     per_item_bytes: dict[int, float] = field(default_factory=dict)  # bucket index -> bytes per item
     noise: float = 0.0  # relative RMS of the residuals beyond what the model explains (0 when exact)
-    noise_known: bool = False  # True once there are more probes than the model has parameters
 
 
 def fit_base_and_costs(points: list[tuple[int, int, float]]) -> MemoryFit:
@@ -54,11 +53,10 @@ def fit_base_and_costs(points: list[tuple[int, int, float]]) -> MemoryFit:
     costs = {int(k): max((psum[k] - base * nsum[k]) / s[k], 0.0) for k in buckets}
     dof = len(n) - len(buckets) - 1
     noise = 0.0
-    noise_known = distinct and dof > 0
-    if noise_known:
+    if distinct and dof > 0:
         fitted = base + n * np.array([costs[int(k)] for k in b])
         noise = float(np.sqrt(np.sum(((fitted - peak) / peak) ** 2) / dof))
-    return MemoryFit(base, distinct, costs, noise, noise_known)
+    return MemoryFit(base, distinct, costs, noise)
 
 
 def shape_features(buckets: list[tuple[float, float]], scale: tuple[float, float]) -> np.ndarray:

@@ -43,7 +43,8 @@ Probe = Callable[[Bucket, int], float]
 STRATEGIES = ("predictive", "bisect")
 NOT_SEARCHED = "not searched"  # stop reason of a bucket the search stopped before
 # A peak above its bucket's line by more than this share of rel_gap (and 3x the fit's noise) starts a new
-# linear piece: below it, a +-2 % jitter (two readings) would start pieces; above it, steps of 3-4 % pass.
+# linear piece. Tuned on the synthetic models: 0.6 lets the notebook's +-2 % jitter start pieces (more
+# probes), 0.8 misses steps of 4 % of the per-item cost (SplitBatchMemory at 8 KiB per frame).
 DEPARTURE_GAP_SHARE = 0.7
 
 
@@ -250,7 +251,7 @@ class _SearchState:
         step as the ratio of the new per-item cost (through the base) to the line's.
         """
         own = fit.per_item_bytes.get(i)
-        if peak is None or not own or not fit.noise_known:
+        if peak is None or not own or not fit.base_known:
             return
         expected = fit.base_bytes + n * own
         if peak - expected > max(3 * fit.noise, DEPARTURE_GAP_SHARE * self.rel_gap) * expected:
