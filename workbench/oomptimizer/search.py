@@ -16,6 +16,10 @@ Two strategies:
   predicted below it (on a GPU steps fail a little before the limit), then it is learned from the
   OOMs; with no budget given it is learned from OOMs alone. Noisy peaks (the fit's residual) make the
   proof use an optimistic reading. Buckets run largest first.
+  Peaks may be piecewise linear in the batch size (a model that splits a large batch into chunks, a
+  kernel that switches workspace): a peak that rises above its bucket's line beyond the fit's noise
+  starts a new piece, and the fit keeps only each bucket's top piece. An OOM the model did not predict
+  is a step it missed: the next size assumes the largest step seen so far (or splits the bracket).
 
 ``stop()`` (optional) is asked between buckets: once it returns True no new bucket starts, and the
 buckets not searched keep batch size None (``SearchResult.not_searched``).
@@ -38,6 +42,10 @@ Bucket = tuple[float, float]  # (max duration in seconds, max tokens) of one buc
 Probe = Callable[[Bucket, int], float]
 STRATEGIES = ("predictive", "bisect")
 NOT_SEARCHED = "not searched"  # stop reason of a bucket the search stopped before
+# A peak above its bucket's line by more than this share of rel_gap (and 3x the fit's noise) starts a new
+# linear piece. Tuned on the synthetic models: 0.6 lets the notebook's +-2 % jitter start pieces (more
+# probes), 0.8 misses steps of 4 % of the per-item cost (SplitBatchMemory at 8 KiB per frame).
+DEPARTURE_GAP_SHARE = 0.7
 
 
 @dataclass
@@ -172,6 +180,8 @@ class _SearchState:
         self.records: list[ProbeRecord] = []
         self.scale = (max(b[0] for b in buckets), max(max(b[1] for b in buckets), 1.0))
         self.shape_errors: list[float] = []  # relative errors of the shape model on new buckets
+        self.segment_start: dict[int, int] = {}  # bucket -> smallest batch size of its top linear piece
+        self.step_ratios: list[float] = []  # per-item cost of a new piece over its predecessor's, per step
 
     # ---- probing -------------------------------------------------------------------------------
     def run(self, i: int, n: int, predicted: float | None = None) -> float | None:
@@ -228,8 +238,25 @@ class _SearchState:
 
     # ---- predictive ------------------------------------------------------------------------------
     def fit(self) -> MemoryFit:
-        return fit_base_and_costs([(r.bucket_index, r.batch_size, r.peak_bytes)
-                                   for r in self.records if not r.oom])
+        """The memory model over every bucket's top linear piece (probes below a step are left out)."""
+        return fit_base_and_costs([(r.bucket_index, r.batch_size, r.peak_bytes) for r in self.records
+                                   if not r.oom and r.batch_size >= self.segment_start.get(r.bucket_index, 0)])
+
+    def note_departure(self, i: int, n: int, peak: float | None, fit: MemoryFit) -> None:
+        """Start a new linear piece for bucket i at n when its peak rises above the bucket's own line.
+
+        Peaks are piecewise linear in the batch size where a model keeps more above some size (a batch
+        split into chunks, another kernel's workspace): a rise beyond the fit's noise means the probes
+        below n lie on a lower piece, which would bias the shared fit and inflate its noise. Records the
+        step as the ratio of the new per-item cost (through the base) to the line's.
+        """
+        own = fit.per_item_bytes.get(i)
+        if peak is None or not own or not fit.base_known:
+            return
+        expected = fit.base_bytes + n * own
+        if peak - expected > max(3 * fit.noise, DEPARTURE_GAP_SHARE * self.rel_gap) * expected:
+            self.segment_start[i] = n
+            self.step_ratios.append((peak - fit.base_bytes) / (expected - fit.base_bytes))
 
     def budget_bounds(self, fit: MemoryFit) -> tuple[float, float]:
         """(low, high) bytes: where the search believes the usable budget lies.
@@ -300,13 +327,25 @@ class _SearchState:
             n, expected = self.next_size(i, fit, lower, lower_peak, upper, own, predicted_cost, low_b,
                                          high_b, first)
             first = False
-            self.run(i, n, expected)
+            self.note_departure(i, n, self.run(i, n, expected), fit)
             if predicted_cost is not None and fit.base_known:
                 now = self.fit().per_item_bytes.get(i)
                 if now:  # how wrong the shape model was for this bucket, to size later margins
                     self.shape_errors.append(abs(predicted_cost - now) / now)
                     predicted_cost = None
         return self.finish(i, self.bracket(i)[0], "exhausted")
+
+    def step_guess(self, lower: int, lower_peak: float, upper: int, base: float, budget: float) -> int | None:
+        """The size where the budget (bytes) is reached if the per-item cost of ``lower`` (through the base)
+        rose by the largest step seen so far, but no higher than the smallest size that closes the gap to
+        ``upper`` if it fits; None when no step was seen or the guess is not inside (lower, upper)."""
+        ratio = max(self.step_ratios, default=1.0)
+        if ratio <= 1.0:
+            return None
+        guess = math.floor((budget - base) / ((lower_peak - base) / lower * ratio))
+        if not lower < guess < upper:
+            return None
+        return max(min(guess, math.ceil(upper * (1 - self.rel_gap))), lower + 1)
 
     def next_size(self, i, fit, lower, lower_peak, upper, own, predicted_cost, low_b, high_b, first):
         """The next batch size to probe in bucket i, strictly inside the bracket, and its expected peak.
@@ -320,10 +359,14 @@ class _SearchState:
             own = (lower_peak - fit.base_bytes) / lower
         room = (lambda budget: math.floor((budget - lower_peak) / own) + lower) if own else None
         if lower is not None and upper is not None:
-            # The prediction already overshot once in this bucket: split the bracket, leaning on the model.
+            # The prediction already overshot once in this bucket. Where the model (a new piece since)
+            # puts the smallest OOM above the budget, aim at its maximum; else the OOM is a step the model
+            # missed: guess from the steps seen, or split the bracket, leaning on the model.
             n = (lo + hi) // 2
             if own and math.isfinite(high_b):
-                n = min(n, room(high_b))
+                explained = lower_peak + (hi - lo) * own > high_b * (1 + max(2 * fit.noise, 0.005))
+                guess = None if explained else self.step_guess(lo, lower_peak, hi, fit.base_bytes, high_b)
+                n = room(high_b) if explained else guess if guess is not None else min(n, room(high_b))
         elif own and math.isfinite(high_b):
             # Aim at the top of what the budget allows; without a known budget, at the middle of its bounds.
             target = high_b if (high_b - low_b) <= own else (low_b + high_b) / 2
@@ -334,8 +377,11 @@ class _SearchState:
         elif own:  # no upper bound on the budget yet: grow geometrically
             n = 2 * lo
         elif lower is None and upper is not None:
-            # Overshot without a fit yet: back off clearly below the OOM.
-            n = math.floor(upper * (1 - max(2 * self.margin(), self.rel_gap / 3))) if predicted_cost else upper // 2
+            # Overshot without a fit yet: back off clearly below the OOM, twice as far after each OOM
+            # beyond the second (the shape model is off here by more than its margin said).
+            ooms = sum(r.oom for r in self.records if r.bucket_index == i)
+            back_off = min(max(2 * self.margin(), self.rel_gap / 3) * 2 ** max(ooms - 2, 0), 0.5)
+            n = math.floor(upper * (1 - back_off)) if predicted_cost else upper // 2
         elif predicted_cost and (low_b > fit.base_bytes):
             target = low_b
             n = math.floor((target - fit.base_bytes) / predicted_cost)

@@ -1,0 +1,111 @@
+"""The predictive search on peaks that are piecewise linear in the batch size (upward steps), and the probe
+counts of the synthetic scenarios that notebook 02 shows, so that handling steps costs them nothing."""
+
+import pytest
+
+from workbench.oomptimizer import SyntheticMemory, demo_buckets, search_batch_sizes
+from workbench.oomptimizer.synthetic import H200_RNNT_BUCKETS, MODEL_KINDS, SplitBatchMemory
+
+NEMO_SPLIT_ELEMENTS = 2**31 / 256 * 4  # input elements above which NeMo's conv subsampling splits the batch
+
+
+def _probes_in(result, i):
+    return sum(p.bucket_index == i for p in result.probes)
+
+
+def _check_against_true_max(result, model):
+    """Every returned size was probed and fitted, lies below every OOM of its bucket, never above the true
+    maximum and within rel_gap of it."""
+    for i, (bucket, got) in enumerate(zip(result.buckets, result.batch_sizes)):
+        mine = [p for p in result.probes if p.bucket_index == i]
+        assert any(p.batch_size == got and not p.oom for p in mine), f"bucket {i}: {got} never fitted"
+        assert all(got < p.batch_size for p in mine if p.oom), f"bucket {i}: {got} not below its OOMs"
+        true = model.true_max(bucket)
+        assert true * (1 - result.rel_gap) <= got <= true, f"bucket {i} {bucket}: got {got}, true max {true}"
+
+
+def _at_true_max(bucket):
+    """The split model whose batch split starts right above the true maximum of ``bucket`` without steps."""
+    flat = SplitBatchMemory(split_elements=1e18)
+    frames = round(bucket[0] * flat.frames_per_second)
+    return SplitBatchMemory(split_elements=flat.true_max(bucket) * frames * flat.features)
+
+
+def test_split_level_follows_nemo_threshold():
+    model = SplitBatchMemory()
+    # 24.99 s: 2499 frames x 80 mels = 199,920 elements per item; 2**25 elements split once, 2**26 twice
+    assert [model.split_level(24.99, n) for n in (167, 168, 335, 336)] == [0, 1, 1, 2]
+    assert model.peak((24.99, 80.0), 168) - model.peak((24.99, 80.0), 167) > 10 * (
+        model.peak((24.99, 80.0), 167) - model.peak((24.99, 80.0), 166))
+
+
+def test_split_model_is_near_the_h200_sizes():
+    """The defaults put the true maxima where the H200 search's sizes for NeMo's FastConformer RNN-T say they
+    are: at or above each size found, below 1.1x it (which OOMed)."""
+    found = [1298, 1033, 694, 488, 412, 283, 205, 132]
+    true = [SplitBatchMemory().true_max(b) for b in H200_RNNT_BUCKETS]
+    assert true == [1344, 1065, 739, 489, 444, 287, 225, 145]
+    assert all(f <= t < 1.1 * f for t, f in zip(true, found))
+
+
+@pytest.mark.parametrize("name, model, probes, per_bucket", [
+    # the H200 buckets: 34 probes (4.25 per bucket) before pieces were fitted
+    ("h200", SplitBatchMemory(), 24, [2, 2, 2, 4, 2, 5, 4, 3]),
+    # steps a third as large (4 % of the per-item cost): 29 probes before
+    ("small steps", SplitBatchMemory(step_bytes_per_frame=8 * 1024), 21, [2, 2, 2, 2, 3, 3, 4, 3]),
+    # the split right above a bucket's true maximum: 33 before
+    ("step at the maximum", _at_true_max((9.76, 119.0)), 23, [2, 2, 2, 2, 5, 2, 5, 3]),
+    # the same, met in a bucket searched before any step was seen: 26 before
+    ("step at the maximum, met first", _at_true_max((24.99, 80.0)), 22, [2, 5, 2, 2, 4, 2, 2, 3]),
+])
+def test_steps_cost_at_most_three_probes_per_bucket(name, model, probes, per_bucket):
+    result = search_batch_sizes(H200_RNNT_BUCKETS, model.probe, budget_bytes=model.budget_bytes)
+    _check_against_true_max(result, model)
+    assert [_probes_in(result, i) for i in range(len(H200_RNNT_BUCKETS))] == per_bucket, name
+    assert result.num_probes == probes and result.probes_per_bucket <= 3.0
+
+
+@pytest.mark.parametrize("name, model, probes", [
+    # every bucket splits 4-5 times below its maximum: 25 before
+    ("several steps", SplitBatchMemory(split_elements=NEMO_SPLIT_ELEMENTS / 16), 25),
+    # every bucket splits 2-3 times, the first bucket between its first two probes: 31 before
+    ("steps from the first probe", SplitBatchMemory(split_elements=NEMO_SPLIT_ELEMENTS / 4), 31),
+    # steps of a third of the per-item cost: 40 before
+    ("large steps", SplitBatchMemory(step_bytes_per_frame=72 * 1024), 29),
+])
+def test_harder_steps_stay_correct(name, model, probes):
+    result = search_batch_sizes(H200_RNNT_BUCKETS, model.probe, budget_bytes=model.budget_bytes)
+    _check_against_true_max(result, model)
+    assert result.num_probes == probes, name
+
+
+@pytest.mark.parametrize("budget_given, probes", [(140 * 2**30, 31), (None, 34)])
+def test_steps_with_a_budget_learned_from_ooms(budget_given, probes):
+    """The H200 buckets when the search is given the whole device (140 GiB) or nothing, so that an OOM may
+    be the budget or a step: 36 and 38 probes before."""
+    model = SplitBatchMemory()
+    result = search_batch_sizes(H200_RNNT_BUCKETS, model.probe, budget_bytes=budget_given)
+    _check_against_true_max(result, model)
+    assert result.num_probes == probes
+
+
+@pytest.mark.parametrize("kind, budget_known, probes", [
+    ("linear", True, 44), ("linear", False, 50), ("quadratic", True, 38), ("quadratic", False, 46),
+    ("noisy", True, 77), ("noisy", False, 78), ("step", True, 53), ("step", False, 52)])
+def test_notebook_scenarios_keep_their_probe_counts(kind, budget_known, probes):
+    assert kind in MODEL_KINDS
+    model = SyntheticMemory(kind=kind)
+    result = search_batch_sizes(demo_buckets(15, 2), model.probe,
+                                budget_bytes=model.budget_bytes if budget_known else None)
+    assert result.num_probes == probes
+
+
+@pytest.mark.parametrize("step_kib", [8, 24, 72])
+@pytest.mark.parametrize("splits_earlier", [1, 4])
+@pytest.mark.parametrize("usable", [1.0, 0.97])
+def test_steps_never_return_a_size_above_the_true_maximum(step_kib, splits_earlier, usable):
+    """Step sizes, split thresholds and a budget overstated like on a GPU (steps fail 3 % before it)."""
+    model = SplitBatchMemory(step_bytes_per_frame=step_kib * 1024, split_elements=NEMO_SPLIT_ELEMENTS / splits_earlier,
+                             budget_bytes=usable * 126 * 2**30)
+    result = search_batch_sizes(H200_RNNT_BUCKETS, model.probe, budget_bytes=126 * 2**30)
+    _check_against_true_max(result, model)
