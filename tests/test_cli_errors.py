@@ -507,6 +507,26 @@ def test_corpus_tokenizer_add_counts_does_not_replace_another_manifest(corpus, t
     assert main([*in_place, "--add-counts", str(copy)]) == 0  # the input itself: counts added in place
 
 
+def test_corpus_tokenizer_does_not_replace_a_tokenizer(corpus, tmp_path, capsys):
+    args = ["corpus", "tokenizer", str(corpus), "--vocab-size", "128", "--out", str(tmp_path / "tok")]
+    assert main(args) == 0
+    model = tmp_path / "tok.model"
+    model.write_bytes(b"a tokenizer some run was trained with")
+    _one_line_error(capsys, main(args), f"{model}: a tokenizer is there already", "--overwrite")
+    assert model.read_bytes() == b"a tokenizer some run was trained with"
+    beside = corpus.parent / "tokenizer_bpe_128.model"  # the default path, beside the manifest
+    beside.write_bytes(b"another")
+    try:
+        _one_line_error(capsys, main(args[:5]), f"{beside}: a tokenizer is there already")
+        assert beside.read_bytes() == b"another"
+    finally:
+        beside.unlink()  # the corpus is shared with other tests
+    assert main([*args, "--overwrite"]) == 0
+    from workbench.data.tokenizer import load_tokenizer
+
+    assert load_tokenizer(model).vocab_size() == 128
+
+
 @pytest.mark.parametrize("bad", [["--text-file", "no_such_prose.txt"], ["--voice", "en+f2"]])
 def test_corpus_tts_overwrite_keeps_the_old_corpus_when_its_input_is_refused(tmp_path, capsys, bad):
     spoken = tmp_path / "spoken"

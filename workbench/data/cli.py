@@ -43,8 +43,11 @@ def _tts(args: argparse.Namespace) -> int:
 
 def _tokenizer(args: argparse.Namespace) -> int:
     manifest = Path(args.manifest)
-    if args.out is not None:
-        check_writable(Path(args.out + ".model"))
+    prefix = Path(args.out) if args.out is not None else manifest.parent / f"tokenizer_{args.model_type}_{args.vocab_size}"
+    model_path = check_writable(prefix.with_name(prefix.name + ".model"))
+    if model_path.exists() and not args.overwrite:
+        raise ValueError(f"{model_path}: a tokenizer is there already (token counts and runs made with it would no "
+                         "longer match); pass --overwrite to replace it, or choose another --out")
     if args.add_counts:
         check_writable(args.add_counts)
         target = Path(args.add_counts)
@@ -52,7 +55,7 @@ def _tokenizer(args: argparse.Namespace) -> int:
             raise ValueError(f"--add-counts {target}: a manifest is there already; pass --overwrite to replace it, "
                              "give the input manifest itself to add the counts in place, or choose another path")
     progress = sys.stderr.isatty()
-    model_path = train_tokenizer(manifest, args.out, vocab_size=args.vocab_size, model_type=args.model_type,
+    model_path = train_tokenizer(manifest, prefix, vocab_size=args.vocab_size, model_type=args.model_type,
                                  progress=progress)
     print(f"tokenizer: {model_path}")
     if args.add_counts:
@@ -166,7 +169,8 @@ def register(sub) -> None:
                    help="also write the cuts with custom.num_tokens (counted with the new model) to this "
                         "manifest")
     p.add_argument("--overwrite", action="store_true",
-                   help="let --add-counts replace a manifest other than the input (default: refused)")
+                   help="replace a tokenizer already at the model path, and let --add-counts replace a manifest "
+                        "other than the input (default: both refused)")
     p.set_defaults(func=_tokenizer)
 
     p = _parser(csub, "stats", "count, hours, durations and token counts of a corpus",
