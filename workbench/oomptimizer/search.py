@@ -361,12 +361,23 @@ class _SearchState:
         if lower is not None and upper is not None:
             # The prediction already overshot once in this bucket. Where the model (a new piece since)
             # puts the smallest OOM above the budget, aim at its maximum; else the OOM is a step the model
-            # missed: guess from the steps seen, or split the bracket, leaning on the model.
+            # missed or a budget lower than thought: guess from the steps seen; after the bucket's first
+            # OOM, aim just below the largest peak that fitted anywhere (no higher than what closes the
+            # bracket); else split the bracket, leaning on the model.
             n = (lo + hi) // 2
             if own and math.isfinite(high_b):
                 explained = lower_peak + (hi - lo) * own > high_b * (1 + max(2 * fit.noise, 0.005))
                 guess = None if explained else self.step_guess(lo, lower_peak, hi, fit.base_bytes, high_b)
-                n = room(high_b) if explained else guess if guess is not None else min(n, room(high_b))
+                proven = low_b * (1 - max(2 * fit.noise, 0.005))
+                first_oom = sum(r.oom for r in self.records if r.bucket_index == i) == 1
+                if explained:
+                    n = room(high_b)
+                elif guess is not None:
+                    n = guess
+                elif first_oom and proven > lower_peak and n < room(proven) < hi:
+                    n = min(room(proven), math.ceil(hi * (1 - self.rel_gap)))  # closes the bracket if it fits
+                else:
+                    n = min(n, room(high_b))
         elif own and math.isfinite(high_b):
             # Aim at the top of what the budget allows; without a known budget, at the middle of its bounds.
             target = high_b if (high_b - low_b) <= own else (low_b + high_b) / 2
