@@ -163,9 +163,18 @@ def test_nemo_comparison_on_the_gpu_at_a_small_size(monkeypatch):
     assert [d.case.model for d in outcome.deferred] == ["rnnt", "tdt"]
     outcome.rows += bench.measure_deferred(outcome)
     add_nemo_speedups(outcome.rows)
+    rows_each = len([m for m in NEMO_METHODS if m[2] != 16])  # window 16 only where the default is another
+    if outcome.failures and outcome.failures[0].startswith("rnnt float32 B=4 T=40: NeMo full graph raised") \
+            and outcome.context_lost:
+        # NeMo's full graph corrupted the CUDA context (its illegal memory access, which our own graphs do not
+        # make): ours keep their rows from the pass, marked, and the TDT group is listed as not run
+        assert all(r["equal_to_reference"] for r in outcome.rows)
+        lost = [r for r in outcome.rows if r.get("nemo_full_graph")]
+        assert lost and all(r["method"].startswith("label-looping") and r["method"].endswith("full") for r in lost)
+        assert any("tdt" in s and "not run" in s for s in outcome.skipped), outcome.skipped
+        return
     assert not outcome.failures, outcome.failures
-    # ours (torch and fused) and NeMo's, every mode; window 16 only where the default window is another (not B=4)
-    assert len(outcome.rows) == 2 * len([m for m in NEMO_METHODS if m[2] != 16])
+    assert len(outcome.rows) == 2 * rows_each  # ours (torch and fused) and NeMo's, every mode
     assert all(r["equal_to_reference"] for r in outcome.rows)
     # the default method's row (the fused full graph, timed in the pass too) is every row's reference
     assert {r["reference_method"] for r in outcome.rows} == {"label-looping fused full"}

@@ -244,14 +244,14 @@ def test_gpu_training_with_a_profile_too_large_trains_every_utterance_once(tmp_p
     monkeypatch.setattr(recipe, "build_model", memory.build)
     caplog.set_level(logging.WARNING, logger="workbench.training.recipe")
     total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(limit / total, device)
+    torch.cuda.set_per_process_memory_fraction(limit / total, torch.cuda.current_device())
     try:
         summary = recipe.train(recipe.TrainConfig(
             cuts=str(cuts_path), tokenizer=str(tokenizer_path), out_dir=str(tmp_path / "run"), model="large-rnnt",
             profile=str(profile), steps=6, device="cuda", dtype="bf16", num_workers=0, concurrent=False,
             log_cut_ids=True, warmup_steps=1))
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(1.0, torch.cuda.current_device())
         memory.close()
     log = _log(tmp_path / "run")
     batches_trained = [ids for r in log for ids in r["cut_ids"]]
