@@ -1,10 +1,12 @@
-"""What the commands share about their input: argparse types that name the range of an option, and the
-notice a run prints when it leaves out more than a small share of its data."""
+"""What the commands and the Python API share about their input: argparse types that name the range of an
+option, the integer check of API arguments, and the notice a run prints when it leaves out more than a small
+share of its data."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import numbers
 import sys
 
 DROP_NOTICE_SHARE = 0.01  # a run that leaves out more than this share of its data says so (and --strict refuses)
@@ -33,6 +35,13 @@ def number_in(kind, low=None, high=None, *, low_open=False, high_open=False, uni
 
     parse.__name__ = kind.__name__  # argparse names the type in its own messages
     return parse
+
+
+def check_int(value, name: str, minimum: int = 0) -> int:
+    """``value`` as an int when it is an integer (not a bool) >= ``minimum``; else ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")
+    return int(value)
 
 
 def positive_int(text: str) -> int:

@@ -109,9 +109,9 @@ def test_make_sampler_rejects_bad_setup():
     with pytest.raises(TypeError, match="profile: expected a BucketProfile .*, got dict"):
         make_sampler(cuts, {"bucket_duration_bins": [2.0], "bucket_batch_size": [2]})
     profile = BucketProfile(bucket_duration_bins=[2.0], bucket_batch_size=[2])
-    with pytest.raises(ValueError, match="buffer_size must be an integer >= 1, got 0"):
+    with pytest.raises(ValueError, match="buffer_size: must be an integer >= 1, got 0"):
         make_sampler(cuts, profile, buffer_size=0)
-    with pytest.raises(ValueError, match="seed must be an integer >= 0, got 1.5"):
+    with pytest.raises(ValueError, match="seed: must be an integer >= 0, got 1.5"):
         make_sampler(cuts, profile, seed=1.5)
 
 

@@ -18,6 +18,7 @@ from lhotse.dataset.sampling.dynamic_bucketing import DynamicBucketingSampler
 from workbench.bucketing.constraint import BucketBatchSizeConstraint, cut_num_tokens
 from workbench.bucketing.fit import FITS, REASONS, make_fitter
 from workbench.bucketing.profile import BucketProfile, validate_profile
+from workbench.options import check_int
 
 log = logging.getLogger(__name__)
 NO_TOKEN_COUNT = "no_token_count"  # num_tokens_fn failed on the cut
@@ -106,8 +107,7 @@ def make_sampler(cuts: CutSet, profile: BucketProfile, *, world_size: int = 1, r
                         f"{type(profile).__name__}")
     validate_profile(profile)
     for name, value, minimum in (("buffer_size", buffer_size, 1), ("seed", seed, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        check_int(value, name, minimum)
     if profile.bucket_batch_size is None:
         raise ValueError("profile has no 'bucket_batch_size': run the OOMptimizer or set one batch size per bucket")
     if not isinstance(world_size, int) or world_size < 1:

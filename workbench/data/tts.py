@@ -34,6 +34,7 @@ from workbench.atomic import atomic_path, new_folder
 from workbench.data.corpus_folder import remove_corpus_parts
 from workbench.data.tokenizer import count_tokens, load_tokenizer
 from workbench.units import SAMPLE_RATE
+from workbench.options import check_int
 
 ESPEAK_INSTALL_HINT = ("espeak-ng is not installed (the text-to-speech corpus needs it). Install it with "
                        "`sudo apt-get install -y espeak-ng` (Debian/Ubuntu), `brew install espeak-ng` (macOS), "
@@ -110,8 +111,7 @@ def choose_sentences(sentences: list[str], num_utterances: int | None, seed: int
 def join_sentences(sentences: list[str], join: int, seed: int = 0) -> list[str]:
     """Utterances of 1..``join`` consecutive sentences each (a seeded count per utterance, uniform), joined
     with a space, in order; every sentence is used once. ``join`` 1 returns the sentences as they are."""
-    if not isinstance(join, int) or join < 1:
-        raise ValueError(f"join (--join): must be an integer >= 1, got {join!r}")
+    check_int(join, "join (--join)", 1)
     if join == 1:
         return list(sentences)
     rng = np.random.default_rng([seed, 15485863])
@@ -301,8 +301,7 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
     from lhotse.audio import AudioSource
     from lhotse.cut import MonoCut
 
-    if not isinstance(repeat, int) or repeat < 1:
-        raise ValueError(f"repeat (--repeat): must be an integer >= 1, got {repeat!r}")
+    check_int(repeat, "repeat (--repeat)", 1)
     join_sentences([], join)  # a bad join is one line now, before any synthesis
     espeak = espeak_binary()
     text, source = read_prose(text_file)

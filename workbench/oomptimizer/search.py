@@ -28,7 +28,6 @@ buckets not searched keep batch size None (``SearchResult.not_searched``).
 from __future__ import annotations
 
 import math
-import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -37,6 +36,7 @@ import numpy as np
 import torch
 
 from workbench.oomptimizer.memory_model import MemoryFit, fit_base_and_costs, fit_shape_model, shape_features
+from workbench.options import check_int
 
 Bucket = tuple[float, float]  # (max duration in seconds, max tokens) of one bucket
 Probe = Callable[[Bucket, int], float]
@@ -134,8 +134,7 @@ def search_batch_sizes(buckets, probe: Probe, *, budget_bytes: float | None = No
         raise ValueError(f"rel_gap: must be in (0, 1), got {rel_gap}")
     for name, value in (("start_batch_size", start_batch_size), ("max_batch_size", max_batch_size),
                         ("max_probes_per_bucket", max_probes_per_bucket)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+        check_int(value, name, 1)
     if budget_bytes is not None and not budget_bytes > 0:
         raise ValueError(f"budget_bytes: must be positive or None, got {budget_bytes}")
     state = _SearchState(buckets, probe, budget_bytes, rel_gap, int(start_batch_size), int(max_batch_size),

@@ -21,6 +21,7 @@ from workbench.memory import configure_allocator as configure_cuda_allocator
 from workbench.memory import current_allocator_settings
 from workbench.memory.settings import settings_differences
 from workbench.training.distributed import local_world_size, ranks_from_env
+from workbench.options import check_int
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +60,8 @@ def loader_for_sampler(sampler, dataset: torch.utils.data.Dataset, *, num_worker
     """``DataLoader(dataset, sampler=sampler, batch_size=None)`` with persistent workers, ``prefetch_factor``
     batches per worker ahead, pinned memory when CUDA is there, and the workers' base seed drawn from ``seed``
     (not the global RNG, which a resume restores)."""
-    if not isinstance(num_workers, int) or num_workers < 0:
-        raise ValueError(f"num_workers: must be an integer >= 0, got {num_workers!r}")
-    if not isinstance(prefetch_factor, int) or prefetch_factor < 1:
-        raise ValueError(f"prefetch_factor: must be an integer >= 1, got {prefetch_factor!r}")
+    check_int(num_workers, "num_workers", 0)
+    check_int(prefetch_factor, "prefetch_factor", 1)
     return torch.utils.data.DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=num_workers,
                                        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
                                        prefetch_factor=prefetch_factor if num_workers else None,
@@ -103,8 +102,8 @@ def make_dataloader(cuts: CutSet | str | os.PathLike, profile: BucketProfile | s
     rank = ranks.rank if rank is None else rank
     for name, value, minimum in (("num_workers", num_workers, 0), ("prefetch_factor", prefetch_factor, 1),
                                  ("seed", seed, 0), ("world_size", world_size, 1), ("rank", rank, 0)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
-            raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")
+        if value is not None:
+            check_int(value, name, minimum)
     if rank >= world_size:
         raise ValueError(f"rank: must be below world_size ({world_size}), got {rank}")
     status = configure_cuda_allocator() if configure_allocator else None  # after the arguments are checked

@@ -78,6 +78,7 @@ from workbench.options import dropped_data_line
 from workbench.plain import to_plain
 from workbench.training.data import (allocator_settings_in_effect, allocator_settings_warning, default_num_workers,
                                      loader_for_sampler)
+from workbench.options import check_int
 from workbench.training.split_batch import PartsTrained, UtteranceOutOfMemoryError, train_in_parts
 
 log = logging.getLogger(__name__)
@@ -138,9 +139,7 @@ def check_config(config: TrainConfig) -> None:
     for name, minimum in (("steps", 1), ("log_every", 1), ("num_buckets", 1), ("prefetch_factor", 1),
                           ("num_workers", 0), ("save_every", 0), ("warmup_steps", 0),
                           ("joint_chunk_size", 0)):
-        value = getattr(config, name)
-        if not isinstance(value, int) or value < minimum:
-            raise ValueError(f"--{name.replace('_', '-')}: must be an integer >= {minimum}, got {value!r}")
+        check_int(getattr(config, name), f"--{name.replace('_', '-')}", minimum)
     if not (isinstance(config.max_seconds, (int, float)) and 0 <= config.max_seconds < math.inf):
         raise ValueError(f"--max-seconds: must be a finite number >= 0, got {config.max_seconds!r}")
     for name in ("max_duration", "lr"):
