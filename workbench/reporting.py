@@ -55,12 +55,13 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def committed_result(name: str) -> dict[str, Any] | None:
-    """The newest committed GPU result ``benchmarks/results/<name>.json``, announced with its provenance.
+def committed_result(name: str, results_dir: str | os.PathLike | None = None) -> dict[str, Any] | None:
+    """The newest committed GPU result ``benchmarks/results/<name>.json`` (or in ``results_dir``), announced
+    with its provenance.
 
     Prints plainly when there is none, so a GPU-only section never shows silently nothing.
     """
-    record = load_result(name)
+    record = load_result(name, results_dir)
     if record is None:
         print(f"No committed result '{name}' yet: run the GPU benchmark (see README, 'GPU host').")
         return None

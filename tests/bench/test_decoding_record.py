@@ -270,3 +270,22 @@ def test_a_method_is_drawn_in_its_graph_modes_colour_and_the_charts_keep_the_leg
     assert legend.get_bbox_to_anchor().x0 > fig.axes[0].get_window_extent().x1  # right of the axes
     fig = plots.iteration_breakdown(table.assign(us_per_outer_iteration=table["ms"]), 4e-6)
     assert [ax.get_title() for ax in fig.axes] == ["RNN-T"] and fig.legends
+
+
+def test_committed_speed_record_prefers_the_fullest_run_and_the_nemo_record_follows_it(tmp_path, capsys):
+    def save(name, record):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"name": name, **record}))
+
+    assert plots.committed_speed_record(tmp_path) is None
+    assert "No committed decoding result yet" in capsys.readouterr().out
+    save("decoding_quick", _plain_record(0.02, 0.03, 10.0))
+    assert plots.committed_speed_record(tmp_path)["name"] == "decoding_quick"
+    save("decoding", _plain_record(0.02, 0.03, 12.0))
+    plain = plots.committed_speed_record(tmp_path)
+    assert plain["name"] == "decoding"
+    assert plots.committed_nemo_record(plain, tmp_path) is None  # no NeMo rows, no quick comparison
+    save("decoding_nemo_quick", _nemo_record())
+    assert plots.committed_nemo_record(plain, tmp_path)["name"] == "decoding_nemo_quick"
+    save("decoding_nemo", _nemo_record())
+    beside_nemo = plots.committed_speed_record(tmp_path)
+    assert beside_nemo["name"] == "decoding_nemo" and plots.committed_nemo_record(beside_nemo, tmp_path) is beside_nemo

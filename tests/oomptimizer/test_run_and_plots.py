@@ -142,3 +142,16 @@ def test_meaning_of_batch_sizes_and_of_the_trace():
         "The predictive search made 4 probes, 1 of them out of memory; where it predicted a probe's peak before "
         "running it, the median miss was 3.0 % of the measured peak (worst 5.0 %).")
     assert meaning_of_trace(_SLOW, "bisection").endswith("no probe that fitted had a prediction to check.")
+
+
+def test_draw_synthetic_search_draws_both_strategies_and_returns_their_table():
+    import matplotlib.pyplot as plt
+
+    from workbench.oomptimizer.plots import draw_synthetic_search
+
+    plt.close("all")
+    table = draw_synthetic_search("linear", True, 0.05, 3, 2, budget_gib=40.0, seed=1).data
+    assert sorted(table["search"]) == ["bisect", "predictive"]
+    assert (table["probes per bucket"] >= 1).all() and (table["worst bucket below its true max (%)"] <= 5).all()
+    assert len(plt.get_fignums()) == 2  # the batch sizes of both, the predictive search's probe trace
+    plt.close("all")

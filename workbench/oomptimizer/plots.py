@@ -197,6 +197,22 @@ def styled_strategy_table(results: dict, true_max=None):
             .set_properties(subset=["search"], **{"text-align": "left"}).hide(axis="index"))
 
 
+def draw_synthetic_search(kind: str, known: bool, gap: float, groups: int, subs: int, *, budget_gib: float,
+                          seed: int = 0):
+    """Both strategies on a synthetic GPU of ``budget_gib`` GiB (memory model ``kind``; the budget given to
+    the search when ``known``; ``gap`` the relative gap at which a bucket stops) over ``groups`` duration
+    groups of ``subs`` token sub-buckets: draws their batch sizes and the predictive search's probe trace,
+    returns the strategy table against the true maxima (what the notebook's exploration panel shows)."""
+    from workbench.oomptimizer.synthetic import SyntheticMemory, compare_strategies, demo_buckets
+
+    memory = SyntheticMemory(kind=kind, budget_bytes=budget_gib * GiB, seed=seed)
+    buckets = demo_buckets(groups, subs)
+    results = compare_strategies(memory, buckets, rel_gap=gap, budget_known=known)
+    plot_strategy_comparison(results, buckets=buckets)
+    plot_probe_trace(results["predictive"], buckets, memory.budget_bytes)
+    return styled_strategy_table(results, true_max=[memory.true_max(b) for b in buckets])
+
+
 def _per_bucket(result) -> float:
     return len(_trace(result)) / len(_sizes(result))
 

@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from workbench.bench.decoding.targets import TORCH_FULL
-from workbench.bench.results import times_faster
+from workbench.bench.results import load_result, times_faster
 from workbench.palette import BUDGET_COLOUR, colour
 
 NAME = "decoding"  # decoding*.json
@@ -272,6 +272,32 @@ def frame_looping_speedup_line(record: dict[str, Any]) -> str:
     ours = t.get("full_speedup_vs_frame_looping_off_rnnt")
     return (f"RNN-T {target_method(record)} vs frame-looping off: "
             f"{'not measured' if ours is None else f'{ours:.1f}x faster'} (goal: {t.get('goal', 'none recorded')})")
+
+
+SPEED_RECORDS = ("decoding_nemo", "decoding", "decoding_quick")  # the fullest run first
+
+
+def committed_speed_record(results_dir=None) -> dict[str, Any] | None:
+    """The committed decoding record the speed tables come from: the run beside NeMo, else the whole grid, else
+    the quick one; announced with its provenance (None, said in a line, when none is committed)."""
+    from workbench.reporting import committed_result
+
+    for name in SPEED_RECORDS:
+        if load_result(name, results_dir) is not None:
+            return committed_result(name, results_dir)
+    print(f"No committed decoding result yet ({', '.join(SPEED_RECORDS)}): `bash scripts/gpu_run.sh decoding` "
+          "on a GPU writes one.")
+    return None
+
+
+def committed_nemo_record(speed_record: dict[str, Any] | None, results_dir=None) -> dict[str, Any] | None:
+    """The record of the NeMo comparison: ``speed_record`` when it has NeMo's rows, else the quick comparison
+    (announced with its provenance), else None."""
+    from workbench.reporting import committed_result
+
+    if speed_record and has_nemo_rows(speed_record):
+        return speed_record
+    return committed_result("decoding_nemo_quick", results_dir)
 
 
 def has_nemo_rows(record: dict[str, Any]) -> bool:
