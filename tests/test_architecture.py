@@ -66,3 +66,16 @@ def test_no_code_reads_the_archive_of_superseded_results():
         (Path(folder) / "archive").mkdir()
         (Path(folder) / "archive" / "models.json").write_text(json.dumps({"not": "a record"}))
         assert "models.json" not in render(Path(folder)) and result_freshness(folder) == []
+
+
+def test_notebooks_define_no_functions_or_classes():
+    """Notebooks call the library: a function or class a cell defines belongs in a module, with a test."""
+    import json
+    import re
+
+    notebooks = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+    assert notebooks
+    found = [f"{nb.name} cell {i}: {m.group(0).strip()}" for nb in notebooks
+             for i, cell in enumerate(json.loads(nb.read_text())["cells"]) if cell["cell_type"] == "code"
+             for m in re.finditer(r"^\s*(def|class)\s+\w+", "".join(cell["source"]), re.M)]
+    assert found == []
