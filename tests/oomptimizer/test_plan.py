@@ -198,3 +198,19 @@ def test_thirty_bucket_plan_of_large_rnnt(capsys):
               f"batch sizes {profile.bucket_batch_size}")
     sizes = profile.bucket_batch_size
     assert len(sizes) == 30 and all(s >= 1 for s in sizes) and sizes[0] >= sizes[-1]
+
+
+def test_plans_for_two_gpus_scale_with_memory_and_say_so():
+    from workbench.oomptimizer.plan import plan_for_gpus
+    from workbench.oomptimizer.plots import meaning_of_plans, plan_table
+
+    bins = BucketProfile(bucket_duration_bins=[[4.0, 40]])
+    plans = plan_for_gpus("tiny-rnnt", bins, ["256MiB", "512MiB"], margin_bytes=16 * MiB, progress=False)
+    small, large = plans["256MiB"].bucket_batch_size[0], plans["512MiB"].bucket_batch_size[0]
+    assert 1.5 * small < large  # the weights' share is fixed, so twice the memory more than doubles the room
+    table = plan_table(plans)
+    assert list(table.columns) == ["256MiB", "512MiB"] and table.index.tolist() == ["4.0 s / 40 tok"]
+    assert table.loc["4.0 s / 40 tok"].tolist() == [small, large]
+    line = meaning_of_plans(plans)
+    assert f"plans {small} utterances per step on 256MiB and {large} on 512MiB" in line
+    assert f"{large / small:.1f}x the batch for 2.0x the memory" in line

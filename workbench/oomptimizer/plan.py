@@ -341,3 +341,17 @@ def plan_profile(model: torch.nn.Module, fake_mode: FakeTensorMode, model_name: 
                      "host_reads_per_step": max((t.host_reads for t in probe.traces), default=0)}}
     profile = profile_with_batch_sizes(bins, result, meta, "expandable_segments:True", merge=merge)
     return profile, result
+
+
+def plan_for_gpus(model_name: str, bins, gpus, *, memory_fraction: float = 0.9,
+                  margin_bytes: int = DEFAULT_MARGIN_BYTES, dtype: torch.dtype = torch.bfloat16,
+                  progress: bool = True) -> dict:
+    """One plan of the buckets of ``bins`` per GPU in ``gpus`` (names or sizes) for the reference model
+    ``model_name``, built once with fake weights: {gpu: profile}, buckets unmerged in the order of ``bins``."""
+    from tqdm.auto import tqdm
+
+    fake_mode = new_fake_mode()
+    model = build_fake_reference_model(model_name, fake_mode)
+    return {gpu: plan_profile(model, fake_mode, model_name, bins, gpu_memory=gpu, memory_fraction=memory_fraction,
+                              margin_bytes=margin_bytes, dtype=dtype, merge=False)[0]
+            for gpu in tqdm(list(gpus), desc="plan", unit="GPU", disable=not progress)}

@@ -275,3 +275,30 @@ def meaning_of_trace(result, name: str = "predictive search") -> str:
 
 def _percent_text(share: float) -> str:
     return "under 0.1 %" if share < 0.0005 else f"{100 * share:.1f} %"
+
+
+def plan_table(plans: dict):
+    """Planned batch size per bucket (rows) and GPU (columns), from ``{gpu: profile}`` of one set of bins."""
+    import pandas as pd
+
+    from workbench.oomptimizer.run import profile_buckets
+
+    first = next(iter(plans.values()))
+    rows = [bucket_label(bucket) for bucket in profile_buckets(first)]
+    table = pd.DataFrame({gpu: profile.bucket_batch_size for gpu, profile in plans.items()}, index=rows)
+    table.index.name = "bucket (longest utterance)"
+    return table
+
+
+def meaning_of_plans(plans: dict) -> str:
+    """What plans for several GPUs mean, in a sentence: the longest bucket's batch size on the smallest and
+    the largest GPU, their ratio against the ratio of memories, and the traced steps it took."""
+    by_memory = sorted(plans.items(), key=lambda item: item[1].metadata["gpu_memory_bytes"])
+    (small, low), (large, high) = by_memory[0], by_memory[-1]
+    a, b = low.bucket_batch_size[-1], high.bucket_batch_size[-1]
+    memory_ratio = high.metadata["gpu_memory_bytes"] / low.metadata["gpu_memory_bytes"]
+    probes = sum(p.metadata["probes"] for p in plans.values())
+    return (f"With no GPU at hand, the longest bucket plans {a} utterances per step on {small} and {b} on {large}: "
+            f"{b / a:.1f}x the batch for {memory_ratio:.1f}x the memory (weights, gradients and optimizer state take "
+            f"the same bytes on both). {probes} traced steps made the {len(plans)} plans; an OOMptimizer run on "
+            "the GPU itself measures what the trace cannot see (workspaces, fragmentation).")
