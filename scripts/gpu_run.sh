@@ -15,7 +15,7 @@
 # land in $OUT/results.tar.gz (benchmarks/results/*.json, re-packed after every stage, so a call stopped
 # at its limit still returns what finished) and logs in $OUT/*.log; elsewhere OUT defaults to ./gpu_out.
 set -uo pipefail
-STAGES="flow tests tests-allocator decoding decoding-quick decoding-nemo decoding-nemo-quick models models-compile models-depthwise models-cudnn-depthwise models-time-torch losses oomptimizer oomptimizer-rnnt oomptimizer-rnnt-chunked oomptimizer-aed ddp allocator allocator-roomy throughput-rnnt-prepare throughput-rnnt-train throughput-aed-prepare throughput-aed-train byo-models"
+STAGES="flow tests tests-allocator decoding decoding-quick decoding-nemo decoding-nemo-quick models models-compile models-depthwise models-cudnn-depthwise models-time-torch losses oomptimizer oomptimizer-rnnt oomptimizer-rnnt-chunked oomptimizer-aed ddp allocator allocator-roomy throughput-rnnt-prepare throughput-rnnt-train throughput-aed-prepare throughput-aed-train byo-models plan-calibration"
 if [ $# -eq 0 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
   sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; echo "stages: $STAGES"; exit 2
 fi
@@ -111,7 +111,7 @@ budget() {  # seconds left minus a margin, or nothing (and the stage is skipped)
 stage() {  # one stage by name; budgets leave a margin inside the stage's limit
   local b
   case $1 in
-    byo-models|decoding|decoding-quick|decoding-nemo|oomptimizer-rnnt|oomptimizer-rnnt-chunked|oomptimizer-aed|allocator|allocator-roomy)
+    byo-models|plan-calibration|decoding|decoding-quick|decoding-nemo|oomptimizer-rnnt|oomptimizer-rnnt-chunked|oomptimizer-aed|allocator|allocator-roomy)
       b=$(budget 60 60) || { echo "=== $1: SKIPPED (less than a minute of budget left) ==="; return 1; } ;;
   esac
   case $1 in
@@ -154,6 +154,10 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
                       # BYO_ARGS: e.g. "--models hf-whisper --name byo_models_whisper"
                       run_stage byo_models 400 "${NEMO_ENV[@]}" python3 -m workbench.bench.byo_models \
                         --budget-s $(( b < 340 ? b : 340 )) --out "$RESULTS" ${BYO_ARGS:-} ;;
+    plan-calibration) # the plan (traced on this host's CPU) against the real search, per probe and per bucket
+                      nemo_site; b=$(budget 40 60) || { echo "=== $1: SKIPPED (less than 100 s left) ==="; return 1; }
+                      run_stage plan_calibration 400 "${NEMO_ENV[@]}" python3 -m workbench.bench.plan_calibration \
+                        --budget-s $(( b < 340 ? b : 340 )) --out "$RESULTS" ${CALIBRATION_ARGS:-} ;;
     models)           run_stage models 330 python3 -m workbench.bench.models --kernels --out "$RESULTS" ;;
     models-compile)   # the MFU targets' models at their profile shapes, encoder blocks compiled
                       run_stage models_compile 330 python3 -m workbench.bench.models --compile --only-profile-shapes \

@@ -32,6 +32,7 @@ MEASURED_CODE = {
     "bucketing": ("workbench/bucketing", "workbench/data"),
     "byo_models": ("workbench/adapters", "workbench/oomptimizer", "workbench/memory/oom.py"),
     "manifest_reading": ("workbench/data",),
+    "plan_calibration": ("workbench/oomptimizer", "workbench/models", "workbench/adapters"),
     "decoding": ("workbench/decoding",),
     "losses": ("workbench/models/losses.py", "workbench/models/losses_triton.py", "workbench/models/loss_inputs.py"),
     "models": ("workbench/models",),

@@ -307,3 +307,28 @@ def test_oomptimize_records_the_allocator_settings_and_warns_without_expandable_
     if warns:
         assert lines[0].startswith(f"oomptimize: the CUDA allocator runs without expandable segments (settings "
                                    f"{settings or ''!r})") and "\n" not in lines[0]
+
+
+@pytest.mark.gpu
+def test_gpu_search_from_a_plan_takes_no_more_probes(tmp_path, capsys):
+    """`--plan` for this GPU's memory, then `--from-plan` on it: the same command as a user types it, at 5 % of
+    the GPU; the search from the plan probes no more than the search without it, and says it started there."""
+    from workbench.cli import main
+
+    bins = _bins(tmp_path)
+    total = torch.cuda.get_device_properties(0).total_memory
+    plan, searched, started = tmp_path / "plan.yaml", tmp_path / "searched.yaml", tmp_path / "started.yaml"
+    common = ["--model", "tiny-rnnt", "--bins", str(bins), "--memory-fraction", "0.05", "--no-merge"]
+    try:
+        assert main(["oomptimize", *common, "--out", str(plan), "--plan", "--gpu-memory", str(total),
+                     "--plan-margin", "64MiB"]) == 0
+        assert main(["oomptimize", *common, "--out", str(searched)]) == 0
+        assert main(["oomptimize", *common, "--out", str(started), "--from-plan", str(plan)]) == 0
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    capsys.readouterr()
+    without, with_plan = load_profile(searched).metadata, load_profile(started).metadata
+    assert with_plan["started_from_plan"] is True and without["started_from_plan"] is False
+    assert with_plan["probes"] <= without["probes"]
+    for a, b in zip(load_profile(searched).bucket_batch_size, load_profile(started).bucket_batch_size):
+        assert abs(a - b) <= 0.06 * max(a, b)  # both within the search's 5 % of the same maximum

@@ -12,7 +12,7 @@ from workbench.bucketing.profile import BucketProfile, load_profile, save_profil
 from workbench.cli import main
 from workbench.oomptimizer.plan import (GPU_MEMORY_BYTES, DeviceMemoryTracker, PlanError, PlannedProbe, StepTracer,
                                         build_fake_reference_model, gpu_memory_bytes, new_fake_mode, parse_size,
-                                        plan_profile)
+                                        plan_profile, planned_peaks)
 from workbench.oomptimizer.search import search_batch_sizes
 from workbench.units import GiB, MiB
 
@@ -184,6 +184,53 @@ def test_cli_bad_plan_input_is_one_line_and_writes_nothing(tmp_path, capsys, opt
     assert not out.exists() and bins.read_bytes() == written
 
 
+def test_a_plan_keeps_the_lines_a_gpu_search_starts_from(tmp_path, tiny):
+    bins = _bins(tmp_path)
+    out = tmp_path / "plan.yaml"
+    assert main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(bins), "--out", str(out), "--plan",
+                 "--gpu-memory", "256MiB", "--plan-margin", "16MiB", "--no-merge"]) == 0
+    plan = load_profile(out)
+    prior = planned_peaks(plan, [(2.0, 20), (4.0, 40)])
+    assert 0 < prior.per_item_bytes[0] < prior.per_item_bytes[1] and prior.base_bytes > 0
+    model, _, tracer = tiny
+    for size in plan.bucket_batch_size:  # the line passes through the traced peaks
+        bucket = (4.0, 40) if size == plan.bucket_batch_size[1] else (2.0, 20)
+        traced = tracer.trace(bucket, size).peak_allocated_bytes
+        line = prior.base_bytes + size * prior.per_item_bytes[1 if bucket[0] == 4.0 else 0]
+        assert abs(line - traced) <= 0.01 * traced
+    with pytest.raises(ValueError, match="plan.yaml: planned for 2 other buckets than these 1"):
+        planned_peaks(plan, [(4.0, 40)], source=str(out))
+    with pytest.raises(ValueError, match="not a plan with per-bucket peaks"):
+        planned_peaks(BucketProfile([[4.0, 40]], [3]), [(4.0, 40)])
+
+
+@pytest.mark.parametrize("case, error", [
+    ("missing", "--from-plan {dir}/nothing.yaml: no such profile file"),
+    ("not a plan", "--from-plan {dir}/bins.yaml: not a plan with per-bucket peaks"),
+    ("other buckets", "--from-plan {dir}/plan.yaml: planned for 1 other buckets than these 2"),
+    ("with --plan", "--from-plan: starts the predictive search on a GPU; it cannot be combined with --plan"),
+    ("bisect", "--from-plan: starts the predictive search on a GPU; it cannot be combined with --strategy bisect"),
+    ("good", "oomptimize needs a CUDA GPU"),
+])
+def test_cli_from_plan_bad_input_is_one_line(tmp_path, capsys, case, error):
+    if torch.cuda.is_available() and case == "good":
+        pytest.skip("a GPU is here: the search would run")
+    bins = _bins(tmp_path)
+    plan_bins = _bins(tmp_path / "one", [(4.0, 40)]) if case == "other buckets" else bins
+    plan = tmp_path / "plan.yaml"
+    assert main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(plan_bins), "--out", str(plan), "--plan",
+                 "--gpu-memory", "256MiB", "--plan-margin", "16MiB", "--no-merge"]) == 0
+    capsys.readouterr()
+    source = {"missing": tmp_path / "nothing.yaml", "not a plan": bins}.get(case, plan)
+    extra = {"with --plan": ["--plan", "--gpu-memory", "h200"], "bisect": ["--strategy", "bisect"]}.get(case, [])
+    written = bins.read_bytes()
+    assert main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(bins), "--from-plan", str(source),
+                 *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"workbench oomptimize: error: {error.format(dir=tmp_path)}") and "\n" not in err
+    assert bins.read_bytes() == written
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("WORKBENCH_SLOW") != "1", reason="minutes on the CPU: WORKBENCH_SLOW=1")
 def test_thirty_bucket_plan_of_large_rnnt(capsys):
@@ -214,3 +261,13 @@ def test_plans_for_two_gpus_scale_with_memory_and_say_so():
     line = meaning_of_plans(plans)
     assert f"plans {small} utterances per step on 256MiB and {large} on 512MiB" in line
     assert f"{large / small:.1f}x the batch for 2.0x the memory" in line
+
+
+def test_an_adapter_is_planned_by_its_name():
+    pytest.importorskip("transformers")
+    from workbench.oomptimizer.plan import build_fake_user_model
+
+    fake_mode = new_fake_mode()
+    model = build_fake_user_model("hf-whisper", fake_mode)
+    memory = StepTracer(model, fake_mode, dtype=torch.float32).trace((1.0, 8), 2)
+    assert memory.peak_allocated_bytes > memory.state_bytes > 0

@@ -86,6 +86,39 @@ def report_failures(failures: list[str], *, smoke: bool = False) -> int:
     return 1 if failures and not smoke else 0
 
 
+def measure_each(names: list[str], measure: Callable[[str], tuple[dict, list[str]]], *, budget_s: float = 0,
+                 save: Callable[[dict, list[str]], None], spec_of: Callable[[str], str] = str,
+                 ) -> tuple[dict, list[str]]:
+    """``measure(name) -> (entry, failed checks)`` for each of ``names`` in turn, ``save(entries, failures)``
+    after each; a model that raises gets ``{"spec", "error"}`` (one line) and the others still run; none
+    starts after ``budget_s`` seconds (0: no limit). Returns (entries by name, failures)."""
+    import time
+
+    entries: dict[str, dict] = {}
+    failures: list[str] = []
+    t0 = time.perf_counter()
+    for name in names:
+        if budget_s and time.perf_counter() - t0 > budget_s:
+            failures.append(f"{name}: not run (budget of {budget_s:g} s spent)")
+            continue
+        try:
+            entries[name], failed = measure(name)
+            failures += failed
+        except Exception as e:  # noqa: BLE001 - one model's failure is recorded; the others still run
+            entries[name] = {"spec": spec_of(name),
+                             "error": f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"}
+            failures.append(f"{name}: {entries[name]['error']}")
+            _release_cuda_memory()
+        save(entries, failures)
+    return entries, failures
+
+
+def _release_cuda_memory() -> None:
+    from workbench.memory.oom import release_memory
+
+    release_memory()
+
+
 def git_commit() -> str:
     """The current commit (with ``+dirty`` when the tree has changes), or 'unknown' outside git."""
     env_commit = os.environ.get("WORKBENCH_GIT_COMMIT")

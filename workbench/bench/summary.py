@@ -24,6 +24,7 @@ from workbench.bench.decoding import record as decoding
 from workbench.bench.manifest_reading import record as manifest_reading
 from workbench.bench.models import record as models
 from workbench.bench.oomptimizer import record as oomptimizer
+from workbench.bench.plan_calibration import record as plan_calibration
 from workbench.bench.throughput import record as throughput
 from workbench.bench.results import RESULTS_DIR, provenance_line
 
@@ -36,6 +37,7 @@ SECTIONS: dict[str, Callable[[dict], list[str]]] = {
     oomptimizer.NAME: oomptimizer.summary_lines,
     allocator.NAME: allocator.summary_lines,
     byo_models.NAME: byo_models.summary_lines,
+    plan_calibration.NAME: plan_calibration.summary_lines,
     decoding.NAME: decoding.summary_lines,
     "flow": flow_summary_lines,
     "losses": losses_summary_lines,

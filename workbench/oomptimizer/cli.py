@@ -71,6 +71,10 @@ def register(sub) -> None:
     p.add_argument("--gpu-memory", metavar="SIZE|NAME",
                    help="with --plan: the GPU's memory, a size (80GiB, 80GB, 81920MiB) or a GPU's name "
                         "(a100-40gb, a100-80gb, h100-80gb, h200, l40s)")
+    p.add_argument("--from-plan", metavar="PLAN", type=Path,
+                   help="start the GPU search from a plan of the same --bins (a profile written by --plan, for any "
+                        "memory): each bucket's first probe aims at the plan's size, scaled by what the probes "
+                        "measure, so a good plan needs about one probe per bucket")
     p.add_argument("--plan-margin", metavar="SIZE", default="1GiB",
                    help="with --plan: memory kept free below the fraction for workspaces and fragmentation "
                         "(default 1GiB)")
@@ -110,6 +114,9 @@ def check_options(args) -> None:
 def check_plan_options(args) -> None:
     """--plan needs --gpu-memory and no option that runs on a GPU; sets ``args.gpu_memory_bytes`` and
     ``args.plan_margin_bytes``. One-line ValueErrors."""
+    if args.from_plan is not None and (args.plan or args.strategy != "predictive"):
+        raise ValueError("--from-plan: starts the predictive search on a GPU; it cannot be combined with "
+                         + ("--plan" if args.plan else "--strategy bisect"))
     if not args.plan:
         for option, used in (("--gpu-memory", args.gpu_memory is not None), ("--plan-margin", args.plan_margin != "1GiB")):
             if used:
@@ -157,6 +164,7 @@ def run_oomptimize(args) -> int:
     bins = load_profile(bins_path)  # so is a malformed profile file
     if args.plan:
         return run_plan(args, bins, bins_path)
+    prior = load_prior(args.from_plan, bins) if args.from_plan is not None else None
     configure_allocator()  # before CUDA is initialized
     # torch and the modules that import it load here, so that the CLI's other commands start without them
     import torch
@@ -206,7 +214,7 @@ def run_oomptimize(args) -> int:
     profile, result = oomptimize(model, args.model, bins, strategy=args.strategy, dtype=DTYPES[args.dtype],
                                  memory_fraction=args.memory_fraction, ddp=args.ddp, rel_gap=args.rel_gap,
                                  start_batch_size=args.start_batch_size, merge=not args.no_merge,
-                                 on_probe=on_probe, on_bucket=on_bucket)
+                                 on_probe=on_probe, on_bucket=on_bucket, prior=prior)
     say(f"done: {result.num_probes} probes ({result.probes_per_bucket:.2f} per bucket, {result.num_ooms} OOMs) "
         f"in {time.perf_counter() - t0:.1f} s; {profile.num_buckets} buckets after merging")
     if args.validate:
@@ -218,6 +226,16 @@ def run_oomptimize(args) -> int:
         out = save_profile(args.out or bins_path, profile)
         print(f"wrote {out}")
     return 0
+
+
+def load_prior(path: Path, bins):
+    """The planned peaks of the plan at ``path`` for the buckets of ``bins``; one-line errors naming it."""
+    from workbench.oomptimizer.plan import planned_peaks
+    from workbench.oomptimizer.run import profile_buckets
+
+    if not path.exists():
+        raise FileNotFoundError(f"--from-plan {path}: no such profile file")
+    return planned_peaks(load_profile(path), profile_buckets(bins), source=f"--from-plan {path}")
 
 
 def run_plan(args, bins, bins_path: Path) -> int:

@@ -188,11 +188,11 @@ def build_fake_reference_model(name: str, fake_mode: FakeTensorMode, *, joint_ch
 
 
 def build_fake_user_model(spec: str, fake_mode: FakeTensorMode):
-    """A model that keeps the model contract (MODULE:CALLABLE or an adapter), built with fake weights."""
-    from workbench.adapters import build_model_from_spec
+    """A model that keeps the model contract (MODULE:CALLABLE or an adapter's name), built with fake weights."""
+    from workbench.adapters import build_model_from_spec, user_model_spec
 
     with fake_mode:
-        return build_model_from_spec(spec, None)  # a factory that fails is a one-line ModelContractError
+        return build_model_from_spec(user_model_spec(spec) or spec, None)  # a failing factory: one line
 
 
 class StepTracer:
@@ -338,9 +338,39 @@ def plan_profile(model: torch.nn.Module, fake_mode: FakeTensorMode, model_name: 
             "unmerged_buckets": len(profile_buckets(bins)), "planned": True,
             "plan": {"margin_bytes": int(margin_bytes), "traced_path": TRACED_PATH,
                      "allocator": "expandable segments, 512-byte blocks, 2 MiB pages",
-                     "host_reads_per_step": max((t.host_reads for t in probe.traces), default=0)}}
+                     "host_reads_per_step": max((t.host_reads for t in probe.traces), default=0),
+                     **planned_lines(result)}}
     profile = profile_with_batch_sizes(bins, result, meta, "expandable_segments:True", merge=merge)
     return profile, result
+
+
+def planned_lines(result) -> dict:
+    """What a GPU search started from this plan needs (``metadata.plan``): the buckets (duration s, tokens),
+    unmerged, and the planned peak per bucket as base_bytes + n x per_item_bytes[i] (bytes)."""
+    fit = result.fit
+    return {"buckets": [[float(d), float(u)] for d, u in result.buckets],
+            "base_bytes": float(fit.base_bytes) if fit is not None else 0.0,
+            "per_item_bytes": [float(fit.per_item_bytes[i]) if fit is not None and fit.per_item_bytes.get(i)
+                               else None for i in range(len(result.buckets))]}
+
+
+def planned_peaks(plan, buckets, *, source: str = "plan"):
+    """The :class:`~workbench.oomptimizer.search.PlannedPeaks` of a planned profile (``plan``, from
+    ``oomptimize --plan``) for ``buckets`` (duration s, tokens), which must be the plan's own; a one-line
+    ValueError naming ``source`` otherwise."""
+    from workbench.oomptimizer.search import PlannedPeaks
+
+    lines = (plan.metadata or {}).get("plan") if plan.metadata.get("planned") else None
+    if not isinstance(lines, dict) or "per_item_bytes" not in lines:
+        raise ValueError(f"{source}: not a plan with per-bucket peaks (make one with oomptimize --plan)")
+    planned = [tuple(float(x) for x in b) for b in lines.get("buckets") or []]
+    wanted = [(float(d), float(u)) for d, u in buckets]
+    if len(planned) != len(wanted) or any(abs(a - b) > 1e-6 * max(abs(a), 1.0)
+                                          for p, w in zip(planned, wanted) for a, b in zip(p, w)):
+        raise ValueError(f"{source}: planned for {len(planned)} other buckets than these {len(wanted)} "
+                         "(plan with the same --bins)")
+    return PlannedPeaks(float(lines["base_bytes"]),
+                        [None if c is None else float(c) for c in lines["per_item_bytes"]])
 
 
 def plan_for_gpus(model_name: str, bins, gpus, *, memory_fraction: float = 0.9,

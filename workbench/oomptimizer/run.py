@@ -19,7 +19,7 @@ from workbench.memory.settings import expandable_segments_setting, parse_setting
 from workbench.models.model import encoder_layers_compiled
 from workbench.oomptimizer.merge import merge_equal_buckets
 from workbench.oomptimizer.probe import TrainingStepProbe
-from workbench.oomptimizer.search import SearchResult, search_batch_sizes
+from workbench.oomptimizer.search import PlannedPeaks, SearchResult, search_batch_sizes
 from workbench.units import GiB
 
 DEFAULT_TOKENS_PER_SECOND = 10.0  # token bound of a 1D bucket when the profile has no max_tps
@@ -62,11 +62,12 @@ def oomptimize(model: torch.nn.Module, model_name: str, bins: BucketProfile, *, 
                dtype: torch.dtype = torch.bfloat16, memory_fraction: float = 0.9, ddp: bool = False,
                rel_gap: float = 0.05, start_batch_size: int = 32, merge: bool = True,
                on_probe: Callable | None = None, on_bucket: Callable | None = None,
-               ) -> tuple[BucketProfile, SearchResult]:
+               prior: PlannedPeaks | None = None) -> tuple[BucketProfile, SearchResult]:
     """Search per-bucket batch sizes for ``model`` (already on the GPU) over the buckets of ``bins``.
 
     Returns the filled profile (merged buckets when ``merge``) and the search trace; the profile records the
-    CUDA allocator settings the search ran under (one warning line when expandable segments are off). Raises
+    CUDA allocator settings the search ran under (one warning line when expandable segments are off).
+    ``prior``: a plan's peaks for these buckets (``plan.planned_peaks``), where the search starts. Raises
     RuntimeError when the probes leave memory allocated behind.
     """
     allocator_settings = current_allocator_settings() or ""
@@ -83,7 +84,7 @@ def oomptimize(model: torch.nn.Module, model_name: str, bins: BucketProfile, *, 
         probe.warm_up(buckets[0])
     result = search_batch_sizes(buckets, probe, budget_bytes=probe.budget_bytes, rel_gap=rel_gap,
                                 start_batch_size=start_batch_size, strategy=strategy, on_probe=on_probe,
-                                on_bucket=on_bucket)
+                                on_bucket=on_bucket, prior=prior)
     release_memory()
     leftover = torch.cuda.memory_allocated() - probe.baseline_bytes
     if leftover != 0:
@@ -92,7 +93,8 @@ def oomptimize(model: torch.nn.Module, model_name: str, bins: BucketProfile, *, 
                         joint_chunk_size=int(getattr(getattr(model, "config", None), "joint_chunk_size", 0)),
                         compile=compiled,
                         world_size=world, probes=result.num_probes, search_seconds=round(result.seconds, 2),
-                        budget_bytes=int(probe.budget_bytes), unmerged_buckets=len(buckets))
+                        budget_bytes=int(probe.budget_bytes), unmerged_buckets=len(buckets),
+                        started_from_plan=prior is not None)
     return profile_with_batch_sizes(bins, result, meta, allocator_settings, merge=merge), result
 
 

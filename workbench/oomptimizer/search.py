@@ -21,6 +21,11 @@ Two strategies:
   starts a new piece, and the fit keeps only each bucket's top piece. An OOM the model did not predict
   is a step it missed: the next size assumes the largest step seen so far (or splits the bracket).
 
+A plan (``prior``: :class:`PlannedPeaks`, from ``workbench oomptimize --plan``) gives every bucket's per-item
+cost before any probe: the predictive search scales it by what the buckets probed so far measured (the
+median ratio of measured to planned cost) and aims each bucket's first probe just below the largest size
+that fits, so that a good plan needs about one probe per bucket.
+
 ``stop()`` (optional) is asked between buckets: once it returns True no new bucket starts, and the
 buckets not searched keep batch size None (``SearchResult.not_searched``).
 """
@@ -46,6 +51,14 @@ NOT_SEARCHED = "not searched"  # stop reason of a bucket the search stopped befo
 # linear piece. Tuned on the synthetic models: 0.6 lets the notebook's +-2 % jitter start pieces (more
 # probes), 0.8 misses steps of 4 % of the per-item cost (SplitBatchMemory at 8 KiB per frame).
 DEPARTURE_GAP_SHARE = 0.7
+
+
+@dataclass
+class PlannedPeaks:
+    """A plan's peak memory per bucket (in the search's bucket order): base_bytes + n x per_item_bytes[i]
+    (bytes; None for a bucket the plan has no cost for)."""
+    base_bytes: float
+    per_item_bytes: list[float | None]
 
 
 @dataclass
@@ -113,7 +126,8 @@ def search_batch_sizes(buckets, probe: Probe, *, budget_bytes: float | None = No
                        max_batch_size: int = 1 << 20, max_probes_per_bucket: int = 40,
                        on_probe: Callable[[ProbeRecord], None] | None = None,
                        on_bucket: Callable[[int, int, list[ProbeRecord]], None] | None = None,
-                       stop: Callable[[], bool] | None = None) -> SearchResult:
+                       stop: Callable[[], bool] | None = None,
+                       prior: PlannedPeaks | None = None) -> SearchResult:
     """The largest batch size per bucket that fits, found with few probes.
 
     ``buckets``: list of ``(duration_seconds, num_tokens)``, any order. ``budget_bytes``: the memory limit
@@ -122,8 +136,9 @@ def search_batch_sizes(buckets, probe: Probe, *, budget_bytes: float | None = No
     (smallest OOM - largest fit) / smallest OOM <= rel_gap. ``on_probe(record)`` after every probe;
     ``on_bucket(index, batch_size, records)`` when a bucket is done. ``stop()`` is asked after each
     bucket but the last: True starts no further bucket (those get batch size None and stop reason
-    NOT_SEARCHED), so a stopped search has searched at least the largest bucket. Raises ValueError on
-    bad input and RuntimeError when a bucket does not fit even at batch size 1.
+    NOT_SEARCHED), so a stopped search has searched at least the largest bucket. ``prior``: a plan's
+    peaks for these buckets (predictive only; module doc). Raises ValueError on bad input and RuntimeError
+    when a bucket does not fit even at batch size 1.
     """
     buckets = [_check_bucket(i, b) for i, b in enumerate(buckets)]
     if not buckets:
@@ -137,8 +152,9 @@ def search_batch_sizes(buckets, probe: Probe, *, budget_bytes: float | None = No
         check_int(value, name, 1)
     if budget_bytes is not None and not budget_bytes > 0:
         raise ValueError(f"budget_bytes: must be positive or None, got {budget_bytes}")
+    _check_prior(prior, len(buckets), strategy)
     state = _SearchState(buckets, probe, budget_bytes, rel_gap, int(start_batch_size), int(max_batch_size),
-                         max_probes_per_bucket, on_probe)
+                         max_probes_per_bucket, on_probe, prior)
     t0 = time.perf_counter()
     order = sorted(range(len(buckets)), key=lambda i: (buckets[i][0], buckets[i][1]), reverse=True)
     result: list[int | None] = [None] * len(buckets)
@@ -170,12 +186,26 @@ def _check_bucket(i: int, b) -> Bucket:
     return (d, u)
 
 
+def _check_prior(prior: PlannedPeaks | None, num_buckets: int, strategy: str) -> None:
+    if prior is None:
+        return
+    if strategy != "predictive":
+        raise ValueError(f"prior: a plan guides the predictive search only, not strategy {strategy!r}")
+    if len(prior.per_item_bytes) != num_buckets:
+        raise ValueError(f"prior: the plan has {len(prior.per_item_bytes)} buckets, the search {num_buckets}")
+    costs = [c for c in prior.per_item_bytes if c is not None]
+    if not (math.isfinite(prior.base_bytes) and prior.base_bytes >= 0
+            and all(math.isfinite(c) and c > 0 for c in costs)):
+        raise ValueError("prior: base_bytes must be finite and >= 0, every per-item cost finite and > 0")
+
+
 class _SearchState:
     """Probes run so far and what they say; the per-bucket loops of both strategies."""
 
-    def __init__(self, buckets, probe, budget, rel_gap, start, max_bs, max_probes, on_probe):
+    def __init__(self, buckets, probe, budget, rel_gap, start, max_bs, max_probes, on_probe, prior=None):
         self.buckets, self.probe, self.budget, self.rel_gap = buckets, probe, budget, rel_gap
         self.start, self.max_bs, self.max_probes, self.on_probe = start, max_bs, max_probes, on_probe
+        self.prior = prior
         self.records: list[ProbeRecord] = []
         self.scale = (max(b[0] for b in buckets), max(max(b[1] for b in buckets), 1.0))
         self.shape_errors: list[float] = []  # relative errors of the shape model on new buckets
@@ -279,7 +309,13 @@ class _SearchState:
         return low, high
 
     def predict_cost(self, i: int, fit: MemoryFit) -> float | None:
-        """Per-item bytes of bucket i from the shape model over the measured buckets."""
+        """Per-item bytes of bucket i: the plan's, scaled by measured / planned cost over the buckets
+        measured so far (1 before any); without a plan, the shape model over the measured buckets."""
+        planned = self.prior.per_item_bytes[i] if self.prior is not None else None
+        if planned:
+            ratios = [cost / self.prior.per_item_bytes[k] for k, cost in fit.per_item_bytes.items()
+                      if cost > 0 and self.prior.per_item_bytes[k]]
+            return planned * (float(np.median(ratios)) if ratios and fit.base_known else 1.0)
         known = sorted(fit.per_item_bytes)
         known = [k for k in known if fit.per_item_bytes[k] > 0]
         if not known:
@@ -291,14 +327,18 @@ class _SearchState:
         return pred if pred > 0 else None
 
     def margin(self) -> float:
-        """How far below the shape model's prediction the first probe of a bucket aims."""
+        """How far below the predicted largest size the first probe of a bucket aims: with a plan scaled by
+        a measured bucket, into the middle of the window the budget proof accepts (a miss either way costs
+        one probe); else by the shape model's recent errors (15 % before any)."""
+        if self.prior is not None and any(r.bucket_index != self.records[-1].bucket_index for r in self.records):
+            return self.rel_gap / 8
         if not self.shape_errors:
             return 0.15
         return float(min(1.5 * np.median(self.shape_errors[-5:]), 0.3))
 
     def predictive_bucket(self, i: int) -> tuple[int, str]:
         fit = self.fit()
-        predicted_cost = self.predict_cost(i, fit) if fit.base_known else None
+        predicted_cost = self.predict_cost(i, fit) if fit.base_known or self.prior is not None else None
         first = True
         for _ in range(self.max_probes):
             lower, lower_peak, upper = self.bracket(i)
@@ -333,6 +373,12 @@ class _SearchState:
                     self.shape_errors.append(abs(predicted_cost - now) / now)
                     predicted_cost = None
         return self.finish(i, self.bracket(i)[0], "exhausted")
+
+    def base_guess(self, fit: MemoryFit) -> float:
+        """Bytes that do not grow with the batch: the fit's once known, else the plan's (else 0)."""
+        if fit.base_known or self.prior is None:
+            return fit.base_bytes
+        return self.prior.base_bytes
 
     def step_guess(self, lower: int, lower_peak: float, upper: int, base: float, budget: float) -> int | None:
         """The size where the budget (bytes) is reached if the per-item cost of ``lower`` (through the base)
@@ -392,9 +438,8 @@ class _SearchState:
             ooms = sum(r.oom for r in self.records if r.bucket_index == i)
             back_off = min(max(2 * self.margin(), self.rel_gap / 3) * 2 ** max(ooms - 2, 0), 0.5)
             n = math.floor(upper * (1 - back_off)) if predicted_cost else upper // 2
-        elif predicted_cost and (low_b > fit.base_bytes):
-            target = low_b
-            n = math.floor((target - fit.base_bytes) / predicted_cost)
+        elif predicted_cost and (low_b > self.base_guess(fit)):
+            n = math.floor((low_b - self.base_guess(fit)) / predicted_cost)
             if first:
                 m = self.margin()
                 n = n if m * n < 1 else math.floor(n * (1 - m))
@@ -404,5 +449,8 @@ class _SearchState:
             n = 2 * lo
         n = int(min(max(n, lo + 1, 1), hi - 1, self.max_bs))
         cost = own or predicted_cost
-        expected = fit.base_bytes + n * cost if cost and fit.base_known else None
+        if cost and fit.base_known:
+            expected = fit.base_bytes + n * cost
+        else:  # before the base is known, only a plan's line says what to expect
+            expected = self.base_guess(fit) + n * predicted_cost if self.prior and predicted_cost and not own else None
         return n, expected

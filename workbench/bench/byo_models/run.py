@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import math
 import tempfile
-import time
 
 import torch
 
 from workbench.adapters import ADAPTERS, SMALL_CONFIGS, build_adapter, build_model_from_spec, user_model_spec
 from workbench.bench.oomptimizer.modeled_probe import ModeledMemoryProbe
-from workbench.bench.results import bench_device, check_smoke_out, cuda_missing, report_failures, write_result
+from workbench.bench.results import (bench_device, check_smoke_out, cuda_missing, measure_each, report_failures,
+                                     write_result)
 from workbench.bucketing import BucketProfile, estimate_2d_bins
 from workbench.data import read_cut_arrays, write_synthetic_corpus
 from workbench.memory import configure_allocator
@@ -112,53 +112,66 @@ def checks(name: str, entry: dict) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", help=f"adapters ({', '.join(ADAPTERS)}), reference names or "
-                        f"MODULE:CALLABLE (default: {' '.join(DEFAULT_MODELS)}; --smoke: those with a small config)")
+def bench_buckets(args) -> list:
+    """The benches' buckets: 2D bins of the synthetic corpus (``--buckets`` x ``--sub-buckets`` up to
+    ``--max-duration``); two small ones in smoke runs."""
+    buckets = corpus_buckets(args.buckets, args.sub_buckets, args.max_duration, 2000 if args.smoke else 20000)
+    if args.smoke:
+        buckets = [(min(d, 2.0), min(u, 12.0)) for d, u in buckets[:2]]
+    return buckets
+
+
+def add_search_options(parser) -> None:
+    """The options the benches that search models share: buckets, the search's settings, budget, smoke, out."""
     parser.add_argument("--buckets", type=int, default=4, help="duration buckets (default 4)")
     parser.add_argument("--sub-buckets", type=int, default=2, help="token sub-buckets each (default 2)")
     parser.add_argument("--max-duration", type=float, default=25.0, help="longest utterance, s (default 25)")
     parser.add_argument("--memory-fraction", type=float, default=0.9, help="the search's share of the GPU")
     parser.add_argument("--rel-gap", type=float, default=0.05, help="the search's stopping gap (default 0.05)")
     parser.add_argument("--max-batch-size", type=int, default=8192, help="the search's upper bound")
-    parser.add_argument("--soak-steps", type=int, default=2, help="soak steps per bucket (default 2)")
     parser.add_argument("--budget-s", type=float, default=0, help="start no model after this many s (0: none)")
     parser.add_argument("--smoke", action="store_true", help="CPU: small models, a modeled peak (not measured)")
     parser.add_argument("--out", help="results folder (default benchmarks/results)")
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", help=f"adapters ({', '.join(ADAPTERS)}), reference names or "
+                        f"MODULE:CALLABLE (default: {' '.join(DEFAULT_MODELS)}; --smoke: those with a small config)")
+    add_search_options(parser)
+    parser.add_argument("--soak-steps", type=int, default=2, help="soak steps per bucket (default 2)")
     parser.add_argument("--name", default=NAME, help=f"record name, {NAME} or {NAME}_<suffix> (default {NAME})")
     args = parser.parse_args(argv)
     if args.smoke:
         check_smoke_out(parser, args.out)
     if args.name != NAME and not args.name.startswith(NAME + "_"):
         parser.error(f"--name: must be {NAME} or start with {NAME}_ (the summary finds the record by it)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if cuda_missing(args.smoke):
         return 2
     configure_allocator()  # expandable segments, as `workbench oomptimize` and training run (before CUDA starts)
     device = bench_device()
-    buckets = corpus_buckets(args.buckets, args.sub_buckets, args.max_duration, 2000 if args.smoke else 20000)
-    if args.smoke:
-        buckets = [(min(d, 2.0), min(u, 12.0)) for d, u in buckets[:2]]
+    buckets = bench_buckets(args)
     names = args.models or ([n for n in DEFAULT_MODELS if n in SMALL_CONFIGS or user_model_spec(n) is None]
                             if args.smoke else DEFAULT_MODELS)
-    models, failures, t0 = {}, [], time.perf_counter()
-    for name in names:
-        if args.budget_s and time.perf_counter() - t0 > args.budget_s:
-            failures.append(f"{name}: not run (budget of {args.budget_s:g} s spent)")
-            continue
+
+    def measure(name: str) -> tuple[dict, list[str]]:
         print(f"{name}: searching {len(buckets)} buckets", flush=True)
-        try:
-            models[name] = measure_model(name, buckets, args, device)
-            failures += checks(name, models[name])
-            print(f"{name}: sizes {models[name]['batch_sizes']}, "
-                  f"{models[name]['mean_probes_per_bucket']:.2f} probes per bucket", flush=True)
-        except Exception as e:  # noqa: BLE001 - one model's failure is recorded; the others still run
-            models[name] = {"spec": user_model_spec(name) or name, "error": f"{type(e).__name__}: "
-                            f"{(str(e).strip().splitlines() or [''])[0]}"}
-            failures.append(f"{name}: {models[name]['error']}")
-            release_memory()
-        write_result(args.name, what="OOMptimizer on models nobody here wrote: batch sizes, probes, soak and the 1.1x "
-                     "check per bucket" + (" (SMOKE: modeled peak, not a measurement)" if args.smoke else ""),
+        entry = measure_model(name, buckets, args, device)
+        print(f"{name}: sizes {entry['batch_sizes']}, {entry['mean_probes_per_bucket']:.2f} probes per bucket",
+              flush=True)
+        return entry, checks(name, entry)
+
+    def save(models: dict, failures: list[str]) -> None:
+        write_result(args.name, what="OOMptimizer on models nobody here wrote: batch sizes, probes, soak and the "
+                     "1.1x check per bucket" + (" (SMOKE: modeled peak, not a measurement)" if args.smoke else ""),
                      figures={"buckets": buckets, "models": models, "failures": failures},
                      params=dict(vars(args)), out_dir=args.out)
+
+    _, failures = measure_each(names, measure, budget_s=args.budget_s, save=save,
+                               spec_of=lambda name: user_model_spec(name) or name)
     return report_failures(failures, smoke=args.smoke)

@@ -1,0 +1,68 @@
+"""The predictive search started from a plan: about one probe per bucket when the plan is good, and never a
+size above the true maximum when it is not."""
+
+import numpy as np
+import pytest
+
+from workbench.oomptimizer.search import PlannedPeaks, search_batch_sizes
+from workbench.oomptimizer.synthetic import SyntheticMemory, demo_buckets
+from workbench.units import GiB
+
+
+def _plan(memory: SyntheticMemory, buckets, *, cost_scale: float, base_bytes: float, error: float, seed: int = 0):
+    """A plan of ``memory``: every per-item cost scaled by ``cost_scale`` (a bias the measured buckets correct)
+    and by a random factor in [1 - error, 1 + error] per bucket."""
+    rng = np.random.default_rng(seed)
+    costs = [(memory.peak(b, 1) - memory.base_bytes) * cost_scale * (1 + rng.uniform(-error, error))
+             for b in buckets]
+    return PlannedPeaks(base_bytes, costs)
+
+
+def _check_sizes(result, memory, buckets, rel_gap=0.05):
+    for i, b in enumerate(buckets):
+        best = memory.true_max(b)
+        assert result.batch_sizes[i] <= best, (i, result.batch_sizes[i], best)
+        assert result.batch_sizes[i] >= (1 - rel_gap) * best - 1, (i, result.batch_sizes[i], best)
+
+
+@pytest.mark.parametrize("kind", ["linear", "quadratic"])
+def test_a_good_plan_needs_at_most_1_3_probes_per_bucket(kind):
+    memory = SyntheticMemory(kind=kind)
+    buckets = demo_buckets()  # 30 buckets
+    prior = _plan(memory, buckets, cost_scale=0.9, base_bytes=5 * GiB, error=0.002)
+    result = search_batch_sizes(buckets, memory.probe, budget_bytes=memory.budget_bytes, prior=prior)
+    _check_sizes(result, memory, buckets)
+    assert result.probes_per_bucket <= 1.3, [p.batch_size for p in result.probes]
+    without = search_batch_sizes(buckets, memory.probe, budget_bytes=memory.budget_bytes)
+    assert result.num_probes < without.num_probes
+
+
+@pytest.mark.parametrize("error", [0.03, 0.1])
+def test_a_rough_plan_costs_probes_not_correctness(error):
+    memory = SyntheticMemory(kind="quadratic")
+    buckets = demo_buckets()
+    prior = _plan(memory, buckets, cost_scale=1.3, base_bytes=10 * GiB, error=error, seed=1)
+    result = search_batch_sizes(buckets, memory.probe, budget_bytes=memory.budget_bytes, prior=prior)
+    _check_sizes(result, memory, buckets)
+    assert result.probes_per_bucket <= 3.0
+
+
+def test_a_plan_with_buckets_it_has_no_cost_for():
+    memory = SyntheticMemory(kind="linear")
+    buckets = demo_buckets(num_durations=5)
+    prior = _plan(memory, buckets, cost_scale=1.0, base_bytes=memory.base_bytes, error=0.0)
+    prior.per_item_bytes[3] = None
+    result = search_batch_sizes(buckets, memory.probe, budget_bytes=memory.budget_bytes, prior=prior)
+    _check_sizes(result, memory, buckets)
+
+
+@pytest.mark.parametrize("prior, strategy, message", [
+    (PlannedPeaks(0.0, [1.0]), "predictive", "the plan has 1 buckets, the search 2"),
+    (PlannedPeaks(0.0, [1.0, 1.0]), "bisect", "predictive search only"),
+    (PlannedPeaks(float("nan"), [1.0, 1.0]), "predictive", "base_bytes must be finite"),
+    (PlannedPeaks(0.0, [1.0, -2.0]), "predictive", "per-item cost finite and > 0"),
+])
+def test_a_plan_that_does_not_match_is_refused(prior, strategy, message):
+    with pytest.raises(ValueError, match=message):
+        search_batch_sizes([(10.0, 100.0), (5.0, 50.0)], lambda b, n: 1.0, budget_bytes=10.0, strategy=strategy,
+                           prior=prior)

@@ -1,0 +1,29 @@
+"""The plan_calibration record (``benchmarks/results/plan_calibration.json``): per model, planned against
+searched batch sizes, the plan's predicted peaks against the measured ones, and the search from the plan."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+NAME = "plan_calibration"
+
+
+def summary_lines(figures: Mapping[str, Any]) -> list[str]:
+    """The record's lines in benchmarks/SUMMARY.md: one per model."""
+    lines = []
+    for name, entry in figures["models"].items():
+        if "error" in entry:
+            lines.append(f"- {name}: not measured: {entry['error'][:160]}")
+            continue
+        ratios = entry["planned_over_searched"]
+        fits = sum(entry["planned_fits"])
+        error = entry["largest_peak_error"]
+        lines.append(f"- {name}: planned / searched batch size {min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} "
+                     f"buckets, {fits}/{len(ratios)} planned sizes fit; predicted peaks within "
+                     f"{'n/a' if error is None else f'{error:.1%}'} of the measured ones "
+                     f"({len(entry['probes'])} probes); search {entry['search']['mean_probes_per_bucket']:.2f} "
+                     f"probes per bucket, from the plan {entry['from_plan']['mean_probes_per_bucket']:.2f}; "
+                     f"plan {entry['plan']['seconds']:.0f} s on the CPU")
+    failed = [name for name, entry in figures["models"].items() if "error" in entry]  # said above
+    return lines + [f"- target missed: {f}" for f in figures.get("failures", [])
+                    if not any(f.startswith(f"{name}: ") for name in failed)]
