@@ -91,7 +91,11 @@ def register(sub) -> None:
                       "workbench corpus stats work/demo/cuts.jsonl.gz",
                       "workbench corpus tokenizer work/demo/cuts.jsonl.gz --vocab-size 256"])
     csub = corpus.add_subparsers(dest="corpus_command", metavar="KIND", required=True)
+    for register_command in (_register_synthetic, _register_tts, _register_tokenizer, _register_stats):
+        register_command(csub)
 
+
+def _register_synthetic(csub) -> None:
     p = _parser(csub, "synthetic", "synthetic corpus with realistic statistics (no audio)",
                 "Write OUT/cuts.jsonl.gz: seeded synthetic cuts with log-normal durations, transcripts and\n"
                 "custom.num_tokens, spread over speakers with their own speaking rates. No audio: the recordings\n"
@@ -115,6 +119,8 @@ def register(sub) -> None:
     _overwrite_option(p, "once the new cuts are written")
     p.set_defaults(func=_synthetic)
 
+
+def _register_tts(csub) -> None:
     p = _parser(csub, "tts", "real 16 kHz audio spoken by espeak-ng, no downloads",
                 "Speak sentences with espeak-ng into a 16 kHz corpus under OUT: audio files and lhotse\n"
                 "recordings, supervisions and cuts manifests. Needs espeak-ng; downloads nothing.",
@@ -151,6 +157,8 @@ def register(sub) -> None:
     _overwrite_option(p, "before the new audio is made")
     p.set_defaults(func=_tts)
 
+
+def _register_tokenizer(csub) -> None:
     p = _parser(csub, "tokenizer", "train a sentencepiece tokenizer on a corpus's transcripts",
                 "Train a sentencepiece tokenizer (BPE or unigram) on the transcripts of a cuts manifest;\n"
                 "writes PREFIX.model and PREFIX.vocab, by default beside the manifest as\n"
@@ -173,6 +181,8 @@ def register(sub) -> None:
                         "other than the input (default: both refused)")
     p.set_defaults(func=_tokenizer)
 
+
+def _register_stats(csub) -> None:
     p = _parser(csub, "stats", "count, hours, durations and token counts of a corpus",
                 "Print, as JSON: cut count, hours, shortest/median/longest duration (seconds) and, with token\n"
                 "counts, median and largest token count and median tokens per second.",

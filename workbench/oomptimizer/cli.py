@@ -169,7 +169,6 @@ def run_oomptimize(args) -> int:
     # torch and the modules that import it load here, so that the CLI's other commands start without them
     import torch
 
-    from workbench.models import build_model, compile_encoder_layers
     from workbench.models.model import DTYPES
     from workbench.oomptimizer.run import describe_soak, oomptimize, profile_buckets, soak
 
@@ -180,37 +179,12 @@ def run_oomptimize(args) -> int:
             raise ValueError(f"--nproc {args.nproc}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
         return _relaunch_under_torchrun(args.nproc)
     rank = _init_distributed(torch)
-    from workbench.adapters import build_model_from_spec, check_model, user_model_spec
-
-    spec = user_model_spec(args.model)
-    if spec is not None:  # a model we did not write: one checked step first, so a broken one fails in one line
-        device = torch.device("cuda", torch.cuda.current_device())
-        model = build_model_from_spec(spec, device)
-        smallest = min(profile_buckets(bins))
-        check_model(model, spec=args.model, bucket=(smallest[0], int(smallest[1])), device=device,
-                    dtype=DTYPES[args.dtype])
-    else:
-        with torch.device("cuda", torch.cuda.current_device()):  # built on the GPU: an xl model skips host init
-            model = build_model(args.model, joint_chunk_size=args.joint_chunk_size)
-    if args.compile:
-        compile_encoder_layers(model)  # the probes measure the compiled step (the first one compiles)
+    model = _build_for_search(args, bins)
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"oomptimize {args.model}: {bins.num_buckets} buckets, {args.strategy}, {args.dtype}, "
         f"memory fraction {args.memory_fraction}{', compiled encoder' if args.compile else ''}")
     t0 = time.perf_counter()
-    def on_probe(rec):
-        peak = "OOM" if rec.oom else f"{rec.peak_bytes / GiB:6.1f} GiB"
-        if rank == 0:
-            print(f"\r  bucket {rec.bucket_index:3d}: probe batch size {rec.batch_size:5d} -> {peak:>10}   ",
-                  end="", flush=True)
-
-    def on_bucket(i, batch_size, records):
-        peak = max((r.peak_bytes for r in records if not r.oom), default=0)
-        d, u = buckets[i]
-        say(f"\r  bucket {i:3d} ({d:6.2f} s, {u:5.0f} tok): batch size {batch_size:5d}  "
-            f"probes {len(records):2d}  peak {peak / GiB:6.1f} GiB")
-
-    buckets = profile_buckets(bins)
+    on_probe, on_bucket = _progress_lines(profile_buckets(bins), say)
     profile, result = oomptimize(model, args.model, bins, strategy=args.strategy, dtype=DTYPES[args.dtype],
                                  memory_fraction=args.memory_fraction, ddp=args.ddp, rel_gap=args.rel_gap,
                                  start_batch_size=args.start_batch_size, merge=not args.no_merge,
@@ -226,6 +200,46 @@ def run_oomptimize(args) -> int:
         out = save_profile(args.out or bins_path, profile)
         print(f"wrote {out}")
     return 0
+
+
+def _build_for_search(args, bins):
+    """The model on this CUDA device: a reference model built there, or the user's, checked by one step of the
+    smallest bucket first (a broken one fails in one line); compiled when asked."""
+    import torch
+
+    from workbench.adapters import build_model_from_spec, check_model, user_model_spec
+    from workbench.models import build_model, compile_encoder_layers
+    from workbench.models.model import DTYPES
+    from workbench.oomptimizer.run import profile_buckets
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    spec = user_model_spec(args.model)
+    if spec is not None:
+        model = build_model_from_spec(spec, device)
+        smallest = min(profile_buckets(bins))
+        check_model(model, spec=args.model, bucket=(smallest[0], int(smallest[1])), device=device,
+                    dtype=DTYPES[args.dtype])
+    else:
+        with device:  # built on the GPU: an xl model skips host init
+            model = build_model(args.model, joint_chunk_size=args.joint_chunk_size)
+    if args.compile:
+        compile_encoder_layers(model)  # the probes measure the compiled step (the first one compiles)
+    return model
+
+
+def _progress_lines(buckets, say):
+    """(on_probe, on_bucket) for the search: a line per probe rewritten in place, a line per bucket."""
+    def on_probe(rec):
+        peak = "OOM" if rec.oom else f"{rec.peak_bytes / GiB:6.1f} GiB"
+        say(f"\r  bucket {rec.bucket_index:3d}: probe batch size {rec.batch_size:5d} -> {peak:>10}   ",
+            end="", flush=True)
+
+    def on_bucket(i, batch_size, records):
+        peak = max((r.peak_bytes for r in records if not r.oom), default=0)
+        d, u = buckets[i]
+        say(f"\r  bucket {i:3d} ({d:6.2f} s, {u:5.0f} tok): batch size {batch_size:5d}  "
+            f"probes {len(records):2d}  peak {peak / GiB:6.1f} GiB")
+    return on_probe, on_bucket
 
 
 def load_prior(path: Path, bins):
