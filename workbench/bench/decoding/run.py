@@ -450,6 +450,43 @@ def _print_group(tag: str, group: list[dict]) -> None:
         print(f"{tag}: " + ", ".join(f"{r['method']} {r['time_s']['median'] * 1e3:.2f} ms" for r in group), flush=True)
 
 
+def record_what(*, smoke: bool, nemo: bool) -> str:
+    """The record's one-line description."""
+    return (("SMOKE RUN (off modes, tiny shapes; not a measurement): " if smoke else "")
+            + ("greedy RNN-T/TDT decoding loop (encoder output given), ours against NeMo 3.0.0 in the same process "
+               "on NeMo's modules: seconds per batch, speedups, hypotheses compared" if nemo else
+               "greedy RNN-T/TDT decoding loop (encoder output given): seconds per batch, audio s/s, speedups"))
+
+
+def record_params(grid: Grid, device: torch.device, *, quick: bool, smoke: bool, nemo: bool, kernel_profile: bool,
+                  target_method: str) -> dict[str, Any]:
+    """What the record measured: sizes, grid, dtypes, the default kernels, how rows are calibrated and timed."""
+    params = {"vocab": VOCAB, "predictor": PRED, "joint": JOINT, "encoder_dim": ENC, "frame_s": FRAME_S,
+              "tdt_durations": TDT_DURATIONS, "batches": grid.batches, "frames": grid.frame_counts,
+              "dtypes": [str(d)[6:] for d in grid.dtypes], "max_symbols": 10, "quick": quick,
+              "tf32": False, "smoke": smoke, "blank_window": W, "target_method": target_method,
+              "default_kernels": label_looping.resolve_kernels("auto", device=device)[1],
+              "weights": "NeMo's RNNTDecoder and RNNTJoint, random" if nemo else "workbench toy transducer, random",
+              "calibration": "blank bias bisected per row (model, dtype, B, T) on that row's own input, "
+                             "towards 1/3 labels per frame",
+              "timing": "methods of one graph mode timed interleaved, call by call"}
+    if nemo:
+        params["breakdown_batches"] = grid.breakdown_batches
+        params["passes"] = ("first at every size: " + ", ".join(method_name(*m) for m in NEMO_TARGET_METHODS)
+                            + "; then " + ", ".join(method_name(*m) for m in NEMO_BREAKDOWN_EVERYWHERE)
+                            + " at every size and " + ", ".join(method_name(*m) for m in NEMO_BREAKDOWN_METHODS)
+                            + " at the breakdown batches; NeMo's full graph after every other row, at each size "
+                            "interleaved with our full graph of the first pass (whose row it then replaces)")
+    if kernel_profile:
+        params["kernel_profile"] = {
+            "method": method_name(*profiled_method(device)), "dtype": "float32", "frames": grid.profile_frames,
+            "batches": [b for b in grid.profile_batches if b in grid.batches],
+            "how": "one more decode after every timed row, under torch.profiler (CPU and CUDA activities)"}
+    if not nemo:
+        params["speedup_note"] = "TDT rows are compared with RNN-T frame-looping off of the same batch and length"
+    return params
+
+
 def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke: bool = False,
         nemo: bool = False, kernel_profile: bool = False) -> int:
     t_start = time.perf_counter()
@@ -487,37 +524,11 @@ def run(out_dir: str, quick: bool, budget_s: float, device: torch.device, smoke:
                    "skipped_for_time": outcome.skipped, "elapsed_s": time.perf_counter() - t_start}
         if nemo:
             figures["peer"] = nemo_peer.peer_description()
-            params_extra = {"breakdown_batches": grid.breakdown_batches,
-                            "passes": "first at every size: " + ", ".join(method_name(*m) for m in NEMO_TARGET_METHODS)
-                            + "; then " + ", ".join(method_name(*m) for m in NEMO_BREAKDOWN_EVERYWHERE)
-                            + " at every size and " + ", ".join(method_name(*m) for m in NEMO_BREAKDOWN_METHODS)
-                            + " at the breakdown batches; NeMo's full graph after every other row, at each size "
-                            "interleaved with our full graph of the first pass (whose row it then replaces)"}
-        else:
-            params_extra = {}
-        params = {"vocab": VOCAB, "predictor": PRED, "joint": JOINT, "encoder_dim": ENC, "frame_s": FRAME_S,
-                  "tdt_durations": TDT_DURATIONS, "batches": grid.batches, "frames": grid.frame_counts,
-                  "dtypes": [str(d)[6:] for d in grid.dtypes], "max_symbols": 10, "quick": quick,
-                  "tf32": False, "smoke": smoke, "blank_window": W, "target_method": target_method,
-                  "default_kernels": label_looping.resolve_kernels("auto", device=device)[1],
-                  "weights": "NeMo's RNNTDecoder and RNNTJoint, random" if nemo else "workbench toy transducer, random",
-                  "calibration": "blank bias bisected per row (model, dtype, B, T) on that row's own input, "
-                                 "towards 1/3 labels per frame",
-                  "timing": "methods of one graph mode timed interleaved, call by call", **params_extra}
-        if kernel_profile:
-            params["kernel_profile"] = {
-                "method": method_name(*profiled_method(device)), "dtype": "float32", "frames": grid.profile_frames,
-                "batches": [b for b in grid.profile_batches if b in grid.batches],
-                "how": "one more decode after every timed row, under torch.profiler (CPU and CUDA activities)"}
-        if not nemo:
-            params["speedup_note"] = "TDT rows are compared with RNN-T frame-looping off of the same batch and length"
+        params = record_params(grid, device, quick=quick, smoke=smoke, nemo=nemo, kernel_profile=kernel_profile,
+                               target_method=target_method)
         path = write_result(
             name, out_dir=out_dir,
-            what=("SMOKE RUN (off modes, tiny shapes; not a measurement): " if smoke else "")
-            + ("greedy RNN-T/TDT decoding loop (encoder output given), ours against NeMo 3.0.0 in the same process "
-               "on NeMo's modules: seconds per batch, speedups, hypotheses compared" if nemo else
-               "greedy RNN-T/TDT decoding loop (encoder output given): seconds per batch, audio s/s, speedups"),
-            params=params, figures=figures)
+            what=record_what(smoke=smoke, nemo=nemo), params=params, figures=figures)
         return path, figures
 
     path = None
