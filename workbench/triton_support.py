@@ -7,42 +7,15 @@ The fused decoding stages (:mod:`workbench.decoding.fused`), the transducer loss
 their kernels.
 Triton runs them on CUDA devices, and on the CPU only under its interpreter, which is chosen when
 ``triton.language`` is first imported: ``TRITON_INTERPRET=1`` must be set before that import (and still be set).
-
-A memory plan traces a training step on fake tensors of a CPU device (:mod:`workbench.oomptimizer.plan`): under
-:func:`kernels_as_on_cuda`, code that registers its kernels as torch custom ops with fake implementations (the
-transducer losses) takes its CUDA path for fake tensors, so the trace follows what runs on the GPU.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import importlib
 
 import torch
-
-
-_AS_ON_CUDA = contextvars.ContextVar("kernels_as_on_cuda", default=False)
-
-
-@contextlib.contextmanager
-def kernels_as_on_cuda():
-    """Within: :func:`traced_as_on_cuda` is True for fake tensors (a plan's trace of the CUDA path)."""
-    token = _AS_ON_CUDA.set(True)
-    try:
-        yield
-    finally:
-        _AS_ON_CUDA.reset(token)
-
-
-def traced_as_on_cuda(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` is a fake tensor traced under :func:`kernels_as_on_cuda` (take the CUDA path's ops)."""
-    if not _AS_ON_CUDA.get():
-        return False
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return isinstance(tensor, FakeTensor)
 
 
 def device_guard(device: torch.device):

@@ -236,7 +236,7 @@ def test_backend_triton_on_cpu_without_the_interpreter_says_how_to_get_it(compil
 def test_public_loss_with_backend_triton_runs_the_kernels(monkeypatch):
     logits, targets, logit_lengths, target_lengths = random_batch([3, 2], [1, 2], 4, vocab=3, seed=12)
     calls = []
-    monkeypatch.setattr(losses_triton, "_transducer_loss",
+    monkeypatch.setattr(losses_triton._TritonTransducerLoss, "apply",
                         lambda *a: calls.append(1) or torch.zeros(2, device=DEVICE))
     rnnt_loss(logits, targets, logit_lengths, target_lengths, backend="triton")
     assert calls == [1]
@@ -350,50 +350,3 @@ def test_the_kernels_compile_for_an_h200_without_one(compile_without_interpreter
     """The interpreter accepts code the compiler may not: compile every kernel to a cubin for sm_90 (fp32
     RNN-T and bf16 TDT variants) in a process without TRITON_INTERPRET."""
     assert compile_without_interpreter(COMPILE_FOR_H200).count("compiled") == 6
-
-
-def _op_inputs(which):
-    logits, targets, logit_lengths, target_lengths = random_batch([3, 2], [2, 1], 6 if which == "tdt" else 4,
-                                                                  vocab=3, seed=21)
-    slots = ((1, 2), (0, 1)) if which == "tdt" else ((1,), (0,))
-    edges = torch.tensor(slots, dtype=torch.int64, device=DEVICE)
-    num_dur = 2 if which == "tdt" else 0
-    return (logits.requires_grad_(), targets, logit_lengths, target_lengths, edges, 3, 4, num_dur, 0.0, True)
-
-
-@pytest.mark.parametrize("which", ["rnnt", "tdt"])
-def test_the_loss_is_a_custom_op_that_torch_checks(which):
-    """Schema, fake implementation (shapes of every output), autograd registration and AOT dispatch."""
-    torch.library.opcheck(losses_triton.transducer_loss_forward, _op_inputs(which),
-                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
-                                      "test_aot_dispatch_dynamic"))
-
-
-def test_compile_traces_through_the_loss():
-    logits, targets, logit_lengths, target_lengths = random_batch([3, 2], [2, 1], 4, vocab=3, seed=22)
-    compiled = torch.compile(rnnt_loss_triton, backend="aot_eager" if DEVICE == "cpu" else "inductor",
-                             fullgraph=DEVICE == "cuda")  # on CUDA one graph: the checks on the device, the loss one op
-    got, got_grad = loss_and_grad(compiled, logits, targets, logit_lengths, target_lengths, check="device")
-    want, want_grad = loss_and_grad(rnnt_loss_triton, logits, targets, logit_lengths, target_lengths)
-    torch.testing.assert_close(got, want)
-    torch.testing.assert_close(got_grad, want_grad)
-
-
-def test_a_fake_trace_under_kernels_as_on_cuda_takes_the_kernels(monkeypatch):
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from workbench.triton_support import kernels_as_on_cuda
-
-    from workbench.oomptimizer.plan import DeviceMemoryTracker
-
-    calls = []
-    real = losses_triton.transducer_loss_forward
-    monkeypatch.setattr(losses_triton, "transducer_loss_forward", lambda *a: calls.append(a) or real(*a))
-    with FakeTensorMode(allow_non_fake_inputs=True), DeviceMemoryTracker():  # the tracker answers host reads
-        logits, targets, logit_lengths, target_lengths = random_batch([30, 20], [12, 8], 50, vocab=49, seed=23)
-        assert loss_backend(logits.cpu())[0] == "torch"
-        with kernels_as_on_cuda():
-            assert loss_backend(logits.cpu())[0] == "triton"
-            loss = rnnt_loss(logits.cpu().requires_grad_(), targets.cpu(), logit_lengths.cpu(), target_lengths.cpu())
-            loss.backward()
-    assert len(calls) == 1 and loss.shape == ()

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from workbench.models.loss_inputs import LOG_ZERO, check_durations, check_num_classes  # noqa: F401 - public here too
 from workbench.models.loss_inputs import check_inputs as _check_inputs
 from workbench.models.loss_inputs import reduce_losses as _reduce
-from workbench.triton_support import traced_as_on_cuda, triton_unavailable_reason
+from workbench.triton_support import triton_unavailable_reason
 
 
 BACKENDS = ("auto", "triton", "torch")
@@ -48,9 +48,6 @@ def loss_backend(logits: torch.Tensor, backend: str = "auto") -> tuple[str, str]
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     if backend == "torch":
         return "torch", "torch: asked for the pure-PyTorch reference"
-    if backend == "auto" and traced_as_on_cuda(logits) and \
-            triton_unavailable_reason("cuda", kernels_module="workbench.models.losses_triton") is None:
-        return "triton", "triton: a fake trace of the CUDA path (its custom ops' fake implementations)"
     if backend == "auto" and logits.device.type != "cuda":  # decided without importing triton
         return "torch", f"torch: logits on {logits.device.type} (the Triton kernels run on CUDA)"
     problem = triton_unavailable_reason(logits.device, kernels_module="workbench.models.losses_triton")

@@ -46,7 +46,7 @@ import triton.language as tl
 from workbench.models.loss_inputs import LOG_ZERO, check_durations, check_num_classes
 from workbench.models.loss_inputs import check_inputs as _check_inputs
 from workbench.models.loss_inputs import reduce_losses as _reduce
-from workbench.triton_support import device_guard, traced_as_on_cuda
+from workbench.triton_support import device_guard
 
 _LOG_ZERO = tl.constexpr(LOG_ZERO)
 _MAX_BLOCK_V = 4096  # vocabulary block of the per-node kernels (larger vocabularies loop)
@@ -387,116 +387,68 @@ def _token_grad(z, v, occupancy, lse, blank, blank_posterior, target, label_post
         - tl.where(v == target, label_posterior, 0.0)
 
 
-@torch.library.custom_op("workbench::transducer_loss_forward", mutates_args=())
-def transducer_loss_forward(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
-                            target_lengths: torch.Tensor, edges: torch.Tensor, blank: int, num_tokens: int,
-                            num_dur: int, sigma: float, want_grad: bool
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                       torch.Tensor, torch.Tensor]:
-    """Per-utterance -log P [B] and what backward reads: (loss, lse, dur_logp, alpha, beta, log P, the edge
-    weights' buffer). ``targets`` and the lengths int64 and contiguous, ``edges`` the slots' durations
-    [2, slots] (:func:`_edge_tensor`). The edge weights are an output only so that a memory trace sees them
-    while the op runs; backward reads them again from the logits."""
-    batch, num_frames, num_cols, row_stride = logits.shape
-    num_slots = edges.shape[1]
-    lse, weights, dur_logp, alpha, beta, log_likelihood = _forward_buffers(logits, num_slots, num_dur)
-    if num_dur == 0:
-        dur_logp.zero_()  # never read (no duration logits), but an output has defined values
-    rows = batch * num_frames * num_cols
-    block_v, block_s = _vocab_block(num_tokens), triton.next_power_of_2(num_slots)
-    tile_rows = _node_rows(block_v)
-    block_u = min(triton.next_power_of_2(num_cols), _MAX_BLOCK_U)
-    num_diagonals = alpha.shape[1]
-    if targets.numel() == 0:  # U = 0: no label is read, but the kernels need a real pointer
-        targets = torch.zeros(batch, 1, dtype=torch.int64, device=logits.device)
-    with device_guard(logits.device):
+class _TritonTransducerLoss(torch.autograd.Function):
+    """Per-utterance -log P [B]; the logits' gradient is computed in backward, into one new buffer.
+
+    The logits' rows are ``num_tokens`` token columns, ``num_dur`` duration columns, then any padding up
+    to the last dim (read never, gradient zero)."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, num_tokens, num_dur, sigma, slots,
+                want_grad):
+        batch, num_frames, num_cols, row_stride = logits.shape
+        num_slots = len(slots[0])
+        num_diagonals = num_frames + num_cols - 1
+        device = logits.device
+        small = dict(device=device, dtype=torch.float32)
+        lse = torch.empty(batch, num_frames, num_cols, **small)
+        weights = torch.empty(batch, 2, num_slots, num_diagonals, num_cols, **small)
+        dur_logp = torch.empty(batch, num_frames, num_cols, max(num_dur, 1), **small)
+        targets = targets.to(device=device, dtype=torch.int64).contiguous()
+        if targets.numel() == 0:  # U = 0: no label is read, but the kernels need a real pointer
+            targets = torch.zeros(batch, 1, dtype=torch.int64, device=device)
+        logit_lengths = logit_lengths.to(device=device, dtype=torch.int64).contiguous()
+        target_lengths = target_lengths.to(device=device, dtype=torch.int64).contiguous()
+        edges = _edge_tensor(slots, device)
+        rows = batch * num_frames * num_cols
+        block_v = _vocab_block(num_tokens)
+        block_s = triton.next_power_of_2(num_slots)
+        block_u = min(triton.next_power_of_2(num_cols), _MAX_BLOCK_U)
+        tile_rows = _node_rows(block_v)
         _normalize_kernel[(triton.cdiv(rows, tile_rows),)](
             logits, targets, logit_lengths, target_lengths, lse, weights, dur_logp, rows, num_frames, num_cols,
             num_diagonals, row_stride, num_tokens, num_cols - 1, blank, float(sigma), ND=num_dur, NS=num_slots,
             BLOCK_V=block_v, BLOCK_S=block_s, ROWS=tile_rows, ONE_BLOCK=num_tokens <= block_v,
             num_warps=_node_warps(tile_rows, block_v))
+        alpha = torch.empty(batch, num_diagonals, num_cols, **small)
+        beta = torch.empty_like(alpha)
+        log_likelihood = torch.empty(batch, **small)
         _lattice_kernel[(batch, 2 if want_grad else 1)](  # beta alongside alpha only when backward will run
             weights, alpha, beta, log_likelihood, logit_lengths, target_lengths, edges, num_diagonals, num_cols,
             NS=num_slots, BLOCK_S=block_s, BLOCK_U=block_u, num_warps=_lattice_warps(block_u, block_s))
-    return -log_likelihood, lse, dur_logp, alpha, beta, log_likelihood, weights
+        ctx.save_for_backward(logits, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta,
+                              log_likelihood, edges)  # not the edge weights: backward reads them from the logits
+        ctx.sizes = (blank, num_tokens, float(sigma), block_v, block_s, num_dur, num_slots, tile_rows)
+        return -log_likelihood
 
-
-def _forward_buffers(logits: torch.Tensor, num_slots: int, num_dur: int) -> tuple[torch.Tensor, ...]:
-    """(lse, edge weights, dur_logp, alpha, beta, log P): fp32 on the logits' device."""
-    batch, num_frames, num_cols, _ = logits.shape
-    num_diagonals = num_frames + num_cols - 1
-    small = dict(device=logits.device, dtype=torch.float32)
-    alpha = torch.zeros(batch, num_diagonals, num_cols, **small)  # nodes off the lattice stay defined (0)
-    return (torch.empty(batch, num_frames, num_cols, **small),
-            torch.zeros(batch, 2, num_slots, num_diagonals, num_cols, **small),  # slots off the lattice: 0
-            torch.empty(batch, num_frames, num_cols, max(num_dur, 1), **small),
-            alpha, torch.zeros_like(alpha), torch.empty(batch, **small))
-
-
-@transducer_loss_forward.register_fake
-def _(logits, targets, logit_lengths, target_lengths, edges, blank, num_tokens, num_dur, sigma, want_grad):
-    lse, weights, dur_logp, alpha, beta, log_likelihood = _forward_buffers(logits, edges.shape[1], num_dur)
-    return torch.empty_like(log_likelihood), lse, dur_logp, alpha, beta, log_likelihood, weights
-
-
-@torch.library.custom_op("workbench::transducer_loss_backward", mutates_args=())
-def transducer_loss_backward(grad_output: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,
-                             logit_lengths: torch.Tensor, target_lengths: torch.Tensor, lse: torch.Tensor,
-                             dur_logp: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
-                             log_likelihood: torch.Tensor, edges: torch.Tensor, blank: int, num_tokens: int,
-                             num_dur: int, sigma: float) -> torch.Tensor:
-    """d loss / d logits (the logits' shape and dtype) from the forward's outputs and ``grad_output`` [B]."""
-    batch, num_frames, num_cols, row_stride = logits.shape
-    num_slots = edges.shape[1]
-    block_v, block_s = _vocab_block(num_tokens), triton.next_power_of_2(num_slots)
-    tile_rows = _node_rows(block_v)
-    grad = torch.empty_like(logits)
-    scale = grad_output.to(torch.float32).contiguous()
-    rows = batch * num_frames * num_cols
-    if targets.numel() == 0:
-        targets = torch.zeros(batch, 1, dtype=torch.int64, device=logits.device)
-    with device_guard(logits.device):
+    @staticmethod
+    def backward(ctx, grad_output):
+        if torch.is_grad_enabled():
+            raise RuntimeError("transducer losses: second derivatives are not supported (the gradient is computed "
+                               "analytically); use create_graph=False")
+        (logits, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta, log_likelihood,
+         edges) = ctx.saved_tensors
+        blank, num_tokens, sigma, block_v, block_s, num_dur, num_slots, tile_rows = ctx.sizes
+        batch, num_frames, num_cols, row_stride = logits.shape
+        grad = torch.empty_like(logits)
+        scale = grad_output.to(torch.float32).contiguous()
+        rows = batch * num_frames * num_cols
         _grad_kernel[(triton.cdiv(rows, tile_rows),)](
             logits, grad, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta, log_likelihood,
             scale, edges, rows, num_frames, num_cols, alpha.shape[1], row_stride, num_tokens, num_cols - 1, blank,
             sigma, ND=num_dur, NS=num_slots, BLOCK_V=block_v, BLOCK_S=block_s, ROWS=tile_rows,
             ONE_BLOCK=num_tokens <= block_v, num_warps=_node_warps(tile_rows, block_v))
-    return grad
-
-
-@transducer_loss_backward.register_fake
-def _(grad_output, logits, *rest):
-    return torch.empty_like(logits)
-
-
-def _setup_context(ctx, inputs, output):
-    logits, targets, logit_lengths, target_lengths, edges, blank, num_tokens, num_dur, sigma, _ = inputs
-    _, lse, dur_logp, alpha, beta, log_likelihood, _ = output
-    ctx.save_for_backward(logits, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta,
-                          log_likelihood, edges)  # not the edge weights: backward reads them from the logits
-    ctx.sizes = (blank, num_tokens, num_dur, float(sigma))
-
-
-def _backward(ctx, grad_output, *unused_grads):
-    if torch.is_grad_enabled():
-        raise RuntimeError("transducer losses: second derivatives are not supported (the gradient is computed "
-                           "analytically); use create_graph=False")
-    grad = transducer_loss_backward(grad_output, *ctx.saved_tensors, *ctx.sizes)
-    return grad, None, None, None, None, None, None, None, None, None
-
-
-transducer_loss_forward.register_autograd(_backward, setup_context=_setup_context)
-
-
-def _transducer_loss(logits, targets, logit_lengths, target_lengths, blank, num_tokens, num_dur, sigma, slots):
-    """Per-utterance -log P [B] through the custom op: integer inputs made int64 and contiguous here."""
-    device = logits.device
-    ints = [t.to(device=device, dtype=torch.int64).contiguous() for t in (targets, logit_lengths, target_lengths)]
-    edges = (torch.tensor(slots, dtype=torch.int64, device=device) if traced_as_on_cuda(logits)  # not cached
-             else _edge_tensor(slots, device))
-    loss, *_ = transducer_loss_forward(logits, *ints, edges, blank, num_tokens, num_dur, float(sigma),
-                                       _wants_grad(logits))
-    return loss
+        return grad, None, None, None, None, None, None, None, None, None
 
 
 def rnnt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
@@ -508,8 +460,9 @@ def rnnt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths:
     blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_classes, check)
     _check_dtype(logits)
     slots = ((1,), (0,))  # one slot: a blank of duration 1 and a label of duration 0, no duration logits
-    losses = _transducer_loss(logits.contiguous(), targets, logit_lengths, target_lengths, blank, num_classes, 0, 0.0,
-                              slots)
+    with device_guard(logits.device):
+        losses = _TritonTransducerLoss.apply(logits.contiguous(), targets, logit_lengths, target_lengths, blank,
+                                             num_classes, 0, 0.0, slots, _wants_grad(logits))
     return _reduce(losses, reduction)
 
 
@@ -523,8 +476,9 @@ def tdt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: 
     blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_tokens, check)
     _check_dtype(logits)
     slots = (tuple(durations), tuple(durations))  # slot i: duration column i (a blank of duration 0 is no edge)
-    losses = _transducer_loss(logits.contiguous(), targets, logit_lengths, target_lengths, blank, num_tokens,
-                              len(durations), float(sigma), slots)
+    with device_guard(logits.device):
+        losses = _TritonTransducerLoss.apply(logits.contiguous(), targets, logit_lengths, target_lengths, blank,
+                                             num_tokens, len(durations), float(sigma), slots, _wants_grad(logits))
     return _reduce(losses, reduction)
 
 

@@ -10,11 +10,10 @@ caching allocator rounds a block (512 bytes), and keeps the peak.
 What the trace can and cannot see:
 
 - It traces on a fake *CPU* device: a CPU build of torch cannot create fake CUDA tensors (its factory
-  functions need CUDA's device guard), so autocast follows the CPU's bf16 op list and scaled-dot-product
-  attention takes the CPU's kernel choice. Under ``triton_support.kernels_as_on_cuda`` the transducer losses
-  take their CUDA path, the Triton kernels as torch custom ops whose fake implementations give their outputs
-  and buffers; the reference models are built with torch's depthwise convolutions (the Triton ones keep the
-  same tensors). The profile says so (``metadata.plan.traced_path``).
+  functions need CUDA's device guard), so autocast follows the CPU's bf16 op list, scaled-dot-product
+  attention takes the CPU's kernel choice, and models take their torch path (the reference models are built
+  with torch's depthwise convolutions; the transducer losses run their torch reference off CUDA). The
+  profile says so (``metadata.plan.traced_path``).
 - A value read back to the host (``.item()``, ``.tolist()``, ``if tensor:``) has no data to read: it reads
   as 0 for integers and booleans (the input checks' counts of bad values) and 1.0 for floats (AdamW's step
   count). ``host_reads`` counts them.
@@ -35,15 +34,13 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from workbench.triton_support import kernels_as_on_cuda
 from workbench.units import GiB, MiB
 
 BLOCK_ROUNDING = 512  # bytes: the caching allocator rounds every block up to a multiple of this
 SMALL_BLOCK_LIMIT = 1 * MiB  # bytes: blocks up to this size come from the small pool
 PAGE_BYTES = 2 * MiB  # bytes: small-pool segments, and the pages expandable segments grow by
 DEFAULT_MARGIN_BYTES = 1 * GiB  # bytes kept free for cuBLAS/cuDNN workspaces and fragmentation
-TRACED_PATH = ("fake CPU device: CPU autocast list; the transducer losses' Triton custom ops (fake "
-               "implementations), torch's convolutions")
+TRACED_PATH = "torch ops on a fake CPU device (CPU autocast list, torch kernels, no Triton)"
 
 # torch.cuda.get_device_properties(...).total_memory of each GPU, in bytes (0.01 GiB as torch's out-of-memory
 # messages print it); calibrate against the GPU where one is at hand.
@@ -242,7 +239,7 @@ class StepTracer:
         batch = None
         where = f"at {duration:g} s / {tokens} tokens, batch size {batch_size}"
         try:
-            with self.fake_mode, tracker, kernels_as_on_cuda(), _naming_the_operation(tracker, where):
+            with self.fake_mode, tracker, _naming_the_operation(tracker, where):
                 self._track_state(tracker)
                 state_bytes = tracker.allocated_bytes
                 tracker.reset_peak()
