@@ -151,8 +151,8 @@ def test_models_bench_records_the_default_time_depthwise_it_ran(tmp_path, monkey
 
 
 def test_models_bench_counts_the_flops_of_a_triton_depthwise_model_on_torch_convolutions():
-    """The FLOP counter does not see the Triton kernels: the count runs the torch convolutions (no kernel, so no
-    interpreter, needed on the CPU), equals the default model's, and leaves the option as it was."""
+    """The count runs the torch convolutions (no kernel, so no interpreter, needed on the CPU), equals the
+    default model's, and leaves the option as it was."""
     from workbench.bench.models import run as models
     from workbench.models import build_model
 
