@@ -30,8 +30,8 @@ memory works. On a CPU the kernels run only under Triton's interpreter (``TRITON
 this module is imported).
 
 Each kernel runs inside a torch custom op (``workbench::depthwise_conv3x3_s2``, differentiable, and its
-``_input_grad`` and ``_weight_grad``) with a fake implementation and a FLOP formula (torch's for the same
-convolution): a fake trace (the OOMptimizer's plan) counts their buffers, ``torch.utils.flop_counter`` their
+``_input_grad`` and ``_weight_grad``) with a fake implementation and a FLOP formula (each the forward's
+count as torch counts the same convolution): a fake trace (the OOMptimizer's plan) counts their buffers, ``torch.utils.flop_counter`` their
 FLOPs, and torch.compile traces through them. The layout copy to channels-last and the sum over the
 weight gradient's ranges run as torch ops around them, so a trace sees those buffers too.
 """
@@ -354,7 +354,7 @@ def _input_grad_flops(grad_shape, weight_shape, lengths_shape, height, width, *,
 
 @register_flop_formula(torch.ops.workbench.depthwise_conv3x3_s2_weight_grad)
 def _weight_grad_flops(x_shape, grad_shape, lengths_shape, chunk, *, out_shape) -> int:
-    """As torch counts a convolution's weight gradient: the forward's count."""
+    """The forward's count (torch's counter counts a grouped convolution's weight gradient C times over)."""
     return 2 * 9 * prod(grad_shape)
 
 

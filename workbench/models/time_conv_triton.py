@@ -21,7 +21,7 @@ bias gradients in theirs. Offsets are 64-bit. On a CPU the kernels run only unde
 
 The kernels run inside torch custom ops (``workbench::time_depthwise_conv``, differentiable, which with its
 filter reversed is also the input gradient, and ``workbench::time_depthwise_conv_weight_grad``) with fake
-implementations and FLOP formulas (torch's for the same convolution): a fake trace (the OOMptimizer's plan)
+implementations and FLOP formulas (each the forward's count as torch counts the same convolution): a fake trace (the OOMptimizer's plan)
 counts their buffers, ``torch.utils.flop_counter`` their FLOPs, and torch.compile traces through them.
 """
 
@@ -195,7 +195,7 @@ def _conv_flops(x_shape, weight_shape, bias_shape, flip, *, out_shape) -> int:
 
 @register_flop_formula(torch.ops.workbench.time_depthwise_conv_weight_grad)
 def _weight_grad_flops(x_shape, grad_shape, kernel, chunk, *, out_shape) -> int:
-    """As torch counts a convolution's weight gradient: the forward's count."""
+    """The forward's count (torch's counter counts a grouped convolution's weight gradient C times over)."""
     return 2 * kernel * prod(grad_shape)
 
 

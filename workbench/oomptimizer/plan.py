@@ -334,10 +334,11 @@ def plan_profile(model: torch.nn.Module, fake_mode: FakeTensorMode, model_name: 
                  memory_fraction: float = 0.9, margin_bytes: int = DEFAULT_MARGIN_BYTES,
                  dtype: torch.dtype = torch.bfloat16, ddp: bool = False, strategy: str = "predictive",
                  rel_gap: float = 0.05, start_batch_size: int = 32, merge: bool = True, on_probe=None,
-                 on_bucket=None):
+                 on_bucket=None, cuda_kernels: bool = True):
     """Batch sizes for the buckets of ``bins`` on a GPU of ``gpu_memory`` (a name or a size), found by
     the same search as on a GPU against predicted peaks. Returns (profile, search result); the profile's
-    metadata says it was planned, for which memory, with which fraction and margin, on which path."""
+    metadata says it was planned, for which memory, with which fraction and margin, on which path
+    (``cuda_kernels``: see :class:`StepTracer`)."""
     import datetime as _dt
 
     from workbench.oomptimizer.run import profile_buckets, profile_with_batch_sizes
@@ -345,7 +346,7 @@ def plan_profile(model: torch.nn.Module, fake_mode: FakeTensorMode, model_name: 
 
     total = gpu_memory_bytes(gpu_memory)
     probe = PlannedProbe(model, fake_mode, total, memory_fraction=memory_fraction, margin_bytes=margin_bytes,
-                         dtype=dtype, ddp_gradient_buckets=ddp)
+                         dtype=dtype, ddp_gradient_buckets=ddp, cuda_kernels=cuda_kernels)
     result = search_batch_sizes(profile_buckets(bins), probe, budget_bytes=probe.budget_bytes, rel_gap=rel_gap,
                                 start_batch_size=start_batch_size, strategy=strategy, on_probe=on_probe,
                                 on_bucket=on_bucket)
