@@ -7,15 +7,42 @@ The fused decoding stages (:mod:`workbench.decoding.fused`), the transducer loss
 their kernels.
 Triton runs them on CUDA devices, and on the CPU only under its interpreter, which is chosen when
 ``triton.language`` is first imported: ``TRITON_INTERPRET=1`` must be set before that import (and still be set).
+
+A fake trace on the CPU (the OOMptimizer's plan) takes the kernels' path inside :func:`kernels_as_on_cuda`:
+the kernels are torch custom ops whose fake implementations run there instead of the kernels.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import importlib
 
 import torch
+
+
+_AS_ON_CUDA = contextvars.ContextVar("kernels_as_on_cuda", default=False)
+
+
+@contextlib.contextmanager
+def kernels_as_on_cuda():
+    """Inside, CPU tensors pick their kernels as CUDA tensors do (:func:`kernel_device_type` says "cuda"): a
+    fake trace on the CPU then takes the Triton kernels' path, through the custom ops' fake implementations,
+    as the step would on a GPU. Only fake tensors may reach the kernels inside: a real CPU tensor would launch
+    them without the interpreter."""
+    token = _AS_ON_CUDA.set(True)
+    try:
+        yield
+    finally:
+        _AS_ON_CUDA.reset(token)
+
+
+def kernel_device_type(device: torch.device | str) -> str:
+    """The device type that picks kernels (and layouts) for tensors on ``device``: its own, except "cuda" for
+    the CPU inside :func:`kernels_as_on_cuda`."""
+    kind = torch.device(device).type
+    return "cuda" if kind == "cpu" and _AS_ON_CUDA.get() else kind
 
 
 def device_guard(device: torch.device):
@@ -44,7 +71,8 @@ def triton_unavailable_reason(device: torch.device | str, *, kernels_module: str
 
     The checks, in order: triton and triton.language import; ``kernels_module`` (the module that defines the
     kernels, e.g. "workbench.models.losses_triton"), when given, imports; on CPU, the interpreter is on; any
-    other device than CUDA or CPU is a reason. Import outcomes are remembered for the process.
+    other device than CUDA or CPU is a reason. Import outcomes are remembered for the process. Inside
+    :func:`kernels_as_on_cuda` the CPU counts as CUDA (no interpreter needed: no kernel runs on fake tensors).
     """
     error = _import_error("triton.language")
     if error:
@@ -53,7 +81,7 @@ def triton_unavailable_reason(device: torch.device | str, *, kernels_module: str
         error = _import_error(kernels_module)
         if error:
             return f"{kernels_module} is not importable ({error})"
-    kind = torch.device(device).type
+    kind = kernel_device_type(device)
     if kind == "cpu" and not _interpreting():
         return "on CPU the Triton kernels need its interpreter: set TRITON_INTERPRET=1 before triton is imported"
     if kind not in ("cuda", "cpu"):

@@ -87,11 +87,11 @@ import importlib
 from workbench.bench.models import run
 
 module_name, function_name, *options = sys.argv[2:]
-function = getattr(importlib.import_module("workbench.models." + module_name), function_name)
+module = importlib.import_module("workbench.models." + module_name)
+function = getattr(module, function_name)
 run.SMOKE_SHAPES, run.SMOKE_REPEAT, run.SMOKE_WARMUP = [(1, 0.5, 4)], 1, 1  # the interpreter is slow
 calls = []
-apply = function.apply
-function.apply = lambda *args: calls.append(1) or apply(*args)
+setattr(module, function_name, lambda *args: calls.append(1) or function(*args))
 code = run.main(["--smoke", *options, "--models", "tiny-rnnt", "--out", sys.argv[1]])
 print("kernel calls", len(calls))
 sys.exit(code)
@@ -100,7 +100,8 @@ sys.exit(code)
 
 def kernel_smoke(out, kernels: str, options: list[str]) -> tuple[dict, int]:
     """A models-bench smoke run with ``options`` in its own process (the CPU interpreter without CUDA),
-    counting the calls of ``kernels`` ("module:autograd Function"): (the record named by --name, calls)."""
+    counting the calls of ``kernels`` ("module:function", a custom op its entry point calls): (the record named
+    by --name, calls)."""
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(repo)}
     proc = subprocess.run([sys.executable, "-c", KERNEL_SMOKE, str(out), *kernels.split(":"), *options], cwd=repo,
@@ -113,7 +114,7 @@ def kernel_smoke(out, kernels: str, options: list[str]) -> tuple[dict, int]:
 def test_models_bench_depthwise_triton_smoke_runs_the_kernels_and_records_it(tmp_path):
     """A smoke run with --depthwise triton: the steps run the Triton depthwise convolutions, and the record says
     so under its own name."""
-    result, calls = kernel_smoke(tmp_path, "depthwise_triton:_DepthwiseConv3x3S2",
+    result, calls = kernel_smoke(tmp_path, "depthwise_triton:depthwise_conv3x3_s2_op",
                                  ["--depthwise", "triton", "--name", "models_depthwise"])
     steps = result["figures"]["steps"]
     assert steps and all("step_s" in r and r["flops"] > 0 for r in steps)
@@ -125,7 +126,7 @@ def test_models_bench_depthwise_triton_smoke_runs_the_kernels_and_records_it(tmp
 def test_models_bench_time_depthwise_triton_smoke_runs_the_kernels_and_records_it(tmp_path):
     """--time-depthwise triton: every conformer block's depthwise convolution runs the Triton kernels in the
     timed steps, and the record's params and description say so."""
-    result, calls = kernel_smoke(tmp_path, "time_conv_triton:_TimeDepthwiseConv",
+    result, calls = kernel_smoke(tmp_path, "time_conv_triton:time_depthwise_conv_op",
                                  ["--depthwise", "torch", "--time-depthwise", "triton", "--name",
                                   "models_time_depthwise"])
     steps = result["figures"]["steps"]
@@ -150,8 +151,8 @@ def test_models_bench_records_the_default_time_depthwise_it_ran(tmp_path, monkey
 
 
 def test_models_bench_counts_the_flops_of_a_triton_depthwise_model_on_torch_convolutions():
-    """The FLOP counter does not see the Triton kernels: the count runs the torch convolutions (no kernel, so no
-    interpreter, needed on the CPU), equals the default model's, and leaves the option as it was."""
+    """The count runs the torch convolutions (no kernel, so no interpreter, needed on the CPU), equals the
+    default model's, and leaves the option as it was."""
     from workbench.bench.models import run as models
     from workbench.models import build_model
 

@@ -431,8 +431,8 @@ def test_auto_takes_torch_off_cuda_even_where_the_interpreter_could_run_the_kern
     assert depthwise_backend("auto", "cpu") == "torch"
     assert depthwise_backend("torch", "cuda") == "torch" and depthwise_backend("triton", "cpu") == "triton"
     calls = []
-    apply = depthwise_triton._DepthwiseConv3x3S2.apply
-    monkeypatch.setattr(depthwise_triton._DepthwiseConv3x3S2, "apply", lambda *a: calls.append(1) or apply(*a))
+    op = depthwise_triton.depthwise_conv3x3_s2_op
+    monkeypatch.setattr(depthwise_triton, "depthwise_conv3x3_s2_op", lambda *a: calls.append(1) or op(*a))
     sub = Subsampling(n_mels=16, channels=8, d_model=12)
     sub(torch.randn(2, 20, 16), torch.tensor([20, 11]))
     assert sub.depthwise == "auto" and calls == []
@@ -441,8 +441,8 @@ def test_auto_takes_torch_off_cuda_even_where_the_interpreter_could_run_the_kern
 @pytest.mark.gpu
 def test_gpu_the_default_model_runs_the_triton_depthwise_kernels_on_cuda(monkeypatch):
     calls = []
-    apply = depthwise_triton._DepthwiseConv3x3S2.apply
-    monkeypatch.setattr(depthwise_triton._DepthwiseConv3x3S2, "apply", lambda *a: calls.append(1) or apply(*a))
+    op = depthwise_triton.depthwise_conv3x3_s2_op
+    monkeypatch.setattr(depthwise_triton, "depthwise_conv3x3_s2_op", lambda *a: calls.append(1) or op(*a))
     sub = Subsampling(n_mels=80, channels=64, d_model=128).cuda()
     sub(torch.randn(2, 100, 80, device="cuda"), torch.tensor([100, 60], device="cuda"))
     assert len(calls) == 2  # the two depthwise stages

@@ -26,8 +26,8 @@ def matmul_flops_per_second(smoke: bool) -> dict[str, Any]:
 def step_flops(model, batch_size: int, duration_s: float, num_tokens: int, smoke: bool) -> float:
     """FLOPs of one forward+backward (``torch.utils.flop_counter``: matmuls, convolutions, attention) at
     a worst-case batch of that shape; element-wise work and the transducer loss are not counted. The
-    depthwise convolutions (the subsampling's, the convolution modules') are counted as torch's (the
-    counter does not see Triton kernels; the sums are the same)."""
+    depthwise convolutions (the subsampling's, the convolution modules') are counted on torch's: the same
+    count as the Triton custom ops' FLOP formulas, without running a kernel (no interpreter on a CPU)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 

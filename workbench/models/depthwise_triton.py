@@ -28,13 +28,22 @@ Inputs fp32, bf16 or fp16; sums in fp32; the output and the input gradient in th
 weight and bias gradients in the weight's and the bias's. Every offset is 64-bit, so any size that fits in
 memory works. On a CPU the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1`` set before
 this module is imported).
+
+Each kernel runs inside a torch custom op (``workbench::depthwise_conv3x3_s2``, differentiable, and its
+``_input_grad`` and ``_weight_grad``) with a fake implementation and a FLOP formula (each the forward's
+count as torch counts the same convolution): a fake trace (the OOMptimizer's plan) counts their buffers, ``torch.utils.flop_counter`` their
+FLOPs, and torch.compile traces through them. The layout copy to channels-last and the sum over the
+weight gradient's ranges run as torch ops around them, so a trace sees those buffers too.
 """
 
 from __future__ import annotations
 
+from math import prod
+
 import torch
 import triton
 import triton.language as tl
+from torch.utils.flop_counter import register_flop_formula
 
 from workbench.triton_support import device_guard, reduction_split
 
@@ -222,59 +231,131 @@ def _weight_grad_ranges(pixels: int, channel_blocks: int, device: torch.device) 
                            cpu_ranges=CPU_RANGES)
 
 
-class _DepthwiseConv3x3S2(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, lengths):
-        batch, channels, height, width = x.shape
-        out_h, out_w = output_size(height), output_size(width)
-        x_nhwc = _channels_last(x)
-        weight = weight.contiguous()
-        y = torch.empty(batch, out_h, out_w, channels, dtype=x.dtype, device=x.device)
-        pixels = batch * out_h * out_w
-        block_c = _block_c(channels)
-        if pixels:
+@torch.library.custom_op("workbench::depthwise_conv3x3_s2", mutates_args=())
+def depthwise_conv3x3_s2_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                            lengths: torch.Tensor | None) -> torch.Tensor:
+    """``_forward_kernel``: x [B, H, W, C] contiguous (channels-last activations), weight [C, 1, 3, 3], bias [C]
+    or None, lengths [B] int64 or None -> y [B, H_out, W_out, C] contiguous, in x's dtype."""
+    batch, height, width, channels = x.shape
+    out_h, out_w = output_size(height), output_size(width)
+    x, weight = x.contiguous(), weight.contiguous()
+    y = torch.empty(batch, out_h, out_w, channels, dtype=x.dtype, device=x.device)
+    pixels = batch * out_h * out_w
+    block_c = _block_c(channels)
+    if pixels:
+        with device_guard(x.device):
             _forward_kernel[(triton.cdiv(pixels, BLOCK_P), triton.cdiv(channels, block_c))](
-                x_nhwc, weight, weight if bias is None else bias.contiguous(), _lengths_arg(lengths, weight), y,
+                x, weight, weight if bias is None else bias.contiguous(), _lengths_arg(lengths, weight), y,
                 height, width, out_h, out_w, pixels, channels, HAS_BIAS=bias is not None,
                 HAS_LENGTHS=lengths is not None, BLOCK_P=BLOCK_P, BLOCK_C=block_c)
-        wants_x, wants_w, wants_b, _ = ctx.needs_input_grad
-        ctx.save_for_backward(x_nhwc if wants_w or wants_b else None, weight if wants_x else None, lengths)
-        ctx.shape = (batch, height, width, channels)
-        ctx.has_bias = bias is not None
-        ctx.weight_dtype, ctx.bias_dtype = weight.dtype, None if bias is None else bias.dtype
-        return y.permute(0, 3, 1, 2)  # [B, C, H_out, W_out], channels-last
+    return y
 
-    @staticmethod
-    def backward(ctx, grad_output):
-        x_nhwc, weight, lengths = ctx.saved_tensors
-        batch, height, width, channels = ctx.shape
-        out_h, out_w = grad_output.shape[2:]
-        g = _channels_last(grad_output)
-        pixels = batch * out_h * out_w
-        block_c = _block_c(channels)
-        channel_blocks = triton.cdiv(channels, block_c)
-        grad_x = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.empty(batch, height, width, channels, dtype=grad_output.dtype, device=g.device)
-            if pixels:
-                _input_grad_kernel[(triton.cdiv(pixels, BLOCK_P), channel_blocks)](
-                    g, weight, _lengths_arg(lengths, weight), grad_x, height, width, out_h, out_w, pixels, channels,
-                    HAS_LENGTHS=lengths is not None, BLOCK_P=BLOCK_P, BLOCK_C=block_c)
-            grad_x = grad_x.permute(0, 3, 1, 2)
-        if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
+
+@depthwise_conv3x3_s2_op.register_fake
+def _(x, weight, bias, lengths):
+    batch, height, width, channels = x.shape
+    return x.new_empty(batch, output_size(height), output_size(width), channels)
+
+
+@torch.library.custom_op("workbench::depthwise_conv3x3_s2_input_grad", mutates_args=())
+def depthwise_conv3x3_s2_input_grad(grad: torch.Tensor, weight: torch.Tensor, lengths: torch.Tensor | None,
+                                    height: int, width: int) -> torch.Tensor:
+    """``_input_grad_kernel``: the output gradient [B, H_out, W_out, C] contiguous -> the input gradient
+    [B, height, width, C] contiguous, in the output gradient's dtype (zero on rows past ``lengths``)."""
+    batch, out_h, out_w, channels = grad.shape
+    grad, weight = grad.contiguous(), weight.contiguous()
+    grad_x = torch.empty(batch, height, width, channels, dtype=grad.dtype, device=grad.device)
+    pixels = batch * out_h * out_w
+    block_c = _block_c(channels)
+    if pixels:
+        with device_guard(grad.device):
+            _input_grad_kernel[(triton.cdiv(pixels, BLOCK_P), triton.cdiv(channels, block_c))](
+                grad, weight, _lengths_arg(lengths, weight), grad_x, height, width, out_h, out_w, pixels,
+                channels, HAS_LENGTHS=lengths is not None, BLOCK_P=BLOCK_P, BLOCK_C=block_c)
+    return grad_x
+
+
+@depthwise_conv3x3_s2_input_grad.register_fake
+def _(grad, weight, lengths, height, width):
+    return grad.new_empty(grad.shape[0], height, width, grad.shape[3])
+
+
+@torch.library.custom_op("workbench::depthwise_conv3x3_s2_weight_grad", mutates_args=())
+def depthwise_conv3x3_s2_weight_grad(x: torch.Tensor, grad: torch.Tensor, lengths: torch.Tensor | None,
+                                     chunk: int) -> torch.Tensor:
+    """``_weight_grad_kernel``: x [B, H, W, C] and the output gradient [B, H_out, W_out, C], both contiguous
+    -> the partial sums [ranges, 10, C] fp32 of the 9 taps' and the bias's gradients over ranges of ``chunk``
+    output pixels each (a multiple of WEIGHT_GRAD_BLOCK_P; ranges = ceil(pixels / chunk)), for the caller to
+    sum over ranges."""
+    batch, height, width, channels = x.shape
+    out_h, out_w = grad.shape[1:3]
+    x, grad = x.contiguous(), grad.contiguous()
+    pixels = batch * out_h * out_w
+    block_c = _block_c(channels)
+    partial = torch.empty(-(-pixels // chunk), 10, channels, dtype=torch.float32, device=x.device)
+    if pixels:
+        with device_guard(x.device):
+            _weight_grad_kernel[(partial.shape[0], triton.cdiv(channels, block_c))](
+                x, grad, _lengths_arg(lengths, grad), partial, height, width, out_h, out_w, pixels, chunk,
+                channels, HAS_LENGTHS=lengths is not None, BLOCK_P=WEIGHT_GRAD_BLOCK_P, BLOCK_C=block_c)
+    return partial
+
+
+@depthwise_conv3x3_s2_weight_grad.register_fake
+def _(x, grad, lengths, chunk):
+    pixels = grad.shape[0] * grad.shape[1] * grad.shape[2]
+    return x.new_empty(-(-pixels // chunk), 10, x.shape[3], dtype=torch.float32)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, lengths = inputs
+    wants_x, wants_w, wants_b = ctx.needs_input_grad[:3]
+    ctx.save_for_backward(x if wants_w or wants_b else None, weight if wants_x else None, lengths)
+    ctx.shape = tuple(x.shape)
+    ctx.has_bias = bias is not None
+    ctx.weight_dtype, ctx.bias_dtype = weight.dtype, None if bias is None else bias.dtype
+
+
+def _backward(ctx, grad_output):
+    x, weight, lengths = ctx.saved_tensors
+    batch, height, width, channels = ctx.shape
+    g = grad_output.contiguous()
+    grad_x = grad_weight = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        grad_x = depthwise_conv3x3_s2_input_grad(g, weight, lengths, height, width)
+    if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
+        pixels = g.shape[0] * g.shape[1] * g.shape[2]
+        if pixels:
+            _, chunk = _weight_grad_ranges(pixels, triton.cdiv(channels, _block_c(channels)), g.device)
+            sums = depthwise_conv3x3_s2_weight_grad(x, g, lengths, chunk).sum(0)
+        else:
             sums = torch.zeros(10, channels, dtype=torch.float32, device=g.device)
-            if pixels:
-                ranges, chunk = _weight_grad_ranges(pixels, channel_blocks, g.device)
-                partial = torch.empty(ranges, 10, channels, dtype=torch.float32, device=g.device)
-                _weight_grad_kernel[(ranges, channel_blocks)](
-                    x_nhwc, g, _lengths_arg(lengths, g), partial, height, width, out_h, out_w, pixels, chunk,
-                    channels, HAS_LENGTHS=lengths is not None, BLOCK_P=WEIGHT_GRAD_BLOCK_P, BLOCK_C=block_c)
-                sums = partial.sum(0)
-            if ctx.needs_input_grad[1]:
-                grad_weight = sums[:9].t().reshape(channels, 1, 3, 3).to(ctx.weight_dtype)
-            if ctx.has_bias and ctx.needs_input_grad[2]:
-                grad_bias = sums[9].to(ctx.bias_dtype)
-        return grad_x, grad_weight, grad_bias, None
+        if ctx.needs_input_grad[1]:
+            grad_weight = sums[:9].t().reshape(channels, 1, 3, 3).to(ctx.weight_dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = sums[9].to(ctx.bias_dtype)
+    return grad_x, grad_weight, grad_bias, None
+
+
+depthwise_conv3x3_s2_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+@register_flop_formula(torch.ops.workbench.depthwise_conv3x3_s2)
+def _forward_flops(x_shape, weight_shape, bias_shape, lengths_shape, *, out_shape) -> int:
+    """As torch counts a depthwise ``F.conv2d``: 2 x 9 multiply-adds per output element (the bias not counted)."""
+    return 2 * 9 * prod(out_shape)
+
+
+@register_flop_formula(torch.ops.workbench.depthwise_conv3x3_s2_input_grad)
+def _input_grad_flops(grad_shape, weight_shape, lengths_shape, height, width, *, out_shape) -> int:
+    """As torch counts a convolution's input gradient: the forward's count."""
+    return 2 * 9 * prod(grad_shape)
+
+
+@register_flop_formula(torch.ops.workbench.depthwise_conv3x3_s2_weight_grad)
+def _weight_grad_flops(x_shape, grad_shape, lengths_shape, chunk, *, out_shape) -> int:
+    """The forward's count (torch's counter counts a grouped convolution's weight gradient C times over)."""
+    return 2 * 9 * prod(grad_shape)
 
 
 def _lengths_arg(lengths: torch.Tensor | None, placeholder: torch.Tensor) -> torch.Tensor:
@@ -294,8 +375,9 @@ def depthwise_conv3x3_s2_triton(x: torch.Tensor, weight: torch.Tensor, bias: tor
     _check_inputs(x, weight, bias, lengths)
     if lengths is not None:
         lengths = lengths.to(torch.int64).contiguous()
-    with device_guard(x.device):
-        return _DepthwiseConv3x3S2.apply(x, weight, bias, lengths)
+    y = depthwise_conv3x3_s2_op(_channels_last(x), weight.contiguous(), None if bias is None else bias.contiguous(),
+                                lengths)
+    return y.permute(0, 3, 1, 2)  # [B, C, H_out, W_out], channels-last
 
 
 def _check_inputs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -16,7 +16,7 @@ from torch import nn
 
 from workbench.models.config import DEFAULT_DEPTHWISE, DEFAULT_TIME_DEPTHWISE, DEPTHWISE, ModelConfig
 from workbench.models.features import LogMel
-from workbench.triton_support import triton_unavailable_reason
+from workbench.triton_support import kernel_device_type, triton_unavailable_reason
 
 
 def subsampled_length(lengths, times: int = 3):
@@ -51,12 +51,13 @@ def depthwise_backend(depthwise: str, device: torch.device | str, *, which: str 
     """What runs the depthwise convolutions of ``which`` on ``device`` for the option ``depthwise``:
     "torch" or "triton" as given; "auto" takes the Triton kernels on CUDA when they can run there, else torch's
     (the subsampling's kernels against cuDNN: benchmarks/results/models_depthwise.json and
-    models_cudnn_depthwise.json)."""
+    models_cudnn_depthwise.json); a fake CPU trace inside ``kernels_as_on_cuda()`` counts as CUDA
+    (:func:`workbench.triton_support.kernel_device_type`)."""
     if depthwise != "auto":
         return depthwise
     device = torch.device(device)
-    return ("triton" if device.type == "cuda" and depthwise_unavailable_reason(device, which=which) is None
-            else "torch")
+    return ("triton" if kernel_device_type(device) == "cuda" and depthwise_unavailable_reason(device, which=which)
+            is None else "torch")
 
 
 def depthwise_conv3x3_s2(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -90,7 +91,7 @@ class Subsampling(nn.Module):
     each with stride 2 in time and frequency, then a linear over channels x remaining mel bins. Frames
     past each utterance's length count as zero after every stage (zeroed, or read as zero by the next stage's
     Triton kernels), so padding never leaks into valid frames.
-    ``channels_last`` (None: on CUDA): the convolutions run on channels-last activations, which sends the
+    ``channels_last`` (None: on CUDA, :func:`~workbench.triton_support.kernel_device_type`): the convolutions run on channels-last activations, which sends the
     depthwise ones to cuDNN (for bf16 in the default layout PyTorch runs its own, much slower, kernel).
     ``depthwise``: "torch" runs the depthwise convolutions by their nn.Conv2d modules; "triton" by
     :func:`depthwise_conv3x3_s2` on the same modules' weight and bias (same parameters and state_dict);
@@ -116,7 +117,7 @@ class Subsampling(nn.Module):
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = features[:, None]                                  # [B, 1, T, F]
-        channels_last = x.is_cuda if self.channels_last is None else self.channels_last
+        channels_last = kernel_device_type(x.device) == "cuda" if self.channels_last is None else self.channels_last
         triton = depthwise_backend(self.depthwise, x.device) == "triton"
         masks_on_load = [self._masks_on_load(stage, triton) for stage in self.stages]
         for stage, masks, next_masks in zip(self.stages, masks_on_load, masks_on_load[1:] + [False]):

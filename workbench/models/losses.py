@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from workbench.models.loss_inputs import LOG_ZERO, check_durations, check_num_classes  # noqa: F401 - public here too
 from workbench.models.loss_inputs import check_inputs as _check_inputs
 from workbench.models.loss_inputs import reduce_losses as _reduce
-from workbench.triton_support import triton_unavailable_reason
+from workbench.triton_support import kernel_device_type, triton_unavailable_reason
 
 
 BACKENDS = ("auto", "triton", "torch")
@@ -43,12 +43,13 @@ BACKENDS = ("auto", "triton", "torch")
 
 def loss_backend(logits: torch.Tensor, backend: str = "auto") -> tuple[str, str]:
     """Which implementation a transducer loss runs on these logits ("triton" or "torch") and a one-line
-    reason, for logs. "auto": Triton for CUDA logits when it imports, else the pure-PyTorch reference."""
+    reason, for logs. "auto": Triton for CUDA logits when it imports, else the pure-PyTorch reference (fake CPU
+    logits inside ``kernels_as_on_cuda()`` count as CUDA ones: :func:`~workbench.triton_support.kernel_device_type`)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     if backend == "torch":
         return "torch", "torch: asked for the pure-PyTorch reference"
-    if backend == "auto" and logits.device.type != "cuda":  # decided without importing triton
+    if backend == "auto" and kernel_device_type(logits.device) != "cuda":  # decided without importing triton
         return "torch", f"torch: logits on {logits.device.type} (the Triton kernels run on CUDA)"
     problem = triton_unavailable_reason(logits.device, kernels_module="workbench.models.losses_triton")
     if backend == "triton":

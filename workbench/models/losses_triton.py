@@ -31,6 +31,10 @@ blank and a label duration each (a blank duration of 0 is no blank edge): RNN-T 
 duration 1 and a label of duration 0, and no duration logits; TDT has slot i for ``durations[i]``, a blank
 and a label edge of that duration, each adding the log-prob of duration column i. On a CPU the kernels run
 only under Triton's interpreter (``TRITON_INTERPRET=1`` set before this module is imported).
+
+The kernels run inside two torch custom ops, ``workbench::transducer_loss_forward`` (1 and 2, differentiable)
+and ``workbench::transducer_loss_backward`` (3), whose fake implementations make every buffer the kernels'
+launches get: a fake trace (the OOMptimizer's plan) counts them, and torch.compile traces through the ops.
 """
 
 from __future__ import annotations
@@ -387,68 +391,133 @@ def _token_grad(z, v, occupancy, lse, blank, blank_posterior, target, label_post
         - tl.where(v == target, label_posterior, 0.0)
 
 
-class _TritonTransducerLoss(torch.autograd.Function):
-    """Per-utterance -log P [B]; the logits' gradient is computed in backward, into one new buffer.
-
-    The logits' rows are ``num_tokens`` token columns, ``num_dur`` duration columns, then any padding up
-    to the last dim (read never, gradient zero)."""
-
-    @staticmethod
-    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, num_tokens, num_dur, sigma, slots,
-                want_grad):
-        batch, num_frames, num_cols, row_stride = logits.shape
-        num_slots = len(slots[0])
-        num_diagonals = num_frames + num_cols - 1
-        device = logits.device
-        small = dict(device=device, dtype=torch.float32)
-        lse = torch.empty(batch, num_frames, num_cols, **small)
-        weights = torch.empty(batch, 2, num_slots, num_diagonals, num_cols, **small)
-        dur_logp = torch.empty(batch, num_frames, num_cols, max(num_dur, 1), **small)
-        targets = targets.to(device=device, dtype=torch.int64).contiguous()
-        if targets.numel() == 0:  # U = 0: no label is read, but the kernels need a real pointer
-            targets = torch.zeros(batch, 1, dtype=torch.int64, device=device)
-        logit_lengths = logit_lengths.to(device=device, dtype=torch.int64).contiguous()
-        target_lengths = target_lengths.to(device=device, dtype=torch.int64).contiguous()
-        edges = _edge_tensor(slots, device)
-        rows = batch * num_frames * num_cols
-        block_v = _vocab_block(num_tokens)
-        block_s = triton.next_power_of_2(num_slots)
-        block_u = min(triton.next_power_of_2(num_cols), _MAX_BLOCK_U)
-        tile_rows = _node_rows(block_v)
+@torch.library.custom_op("workbench::transducer_loss_forward", mutates_args=())
+def transducer_loss_forward(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
+                            target_lengths: torch.Tensor, blank_durations: list[int], label_durations: list[int],
+                            blank: int, num_tokens: int, num_dur: int, sigma: float, want_grad: bool
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                       torch.Tensor]:
+    """The lattice of contiguous logits [B, T, U + 1, row]: (log P [B], lse, dur_logp, alpha, beta, edge
+    weights), fp32 (:func:`_forward_buffers`). ``targets`` [B, U] and the lengths [B] int64 and contiguous; slot
+    i has a blank edge of ``blank_durations[i]`` frames and a label edge of ``label_durations[i]``. beta is
+    computed only with ``want_grad``. The edge weights are returned only so that a memory trace sees the
+    buffer while the op runs: backward reads them again from the logits."""
+    lse, dur_logp, alpha, beta, log_likelihood, weights = _forward_buffers(logits, len(blank_durations), num_dur)
+    batch, num_frames, num_cols, row_stride = logits.shape
+    num_slots, num_diagonals = len(blank_durations), alpha.shape[1]
+    edges = _edge_tensor((tuple(blank_durations), tuple(label_durations)), logits.device)
+    targets = _label_pointer(targets)
+    rows = batch * num_frames * num_cols
+    block_v, block_s = _vocab_block(num_tokens), triton.next_power_of_2(num_slots)
+    block_u = min(triton.next_power_of_2(num_cols), _MAX_BLOCK_U)
+    tile_rows = _node_rows(block_v)
+    with device_guard(logits.device):
         _normalize_kernel[(triton.cdiv(rows, tile_rows),)](
             logits, targets, logit_lengths, target_lengths, lse, weights, dur_logp, rows, num_frames, num_cols,
             num_diagonals, row_stride, num_tokens, num_cols - 1, blank, float(sigma), ND=num_dur, NS=num_slots,
             BLOCK_V=block_v, BLOCK_S=block_s, ROWS=tile_rows, ONE_BLOCK=num_tokens <= block_v,
             num_warps=_node_warps(tile_rows, block_v))
-        alpha = torch.empty(batch, num_diagonals, num_cols, **small)
-        beta = torch.empty_like(alpha)
-        log_likelihood = torch.empty(batch, **small)
         _lattice_kernel[(batch, 2 if want_grad else 1)](  # beta alongside alpha only when backward will run
             weights, alpha, beta, log_likelihood, logit_lengths, target_lengths, edges, num_diagonals, num_cols,
             NS=num_slots, BLOCK_S=block_s, BLOCK_U=block_u, num_warps=_lattice_warps(block_u, block_s))
-        ctx.save_for_backward(logits, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta,
-                              log_likelihood, edges)  # not the edge weights: backward reads them from the logits
-        ctx.sizes = (blank, num_tokens, float(sigma), block_v, block_s, num_dur, num_slots, tile_rows)
-        return -log_likelihood
+    return log_likelihood, lse, dur_logp, alpha, beta, weights
 
-    @staticmethod
-    def backward(ctx, grad_output):
-        if torch.is_grad_enabled():
-            raise RuntimeError("transducer losses: second derivatives are not supported (the gradient is computed "
-                               "analytically); use create_graph=False")
-        (logits, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta, log_likelihood,
-         edges) = ctx.saved_tensors
-        blank, num_tokens, sigma, block_v, block_s, num_dur, num_slots, tile_rows = ctx.sizes
-        batch, num_frames, num_cols, row_stride = logits.shape
-        grad = torch.empty_like(logits)
-        scale = grad_output.to(torch.float32).contiguous()
-        rows = batch * num_frames * num_cols
+
+@transducer_loss_forward.register_fake
+def _(logits, targets, logit_lengths, target_lengths, blank_durations, label_durations, blank, num_tokens, num_dur,
+      sigma, want_grad):
+    lse, dur_logp, alpha, beta, log_likelihood, weights = _forward_buffers(logits, len(blank_durations), num_dur)
+    return log_likelihood, lse, dur_logp, alpha, beta, weights
+
+
+def _forward_buffers(logits: torch.Tensor, num_slots: int, num_dur: int) -> tuple[torch.Tensor, ...]:
+    """The forward's new buffers for logits [B, T, U + 1, row], fp32 on their device: lse [B, T, U + 1],
+    dur_logp [B, T, U + 1, max(D, 1)], alpha and beta [B, T + U, U + 1], log P [B], edge weights
+    [B, 2, slots, T + U, U + 1]."""
+    batch, num_frames, num_cols, _ = logits.shape
+    num_diagonals = num_frames + num_cols - 1
+    small = dict(device=logits.device, dtype=torch.float32)
+    return (torch.empty(batch, num_frames, num_cols, **small),
+            torch.empty(batch, num_frames, num_cols, max(num_dur, 1), **small),
+            torch.empty(batch, num_diagonals, num_cols, **small),
+            torch.empty(batch, num_diagonals, num_cols, **small),
+            torch.empty(batch, **small),
+            torch.empty(batch, 2, num_slots, num_diagonals, num_cols, **small))
+
+
+@torch.library.custom_op("workbench::transducer_loss_backward", mutates_args=())
+def transducer_loss_backward(scale: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,
+                             logit_lengths: torch.Tensor, target_lengths: torch.Tensor, lse: torch.Tensor,
+                             dur_logp: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
+                             log_likelihood: torch.Tensor, blank_durations: list[int], label_durations: list[int],
+                             blank: int, num_tokens: int, num_dur: int, sigma: float) -> torch.Tensor:
+    """d (scale[b] x -log P[b]) / d logits, in the logits' shape and dtype (padding columns zero), from
+    :func:`transducer_loss_forward`'s inputs and outputs; ``scale`` [B] fp32."""
+    batch, num_frames, num_cols, row_stride = logits.shape
+    num_slots = len(blank_durations)
+    edges = _edge_tensor((tuple(blank_durations), tuple(label_durations)), logits.device)
+    targets = _label_pointer(targets)
+    block_v, block_s = _vocab_block(num_tokens), triton.next_power_of_2(num_slots)
+    tile_rows = _node_rows(block_v)
+    rows = batch * num_frames * num_cols
+    grad = torch.empty_like(logits)
+    with device_guard(logits.device):
         _grad_kernel[(triton.cdiv(rows, tile_rows),)](
             logits, grad, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta, log_likelihood,
             scale, edges, rows, num_frames, num_cols, alpha.shape[1], row_stride, num_tokens, num_cols - 1, blank,
-            sigma, ND=num_dur, NS=num_slots, BLOCK_V=block_v, BLOCK_S=block_s, ROWS=tile_rows,
+            float(sigma), ND=num_dur, NS=num_slots, BLOCK_V=block_v, BLOCK_S=block_s, ROWS=tile_rows,
             ONE_BLOCK=num_tokens <= block_v, num_warps=_node_warps(tile_rows, block_v))
-        return grad, None, None, None, None, None, None, None, None, None
+    return grad
+
+
+@transducer_loss_backward.register_fake
+def _(scale, logits, *rest):
+    return torch.empty_like(logits)
+
+
+def _setup_loss_context(ctx, inputs, output):
+    logits, targets, logit_lengths, target_lengths, blank_durations, label_durations, blank, num_tokens, num_dur, \
+        sigma, _ = inputs
+    log_likelihood, lse, dur_logp, alpha, beta, weights = output
+    ctx.mark_non_differentiable(lse, dur_logp, alpha, beta, weights)
+    ctx.save_for_backward(logits, targets, logit_lengths, target_lengths, lse, dur_logp, alpha, beta,
+                          log_likelihood)  # not the edge weights: backward reads them from the logits
+    ctx.sizes = (list(blank_durations), list(label_durations), blank, num_tokens, num_dur, float(sigma))
+
+
+def _loss_backward(ctx, grad_log_likelihood, *_):
+    if torch.is_grad_enabled():
+        raise RuntimeError("transducer losses: second derivatives are not supported (the gradient is computed "
+                           "analytically); use create_graph=False")
+    scale = (-grad_log_likelihood).to(torch.float32).contiguous()  # the loss is -log P
+    grad = transducer_loss_backward(scale, *ctx.saved_tensors, *ctx.sizes)
+    return grad, None, None, None, None, None, None, None, None, None, None
+
+
+transducer_loss_forward.register_autograd(_loss_backward, setup_context=_setup_loss_context)
+
+
+def _label_pointer(targets: torch.Tensor) -> torch.Tensor:
+    """``targets``, or one zero label per utterance when U = 0: no label is read, but the kernels need a real
+    pointer."""
+    if targets.numel():
+        return targets
+    return torch.zeros(targets.shape[0], 1, dtype=torch.int64, device=targets.device)
+
+
+def _transducer_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
+                     target_lengths: torch.Tensor, blank: int, num_tokens: int, num_dur: int, sigma: float,
+                     slots: tuple[tuple[int, ...], tuple[int, ...]]) -> torch.Tensor:
+    """Per-utterance -log P [B] by :func:`transducer_loss_forward` (its gradient by the backward op). The
+    logits' rows are ``num_tokens`` token columns, ``num_dur`` duration columns, then any padding up to the
+    last dim (read never, gradient zero); ``slots``: (blank durations, label durations)."""
+    device = logits.device
+    targets, logit_lengths, target_lengths = (t.to(device=device, dtype=torch.int64).contiguous()
+                                              for t in (targets, logit_lengths, target_lengths))
+    log_likelihood, *_ = transducer_loss_forward(logits, targets, logit_lengths, target_lengths, list(slots[0]),
+                                                 list(slots[1]), blank, num_tokens, num_dur, float(sigma),
+                                                 _wants_grad(logits))
+    return -log_likelihood
 
 
 def rnnt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
@@ -460,9 +529,8 @@ def rnnt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths:
     blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_classes, check)
     _check_dtype(logits)
     slots = ((1,), (0,))  # one slot: a blank of duration 1 and a label of duration 0, no duration logits
-    with device_guard(logits.device):
-        losses = _TritonTransducerLoss.apply(logits.contiguous(), targets, logit_lengths, target_lengths, blank,
-                                             num_classes, 0, 0.0, slots, _wants_grad(logits))
+    losses = _transducer_loss(logits.contiguous(), targets, logit_lengths, target_lengths, blank, num_classes, 0,
+                              0.0, slots)
     return _reduce(losses, reduction)
 
 
@@ -476,9 +544,8 @@ def tdt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: 
     blank = _check_inputs(logits, targets, logit_lengths, target_lengths, blank, num_tokens, check)
     _check_dtype(logits)
     slots = (tuple(durations), tuple(durations))  # slot i: duration column i (a blank of duration 0 is no edge)
-    with device_guard(logits.device):
-        losses = _TritonTransducerLoss.apply(logits.contiguous(), targets, logit_lengths, target_lengths, blank,
-                                             num_tokens, len(durations), float(sigma), slots, _wants_grad(logits))
+    losses = _transducer_loss(logits.contiguous(), targets, logit_lengths, target_lengths, blank, num_tokens,
+                              len(durations), float(sigma), slots)
     return _reduce(losses, reduction)
 
 

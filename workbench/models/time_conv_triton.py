@@ -18,13 +18,21 @@ sits k * C elements on, and taps that would cross into another utterance (or pas
 Inputs fp32, bf16 or fp16; sums in fp32; output and input gradient in the input's dtype, the weight and
 bias gradients in theirs. Offsets are 64-bit. On a CPU the kernels run only under Triton's interpreter
 (``TRITON_INTERPRET=1`` set before this module is imported).
+
+The kernels run inside torch custom ops (``workbench::time_depthwise_conv``, differentiable, which with its
+filter reversed is also the input gradient, and ``workbench::time_depthwise_conv_weight_grad``) with fake
+implementations and FLOP formulas (each the forward's count as torch counts the same convolution): a fake trace (the OOMptimizer's plan)
+counts their buffers, ``torch.utils.flop_counter`` their FLOPs, and torch.compile traces through them.
 """
 
 from __future__ import annotations
 
+from math import prod
+
 import torch
 import triton
 import triton.language as tl
+from torch.utils.flop_counter import register_flop_formula
 
 from workbench.triton_support import device_guard, reduction_split
 
@@ -96,57 +104,99 @@ def _weight_grad_ranges(rows: int, programs_per_range: int, device: torch.device
                            cpu_ranges=CPU_RANGES)
 
 
-def _conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, flip: bool) -> torch.Tensor:
-    """One launch of ``_time_conv_kernel`` on contiguous x [B, T, C]; the output in x's dtype."""
+@torch.library.custom_op("workbench::time_depthwise_conv", mutates_args=())
+def time_depthwise_conv_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                           flip: bool) -> torch.Tensor:
+    """``_time_conv_kernel``: x [B, T, C] contiguous, weight [C, 1, K] (``flip``: its taps reversed), bias [C]
+    or None -> [B, T, C] contiguous, in x's dtype."""
     batch, frames, channels = x.shape
+    x, weight = x.contiguous(), weight.contiguous()
     y = torch.empty_like(x)
     rows, block_c = batch * frames, _block_c(channels)
     if rows:
-        _time_conv_kernel[(triton.cdiv(rows, BLOCK_T), triton.cdiv(channels, block_c))](
-            x, weight, weight if bias is None else bias, y, frames, rows, channels, K=weight.shape[-1],
-            FLIP=flip, HAS_BIAS=bias is not None, BLOCK_T=BLOCK_T, BLOCK_C=block_c)
+        with device_guard(x.device):
+            _time_conv_kernel[(triton.cdiv(rows, BLOCK_T), triton.cdiv(channels, block_c))](
+                x, weight, weight if bias is None else bias.contiguous(), y, frames, rows, channels,
+                K=weight.shape[-1], FLIP=flip, HAS_BIAS=bias is not None, BLOCK_T=BLOCK_T, BLOCK_C=block_c)
     return y
 
 
-class _TimeDepthwiseConv(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias):
-        x = x.contiguous()
-        weight = weight.contiguous()
-        y = _conv(x, weight, None if bias is None else bias.contiguous(), flip=False)
-        wants_x, wants_w, wants_b = ctx.needs_input_grad
-        ctx.save_for_backward(x if wants_w or wants_b else None, weight if wants_x else None)
-        ctx.has_bias = bias is not None
-        ctx.weight_dtype, ctx.bias_dtype = weight.dtype, None if bias is None else bias.dtype
-        ctx.kernel = weight.shape[-1]
-        return y
+@time_depthwise_conv_op.register_fake
+def _(x, weight, bias, flip):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
-    @staticmethod
-    def backward(ctx, grad_output):
-        x, weight = ctx.saved_tensors
-        g = grad_output.contiguous()
-        batch, frames, channels = g.shape
-        kernel = ctx.kernel
-        grad_x = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            grad_x = _conv(g, weight, None, flip=True)
-        wants_w, wants_b = ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]
-        if wants_w or wants_b:
+
+@torch.library.custom_op("workbench::time_depthwise_conv_weight_grad", mutates_args=())
+def time_depthwise_conv_weight_grad(x: torch.Tensor, grad: torch.Tensor, kernel: int, chunk: int) -> torch.Tensor:
+    """``_time_weight_grad_kernel``: x and the output gradient [B, T, C], both contiguous -> the partial sums
+    [ranges, K + 1, C] fp32 of the K taps' and the bias's gradients over ranges of ``chunk`` frames each (a
+    multiple of WEIGHT_GRAD_BLOCK_T; ranges = ceil(B x T / chunk)), for the caller to sum over ranges."""
+    batch, frames, channels = grad.shape
+    x, grad = x.contiguous(), grad.contiguous()
+    rows, block_c = batch * frames, _block_c(channels)
+    partial = torch.empty(-(-rows // chunk), kernel + 1, channels, dtype=torch.float32, device=grad.device)
+    if rows:
+        with device_guard(grad.device):
+            _time_weight_grad_kernel[(partial.shape[0], triton.cdiv(channels, block_c), kernel + 1)](
+                x, grad, partial, frames, rows, chunk, channels, K=kernel, BLOCK_T=WEIGHT_GRAD_BLOCK_T,
+                BLOCK_C=block_c)
+    return partial
+
+
+@time_depthwise_conv_weight_grad.register_fake
+def _(x, grad, kernel, chunk):
+    batch, frames, channels = grad.shape
+    return grad.new_empty(-(-(batch * frames) // chunk), kernel + 1, channels, dtype=torch.float32)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, flip = inputs
+    wants_x, wants_w, wants_b = ctx.needs_input_grad[:3]
+    ctx.save_for_backward(x if wants_w or wants_b else None, weight if wants_x else None)
+    ctx.has_bias, ctx.flip = bias is not None, flip
+    ctx.weight_dtype, ctx.bias_dtype = weight.dtype, None if bias is None else bias.dtype
+    ctx.kernel = weight.shape[-1]
+
+
+def _backward(ctx, grad_output):
+    x, weight = ctx.saved_tensors
+    g = grad_output.contiguous()
+    batch, frames, channels = g.shape
+    kernel = ctx.kernel
+    grad_x = grad_weight = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        grad_x = time_depthwise_conv_op(g, weight, None, not ctx.flip)  # odd K: the padding is symmetric
+    wants_w, wants_b = ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]
+    if wants_w or wants_b:
+        rows = batch * frames
+        if rows:
+            channel_blocks = triton.cdiv(channels, _block_c(channels))
+            _, chunk = _weight_grad_ranges(rows, channel_blocks * (kernel + 1), g.device)
+            sums = time_depthwise_conv_weight_grad(x, g, kernel, chunk).sum(0)
+        else:
             sums = torch.zeros(kernel + 1, channels, dtype=torch.float32, device=g.device)
-            rows, block_c = batch * frames, _block_c(channels)
-            if rows:
-                channel_blocks = triton.cdiv(channels, block_c)
-                ranges, chunk = _weight_grad_ranges(rows, channel_blocks * (kernel + 1), g.device)
-                partial = torch.empty(ranges, kernel + 1, channels, dtype=torch.float32, device=g.device)
-                _time_weight_grad_kernel[(ranges, channel_blocks, kernel + 1)](
-                    x, g, partial, frames, rows, chunk, channels, K=kernel, BLOCK_T=WEIGHT_GRAD_BLOCK_T,
-                    BLOCK_C=block_c)
-                sums = partial.sum(0)
-            if wants_w:
-                grad_weight = sums[:kernel].t().reshape(channels, 1, kernel).to(ctx.weight_dtype)
-            if wants_b:
-                grad_bias = sums[kernel].to(ctx.bias_dtype)
-        return grad_x, grad_weight, grad_bias
+        if wants_w:
+            taps = sums[:kernel].flip(0) if ctx.flip else sums[:kernel]
+            grad_weight = taps.t().reshape(channels, 1, kernel).to(ctx.weight_dtype)
+        if wants_b:
+            grad_bias = sums[kernel].to(ctx.bias_dtype)
+    return grad_x, grad_weight, grad_bias, None
+
+
+time_depthwise_conv_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+@register_flop_formula(torch.ops.workbench.time_depthwise_conv)
+def _conv_flops(x_shape, weight_shape, bias_shape, flip, *, out_shape) -> int:
+    """As torch counts a depthwise ``F.conv1d`` (or its input gradient): 2 x K multiply-adds per output element
+    (the bias not counted)."""
+    return 2 * weight_shape[-1] * prod(out_shape)
+
+
+@register_flop_formula(torch.ops.workbench.time_depthwise_conv_weight_grad)
+def _weight_grad_flops(x_shape, grad_shape, kernel, chunk, *, out_shape) -> int:
+    """The forward's count (torch's counter counts a grouped convolution's weight gradient C times over)."""
+    return 2 * kernel * prod(grad_shape)
 
 
 def time_depthwise_conv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -156,8 +206,8 @@ def time_depthwise_conv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torc
     if torch.is_autocast_enabled(x.device.type):
         x = x.to(torch.get_autocast_dtype(x.device.type))
     _check_inputs(x, weight, bias)
-    with device_guard(x.device):
-        return _TimeDepthwiseConv.apply(x, weight, bias)
+    return time_depthwise_conv_op(x.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(),
+                                  False)
 
 
 def _check_inputs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:

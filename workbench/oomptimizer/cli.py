@@ -66,8 +66,9 @@ def register(sub) -> None:
                    help="probe with each encoder block compiled by torch.compile (as `workbench train --compile` "
                         "trains); recorded as metadata.compile")
     p.add_argument("--plan", action="store_true",
-                   help="no GPU needed: predict each step's peak memory from a fake trace (torch's ops, no Triton "
-                        "kernels) and search against --gpu-memory; the profile records that it was planned")
+                   help="no GPU needed: predict each step's peak memory from a fake trace of the path the GPU runs "
+                        "(the Triton kernels by their fakes) and search against --gpu-memory; the profile records "
+                        "that it was planned")
     p.add_argument("--gpu-memory", metavar="SIZE|NAME",
                    help="with --plan: the GPU's memory, a size (80GiB, 80GB, 81920MiB) or a GPU's name "
                         "(a100-40gb, a100-80gb, h100-80gb, h200, l40s)")

@@ -10,10 +10,14 @@ caching allocator rounds a block (512 bytes), and keeps the peak.
 What the trace can and cannot see:
 
 - It traces on a fake *CPU* device: a CPU build of torch cannot create fake CUDA tensors (its factory
-  functions need CUDA's device guard), so autocast follows the CPU's bf16 op list, scaled-dot-product
-  attention takes the CPU's kernel choice, and models take their torch path (the reference models are built
-  with torch's depthwise convolutions; the transducer losses run their torch reference off CUDA). The
-  profile says so (``metadata.plan.traced_path``).
+  functions need CUDA's device guard), so autocast follows the CPU's bf16 op list and scaled-dot-product
+  attention takes the CPU's kernel choice.
+- Kernels are picked as on CUDA (:func:`workbench.triton_support.kernels_as_on_cuda`): the reference models
+  take the path that runs on the GPU, the Triton transducer loss and depthwise convolutions and the
+  channels-last subsampling. The kernels are torch custom ops (``workbench::...``) whose fake implementations
+  make their outputs and the buffers the kernels get, so the trace counts them. Where triton does not import,
+  the models take their torch path here as they would on the GPU. The profile says which path it traced
+  (``metadata.plan.traced_path``).
 - A value read back to the host (``.item()``, ``.tolist()``, ``if tensor:``) has no data to read: it reads
   as 0 for integers and booleans (the input checks' counts of bad values) and 1.0 for floats (AdamW's step
   count). ``host_reads`` counts them.
@@ -34,13 +38,15 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from workbench.triton_support import kernels_as_on_cuda, triton_unavailable_reason
 from workbench.units import GiB, MiB
 
 BLOCK_ROUNDING = 512  # bytes: the caching allocator rounds every block up to a multiple of this
 SMALL_BLOCK_LIMIT = 1 * MiB  # bytes: blocks up to this size come from the small pool
 PAGE_BYTES = 2 * MiB  # bytes: small-pool segments, and the pages expandable segments grow by
 DEFAULT_MARGIN_BYTES = 1 * GiB  # bytes kept free for cuBLAS/cuDNN workspaces and fragmentation
-TRACED_PATH = "torch ops on a fake CPU device (CPU autocast list, torch kernels, no Triton)"
+KERNEL_MODULES = ("workbench.models.losses_triton", "workbench.models.depthwise_triton",
+                  "workbench.models.time_conv_triton")  # the Triton kernels a reference model's step may run
 
 # torch.cuda.get_device_properties(...).total_memory of each GPU, in bytes (0.01 GiB as torch's out-of-memory
 # messages print it); calibrate against the GPU where one is at hand.
@@ -179,12 +185,24 @@ def new_fake_mode() -> FakeTensorMode:
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
+def traced_path(cuda_kernels: bool = True) -> str:
+    """What a trace runs, in words (``metadata.plan.traced_path``): with ``cuda_kernels``, the kernels CUDA
+    would run (:class:`StepTracer`)."""
+    problem = next(filter(None, (triton_unavailable_reason("cuda", kernels_module=m) for m in KERNEL_MODULES)),
+                   None) if cuda_kernels else "the CPU's choice"
+    if problem is None:
+        return ("torch ops on a fake CPU device, kernels as on CUDA (Triton losses and depthwise convolutions "
+                "by their custom ops' fakes; CPU autocast list and attention)")
+    return f"torch ops on a fake CPU device (CPU autocast list, torch kernels, no Triton: {problem})"
+
+
 def build_fake_reference_model(name: str, fake_mode: FakeTensorMode, *, joint_chunk_size: int = 0):
-    """A reference model (e.g. large-rnnt) whose weights are fake (no memory), on torch's kernels."""
+    """A reference model (e.g. large-rnnt) whose weights are fake (no memory); its kernels are picked per
+    step ("auto"), so a :class:`StepTracer` traces those CUDA would run."""
     from workbench.models import build_model
 
     with fake_mode:
-        return build_model(name, joint_chunk_size=joint_chunk_size, depthwise="torch", time_depthwise="torch")
+        return build_model(name, joint_chunk_size=joint_chunk_size)
 
 
 def build_fake_user_model(spec: str, fake_mode: FakeTensorMode):
@@ -198,11 +216,13 @@ def build_fake_user_model(spec: str, fake_mode: FakeTensorMode):
 class StepTracer:
     """Traces training steps of ``model`` (built under ``fake_mode``): ``trace(bucket, batch_size)`` ->
     :class:`StepMemory`. AdamW's state is made once, as in steady-state training; the optimizer step's own
-    temporaries (bytes above what is live when it starts) are traced once here and added to each step."""
+    temporaries (bytes above what is live when it starts) are traced once here and added to each step.
+    ``cuda_kernels``: the step picks its kernels as on CUDA (:func:`kernels_as_on_cuda`: the Triton kernels by
+    their fakes); False: as on the CPU (torch's)."""
 
     def __init__(self, model: torch.nn.Module, fake_mode: FakeTensorMode, *, dtype: torch.dtype = torch.bfloat16,
-                 ddp_gradient_buckets: bool = False):
-        self.model, self.fake_mode, self.dtype = model, fake_mode, dtype
+                 ddp_gradient_buckets: bool = False, cuda_kernels: bool = True):
+        self.model, self.fake_mode, self.dtype, self.cuda_kernels = model, fake_mode, dtype, cuda_kernels
         self.params = [p for p in model.parameters() if p.requires_grad]
         tracker = DeviceMemoryTracker()
         with fake_mode, tracker, _naming_the_operation(tracker, "creating AdamW's state"):
@@ -239,7 +259,8 @@ class StepTracer:
         batch = None
         where = f"at {duration:g} s / {tokens} tokens, batch size {batch_size}"
         try:
-            with self.fake_mode, tracker, _naming_the_operation(tracker, where):
+            kernels = kernels_as_on_cuda() if self.cuda_kernels else contextlib.nullcontext()
+            with self.fake_mode, tracker, _naming_the_operation(tracker, where), kernels:
                 self._track_state(tracker)
                 state_bytes = tracker.allocated_bytes
                 tracker.reset_peak()
@@ -277,12 +298,13 @@ class PlannedProbe:
     margin_bytes: int = DEFAULT_MARGIN_BYTES
     dtype: torch.dtype = torch.bfloat16
     ddp_gradient_buckets: bool = False
+    cuda_kernels: bool = True  # the kernels CUDA would run (see StepTracer)
     traces: list[StepMemory] = field(default_factory=list)
     baseline_bytes: int = 0  # nothing is allocated on a device
 
     def __post_init__(self):
         self.tracer = StepTracer(self.model, self.fake_mode, dtype=self.dtype,
-                                 ddp_gradient_buckets=self.ddp_gradient_buckets)
+                                 ddp_gradient_buckets=self.ddp_gradient_buckets, cuda_kernels=self.cuda_kernels)
         if not 0 < self.memory_fraction <= 1:
             raise ValueError(f"memory_fraction: must be in (0, 1], got {self.memory_fraction}")
         if self.budget_bytes <= 0:
@@ -312,10 +334,11 @@ def plan_profile(model: torch.nn.Module, fake_mode: FakeTensorMode, model_name: 
                  memory_fraction: float = 0.9, margin_bytes: int = DEFAULT_MARGIN_BYTES,
                  dtype: torch.dtype = torch.bfloat16, ddp: bool = False, strategy: str = "predictive",
                  rel_gap: float = 0.05, start_batch_size: int = 32, merge: bool = True, on_probe=None,
-                 on_bucket=None):
+                 on_bucket=None, cuda_kernels: bool = True):
     """Batch sizes for the buckets of ``bins`` on a GPU of ``gpu_memory`` (a name or a size), found by
     the same search as on a GPU against predicted peaks. Returns (profile, search result); the profile's
-    metadata says it was planned, for which memory, with which fraction and margin, on which path."""
+    metadata says it was planned, for which memory, with which fraction and margin, on which path
+    (``cuda_kernels``: see :class:`StepTracer`)."""
     import datetime as _dt
 
     from workbench.oomptimizer.run import profile_buckets, profile_with_batch_sizes
@@ -323,7 +346,7 @@ def plan_profile(model: torch.nn.Module, fake_mode: FakeTensorMode, model_name: 
 
     total = gpu_memory_bytes(gpu_memory)
     probe = PlannedProbe(model, fake_mode, total, memory_fraction=memory_fraction, margin_bytes=margin_bytes,
-                         dtype=dtype, ddp_gradient_buckets=ddp)
+                         dtype=dtype, ddp_gradient_buckets=ddp, cuda_kernels=cuda_kernels)
     result = search_batch_sizes(profile_buckets(bins), probe, budget_bytes=probe.budget_bytes, rel_gap=rel_gap,
                                 start_batch_size=start_batch_size, strategy=strategy, on_probe=on_probe,
                                 on_bucket=on_bucket)
@@ -336,7 +359,7 @@ def plan_profile(model: torch.nn.Module, fake_mode: FakeTensorMode, model_name: 
             "compile": False, "world_size": 1, "probes": result.num_probes,
             "search_seconds": round(result.seconds, 2), "budget_bytes": int(probe.budget_bytes),
             "unmerged_buckets": len(profile_buckets(bins)), "planned": True,
-            "plan": {"margin_bytes": int(margin_bytes), "traced_path": TRACED_PATH,
+            "plan": {"margin_bytes": int(margin_bytes), "traced_path": traced_path(probe.cuda_kernels),
                      "allocator": "expandable segments, 512-byte blocks, 2 MiB pages",
                      "host_reads_per_step": max((t.host_reads for t in probe.traces), default=0),
                      **planned_lines(result)}}
