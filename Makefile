@@ -33,7 +33,7 @@ report: setup
 test: setup
 	$(VENV)/bin/ruff check workbench tests
 	$(PY) -m pytest -q -n 2 tests
-	WORKBENCH_SMOKE=1 $(PY) -m pytest -q --nbval-lax --nbval-kernel-name workbench -p no:cacheprovider notebooks
+	WORKBENCH_SMOKE=1 $(PY) -m pytest -q -n 2 --dist loadfile --nbval-lax --nbval-kernel-name workbench -p no:cacheprovider notebooks
 
 lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --no-browser --allow-root --ip=127.0.0.1

@@ -8,6 +8,17 @@ import pytest
 from workbench.reporting import has_cuda as _has_cuda
 
 
+def pytest_configure(config):
+    """Each xdist worker takes its share of the cores for torch's threads (`make test` runs two workers on
+    machines of two cores): workers that each take every core oversubscribe them, and run slower."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        import torch
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        torch.set_num_threads(max(1, cores // workers))
+
+
 def pytest_collection_modifyitems(config, items):
     if _has_cuda():
         return
@@ -39,3 +50,15 @@ def compile_without_interpreter():
         assert proc.returncode == 0, proc.stderr[-3000:]
         return proc.stdout
     return run
+
+
+@pytest.fixture
+def two_threads():
+    """Two torch threads during the test, the worker's count put back after: the smoke mains run on one thread,
+    and a check that they put the count back needs another count to start from (a worker may have one)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)

@@ -1,6 +1,8 @@
-"""Every notebook runs headlessly with papermill in smoke mode and produces its plots."""
+"""The notebooks' structure. `make test` runs each one with nbval, in smoke mode, with the parameters papermill
+passes, and checks its outputs (notebooks/conftest.py); nothing here executes a notebook."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -14,25 +16,43 @@ def test_there_are_notebooks():
     assert any(nb.name.startswith("00_corpus") for nb in NOTEBOOKS)
 
 
+def _nbval_conftest():
+    """notebooks/conftest.py, the hooks that make `make test`'s nbval run the notebook test."""
+    import importlib.util
+
+    path = NOTEBOOKS[0].parent / "conftest.py"
+    spec = importlib.util.spec_from_file_location("notebooks_conftest", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_in_smoke_mode(notebook, tmp_path):
-    papermill = pytest.importorskip("papermill")
+def test_notebook_starts_with_its_parameters_and_nbval_injects_papermills(notebook):
+    """nbval runs each notebook once, with the parameters papermill ran them with (smoke, no panels), and checks
+    its outputs (an error, no plot, a widget, a silent `meaning` cell fail it): notebooks/conftest.py."""
     nb = json.loads(notebook.read_text())
     first_code = next(c for c in nb["cells"] if c["cell_type"] == "code")
     assert "parameters" in first_code.get("metadata", {}).get("tags", []), "first code cell must be `parameters`"
     assert "smoke" in "".join(first_code["source"])
-    out = tmp_path / notebook.name
-    papermill.execute_notebook(str(notebook), str(out), parameters={"smoke": True, "interactive": False},
-                               cwd=str(notebook.parent), kernel_name=KERNEL_NAME, progress_bar=False)
-    executed = json.loads(out.read_text())
-    outputs = [o for c in executed["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
-    assert not [o for o in outputs if o.get("output_type") == "error"]
-    assert any("image/png" in o.get("data", {}) for o in outputs), "the notebook drew no plot"
-    assert not [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
-    silent = [i for i, c in enumerate(executed["cells"]) if "meaning" in c.get("metadata", {}).get("tags", [])
-              and not "".join("".join(o.get("text", "")) for o in c.get("outputs", [])
-                              if o.get("output_type") == "stream").strip()]
-    assert not silent, f"`meaning` cells that printed nothing: {silent}"
+    conftest = _nbval_conftest()
+    assert conftest.PARAMETERS == {"smoke": True, "interactive": False}
+    assert set(conftest.PARAMETERS) <= set(_parameter_names(notebook))
+    injected = conftest._injected("".join(first_code["source"]))
+    namespace: dict = {}
+    exec(injected, namespace)  # the parameters cell holds assignments only
+    assert {name: namespace[name] for name in conftest.PARAMETERS} == conftest.PARAMETERS
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_panel_runs_again_with_interactive_on(notebook):
+    """The nbval run has interactive=False; each panel (a cell that tests `interactive` in an `if`) runs a second
+    time with it on, so the panels' code runs in `make test` too."""
+    conftest = _nbval_conftest()
+    cells = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
+    panels = [c for c in cells if re.search(r"widget_panel\(|interactive_panel\(|explore_block\(", "".join(c["source"]))]
+    assert panels, "every notebook offers a panel"
+    assert all(conftest.PANEL.search("".join(c["source"])) for c in panels)
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
@@ -54,6 +74,8 @@ def test_make_test_runs_nbval_on_the_workbench_kernel():
     makefile = (NOTEBOOKS[0].parents[1] / "Makefile").read_text()
     line = next(ln for ln in makefile.splitlines() if "--nbval" in ln)
     assert f"--nbval-kernel-name {KERNEL_NAME}" in line
+    assert "WORKBENCH_SMOKE=1" in line and line.rstrip().endswith(" notebooks")
+    assert "-n 2 --dist loadfile" in line  # two workers, each notebook's cells on one kernel, in order
 
 
 def _parameter_names(notebook: Path) -> list[str]:

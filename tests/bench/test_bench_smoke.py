@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def torch_cpu_settings_kept():
+def torch_cpu_settings_kept(two_threads):
     """The smoke mains turn oneDNN off and use one thread on a CPU (results.cpu_smoke_torch); they must put
     both back, or every test after them runs under their settings."""
     before = torch.backends.mkldnn.enabled, torch.get_num_threads()
@@ -30,7 +30,7 @@ def torch_cpu_settings_kept():
     assert after == before
 
 
-def test_cpu_smoke_torch_sets_and_restores():
+def test_cpu_smoke_torch_sets_and_restores(two_threads):
     from workbench.bench.results import cpu_smoke_torch
 
     before = torch.backends.mkldnn.enabled, torch.get_num_threads()

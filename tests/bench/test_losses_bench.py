@@ -9,7 +9,7 @@ import torch
 from workbench.bench.losses import record as losses_record
 
 
-def test_losses_bench_smoke(tmp_path, capsys):
+def test_losses_bench_smoke(tmp_path, capsys, two_threads):
     from workbench.bench.losses import run
 
     before = torch.backends.mkldnn.enabled, torch.get_num_threads()

@@ -81,7 +81,7 @@ def test_models_bench_compile_smoke_records_it_under_its_name(tmp_path, cpu_sett
 
 KERNEL_SMOKE = """
 import sys
-sys.path.insert(0, "tests/models")
+sys.path.insert(0, "tests")
 import triton_interpreter  # noqa: F401 - the CPU interpreter (when there is no CUDA), before triton loads
 import importlib
 from workbench.bench.models import run

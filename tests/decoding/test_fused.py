@@ -2,21 +2,17 @@
 states, and whole decodes; its LSTM step equals nn.LSTM's within rounding. Without CUDA the kernels run through
 Triton's interpreter (small shapes); the ``gpu`` tests compare the graph modes and the kernel kinds on a GPU."""
 
-import os
+import triton_interpreter  # noqa: F401, I001 - sets TRITON_INTERPRET before triton is imported
 
+import dataclasses
+
+import pytest
 import torch
 
-if not torch.cuda.is_available():  # before triton is imported: the interpreter is chosen then
-    os.environ["TRITON_INTERPRET"] = "1"
-
-import dataclasses  # noqa: E402
-
-import pytest  # noqa: E402
-
-from workbench import triton_support  # noqa: E402
-from workbench.decoding import GreedyTransducerDecoder, fused, label_looping, make_toy_transducer  # noqa: E402
-from workbench.bench.decoding import nemo_peer  # noqa: E402
-from workbench.bench.decoding.op_count import predictor_step_ops, stage_ops  # noqa: E402
+from workbench import triton_support
+from workbench.decoding import GreedyTransducerDecoder, fused, label_looping, make_toy_transducer
+from workbench.bench.decoding import nemo_peer
+from workbench.bench.decoding.op_count import predictor_step_ops, stage_ops
 from test_gpu import gpu_case  # noqa: E402 - the GPU tests' random cases
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
