@@ -22,7 +22,7 @@ def register(sub) -> None:
         description="Find, per bucket of a profile, the largest batch size whose training step fits in GPU\n"
                     "memory (real forward/backward/optimizer steps on this CUDA GPU), and write the batch\n"
                     "sizes into the profile. Needs a CUDA GPU; with --plan and --gpu-memory, none (the peaks are\n"
-                    "predicted from a fake trace of the step on torch's ops).",
+                    "predicted from a fake trace of the step, on the kernels the GPU runs).",
         epilog="examples:\n"
                "  workbench oomptimize --model large-rnnt --bins work/demo/profile.yaml\n"
                "  workbench oomptimize --model xl-tdt --bins bins.yaml --out profile.yaml --validate --nproc 4\n"
@@ -266,7 +266,7 @@ def run_plan(args, bins, bins_path: Path) -> int:
              build_fake_reference_model(args.model, fake_mode, joint_chunk_size=args.joint_chunk_size))
     print(f"oomptimize --plan {args.model}: {bins.num_buckets} buckets, {args.strategy}, {args.dtype}, "
           f"{args.gpu_memory} ({args.gpu_memory_bytes / GiB:.2f} GiB) x {args.memory_fraction} - margin "
-          f"{args.plan_margin_bytes / GiB:.2f} GiB; traced on torch's ops")
+          f"{args.plan_margin_bytes / GiB:.2f} GiB; a fake trace of the GPU's path")
     t0 = time.perf_counter()
     profile, result = plan_profile(model, fake_mode, args.model, bins, gpu_memory=args.gpu_memory,
                                    memory_fraction=args.memory_fraction, margin_bytes=args.plan_margin_bytes,
