@@ -31,6 +31,8 @@ def _injected(source: str) -> str:
 
 
 def pytest_collection_modifyitems(session, config, items):
+    if not config.getoption("nbval", False) and not config.getoption("nbval_lax", False):
+        return  # no notebook items: nbval collects them only when asked
     from nbval.plugin import IPyNbCell, IPyNbFile
 
     out, cells_of = [], {}
