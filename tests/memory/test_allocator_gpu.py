@@ -60,6 +60,7 @@ def test_recorder_counts_device_allocations_on_gpu():
 
     from workbench.memory import MemoryRecorder
 
+    torch.cuda.empty_cache()  # blocks cached by earlier tests would serve the first step without the device
     rec = MemoryRecorder()
     with rec.step(kind="grow"):
         big = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
