@@ -326,12 +326,12 @@ class _SearchState:
         pred = float(shape_features([self.buckets[i]], self.scale)[0] @ weights)
         return pred if pred > 0 else None
 
-    def margin(self) -> float:
+    def margin(self, i: int) -> float:
         """How far below the predicted largest size the first probe of a bucket aims: with a plan scaled by
         a measured bucket, into the middle of the window the budget proof accepts (a miss either way costs
         one probe); else by the shape model's recent errors (15 % before any)."""
-        if self.prior is not None and any(r.bucket_index != self.records[-1].bucket_index for r in self.records):
-            return self.rel_gap / 8
+        if self.prior is not None and any(r.bucket_index != i and not r.oom for r in self.records):
+            return self.rel_gap / 8  # the plan is scaled by another bucket's measurement
         if not self.shape_errors:
             return 0.15
         return float(min(1.5 * np.median(self.shape_errors[-5:]), 0.3))
@@ -436,12 +436,12 @@ class _SearchState:
             # Overshot without a fit yet: back off clearly below the OOM, twice as far after each OOM
             # beyond the second (the shape model is off here by more than its margin said).
             ooms = sum(r.oom for r in self.records if r.bucket_index == i)
-            back_off = min(max(2 * self.margin(), self.rel_gap / 3) * 2 ** max(ooms - 2, 0), 0.5)
+            back_off = min(max(2 * self.margin(i), self.rel_gap / 3) * 2 ** max(ooms - 2, 0), 0.5)
             n = math.floor(upper * (1 - back_off)) if predicted_cost else upper // 2
         elif predicted_cost and (low_b > self.base_guess(fit)):
             n = math.floor((low_b - self.base_guess(fit)) / predicted_cost)
             if first:
-                m = self.margin()
+                m = self.margin(i)
                 n = n if m * n < 1 else math.floor(n * (1 - m))
         elif lower is None:
             n = self.start
