@@ -193,11 +193,9 @@ def test_a_plan_keeps_the_lines_a_gpu_search_starts_from(tmp_path, tiny):
     prior = planned_peaks(plan, [(2.0, 20), (4.0, 40)])
     assert 0 < prior.per_item_bytes[0] < prior.per_item_bytes[1] and prior.base_bytes > 0
     model, _, tracer = tiny
-    for size in plan.bucket_batch_size:  # the line passes through the traced peaks
-        bucket = (4.0, 40) if size == plan.bucket_batch_size[1] else (2.0, 20)
-        traced = tracer.trace(bucket, size).peak_allocated_bytes
-        line = prior.base_bytes + size * prior.per_item_bytes[1 if bucket[0] == 4.0 else 0]
-        assert abs(line - traced) <= 0.01 * traced
+    for bucket, size, cost in zip([(2.0, 20), (4.0, 40)], plan.bucket_batch_size, prior.per_item_bytes):
+        traced = tracer.trace(bucket, size).peak_allocated_bytes  # the line passes through the traced peaks
+        assert abs(prior.base_bytes + size * cost - traced) <= 0.01 * traced
     with pytest.raises(ValueError, match="plan.yaml: planned for 2 other buckets than these 1"):
         planned_peaks(plan, [(4.0, 40)], source=str(out))
     with pytest.raises(ValueError, match="not a plan with per-bucket peaks"):

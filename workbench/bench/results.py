@@ -92,8 +92,6 @@ def measure_each(names: list[str], measure: Callable[[str], tuple[dict, list[str
     """``measure(name) -> (entry, failed checks)`` for each of ``names`` in turn, ``save(entries, failures)``
     after each; a model that raises gets ``{"spec", "error"}`` (one line) and the others still run; none
     starts after ``budget_s`` seconds (0: no limit). Returns (entries by name, failures)."""
-    import time
-
     entries: dict[str, dict] = {}
     failures: list[str] = []
     t0 = time.perf_counter()
@@ -108,15 +106,11 @@ def measure_each(names: list[str], measure: Callable[[str], tuple[dict, list[str
             entries[name] = {"spec": spec_of(name),
                              "error": f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"}
             failures.append(f"{name}: {entries[name]['error']}")
-            _release_cuda_memory()
+            from workbench.memory.oom import release_memory  # here: reading records needs no torch
+
+            release_memory()
         save(entries, failures)
     return entries, failures
-
-
-def _release_cuda_memory() -> None:
-    from workbench.memory.oom import release_memory
-
-    release_memory()
 
 
 def git_commit() -> str:

@@ -383,7 +383,8 @@ def planned_peaks(plan, buckets, *, source: str = "plan"):
     ValueError naming ``source`` otherwise."""
     from workbench.oomptimizer.search import PlannedPeaks
 
-    lines = (plan.metadata or {}).get("plan") if plan.metadata.get("planned") else None
+    metadata = plan.metadata or {}
+    lines = metadata.get("plan") if metadata.get("planned") else None
     if not isinstance(lines, dict) or "per_item_bytes" not in lines:
         raise ValueError(f"{source}: not a plan with per-bucket peaks (make one with oomptimize --plan)")
     planned = [tuple(float(x) for x in b) for b in lines.get("buckets") or []]
