@@ -99,7 +99,7 @@ def test_planned_search_returns_sizes_that_fit(tiny):
 
 
 class Untraceable(torch.nn.Module):
-    """Keeps the model contract, but its step takes a shape from the data (nonzero)."""
+    """Keeps the model contract, but its step takes a shape from the data (unique values)."""
 
     def __init__(self):
         super().__init__()
@@ -110,7 +110,7 @@ class Untraceable(torch.nn.Module):
 
     def training_step(self, batch, *, dtype=torch.float32):
         out = self.layer(batch["audio"])
-        loss = out[out.nonzero(as_tuple=True)].sum()
+        loss = out.unique().sum()
         loss.backward()
         return loss.detach()
 
@@ -122,8 +122,101 @@ def test_a_step_that_cannot_be_traced_names_the_operation():
     with pytest.raises(PlanError) as e:
         StepTracer(model, fake_mode).trace((1.0, 4), 2)
     message = str(e.value)
-    assert message.startswith("cannot trace the training step at 1 s / 4 tokens, batch size 2: aten.nonzero")
+    assert message.startswith("cannot trace the training step at 1 s / 4 tokens, batch size 2: aten._unique2")
     assert "\n" not in message
+
+
+class SelectsByMask(torch.nn.Module):
+    """Keeps the model contract; its step selects elements by a mask read from the data (as CTC targets are
+    often flattened), three ways."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(256, 256)
+
+    def make_batch(self, batch_size, duration_s, num_tokens, device):
+        return {"audio": torch.randn(batch_size, 256, device=device)}
+
+    def training_step(self, batch, *, dtype=torch.float32):
+        out = self.layer(batch["audio"])
+        keep = out > 0
+        loss = out.masked_select(keep).sum() + out[keep].sum() + out[keep.nonzero(as_tuple=True)].sum()
+        loss.backward()
+        return loss.detach()
+
+
+def test_an_output_shaped_by_values_is_traced_at_its_largest():
+    fake_mode = new_fake_mode()
+    with fake_mode:
+        model = SelectsByMask()
+    small, large = (StepTracer(model, fake_mode).trace((1.0, 4), size) for size in (256, 512))
+    one_output = 256 * 4  # bytes of one batch item's float32 output: every element selected is as large
+    assert large.peak_allocated_bytes - small.peak_allocated_bytes >= 256 * 3 * one_output
+
+
+class AttentionOnly(torch.nn.Module):
+    """Keeps the model contract: one self-attention over [B, T, 64] frames with a key mask and dropout."""
+
+    def __init__(self):
+        super().__init__()
+        self.project = torch.nn.Linear(64, 3 * 64)
+
+    def make_batch(self, batch_size, duration_s, num_tokens, device):
+        frames = int(duration_s * 100)
+        return {"audio": torch.randn(batch_size, frames, 64, device=device),
+                "bias": torch.zeros(batch_size, 1, 1, frames, device=device)}
+
+    def training_step(self, batch, *, dtype=torch.float32):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            q, k, v = self.project(batch["audio"]).view(*batch["audio"].shape[:2], 3, 4, 16).permute(2, 0, 3, 1, 4)
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=batch["bias"].to(q.dtype),
+                                                                   dropout_p=0.1)
+            loss = out.float().sum()
+        loss.backward()
+        return loss.detach()
+
+
+@pytest.mark.parametrize("cuda_kernels", [True, False])
+def test_attention_is_traced_as_cuda_runs_it(cuda_kernels):
+    """On CUDA the memory-efficient kernel keeps no [B, H, T, T] weights; the CPU's math path (traced when
+    cuda_kernels is off) keeps them, and their dropout mask."""
+    fake_mode = new_fake_mode()
+    with fake_mode:
+        model = AttentionOnly()
+    peak = StepTracer(model, fake_mode, cuda_kernels=cuda_kernels).trace((10.0, 4), 8).peak_allocated_bytes
+    weights = 8 * 4 * 1000 * 1000 * 2  # bytes of the bf16 attention weights of 8 x 4 heads x 1000 frames
+    if cuda_kernels:
+        assert peak < weights / 2
+    else:
+        assert peak > weights
+
+
+class ShapeFromTheHost(torch.nn.Module):
+    """Keeps the model contract; its step takes a width from a value read back to the host."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 4)
+
+    def make_batch(self, batch_size, duration_s, num_tokens, device):
+        return {"audio": torch.randn(batch_size, 4, device=device),
+                "lens": torch.full((batch_size,), 4, device=device)}
+
+    def training_step(self, batch, *, dtype=torch.float32):
+        out = self.layer(batch["audio"])
+        width = int(batch["lens"].max())
+        loss = (out[:, :width] * torch.ones_like(out)).sum()
+        loss.backward()
+        return loss.detach()
+
+
+def test_a_failure_after_a_host_read_says_what_the_read_was_answered():
+    fake_mode = new_fake_mode()
+    with fake_mode:
+        model = ShapeFromTheHost()
+    with pytest.raises(PlanError, match="read 1 value.s. back to the host, answered as 0 .integers.") as e:
+        StepTracer(model, fake_mode).trace((1.0, 4), 2)
+    assert "\n" not in str(e.value)
 
 
 def _bins(tmp_path, bins=((2.0, 20), (4.0, 40))):
@@ -161,7 +254,7 @@ def test_cli_a_model_that_cannot_be_traced_is_one_line_naming_the_operation(tmp_
                  "--plan", "--gpu-memory", "1GiB", "--plan-margin", "64MiB"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("workbench oomptimize: error: cannot trace the training step at 2 s / 20 tokens")
-    assert "aten.nonzero" in err and "\n" not in err and not out.exists()
+    assert "aten._unique2" in err and "\n" not in err and not out.exists()
 
 
 @pytest.mark.parametrize("options, error", [

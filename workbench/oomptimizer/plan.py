@@ -10,8 +10,10 @@ caching allocator rounds a block (512 bytes), and keeps the peak.
 What the trace can and cannot see:
 
 - It traces on a fake *CPU* device: a CPU build of torch cannot create fake CUDA tensors (its factory
-  functions need CUDA's device guard), so autocast follows the CPU's bf16 op list and scaled-dot-product
-  attention takes the CPU's kernel choice.
+  functions need CUDA's device guard), so autocast follows the CPU's bf16 op list. Scaled-dot-product
+  attention takes CUDA's kernels (:class:`AttentionAsOnCuda`): flash attention without a mask, the
+  memory-efficient kernel with one, neither materializing the [B, H, Tq, Tk] weights that the CPU's math
+  path (and its dropout mask) would.
 - Kernels are picked as on CUDA (:func:`workbench.triton_support.kernels_as_on_cuda`): the reference models
   take the path that runs on the GPU, the Triton transducer loss and depthwise convolutions and the
   channels-last subsampling. The kernels are torch custom ops (``workbench::...``) whose fake implementations
@@ -22,7 +24,8 @@ What the trace can and cannot see:
   as 0 for integers and booleans (the input checks' counts of bad values) and 1.0 for floats (AdamW's step
   count). ``host_reads`` counts them.
 - CTC's lengths are taken from the padded shapes (the worst case of a bucket), as its output's shape
-  depends on the longest target.
+  depends on the longest target; ``masked_select``, ``nonzero`` and indexing by a boolean mask select
+  every element, for the same reason.
 - cuBLAS and cuDNN workspaces, and the allocator's fragmentation, are not traced: the margin covers them.
 """
 
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -156,6 +160,8 @@ class DeviceMemoryTracker(TorchDispatchMode):
             return 1.0 if args[0].dtype.is_floating_point else 0
         if func in (torch.ops.aten._ctc_loss.Tensor, torch.ops.aten._ctc_loss.default):
             out = _ctc_loss_outputs(*args)
+        elif func in WORST_CASE_OUTPUTS:
+            out = WORST_CASE_OUTPUTS[func](*args)
         else:
             out = func(*args, **(kwargs or {}))
         for value in (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]:
@@ -165,10 +171,39 @@ class DeviceMemoryTracker(TorchDispatchMode):
 
 
 def _ctc_loss_outputs(log_probs, targets, *_):
-    """CTC's outputs (losses [B], alphas [B, T, 2 S + 1]) for targets as long as their padded width S: the
-    shape depends on the longest target, which a fake tensor cannot read (a bucket's worst case is that)."""
+    """CTC's outputs (losses [B], alphas [B, T, 2 S + 1]) for targets as long as their padded width S (or, for
+    targets concatenated in one row, their length over B): the shape depends on the longest target, which a
+    fake tensor cannot read (a bucket's worst case is that)."""
     frames, batch = log_probs.shape[0], log_probs.shape[1]
-    return log_probs.new_empty(batch), log_probs.new_empty(batch, frames, 2 * targets.shape[-1] + 1)
+    width = targets.shape[-1] if targets.dim() == 2 else -(-targets.shape[0] // batch)
+    return log_probs.new_empty(batch), log_probs.new_empty(batch, frames, 2 * width + 1)
+
+
+def _masked_select_output(values, mask):
+    """Every element selected: the worst case of an output whose size depends on the mask's values."""
+    return values.new_empty(torch.broadcast_shapes(values.shape, mask.shape).numel())
+
+
+def _nonzero_output(values):
+    """Every element nonzero (the worst case): indices [N, dims]."""
+    return values.new_empty((values.numel(), values.dim()), dtype=torch.long)
+
+
+def _index_output(values, indices):
+    """``values[mask]`` with every element of each boolean mask selected (the worst case)."""
+    positions = []
+    for index in indices:
+        if index is not None and index.dtype in (torch.bool, torch.uint8):
+            positions.extend(_nonzero_output(index).unbind(1))
+        else:
+            positions.append(index)
+    return torch.ops.aten.index.Tensor(values, positions)
+
+
+# ops whose output shape depends on values a fake tensor does not have: their largest output
+WORST_CASE_OUTPUTS = {torch.ops.aten.masked_select.default: _masked_select_output,
+                      torch.ops.aten.nonzero.default: _nonzero_output,
+                      torch.ops.aten.index.Tensor: _index_output}
 
 
 @dataclass
@@ -178,6 +213,43 @@ class StepMemory:
     peak_reserved_bytes: int  # what the allocator reserves for it under expandable segments
     state_bytes: int  # parameters, gradients' and AdamW's state held before the batch exists
     host_reads: int  # values read back to the host during the trace (answered, not computed)
+
+
+class AttentionAsOnCuda(TorchFunctionMode):
+    """``F.scaled_dot_product_attention`` as CUDA runs it, for fake CPU tensors: q, k, v (and a float mask) in
+    autocast's dtype when autocast is on (SDPA is on both devices' lower-precision lists), then flash attention
+    (half precision, no mask, head size a multiple of 8 up to 256) or the memory-efficient kernel. Both save
+    only the output and a float32 log-sum-exp per query for the backward, where the CPU's math path keeps the
+    [B, H, Tq, Tk] weights (and its dropout mask)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            return _attention_as_on_cuda(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+def _attention_as_on_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                          enable_gqa=False):
+    if enable_gqa and key.shape[-3] != query.shape[-3]:  # grouped heads: each key head serves several queries
+        repeats = query.shape[-3] // key.shape[-3]
+        key, value = key.repeat_interleave(repeats, -3), value.repeat_interleave(repeats, -3)
+    if torch.is_autocast_enabled(query.device.type):
+        dtype = torch.get_autocast_dtype(query.device.type)
+        query, key, value = (t.to(dtype) if t.is_floating_point() else t for t in (query, key, value))
+        if attn_mask is not None and attn_mask.is_floating_point():
+            attn_mask = attn_mask.to(dtype)
+    head_size = query.shape[-1]
+    if (attn_mask is None and query.dtype in (torch.float16, torch.bfloat16) and head_size % 8 == 0
+            and head_size <= 256):
+        return torch.ops.aten._scaled_dot_product_flash_attention(
+            query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+    if attn_mask is not None and attn_mask.dtype == torch.bool:  # SDPA's conversion: -inf where False
+        attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device).masked_fill_(
+            attn_mask.logical_not(), float("-inf"))
+    if attn_mask is not None:
+        attn_mask = attn_mask.expand(*query.shape[:-2], query.shape[-2], key.shape[-2])
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    return torch.ops.aten._scaled_dot_product_efficient_attention(
+        query, key, value, attn_mask, needs_grad, dropout_p, is_causal, scale=scale)[0]
 
 
 def new_fake_mode() -> FakeTensorMode:
@@ -192,7 +264,7 @@ def traced_path(cuda_kernels: bool = True) -> str:
                    None) if cuda_kernels else "the CPU's choice"
     if problem is None:
         return ("torch ops on a fake CPU device, kernels as on CUDA (Triton losses and depthwise convolutions "
-                "by their custom ops' fakes; CPU autocast list and attention)")
+                "by their custom ops' fakes, flash and memory-efficient attention; CPU autocast list)")
     return f"torch ops on a fake CPU device (CPU autocast list, torch kernels, no Triton: {problem})"
 
 
@@ -260,7 +332,8 @@ class StepTracer:
         where = f"at {duration:g} s / {tokens} tokens, batch size {batch_size}"
         try:
             kernels = kernels_as_on_cuda() if self.cuda_kernels else contextlib.nullcontext()
-            with self.fake_mode, tracker, _naming_the_operation(tracker, where), kernels:
+            attention = AttentionAsOnCuda() if self.cuda_kernels else contextlib.nullcontext()
+            with self.fake_mode, tracker, _naming_the_operation(tracker, where), kernels, attention:
                 self._track_state(tracker)
                 state_bytes = tracker.allocated_bytes
                 tracker.reset_peak()
@@ -282,8 +355,10 @@ def _naming_the_operation(tracker: DeviceMemoryTracker, where: str):
         yield
     except Exception as e:  # noqa: BLE001 - whatever the traced code raises is named in one line
         op = getattr(e, "func", None) or tracker.last_op or "the first operation"
+        reads = (f"; the step read {tracker.host_reads} value(s) back to the host, answered as 0 (integers) or "
+                 f"1.0 (floats): a shape taken from one is wrong" if tracker.host_reads else "")
         raise PlanError(f"cannot trace the training step {where}: {op} ({type(e).__name__}: "
-                        f"{_first_line(e)})") from None
+                        f"{_first_line(e)}){reads}") from None
 
 
 @dataclass

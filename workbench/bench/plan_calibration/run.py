@@ -28,7 +28,7 @@ from workbench.oomptimizer.search import search_batch_sizes
 from workbench.adapters import user_model_spec
 
 NAME = "plan_calibration"
-DEFAULT_MODELS = ["large-rnnt", "xl-aed", "torchaudio-emformer-rnnt"]
+DEFAULT_MODELS = ["large-rnnt", "xl-aed", "hf-whisper"]
 SMOKE_MEMORY_BYTES = 64 * 2**20  # the modeled probe's budget in smoke runs
 
 
