@@ -37,6 +37,19 @@ def test_a_good_plan_needs_at_most_1_3_probes_per_bucket(kind):
     assert result.num_probes < without.num_probes
 
 
+def test_a_plan_whose_error_follows_the_bucket_shape_is_corrected_per_bucket():
+    """A plan that overestimates what grows with the tokens (a decoder's share), by up to 5 % more at the
+    highest rate of tokens per second than at the lowest: scaled per bucket, still about one probe each."""
+    memory = SyntheticMemory(kind="linear")
+    buckets = demo_buckets()
+    top_rate = max(tokens / duration for duration, tokens in buckets)
+    costs = [(memory.peak(b, 1) - memory.base_bytes) * (0.97 + 0.05 * b[1] / b[0] / top_rate) for b in buckets]
+    result = search_batch_sizes(buckets, memory.probe, budget_bytes=memory.budget_bytes,
+                                prior=PlannedPeaks(memory.base_bytes, costs))
+    _check_sizes(result, memory, buckets)
+    assert result.probes_per_bucket <= 1.3, [p.batch_size for p in result.probes]
+
+
 @pytest.mark.parametrize("error", [0.03, 0.1])
 def test_a_rough_plan_costs_probes_not_correctness(error):
     memory = SyntheticMemory(kind="quadratic")

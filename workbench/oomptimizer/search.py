@@ -51,6 +51,9 @@ NOT_SEARCHED = "not searched"  # stop reason of a bucket the search stopped befo
 # linear piece. Tuned on the synthetic models: 0.6 lets the notebook's +-2 % jitter start pieces (more
 # probes), 0.8 misses steps of 4 % of the per-item cost (SplitBatchMemory at 8 KiB per frame).
 DEPARTURE_GAP_SHARE = 0.7
+# How far below a plan's predicted largest size the first probe of the first bucket aims: the plan's peaks
+# were within 6 % of the H200's measured ones for the models calibrated (benchmarks/results/plan_calibration.json).
+PLAN_FIRST_MARGIN = 0.08
 
 
 @dataclass
@@ -309,13 +312,11 @@ class _SearchState:
         return low, high
 
     def predict_cost(self, i: int, fit: MemoryFit) -> float | None:
-        """Per-item bytes of bucket i: the plan's, scaled by measured / planned cost over the buckets
-        measured so far (1 before any); without a plan, the shape model over the measured buckets."""
+        """Per-item bytes of bucket i: the plan's, scaled by :meth:`plan_ratio` (1 before any bucket is
+        measured); without a plan, the shape model over the measured buckets."""
         planned = self.prior.per_item_bytes[i] if self.prior is not None else None
         if planned:
-            ratios = [cost / self.prior.per_item_bytes[k] for k, cost in fit.per_item_bytes.items()
-                      if cost > 0 and self.prior.per_item_bytes[k]]
-            return planned * (float(np.median(ratios)) if ratios and fit.base_known else 1.0)
+            return planned * self.plan_ratio(i, fit)
         known = sorted(fit.per_item_bytes)
         known = [k for k in known if fit.per_item_bytes[k] > 0]
         if not known:
@@ -326,15 +327,42 @@ class _SearchState:
         pred = float(shape_features([self.buckets[i]], self.scale)[0] @ weights)
         return pred if pred > 0 else None
 
+    def plan_ratio(self, i: int, fit: MemoryFit) -> float:
+        """Measured over planned per-item cost expected at bucket i. A plan's error varies with the bucket's
+        shape (a decoder's share grows with the tokens per second): from three measured buckets on, a
+        least-squares line in (1, log duration, tokens per second), kept within the measured ratios; with
+        fewer, the ratio of the nearest measured bucket in (log duration, tokens per second)."""
+        known = [k for k, cost in fit.per_item_bytes.items() if cost > 0 and self.prior.per_item_bytes[k]]
+        if not known or not fit.base_known:
+            return 1.0
+        ratios = np.array([fit.per_item_bytes[k] / self.prior.per_item_bytes[k] for k in known])
+        top_rate = max(max(b[1] / b[0] for b in self.buckets), 1.0)
+
+        def features(k: int) -> list[float]:
+            duration, tokens = self.buckets[k]
+            return [1.0, math.log(duration), tokens / duration / top_rate]
+        if len(known) < 3:
+            distances = [sum((a - b) ** 2 for a, b in zip(features(k), features(i))) for k in known]
+            return float(ratios[int(np.argmin(distances))])
+        weights, *_ = np.linalg.lstsq(np.array([features(k) for k in known]), ratios, rcond=None)
+        return float(np.clip(np.array(features(i)) @ weights, ratios.min(), ratios.max()))
+
     def margin(self, i: int) -> float:
         """How far below the predicted largest size the first probe of a bucket aims: with a plan scaled by
-        a measured bucket, into the middle of the window the budget proof accepts (a miss either way costs
-        one probe); else by the shape model's recent errors (15 % before any)."""
-        if self.prior is not None and any(r.bucket_index != i and not r.oom for r in self.records):
-            return self.rel_gap / 8  # the plan is scaled by another bucket's measurement
+        measured buckets, into the middle of the window the budget proof accepts (a miss either way costs
+        one probe); with a plan alone, by its calibrated error; else by the shape model's recent errors
+        (15 % before any)."""
+        if self.prior is not None:
+            measured = any(r.bucket_index != i and not r.oom for r in self.records)
+            return self.proof_gap() / 2 if measured else PLAN_FIRST_MARGIN
         if not self.shape_errors:
             return 0.15
         return float(min(1.5 * np.median(self.shape_errors[-5:]), 0.3))
+
+    def proof_gap(self) -> float:
+        """How close below a predicted bound (relative) a fit is accepted without an OOM above it: half the
+        gap when the budget is bounded by OOMs only or a plan aims the probes, else a quarter."""
+        return self.rel_gap / (4 if self.budget is not None and self.prior is None else 2)
 
     def predictive_bucket(self, i: int) -> tuple[int, str]:
         fit = self.fit()
@@ -354,10 +382,8 @@ class _SearchState:
                     peak_low = max(lower_peak * (1 - 2 * fit.noise), fit.base_bytes + 1e-9 * lower_peak)
                     own_low = (peak_low - fit.base_bytes) / lower if fit.noise > 0 else own
                     proven = lower + max(1, math.floor((high_b - peak_low) / own_low) + 1)
-                    # A predicted bound is weaker than an OOM: accept it only within a fraction of the
-                    # gap (a quarter with a known budget, half when the budget is bounded by OOMs only).
-                    proof_gap = self.rel_gap / (4 if self.budget is not None else 2)
-                    if proven == lower + 1 or (proven - lower) / proven <= proof_gap:
+                    # A predicted bound is weaker than an OOM: accept it only within a fraction of the gap.
+                    if proven == lower + 1 or (proven - lower) / proven <= self.proof_gap():
                         return self.finish(i, lower, "budget")
             if self.gap_closed(lower, upper):
                 return self.finish(i, lower, "gap")
