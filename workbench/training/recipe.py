@@ -425,10 +425,12 @@ def run_epochs(run: Run, loader, progress, more_steps) -> None:
     epoch than run.epoch opens that epoch (run.epoch, run.epoch_batches follow the batches trained on)."""
     config, out = run.config, Path(run.config.out_dir)
     pending = None  # the step launched last, finished (loss read) after the next one is launched
-    batches = iter(loader)
+    batches = None  # the loader's iterator: started inside the first step's data wait
     while more_steps():
         waited = time.perf_counter()
         try:
+            if batches is None:
+                batches = redraw_batches(run, loader) if run.redraw else iter(loader)
             epoch, index, host_batch = next(batches)
         except StopIteration:
             raise ValueError(f"--cuts: the sampler gave 0 batches from {config.cuts} (empty corpus or nothing "
@@ -457,8 +459,8 @@ def run_epochs(run: Run, loader, progress, more_steps) -> None:
             pending = None
             save_training_state(out / STATE_FILE, run)
             run.last_end_event = None  # the next step's data_s is the host's wait, not the save
-        if run.redraw and more_steps():
-            batches = redraw_batches(run, loader)
+        if run.redraw:
+            batches = None
     if pending is not None:
         log_step(run, finish_step(pending), progress)
 

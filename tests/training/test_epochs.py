@@ -1,0 +1,168 @@
+"""Batches drawn ahead across epoch ends: the order and epochs of a sampler iterated epoch by epoch, no
+data wait at an epoch's start when the sampler is slow to start one, and a resume that continues exactly
+whatever the thread had drawn ahead."""
+
+import json
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from workbench.bucketing import BucketProfile, make_sampler
+from workbench.data import cuts_from_arrays
+from workbench.data.tone_corpus import train_letter_tokenizer, write_tone_corpus
+from workbench.training import recipe
+from workbench.training.epochs import EpochBatches
+
+pytestmark = pytest.mark.filterwarnings("ignore:You are using DynamicBucketingSampler with an eagerly")
+EPOCH_START_S = 0.6  # the slow sampler's sleep at the start of each epoch
+STEP_S = 0.15        # the slow step's sleep: an epoch of 7 steps trains for longer than an epoch start
+
+
+def _sampler(num_cuts=40, seed=0):
+    durations = np.random.default_rng(seed).uniform(1, 10, num_cuts)
+    cuts = cuts_from_arrays(durations, (durations * 3).astype(int) + 1)
+    profile = BucketProfile([[3.0, 20], [6.0, 40], [10.0, 60]], [4, 3, 2])
+    return make_sampler(cuts, profile, concurrent=False, seed=seed, buffer_size=100)
+
+
+def _ids(cuts):
+    return [c.id for c in cuts]
+
+
+def test_batches_follow_the_epochs_of_the_sampler_in_order_with_their_positions():
+    expected = []
+    for epoch in range(3):
+        sampler = _sampler()
+        sampler.set_epoch(epoch)
+        expected += [(epoch, index, _ids(b)) for index, b in enumerate(sampler)]
+    batches = EpochBatches(_sampler(), depth=4)
+    drawn = iter(batches)
+    got = [next(drawn) for _ in range(len(expected))]
+    batches.stop()
+    assert [(b.epoch, b.index, _ids(b.cuts)) for b in got] == expected
+    assert len({e for e, _, _ in expected}) == 3 and expected[0][2] != expected[len(expected) // 3][2]
+
+
+def test_a_new_iteration_starts_where_start_at_says_and_an_empty_epoch_ends_it():
+    batches = EpochBatches(_sampler(), depth=2)
+    batches.start_at(5, 0)
+    first = next(iter(batches))
+    assert (first.epoch, first.index) == (5, 0)
+    batches.stop()
+    empty = make_sampler(cuts_from_arrays(np.array([30.0]), np.array([5])),  # fits no bucket
+                         BucketProfile([[3.0, 20]], [4]), concurrent=False)
+    assert list(EpochBatches(empty)) == []
+    with pytest.raises(ValueError, match="depth"):
+        EpochBatches(empty, depth=0)
+    with pytest.raises(ValueError, match="index"):
+        batches.start_at(0, -1)
+
+
+def test_an_error_while_drawing_reaches_the_reader():
+    class Broken:
+        def set_epoch(self, epoch):
+            raise RuntimeError(f"no epoch {epoch}")
+
+    with pytest.raises(RuntimeError, match="no epoch 0"):
+        list(EpochBatches(Broken()))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tones")
+    cuts_path = write_tone_corpus(root, 12, seed=0, min_letters=3, max_letters=6)  # 7 batches of <= 2 s
+    return cuts_path, train_letter_tokenizer(root / "letters")
+
+
+def _config(corpus, out, **kw):
+    settings = dict(model="tiny-ctc", max_duration=2.0, num_buckets=2, dtype="fp32", device="cpu",
+                    warmup_steps=2, num_workers=0, log_cut_ids=True, log_every=1)
+    return recipe.TrainConfig(cuts=str(corpus[0]), tokenizer=str(corpus[1]), out_dir=str(out), **{**settings, **kw})
+
+
+def _log(out):
+    return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+def _slow_epoch_starts(monkeypatch) -> list[tuple[float, float]]:
+    """The recipe's sampler sleeps EPOCH_START_S at the start of each epoch (as lhotse's does while it fills
+    its bucket buffer); each step takes STEP_S longer. Returns the list that collects each step's start and
+    end times (seconds, time.perf_counter)."""
+    make_batches, launch = recipe.make_batches, recipe.train_one_step
+
+    def slow_sampler(*args, **kw):
+        sampler = make_batches(*args, **kw)
+
+        class SlowStart(type(sampler)):
+            def __iter__(self):
+                if not self._just_restored_state:
+                    time.sleep(EPOCH_START_S)
+                return super().__iter__()
+        sampler.__class__ = SlowStart
+        return sampler
+
+    times = []
+
+    def slow_step(run, host_batch, *, data_s):
+        started = time.perf_counter()
+        time.sleep(STEP_S)
+        launched = launch(run, host_batch, data_s=data_s)
+        times.append((started, time.perf_counter()))
+        return launched
+
+    monkeypatch.setattr(recipe, "make_batches", slow_sampler)
+    monkeypatch.setattr(recipe, "train_one_step", slow_step)
+    return times
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_slow_epoch_start_is_drawn_ahead_while_the_epoch_before_trains(corpus, tmp_path, monkeypatch, workers):
+    times = _slow_epoch_starts(monkeypatch)
+    recipe.train(_config(corpus, tmp_path, steps=22, num_workers=workers))
+    log = _log(tmp_path)
+    starts = [r["step"] for r in log if r["step"] > 0 and r["epoch"] != log[r["step"] - 1]["epoch"]]
+    assert [log[step]["epoch"] for step in starts] == [1, 2, 3]
+    # the wall time between a step's end and the next one's start, and what the log says the step waited
+    gaps = [round(times[step][0] - times[step - 1][1], 3) for step in starts]
+    logged = [round(log[step]["data_s"], 3) for step in starts]
+    print(f"first step's data wait {log[0]['data_s']:.3f} s; at the next epochs' first steps: {gaps} s between "
+          f"steps, {logged} s logged")
+    assert log[0]["data_s"] >= EPOCH_START_S  # the run's first epoch start cannot be hidden, and is logged
+    # each later epoch's start was drawn while the epoch before trained (7 x STEP_S, longer than its start)
+    assert max(gaps) < EPOCH_START_S / 2 and max(logged) < EPOCH_START_S / 2, (gaps, logged)
+
+
+@pytest.mark.parametrize("stop", [5, 14])
+def test_a_resume_continues_the_batches_drawn_ahead_into_the_next_epochs(corpus, tmp_path, monkeypatch, stop):
+    """Saved mid-epoch (step 5 of 7) and at an epoch's end (step 14) while the thread had drawn into later
+    epochs: the resumed run trains the uninterrupted run's batches, epochs and losses."""
+    straight = recipe.train(_config(corpus, tmp_path / "straight", steps=20, num_workers=2))
+    drawn_at_save, save, launch = [], recipe.save_training_state, recipe.train_one_step
+
+    def saving(path, run):
+        with run.batches.lock:
+            drawn_at_save.append(run.sampler.diagnostics.current_epoch)
+        return save(path, run)
+
+    def crash_after_checkpoint(run, host_batch, **kw):
+        if run.step == stop:
+            raise RuntimeError("simulated crash")
+        return launch(run, host_batch, **kw)
+
+    monkeypatch.setattr(recipe, "save_training_state", saving)
+    monkeypatch.setattr(recipe, "train_one_step", crash_after_checkpoint)
+    config = _config(corpus, tmp_path / "split", steps=20, save_every=stop, num_workers=2)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        recipe.train(config)
+    assert drawn_at_save == [drawn_at_save[0]] and drawn_at_save[0] > stop // 7  # drawn into a later epoch
+    monkeypatch.setattr(recipe, "train_one_step", launch)
+    resumed = recipe.train(replace(config, resume=True))
+    split, whole = _log(tmp_path / "split"), _log(tmp_path / "straight")
+    assert [r["step"] for r in split] == list(range(20)) and whole[-1]["epoch"] == 2
+    assert [(r["epoch"], r["cut_ids"]) for r in split] == [(r["epoch"], r["cut_ids"]) for r in whole]
+    np.testing.assert_allclose(resumed["losses"], straight["losses"], rtol=1e-5)
+    a, b = (torch.load(tmp_path / d / "model.pt", weights_only=True)["state_dict"] for d in ("straight", "split"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
