@@ -166,3 +166,30 @@ def test_a_resume_continues_the_batches_drawn_ahead_into_the_next_epochs(corpus,
     np.testing.assert_allclose(resumed["losses"], straight["losses"], rtol=1e-5)
     a, b = (torch.load(tmp_path / d / "model.pt", weights_only=True)["state_dict"] for d in ("straight", "split"))
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def _train_epochs(tmp_path, device: str, model: str, batch_size: int, steps: int) -> tuple[dict, list[dict]]:
+    """`model` trained on 96 tone utterances of 3.3-6.5 s with a 2-bucket profile of ``batch_size`` each
+    (about 7 batches an epoch), 4 workers; the summary and the log."""
+    from workbench.bucketing import save_profile
+
+    cuts = write_tone_corpus(tmp_path / "tones", 96, seed=3, min_letters=20, max_letters=40)
+    tokenizer = train_letter_tokenizer(tmp_path / "letters")
+    profile = save_profile(tmp_path / "profile.yaml", BucketProfile([5.0, 10.0], [batch_size, batch_size]))
+    summary = recipe.train(recipe.TrainConfig(
+        cuts=str(cuts), tokenizer=str(tokenizer), out_dir=str(tmp_path / "run"), model=model, profile=str(profile),
+        steps=steps, warmup_steps=2, lr=1e-4, dtype="bf16", device=device, num_workers=4, log_every=10))
+    return summary, _log(tmp_path / "run")
+
+
+@pytest.mark.gpu
+def test_gpu_data_wait_after_the_first_epoch_is_under_5_percent_of_the_step(tmp_path):
+    """The device's idle gap before each step (data_s, from CUDA events), summed over the epochs after the
+    first (warm-up: kernels chosen, memory grown, workers started), against the steps' device time."""
+    summary, log = _train_epochs(tmp_path, "cuda", "large-rnnt", 16, 32)
+    assert summary["steps"] == 32 and log[-1]["epoch"] >= 3  # 3 epoch ends after the first epoch
+    after = [r for r in log if r["epoch"] >= 1]
+    data_s, step_s = sum(r["data_s"] for r in after), sum(r["step_s"] for r in after)
+    starts = [round(r["data_s"], 4) for r in after if r["epoch"] != log[r["step"] - 1]["epoch"]]
+    print(f"data wait after the first epoch: {data_s:.3f} s of {data_s + step_s:.3f} s; at epoch starts {starts} s")
+    assert data_s < 0.05 * step_s, (data_s, step_s, starts)
