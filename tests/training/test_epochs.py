@@ -168,28 +168,38 @@ def test_a_resume_continues_the_batches_drawn_ahead_into_the_next_epochs(corpus,
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
 
 
-def _train_epochs(tmp_path, device: str, model: str, batch_size: int, steps: int) -> tuple[dict, list[dict]]:
-    """`model` trained on 96 tone utterances of 3.3-6.5 s with a 2-bucket profile of ``batch_size`` each
-    (about 7 batches an epoch), 4 workers; the summary and the log."""
+def _train_epochs(tmp_path, device: str, model: str, *, num_cuts: int, letters: tuple[int, int], batch_size: int,
+                  steps: int) -> tuple[dict, list[dict]]:
+    """``model`` trained on ``num_cuts`` tone utterances of ``letters`` letters (0.16 s each) with a one-bucket
+    profile of ``batch_size``, 4 workers, without concurrent bucketing (lhotse's filling thread waits in
+    whole seconds at each epoch start, longer than an epoch of a small corpus trains); the summary and log."""
     from workbench.bucketing import save_profile
 
-    cuts = write_tone_corpus(tmp_path / "tones", 96, seed=3, min_letters=20, max_letters=40)
+    cuts = write_tone_corpus(tmp_path / "tones", num_cuts, seed=3, min_letters=letters[0], max_letters=letters[1])
     tokenizer = train_letter_tokenizer(tmp_path / "letters")
-    profile = save_profile(tmp_path / "profile.yaml", BucketProfile([5.0, 10.0], [batch_size, batch_size]))
+    profile = save_profile(tmp_path / "profile.yaml", BucketProfile([0.2 * letters[1] + 1.0], [batch_size]))
     summary = recipe.train(recipe.TrainConfig(
         cuts=str(cuts), tokenizer=str(tokenizer), out_dir=str(tmp_path / "run"), model=model, profile=str(profile),
-        steps=steps, warmup_steps=2, lr=1e-4, dtype="bf16", device=device, num_workers=4, log_every=10))
+        steps=steps, warmup_steps=2, lr=1e-4, dtype="bf16", device=device, num_workers=4, concurrent=False,
+        log_every=10))
     return summary, _log(tmp_path / "run")
+
+
+def _wait_after_first_epoch(log: list[dict]) -> tuple[float, float, list[float]]:
+    """Seconds of data wait and of steps over the epochs after the first, and the waits at their starts."""
+    after = [r for r in log if r["epoch"] >= 1]
+    starts = [round(r["data_s"], 4) for r in after if r["epoch"] != log[r["step"] - 1]["epoch"]]
+    return sum(r["data_s"] for r in after), sum(r["step_s"] for r in after), starts
 
 
 @pytest.mark.gpu
 def test_gpu_data_wait_after_the_first_epoch_is_under_5_percent_of_the_step(tmp_path):
-    """The device's idle gap before each step (data_s, from CUDA events), summed over the epochs after the
-    first (warm-up: kernels chosen, memory grown, workers started), against the steps' device time."""
-    summary, log = _train_epochs(tmp_path, "cuda", "large-rnnt", 16, 32)
-    assert summary["steps"] == 32 and log[-1]["epoch"] >= 3  # 3 epoch ends after the first epoch
-    after = [r for r in log if r["epoch"] >= 1]
-    data_s, step_s = sum(r["data_s"] for r in after), sum(r["step_s"] for r in after)
-    starts = [round(r["data_s"], 4) for r in after if r["epoch"] != log[r["step"] - 1]["epoch"]]
+    """The device's idle gap before each step (data_s, from CUDA events) over the epochs after the first
+    (warm-up: kernels chosen, memory grown), against the steps' device time. Batches of 32 utterances of
+    18-21 s keep large-rnnt's step on the GPU longer than its launch on the host; 6 batches an epoch."""
+    summary, log = _train_epochs(tmp_path, "cuda", "large-rnnt", num_cuts=192, letters=(110, 130), batch_size=32,
+                                 steps=30)
+    assert summary["steps"] == 30 and log[-1]["epoch"] >= 4 and summary["out_of_memory"] == []
+    data_s, step_s, starts = _wait_after_first_epoch(log)
     print(f"data wait after the first epoch: {data_s:.3f} s of {data_s + step_s:.3f} s; at epoch starts {starts} s")
-    assert data_s < 0.05 * step_s, (data_s, step_s, starts)
+    assert len(starts) >= 3 and data_s < 0.05 * step_s, (data_s, step_s, starts)

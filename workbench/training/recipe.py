@@ -22,22 +22,23 @@ the step's own device time (step_s, split into forward_backward_s and optimizer_
 <out>/model.pt (weights and config: load_checkpoint reads it with torch.load(weights_only=True)),
 <out>/train_log.jsonl and <out>/train_summary.json.
 
---save-every N also writes <out>/train_state.pt every N steps (and at the end): weights, optimizer,
-where each rank's sampler is in its epoch (batches drawn ahead, into later epochs too, or prefetched by
-the workers but not trained on are not counted, so a resume neither loses nor repeats them), RNG states
-and the log so far. --resume continues from it: the same corpus, model, sampler settings and world size are required (a mismatch
-names the field; the manifest, tokenizer and profile are compared by the SHA-256 of their bytes, so one
-rewritten at the same path is caught too); --steps may grow. Without a profile, or with --no-concurrent,
-the resumed run is the run that was never stopped; with concurrent bucketing the batches after the
-checkpoint may differ.
+--save-every N also writes <out>/train_state.pt every N steps (and at the end): weights, optimizer, where
+each rank's sampler is in its epoch (batches drawn ahead, into later epochs too, or prefetched by the
+workers but not trained on are not counted, so a resume neither loses nor repeats them), RNG states and
+the log so far. --resume continues from it: the same corpus, model, sampler settings and world size are
+required (a mismatch names the field; the manifest, tokenizer and profile are compared by the SHA-256 of
+their bytes, so one rewritten at the same path is caught too); --steps may grow. Without a profile, or
+with --no-concurrent, the resumed run is the run that was never stopped; with concurrent bucketing the
+batches after the checkpoint may differ.
 
 A step that runs out of device memory (one process) is trained in parts: the batch is halved, again down
-to one utterance where needed, and the parts' gradients are accumulated (each loss weighted by its share of
-the batch's target tokens) into one optimizer step; every utterance is trained once. One warning line
+to one utterance where needed, and the parts' gradients are accumulated (each loss weighted by its share
+of the batch's target tokens) into one optimizer step; every utterance is trained once. One warning line
 names the bucket and the batch size, and the bucket's batch size is lowered for the rest of the run, from
 the next batch trained on (the batches drawn ahead are drawn again; the sizes are kept in train_state.pt;
-train_summary.json lists the steps and the profile's bucket_batch_size line that fits). One utterance that does not fit alone ends the run with a one-line error naming it, after saving
-train_state.pt as of the step before.
+train_summary.json lists the steps and the profile's bucket_batch_size line that fits). One utterance that
+does not fit alone ends the run with a one-line error naming it, after saving train_state.pt as of the
+step before.
 
 Under torchrun every rank's sampler knows its rank and world size, so ranks draw different batches;
 DDP all-reduces the gradients; rank 0 logs and saves. A profile for DDP comes from
