@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.bucketing import BucketProfile, make_sampler
+from workbench.bucketing import BucketProfile, make_sampler, save_profile
 from workbench.data import cuts_from_arrays
 from workbench.data.tone_corpus import train_letter_tokenizer, write_tone_corpus
 from workbench.training import recipe
@@ -135,11 +135,24 @@ def test_a_slow_epoch_start_is_drawn_ahead_while_the_epoch_before_trains(corpus,
     assert max(gaps) < EPOCH_START_S / 2 and max(logged) < EPOCH_START_S / 2, (gaps, logged)
 
 
-@pytest.mark.parametrize("stop", [5, 14])
-def test_a_resume_continues_the_batches_drawn_ahead_into_the_next_epochs(corpus, tmp_path, monkeypatch, stop):
-    """Saved mid-epoch (step 5 of 7) and at an epoch's end (step 14) while the thread had drawn into later
-    epochs: the resumed run trains the uninterrupted run's batches, epochs and losses."""
-    straight = recipe.train(_config(corpus, tmp_path / "straight", steps=20, num_workers=2))
+@pytest.mark.parametrize("profile", [False, True])
+@pytest.mark.parametrize("where", ["mid-epoch", "epoch end"])
+def test_a_resume_continues_the_batches_drawn_ahead_into_the_next_epochs(corpus, tmp_path, monkeypatch, where,
+                                                                         profile):
+    """Saved in the middle of the first epoch, or at the end of the second, while the thread had drawn into
+    later epochs: the resumed run trains the uninterrupted run's batches, epochs and losses (with lhotse's
+    max_duration sampler, or a profile's without concurrent bucketing)."""
+    if profile:
+        path = tmp_path / "profile.yaml"  # the tone corpus runs 0.5-1.2 s: both buckets hold cuts
+        save_profile(path, BucketProfile(bucket_duration_bins=[0.8, 10.0], bucket_batch_size=[3, 2]))
+        kw = dict(profile=str(path), concurrent=False)
+    else:
+        kw = {}
+    straight = recipe.train(_config(corpus, tmp_path / "straight", steps=20, num_workers=2, **kw))
+    whole = _log(tmp_path / "straight")
+    per_epoch = [sum(r["epoch"] == e for r in whole) for e in range(2)]
+    stop = per_epoch[0] // 2 if where == "mid-epoch" else sum(per_epoch)
+    assert whole[-1]["epoch"] >= 2 and 0 < stop < 20
     drawn_at_save, save, launch = [], recipe.save_training_state, recipe.train_one_step
 
     def saving(path, run):
@@ -154,14 +167,14 @@ def test_a_resume_continues_the_batches_drawn_ahead_into_the_next_epochs(corpus,
 
     monkeypatch.setattr(recipe, "save_training_state", saving)
     monkeypatch.setattr(recipe, "train_one_step", crash_after_checkpoint)
-    config = _config(corpus, tmp_path / "split", steps=20, save_every=stop, num_workers=2)
+    config = _config(corpus, tmp_path / "split", steps=20, save_every=stop, num_workers=2, **kw)
     with pytest.raises(RuntimeError, match="simulated crash"):
         recipe.train(config)
-    assert drawn_at_save == [drawn_at_save[0]] and drawn_at_save[0] > stop // 7  # drawn into a later epoch
+    assert len(drawn_at_save) == 1 and drawn_at_save[0] > whole[stop - 1]["epoch"]  # drawn into a later epoch
     monkeypatch.setattr(recipe, "train_one_step", launch)
     resumed = recipe.train(replace(config, resume=True))
-    split, whole = _log(tmp_path / "split"), _log(tmp_path / "straight")
-    assert [r["step"] for r in split] == list(range(20)) and whole[-1]["epoch"] == 2
+    split = _log(tmp_path / "split")
+    assert [r["step"] for r in split] == list(range(20))
     assert [(r["epoch"], r["cut_ids"]) for r in split] == [(r["epoch"], r["cut_ids"]) for r in whole]
     np.testing.assert_allclose(resumed["losses"], straight["losses"], rtol=1e-5)
     a, b = (torch.load(tmp_path / d / "model.pt", weights_only=True)["state_dict"] for d in ("straight", "split"))
@@ -173,8 +186,6 @@ def _train_epochs(tmp_path, device: str, model: str, *, num_cuts: int, letters: 
     """``model`` trained on ``num_cuts`` tone utterances of ``letters`` letters (0.16 s each) with a one-bucket
     profile of ``batch_size``, 4 workers, without concurrent bucketing (lhotse's filling thread waits in
     whole seconds at each epoch start, longer than an epoch of a small corpus trains); the summary and log."""
-    from workbench.bucketing import save_profile
-
     cuts = write_tone_corpus(tmp_path / "tones", num_cuts, seed=3, min_letters=letters[0], max_letters=letters[1])
     tokenizer = train_letter_tokenizer(tmp_path / "letters")
     profile = save_profile(tmp_path / "profile.yaml", BucketProfile([0.2 * letters[1] + 1.0], [batch_size]))
