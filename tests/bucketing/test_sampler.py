@@ -224,3 +224,32 @@ def test_a_lowered_bucket_batch_size_holds_from_the_next_batch_and_a_resume_repl
 
     with pytest.raises(ValueError, match="not made by make_sampler"):
         set_bucket_batch_size(DynamicBucketingSampler(cuts, max_duration=20.0, num_buckets=2), 0, 2)
+
+
+def test_a_state_rewound_to_an_earlier_epoch_resumes_there_and_draws_the_later_epochs_again():
+    from workbench.bucketing import load_sampler_state_dict, sampler_state_dict
+
+    cuts, profile, make = _resumable(6, 300, [8, 4, 2])
+    epochs = []
+    for epoch in (0, 1):
+        sampler = make()
+        sampler.set_epoch(epoch)
+        epochs.append(_ids(sampler))
+    ahead = make()  # drew all of epoch 0 and some of epoch 1 while epoch 0's batch 5 was trained
+    _ids(ahead)
+    ahead.set_epoch(1)
+    it = iter(ahead)
+    for _ in range(3):
+        next(it)
+    state = sampler_state_dict(ahead, batches_consumed=5, epoch=0)
+    resumed = make()
+    load_sampler_state_dict(resumed, state)
+    rest = _ids(resumed)
+    resumed.set_epoch(1)
+    assert rest == epochs[0][5:] and _ids(resumed) == epochs[1]
+    with pytest.raises(ValueError, match=r"epoch must be an integer in \[0, 1\]"):
+        sampler_state_dict(ahead, batches_consumed=0, epoch=2)
+    with pytest.raises(ValueError, match="give batches_consumed too"):
+        sampler_state_dict(ahead, epoch=0)
+    with pytest.raises(ValueError, match="batches_consumed is 100000, but the sampler drew"):
+        sampler_state_dict(ahead, batches_consumed=100000, epoch=0)

@@ -141,7 +141,8 @@ def _profile_fields(profile: BucketProfile) -> dict[str, Any]:
     return {name: fields.get(name) for name in ("bucket_duration_bins", "bucket_batch_size", "max_tps")}
 
 
-def sampler_state_dict(sampler: DynamicBucketingSampler, *, batches_consumed: int | None = None) -> dict[str, Any]:
+def sampler_state_dict(sampler: DynamicBucketingSampler, *, batches_consumed: int | None = None,
+                       epoch: int | None = None) -> dict[str, Any]:
     """Where a :func:`make_sampler` sampler is in its epoch (epoch, batches so far, seed, ...), for a
     training checkpoint; plain types only (``torch.save`` or JSON).
 
@@ -152,7 +153,9 @@ def sampler_state_dict(sampler: DynamicBucketingSampler, *, batches_consumed: in
 
     ``batches_consumed``: the batches of the current epoch that training has used. A DataLoader's
     workers draw ahead of training; with this count the state resumes after the last batch trained on,
-    so batches in flight at save time are neither lost nor repeated."""
+    so batches in flight at save time are neither lost nor repeated. ``epoch``: the epoch those batches
+    belong to, when the sampler has drawn ahead into a later one (default: its current epoch); the state
+    then resumes in that epoch, and the later epochs are drawn again after it."""
     if not hasattr(sampler, "profile"):
         state = sampler.state_dict()
     else:
@@ -162,17 +165,23 @@ def sampler_state_dict(sampler: DynamicBucketingSampler, *, batches_consumed: in
         finally:
             sampler.constraint = constraint
         state[STATE_KEY] = _profile_fields(sampler.profile)
+    if epoch is not None:
+        if batches_consumed is None:
+            raise ValueError("epoch: give batches_consumed too (the batches of that epoch trained on)")
+        current = state["diagnostics"]["current_epoch"]
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch <= current:
+            raise ValueError(f"epoch must be an integer in [0, {current}] (the sampler's epoch), got {epoch!r}")
     if batches_consumed is not None:
-        _rewind_to(state, batches_consumed)
+        _rewind_to(state, batches_consumed, epoch)
     return state
 
 
-def _rewind_to(state: dict[str, Any], batches_consumed: int) -> None:
-    """Make a lhotse sampler state count ``batches_consumed`` batches in its current epoch (resuming
-    fast-forwards past exactly that many)."""
+def _rewind_to(state: dict[str, Any], batches_consumed: int, epoch: int | None = None) -> None:
+    """Make a lhotse sampler state count ``batches_consumed`` batches in ``epoch`` (default: its current
+    epoch), and make that epoch the current one (resuming fast-forwards past exactly that many)."""
     diagnostics = dict(state["diagnostics"])
-    per_epoch = dict(diagnostics["stats_per_epoch"])
-    epoch = diagnostics["current_epoch"]
+    epoch = diagnostics["current_epoch"] if epoch is None else epoch
+    per_epoch = {e: stats for e, stats in diagnostics["stats_per_epoch"].items() if int(e) <= epoch}
     stats = dict(per_epoch.get(epoch, {"epoch": epoch, "kept_cuts": 0, "discarded_cuts": 0, "kept_batches": 0,
                                        "discarded_batches": 0}))
     drawn = stats["kept_batches"] + stats["discarded_batches"]
@@ -181,7 +190,9 @@ def _rewind_to(state: dict[str, Any], batches_consumed: int) -> None:
     stats["kept_batches"], stats["discarded_batches"] = batches_consumed, 0
     per_epoch[epoch] = stats
     diagnostics["stats_per_epoch"] = per_epoch
+    diagnostics["current_epoch"] = epoch
     state["diagnostics"] = diagnostics
+    state["epoch"] = epoch
 
 
 def load_sampler_state_dict(sampler: DynamicBucketingSampler, state: dict[str, Any], *,

@@ -7,7 +7,10 @@
 With --profile (from the OOMptimizer) batches come from workbench.bucketing.make_sampler and respect
 its per-bucket batch sizes; without one, from lhotse's DynamicBucketingSampler with --max-duration
 seconds of audio per batch. The sampler runs in the main process and feeds a DataLoader whose
---num-workers processes read, resample and collate the audio; features are computed on the device.
+--num-workers processes read, resample and collate the audio; features are computed on the device. One
+DataLoader iterator serves the whole run: a thread draws the sampler's batches ahead across epoch ends
+(workbench.training.epochs), so the next epoch's bucket buffer is filled and its first batches are read
+while the current epoch's last batches train.
 
 Each step is queued without waiting for the one before (its loss is read after the next launch), so
 the next batch is fetched while the GPU works: on CUDA the transducer and AED steps have no host sync
@@ -19,22 +22,23 @@ the step's own device time (step_s, split into forward_backward_s and optimizer_
 <out>/model.pt (weights and config: load_checkpoint reads it with torch.load(weights_only=True)),
 <out>/train_log.jsonl and <out>/train_summary.json.
 
---save-every N also writes <out>/train_state.pt every N steps (and at the end): weights, optimizer,
-where each rank's sampler is in its epoch (batches prefetched by the workers but not trained on are
-not counted, so a resume neither loses nor repeats them), RNG states and the log so far. --resume
-continues from it: the same corpus, model, sampler settings and world size are required (a mismatch
-names the field; the manifest, tokenizer and profile are compared by the SHA-256 of their bytes, so one
-rewritten at the same path is caught too); --steps may grow. Without a profile, or with --no-concurrent,
-the resumed run is the run that was never stopped; with concurrent bucketing the batches after the
-checkpoint may differ.
+--save-every N also writes <out>/train_state.pt every N steps (and at the end): weights, optimizer, where
+each rank's sampler is in its epoch (batches drawn ahead, into later epochs too, or prefetched by the
+workers but not trained on are not counted, so a resume neither loses nor repeats them), RNG states and
+the log so far. --resume continues from it: the same corpus, model, sampler settings and world size are
+required (a mismatch names the field; the manifest, tokenizer and profile are compared by the SHA-256 of
+their bytes, so one rewritten at the same path is caught too); --steps may grow. Without a profile, or
+with --no-concurrent, the resumed run is the run that was never stopped; with concurrent bucketing the
+batches after the checkpoint may differ.
 
 A step that runs out of device memory (one process) is trained in parts: the batch is halved, again down
-to one utterance where needed, and the parts' gradients are accumulated (each loss weighted by its share of
-the batch's target tokens) into one optimizer step; every utterance is trained once. One warning line
-names the bucket and the batch size, and the bucket's batch size is lowered for the rest of the run (kept
-in train_state.pt; train_summary.json lists the steps and the profile's bucket_batch_size line that fits).
-One utterance that does not fit alone ends the run with a one-line error naming it, after saving
-train_state.pt as of the step before.
+to one utterance where needed, and the parts' gradients are accumulated (each loss weighted by its share
+of the batch's target tokens) into one optimizer step; every utterance is trained once. One warning line
+names the bucket and the batch size, and the bucket's batch size is lowered for the rest of the run, from
+the next batch trained on (the batches drawn ahead are drawn again; the sizes are kept in train_state.pt;
+train_summary.json lists the steps and the profile's bucket_batch_size line that fits). One utterance that
+does not fit alone ends the run with a one-line error naming it, after saving train_state.pt as of the
+step before.
 
 Under torchrun every rank's sampler knows its rank and world size, so ranks draw different batches;
 DDP all-reduces the gradients; rank 0 logs and saves. A profile for DDP comes from
@@ -51,6 +55,7 @@ import logging
 import math
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -60,8 +65,8 @@ from lhotse.dataset import DynamicBucketingSampler
 from tqdm.auto import tqdm
 
 from workbench.atomic import atomic_path, check_writable, write_text_atomically
-from workbench.bucketing import (BucketProfile, batches_drawn, close_sampler, load_profile, load_sampler_state_dict,
-                                 make_sampler, sampler_state_dict, set_bucket_batch_size)
+from workbench.bucketing import (BucketProfile, close_sampler, load_profile, load_sampler_state_dict, make_sampler,
+                                 sampler_state_dict, set_bucket_batch_size)
 from workbench.bucketing.constraint import BucketBatchSizeConstraint
 from workbench.bucketing.fit import FITS, REASONS, make_fitter
 from workbench.data.manifest import read_cut_arrays
@@ -70,6 +75,7 @@ from workbench.memory import configure_allocator
 from workbench.memory.oom import is_oom_error
 from workbench.training.collate import CutBatchDataset, cut_has_audio, cut_token_count
 from workbench.models.config import ModelConfig, config_from_name
+from workbench.training.epochs import EpochBatchDataset, EpochBatches
 from workbench.training.distributed import (Ranks, destroy_process_group, gather_objects, init_process_group,
                                           ranks_from_env, sum_over_ranks, weights_digest)
 from workbench.models.losses import loss_backend
@@ -298,11 +304,12 @@ def make_batches(cuts: CutSet, config: TrainConfig, tokenizer, profile: BucketPr
                                    shuffle=True, seed=config.seed, world_size=ranks.world_size, rank=ranks.rank)
 
 
-def make_loader(sampler, config: TrainConfig, device: torch.device) -> torch.utils.data.DataLoader:
-    """The lhotse way: the sampler in this process, audio read and collated in ``num_workers`` workers."""
-    return loader_for_sampler(sampler, CutBatchDataset(config.tokenizer), num_workers=config.num_workers,
-                              prefetch_factor=config.prefetch_factor, seed=config.seed,
-                              pin_memory=device.type == "cuda")
+def make_loader(batches: EpochBatches, config: TrainConfig, device: torch.device) -> torch.utils.data.DataLoader:
+    """The lhotse way: the sampler in this process (its batches drawn ahead across epochs by ``batches``),
+    audio read and collated in ``num_workers`` workers; the loader yields LoadedBatch(epoch, index, batch)."""
+    return loader_for_sampler(batches, EpochBatchDataset(CutBatchDataset(config.tokenizer)),
+                              num_workers=config.num_workers, prefetch_factor=config.prefetch_factor,
+                              seed=config.seed, pin_memory=device.type == "cuda")
 
 
 @dataclass
@@ -324,6 +331,8 @@ class Run:
     loss_backend: str | None = None  # transducers: which loss runs, and why
     out_of_memory: list = field(default_factory=list)  # one dict per step that ran out of memory (see lower_batch_size)
     input_digests: dict = field(default_factory=dict)  # SHA-256 of the files the run reads: see input_digests
+    batches: EpochBatches | None = None  # the sampler's batches drawn ahead across epochs, while training runs
+    redraw: bool = False  # a bucket's batch size was lowered: draw again from the next batch to train on
 
 
 def train(config: TrainConfig) -> dict:
@@ -387,9 +396,11 @@ def start_run(config: TrainConfig, ranks: Ranks, device: torch.device, tokenizer
 
 
 def train_steps(run: Run) -> None:
-    """Epochs of the DataLoader until run.step reaches config.steps, or config.max_seconds of wall time
-    have passed since the first batch was asked for; saves train_state.pt as asked. The sampler's filling
-    thread is stopped however the loop ends (an error, Ctrl-C), so the process can exit."""
+    """Steps until run.step reaches config.steps, or config.max_seconds of wall time have passed since the
+    first batch was asked for; saves train_state.pt as asked. One DataLoader iterator serves every epoch:
+    its sampler (:class:`EpochBatches`) draws ahead across epoch ends in a thread, so the next epoch's
+    batches are on their way before the current one ends. The drawing thread and the sampler's filling
+    thread are stopped however the loop ends (an error, Ctrl-C), so the process can exit."""
     config = run.config
     if config.max_seconds and run.ranks.distributed:
         raise ValueError("--max-seconds: not under torchrun (ranks would stop after different steps)")
@@ -400,63 +411,75 @@ def train_steps(run: Run) -> None:
         return run.step < config.steps and in_time
     progress = tqdm(total=config.steps, initial=run.step, desc=f"train {config.model}", unit="step",
                     disable=None if run.ranks.is_main else True)  # None: off when stderr is no terminal
+    run.batches = EpochBatches(run.sampler)
+    run.batches.start_at(run.epoch, run.epoch_batches)
     try:
-        run_epochs(run, make_loader(run.sampler, config, run.device), progress, more_steps)
+        run_epochs(run, make_loader(run.batches, config, run.device), progress, more_steps)
         progress.close()
         if config.save_every:  # where the sampler stands now: a later --resume --steps N continues from here
             save_training_state(Path(config.out_dir) / STATE_FILE, run)
     finally:
         progress.close()
+        run.batches.stop()
         close_sampler(run.sampler)
 
 
 def run_epochs(run: Run, loader, progress, more_steps) -> None:
-    """The epochs of :func:`train_steps`: draw, launch, and log each step one step late."""
+    """The steps of :func:`train_steps`: draw, launch, and log each step one step late. A batch of a later
+    epoch than run.epoch opens that epoch (run.epoch, run.epoch_batches follow the batches trained on)."""
     config, out = run.config, Path(run.config.out_dir)
-    resumed_mid_epoch = config.resume  # the restored sampler may have nothing left of its epoch
     pending = None  # the step launched last, finished (loss read) after the next one is launched
+    batches = None  # the loader's iterator: started inside the first step's data wait
     while more_steps():
-        run.sampler.set_epoch(run.epoch)
-        batches = iter(loader)
-        drawn = 0
-        while more_steps():
-            waited = time.perf_counter()
-            try:
-                host_batch = next(batches)
-            except StopIteration:
-                break
-            except Exception as e:  # noqa: BLE001 - a worker's error arrives wrapped, with its traceback as text
-                raise worker_error(e) from None
-            try:
-                launched = train_one_step(run, host_batch, data_s=time.perf_counter() - waited)
-            except UtteranceOutOfMemoryError as e:  # the step before is kept; this one left no trace
-                if pending is not None:
-                    log_step(run, finish_step(pending), progress)
-                if not config.save_every:
-                    raise
-                saved = save_training_state(out / STATE_FILE, run)
-                raise UtteranceOutOfMemoryError(f"{e}; saved the training state before it to {saved} (step "
-                                                f"{run.step}): --resume it with --joint-chunk-size", e.row) from None
-            drawn += 1
-            if pending is not None:  # the step before is done on the device by now, or nearly
+        waited = time.perf_counter()
+        try:
+            if batches is None:
+                batches = redraw_batches(run, loader) if run.redraw else iter(loader)
+            epoch, index, host_batch = next(batches)
+        except StopIteration:
+            raise ValueError(f"--cuts: the sampler gave 0 batches from {config.cuts} (empty corpus or nothing "
+                             "fits)") from None
+        except Exception as e:  # noqa: BLE001 - a worker's error arrives wrapped, with its traceback as text
+            raise worker_error(e) from None
+        if epoch != run.epoch:
+            run.epoch, run.epoch_batches = epoch, 0
+        if index != run.epoch_batches:
+            raise RuntimeError(f"batch {index} of epoch {epoch} arrived where batch {run.epoch_batches} was due")
+        try:
+            launched = train_one_step(run, host_batch, data_s=time.perf_counter() - waited)
+        except UtteranceOutOfMemoryError as e:  # the step before is kept; this one left no trace
+            if pending is not None:
                 log_step(run, finish_step(pending), progress)
-            pending = launched
-            if config.save_every and run.step % config.save_every == 0 and run.step < config.steps:
-                log_step(run, finish_step(pending), progress)
-                pending = None
-                save_training_state(out / STATE_FILE, run)
-                run.last_end_event = None  # the next step's data_s is the host's wait, not the save
-        if pending is not None:
+            if not config.save_every:
+                raise
+            saved = save_training_state(out / STATE_FILE, run)
+            raise UtteranceOutOfMemoryError(f"{e}; saved the training state before it to {saved} (step "
+                                            f"{run.step}): --resume it with --joint-chunk-size", e.row) from None
+        if pending is not None:  # the step before is done on the device by now, or nearly
+            log_step(run, finish_step(pending), progress)
+        pending = launched
+        if config.save_every and run.step % config.save_every == 0 and run.step < config.steps:
             log_step(run, finish_step(pending), progress)
             pending = None
-        del batches
-        if drawn == 0 and not resumed_mid_epoch and more_steps():
-            raise ValueError(f"--cuts: the sampler gave 0 batches from {config.cuts} (empty corpus or nothing fits)")
-        resumed_mid_epoch = False
-        if not more_steps():
-            break  # the epoch stays current: the checkpoint saved after the loop resumes inside it
-        run.epoch += 1
-        run.epoch_batches = 0
+            save_training_state(out / STATE_FILE, run)
+            run.last_end_event = None  # the next step's data_s is the host's wait, not the save
+        if run.redraw:
+            batches = None
+    if pending is not None:
+        log_step(run, finish_step(pending), progress)
+
+
+def redraw_batches(run: Run, loader):
+    """A new iterator of ``loader`` from the next batch to train on, drawn with the batch sizes in effect now
+    (after a lowering): the batches drawn ahead with the old sizes are dropped, and drawn again."""
+    run.batches.stop()
+    with run.batches.lock:
+        state = sampler_state_dict(run.sampler, batches_consumed=run.epoch_batches, epoch=run.epoch)
+    close_sampler(run.sampler)
+    restore_sampler(run, state, run.epoch)
+    run.batches.start_at(run.epoch, run.epoch_batches)
+    run.redraw = False
+    return iter(loader)
 
 
 @dataclass
@@ -510,7 +533,7 @@ def train_one_step(run: Run, host_batch: dict, *, data_s: float) -> LaunchedStep
         events[2].record()
     else:
         loss_host = loss.detach()
-    record = {"step": run.step, "batch_size": int(len(audio_lens)),
+    record = {"step": run.step, "epoch": run.epoch, "batch_size": int(len(audio_lens)),
               "audio_s": float(audio_lens.sum()) / run.model.config.sample_rate, "data_s": data_s,
               "host_data_s": data_s, "step_s": time.perf_counter() - started, "lr": lr,
               "input_padding": padding_share(audio_lens), "output_padding": padding_share(token_lens)}
@@ -607,17 +630,18 @@ def utterance_name(host_batch: dict, row: int) -> str:
 
 def lower_batch_size(run: Run, host_batch: dict, bucket: int | None, parts: PartsTrained) -> None:
     """After a step that ran out of memory and was trained in parts: its bucket gives batches of at most the
-    largest part size that fit from the next batch the sampler draws on; one warning line; the step is
-    recorded in ``run.out_of_memory`` (saved in the training state, listed in the summary)."""
+    largest part size that fit from the next batch trained on (``from_batch`` of the epoch: the batches
+    drawn ahead are drawn again, see :func:`redraw_batches`); one warning line; the step is recorded in
+    ``run.out_of_memory`` (saved in the training state, listed in the summary)."""
     lowered = None
     if bucket is not None and parts.safe_size < run.sampler.constraint.batch_sizes[bucket]:
         lowered = parts.safe_size
-        set_bucket_batch_size(run.sampler, bucket, lowered)
+        run.redraw = True
     num_rows = len(host_batch["audio_lens"])
     run.out_of_memory.append({"step": run.step, "epoch": run.epoch, "bucket": bucket,
                               "bucket_bounds": bucket_bounds(run, bucket), "batch_size": num_rows,
                               "parts": parts.part_sizes, "lowered_to": lowered,
-                              "from_batch": batches_drawn(run.sampler) if lowered else None})
+                              "from_batch": run.epoch_batches + 1 if lowered else None})
     then = (f"; lowered the bucket's batch size to {lowered} for the rest of the run" if lowered else
             "; lower --max-duration" if bucket is None and run.config.profile is None else "")
     log.warning("step %d: out of memory on a batch of %d utterances from %s; trained it in %d parts (%s)%s",
@@ -740,7 +764,9 @@ def finish_run(run: Run, fit: dict | None, warnings: list[str]) -> dict:
 def save_training_state(path: Path, run: Run) -> Path | None:
     """Everything a resumed run needs, atomically, in plain types (torch.load(weights_only=True)).
     Every rank takes part (each rank's sampler and RNG states); rank 0 writes."""
-    rank_state = {"sampler": sampler_state_dict(run.sampler, batches_consumed=run.epoch_batches),
+    with run.batches.lock if run.batches is not None else nullcontext():  # the drawing thread may be ahead
+        sampler = sampler_state_dict(run.sampler, batches_consumed=run.epoch_batches, epoch=run.epoch)
+    rank_state = {"sampler": sampler,
                   "records": run.records,  # each rank's own: the run's totals sum over ranks
                   "cpu_rng": torch.get_rng_state(),
                   "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
@@ -781,20 +807,31 @@ def load_training_state(path: Path, run: Run) -> None:
     run.model.load_state_dict(state["model"])
     run.optimizer.load_state_dict(state["optimizer"])
     run.out_of_memory = list(state.get("out_of_memory", []))
+    restore_sampler(run, mine["sampler"], epoch)
+    torch.set_rng_state(mine["cpu_rng"])
+    if mine["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(mine["cuda_rng"])
+    run.step, run.epoch, run.epoch_batches = step, epoch, epoch_batches
+    run.records = list(mine.get("records", state["records"]))
+
+
+def restore_sampler(run: Run, state: dict, epoch: int) -> None:
+    """Put ``run.sampler`` where ``state`` (from sampler_state_dict, in epoch ``epoch``) stands: the bucket batch
+    sizes in effect at the epoch's start, then the lowerings of ``run.out_of_memory`` made in that epoch
+    replayed at the batches they took effect from."""
+    profile = getattr(run.sampler, "profile", None)
+    if profile is not None:
+        for bucket, size in enumerate(profile.bucket_batch_size):
+            set_bucket_batch_size(run.sampler, bucket, size)
     lowered_this_epoch = []
-    for event in run.out_of_memory:  # the sizes at the saved epoch's start, then the changes during it
+    for event in run.out_of_memory:
         if event["lowered_to"] is None:
             continue
         if event["epoch"] < epoch:
             set_bucket_batch_size(run.sampler, event["bucket"], event["lowered_to"])
         else:
             lowered_this_epoch.append((event["from_batch"], event["bucket"], event["lowered_to"]))
-    load_sampler_state_dict(run.sampler, mine["sampler"], batch_size_changes=lowered_this_epoch)
-    torch.set_rng_state(mine["cpu_rng"])
-    if mine["cuda_rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(mine["cuda_rng"])
-    run.step, run.epoch, run.epoch_batches = step, epoch, epoch_batches
-    run.records = list(mine.get("records", state["records"]))
+    load_sampler_state_dict(run.sampler, state, batch_size_changes=lowered_this_epoch)
 
 
 def save_checkpoint(path: str | os.PathLike, model: ASRModel, *, extra: dict | None = None) -> Path:
