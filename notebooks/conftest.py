@@ -13,11 +13,13 @@ test that tests/test_notebooks.py made with papermill, without a second executio
 
 import copy
 import re
+import textwrap
 
 import pytest
 
 PARAMETERS = {"smoke": True, "interactive": False}  # what papermill passed: `workbench report` passes the same
-INTERACTIVE_RERUN = "interactive = True\n{source}\ninteractive = False\n"
+# a panel cell run again with interactive=True (one that raises leaves the later cells as papermill ran them)
+INTERACTIVE_RERUN = "interactive = True\ntry:\n{source}\nfinally:\n    interactive = False\n"
 PANEL = re.compile(r"^\s*if\b[^\n]*\binteractive\b", re.MULTILINE)
 
 
@@ -47,7 +49,7 @@ def pytest_collection_modifyitems(session, config, items):
             item.cell.source = _injected(item.cell.source)
         elif PANEL.search(item.cell.source):
             cell = copy.deepcopy(item.cell)
-            cell.source = INTERACTIVE_RERUN.format(source=cell.source)
+            cell.source = INTERACTIVE_RERUN.format(source=textwrap.indent(cell.source, "    "))
             out.append(IPyNbCell.from_parent(item.parent, name=f"{item.name} (interactive)",
                                              cell_num=item.cell_num, cell=cell, options=item.options))
     for parent, cells in cells_of.items():

@@ -155,7 +155,7 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
                       run_stage byo_models 400 "${NEMO_ENV[@]}" python3 -m workbench.bench.byo_models \
                         --budget-s $(( b < 340 ? b : 340 )) --out "$RESULTS" ${BYO_ARGS:-} ;;
     plan-calibration) # the plan (traced on this host's CPU) against the real search, per probe and per bucket
-                      nemo_site; b=$(budget 40 60) || { echo "=== $1: SKIPPED (less than 100 s left) ==="; return 1; }
+                      nemo_site
                       run_stage plan_calibration 400 "${NEMO_ENV[@]}" python3 -m workbench.bench.plan_calibration \
                         --budget-s $(( b < 340 ? b : 340 )) --out "$RESULTS" ${CALIBRATION_ARGS:-} ;;
     models)           run_stage models 330 python3 -m workbench.bench.models --kernels --out "$RESULTS" ;;

@@ -5,9 +5,38 @@ import json
 
 import pytest
 
-from workbench.bench.mfu import busy_share, utilization
+from workbench.bench.mfu import busy_share, convolution_backward_flops, step_flops, utilization
 from workbench.bench.models import record, run
 from workbench.bench.results import RESULTS_DIR
+
+
+@pytest.mark.parametrize("groups", [1, 8])
+def test_a_convolutions_gradients_count_twice_its_forward_grouped_or_not(groups):
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    conv = torch.nn.Conv1d(8, 8, 5, groups=groups)
+    x = torch.randn(2, 8, 100, requires_grad=True)
+    with FlopCounterMode(display=False) as forward:
+        conv(x)
+    mapping = {torch.ops.aten.convolution_backward: convolution_backward_flops}
+    with FlopCounterMode(display=False, custom_mapping=mapping) as step:
+        conv(x).sum().backward()
+    assert step.get_total_flops() == 3 * forward.get_total_flops()
+
+
+def test_step_flops_counts_the_depthwise_convolutions_once_per_gradient():
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from workbench.models import build_model
+
+    model = build_model("tiny-rnnt", depthwise="torch", time_depthwise="torch")
+    counted = step_flops(model, 2, 1.0, 4, smoke=True)
+    with FlopCounterMode(display=False) as torchs:  # torch's own formula: each depthwise weight gradient C times
+        model.training_step(model.make_batch(2, 1.0, 4, "cpu"), dtype=torch.float32)
+    model.zero_grad(set_to_none=True)
+    assert counted < torchs.get_total_flops()
 
 
 def test_utilization_and_busy_share_from_given_numbers():

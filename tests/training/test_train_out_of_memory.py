@@ -109,6 +109,27 @@ def test_a_batch_out_of_memory_is_trained_in_parts_and_its_bucket_lowered(corpus
     assert state["out_of_memory"] == events
 
 
+def test_with_concurrent_bucketing_a_lowering_trains_every_utterance_once_per_epoch(corpus, tmp_path, limited):
+    """A concurrent sampler's epoch cannot be replayed exactly: its size changes where its thread stands,
+    and the batches drawn ahead with the old size are trained in parts."""
+    memory = limited(max_utterances=2)
+    summary = recipe.train(_config(corpus, tmp_path / "run", _profile(tmp_path), steps=10, concurrent=True))
+    log = _log(tmp_path / "run")
+    batches = [ids for r in log for ids in r["cut_ids"]]
+    assert memory.steps == batches
+    assert collections.Counter(memory.trained) == collections.Counter(cut for ids in batches for cut in ids)
+    everyone = {c.id for c in CutSet.from_file(corpus[0])}
+    epochs = sorted({r["epoch"] for r in log})
+    assert len(epochs) > 1
+    for epoch in epochs:
+        cuts = [cut for r in log if r["epoch"] == epoch for ids in r["cut_ids"] for cut in ids]
+        assert len(cuts) == len(set(cuts))  # none twice in an epoch
+        if epoch != epochs[-1]:
+            assert set(cuts) == everyone  # none left out of a whole epoch
+    lowered = [e for e in summary["out_of_memory"] if e["lowered_to"]]
+    assert lowered and all((e["from_epoch"], e["from_batch"]) >= (e["epoch"], 0) for e in lowered)
+
+
 def test_the_gradient_of_a_step_trained_in_parts_is_the_whole_batch_gradient(corpus, tmp_path, limited):
     cuts_path, tokenizer_path, _ = corpus
     cuts = CutSet.from_file(cuts_path)

@@ -23,11 +23,21 @@ def matmul_flops_per_second(smoke: bool) -> dict[str, Any]:
             "flops_per_s": 2 * n ** 3 / seconds["median"]}
 
 
+def convolution_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+                               _output_padding, _groups, output_mask, out_shape=None, **_) -> int:
+    """A convolution's input and weight gradients, each as many FLOPs as its forward (torch's own formula
+    counts a grouped convolution's weight gradient once per group: a depthwise one C times over)."""
+    from torch.utils.flop_counter import conv_flop_count
+
+    return conv_flop_count(x_shape, w_shape, grad_out_shape, transposed) * (int(output_mask[0]) + int(output_mask[1]))
+
+
 def step_flops(model, batch_size: int, duration_s: float, num_tokens: int, smoke: bool) -> float:
     """FLOPs of one forward+backward (``torch.utils.flop_counter``: matmuls, convolutions, attention) at
     a worst-case batch of that shape; element-wise work and the transducer loss are not counted. The
-    depthwise convolutions (the subsampling's, the convolution modules') are counted on torch's: the same
-    count as the Triton custom ops' FLOP formulas, without running a kernel (no interpreter on a CPU)."""
+    depthwise convolutions (the subsampling's, the convolution modules') are counted on torch's, without
+    running a kernel (no interpreter on a CPU), their gradients by :func:`convolution_backward_flops`: the
+    count of the Triton custom ops' FLOP formulas."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -40,7 +50,8 @@ def step_flops(model, batch_size: int, duration_s: float, num_tokens: int, smoke
     for module, name in options:
         setattr(module, name, "torch")
     try:
-        with FlopCounterMode(display=False) as counter:
+        with FlopCounterMode(display=False, custom_mapping={
+                torch.ops.aten.convolution_backward: convolution_backward_flops}) as counter:
             model.training_step(batch, dtype=torch.float32 if smoke else torch.bfloat16)
     finally:
         for module, name, setting in saved:

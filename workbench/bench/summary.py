@@ -38,6 +38,7 @@ SECTIONS: dict[str, Callable[[dict], list[str]]] = {
     allocator.NAME: allocator.summary_lines,
     byo_models.NAME: byo_models.summary_lines,
     plan_calibration.NAME: plan_calibration.summary_lines,
+    plan_calibration.REPLAY_NAME: plan_calibration.replay_summary_lines,
     decoding.NAME: decoding.summary_lines,
     "flow": flow_summary_lines,
     "losses": losses_summary_lines,

@@ -31,8 +31,8 @@ this module is imported).
 
 Each kernel runs inside a torch custom op (``workbench::depthwise_conv3x3_s2``, differentiable, and its
 ``_input_grad`` and ``_weight_grad``) with a fake implementation and a FLOP formula (each the forward's
-count as torch counts the same convolution): a fake trace (the OOMptimizer's plan) counts their buffers, ``torch.utils.flop_counter`` their
-FLOPs, and torch.compile traces through them. The layout copy to channels-last and the sum over the
+count as torch counts the same convolution): a fake trace (the OOMptimizer's plan) counts their buffers,
+``torch.utils.flop_counter`` their FLOPs, and torch.compile traces through them. The layout copy to channels-last and the sum over the
 weight gradient's ranges run as torch ops around them, so a trace sees those buffers too.
 """
 

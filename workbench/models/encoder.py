@@ -91,8 +91,9 @@ class Subsampling(nn.Module):
     each with stride 2 in time and frequency, then a linear over channels x remaining mel bins. Frames
     past each utterance's length count as zero after every stage (zeroed, or read as zero by the next stage's
     Triton kernels), so padding never leaks into valid frames.
-    ``channels_last`` (None: on CUDA, :func:`~workbench.triton_support.kernel_device_type`): the convolutions run on channels-last activations, which sends the
-    depthwise ones to cuDNN (for bf16 in the default layout PyTorch runs its own, much slower, kernel).
+    ``channels_last`` (None: on CUDA, :func:`~workbench.triton_support.kernel_device_type`): the convolutions
+    run on channels-last activations, which sends the depthwise ones to cuDNN (for bf16 in the default layout
+    PyTorch runs its own, much slower, kernel).
     ``depthwise``: "torch" runs the depthwise convolutions by their nn.Conv2d modules; "triton" by
     :func:`depthwise_conv3x3_s2` on the same modules' weight and bias (same parameters and state_dict);
     "auto" (the default) picks per input device (:func:`depthwise_backend`). On the Triton path a stage's

@@ -21,8 +21,9 @@ bias gradients in theirs. Offsets are 64-bit. On a CPU the kernels run only unde
 
 The kernels run inside torch custom ops (``workbench::time_depthwise_conv``, differentiable, which with its
 filter reversed is also the input gradient, and ``workbench::time_depthwise_conv_weight_grad``) with fake
-implementations and FLOP formulas (each the forward's count as torch counts the same convolution): a fake trace (the OOMptimizer's plan)
-counts their buffers, ``torch.utils.flop_counter`` their FLOPs, and torch.compile traces through them.
+implementations and FLOP formulas (each the forward's count as torch counts the same convolution): a fake
+trace (the OOMptimizer's plan) counts their buffers, ``torch.utils.flop_counter`` their FLOPs, and
+torch.compile traces through them.
 """
 
 from __future__ import annotations

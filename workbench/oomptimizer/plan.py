@@ -28,9 +28,10 @@ What the trace can and cannot see:
   every element, for the same reason.
 - cuBLAS and cuDNN workspaces, and the allocator's fragmentation, are not traced: the margin covers them.
 
-Against an H200's measured peaks (benchmarks/results/plan_calibration.json, byo_models_rest.json): large-rnnt
-within 0.2 %, xl-aed within 2.7 %, Whisper up to 6 % over; wav2vec2's convolutional feature encoder over raw
-audio comes out about a quarter under, so plan such a model with a larger margin or search it on a GPU.
+How close the traced peaks come to a GPU's measured ones: benchmarks/results/plan_calibration.json (from
+the H200) and plan_replay.json (each recorded probe traced again, ``python -m
+workbench.bench.plan_calibration.replay``). A model whose trace falls short there (wav2vec2's convolutional
+feature encoder over raw audio) needs a larger margin, or a search on a GPU.
 """
 
 from __future__ import annotations
@@ -162,9 +163,7 @@ class DeviceMemoryTracker(TorchDispatchMode):
         if func is torch.ops.aten._local_scalar_dense.default:
             self.host_reads += 1
             return 1.0 if args[0].dtype.is_floating_point else 0
-        if func in (torch.ops.aten._ctc_loss.Tensor, torch.ops.aten._ctc_loss.default):
-            out = _ctc_loss_outputs(*args)
-        elif func in WORST_CASE_OUTPUTS:
+        if func in WORST_CASE_OUTPUTS:
             out = WORST_CASE_OUTPUTS[func](*args)
         else:
             out = func(*args, **(kwargs or {}))
@@ -205,7 +204,9 @@ def _index_output(values, indices):
 
 
 # ops whose output shape depends on values a fake tensor does not have: their largest output
-WORST_CASE_OUTPUTS = {torch.ops.aten.masked_select.default: _masked_select_output,
+WORST_CASE_OUTPUTS = {torch.ops.aten._ctc_loss.Tensor: _ctc_loss_outputs,
+                      torch.ops.aten._ctc_loss.default: _ctc_loss_outputs,
+                      torch.ops.aten.masked_select.default: _masked_select_output,
                       torch.ops.aten.nonzero.default: _nonzero_output,
                       torch.ops.aten.index.Tensor: _index_output}
 
@@ -230,6 +231,7 @@ class AttentionAsOnCuda(TorchFunctionMode):
         if func is torch.nn.functional.scaled_dot_product_attention:
             return _attention_as_on_cuda(*args, **(kwargs or {}))
         return func(*args, **(kwargs or {}))
+
 
 def _attention_as_on_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                           enable_gqa=False):

@@ -23,8 +23,9 @@ Two strategies:
 
 A plan (``prior``: :class:`PlannedPeaks`, from ``workbench oomptimize --plan``) gives every bucket's per-item
 cost before any probe: the predictive search scales it by what the buckets probed so far measured (the
-median ratio of measured to planned cost) and aims each bucket's first probe just below the largest size
-that fits, so that a good plan needs about one probe per bucket.
+ratio of measured to planned cost, as it varies with the bucket's shape: ``plan_ratio``) and aims each
+bucket's first probe just below the largest size that fits, so that a good plan needs about one probe per
+bucket.
 
 ``stop()`` (optional) is asked between buckets: once it returns True no new bucket starts, and the
 buckets not searched keep batch size None (``SearchResult.not_searched``).

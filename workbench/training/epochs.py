@@ -97,10 +97,13 @@ class EpochBatches:
         self._thread = threading.Thread(target=self._draw, args=(epoch, index, items, stop), name="epoch-batches",
                                         daemon=True)
         self._thread.start()
-        while (item := items.get()) is not _END:
-            if isinstance(item, _Failure):
-                raise item.error
-            yield item
+        try:
+            while (item := items.get()) is not _END:
+                if isinstance(item, _Failure):
+                    raise item.error
+                yield item
+        finally:  # the reader gone (an error, the iterator dropped): the thread stops after its batch
+            stop.set()
 
     def _draw(self, epoch: int, index: int, items: queue.Queue, stop: threading.Event) -> None:
         def put(item) -> bool:

@@ -35,10 +35,10 @@ A step that runs out of device memory (one process) is trained in parts: the bat
 to one utterance where needed, and the parts' gradients are accumulated (each loss weighted by its share
 of the batch's target tokens) into one optimizer step; every utterance is trained once. One warning line
 names the bucket and the batch size, and the bucket's batch size is lowered for the rest of the run, from
-the next batch trained on (the batches drawn ahead are drawn again; the sizes are kept in train_state.pt;
-train_summary.json lists the steps and the profile's bucket_batch_size line that fits). One utterance that
-does not fit alone ends the run with a one-line error naming it, after saving train_state.pt as of the
-step before.
+the next batch trained on (the batches drawn ahead are drawn again, or with concurrent bucketing trained in
+parts; the sizes are kept in train_state.pt; train_summary.json lists the steps and the profile's
+bucket_batch_size line that fits). One utterance that does not fit alone ends the run with a one-line
+error naming it, after saving train_state.pt as of the step before.
 
 Under torchrun every rank's sampler knows its rank and world size, so ranks draw different batches;
 DDP all-reduces the gradients; rank 0 logs and saves. A profile for DDP comes from
@@ -65,8 +65,8 @@ from lhotse.dataset import DynamicBucketingSampler
 from tqdm.auto import tqdm
 
 from workbench.atomic import atomic_path, check_writable, write_text_atomically
-from workbench.bucketing import (BucketProfile, close_sampler, load_profile, load_sampler_state_dict, make_sampler,
-                                 sampler_state_dict, set_bucket_batch_size)
+from workbench.bucketing import (BucketProfile, batches_drawn, close_sampler, load_profile, load_sampler_state_dict,
+                                 make_sampler, sampler_state_dict, set_bucket_batch_size)
 from workbench.bucketing.constraint import BucketBatchSizeConstraint
 from workbench.bucketing.fit import FITS, REASONS, make_fitter
 from workbench.data.manifest import read_cut_arrays
@@ -630,18 +630,28 @@ def utterance_name(host_batch: dict, row: int) -> str:
 
 def lower_batch_size(run: Run, host_batch: dict, bucket: int | None, parts: PartsTrained) -> None:
     """After a step that ran out of memory and was trained in parts: its bucket gives batches of at most the
-    largest part size that fit from the next batch trained on (``from_batch`` of the epoch: the batches
-    drawn ahead are drawn again, see :func:`redraw_batches`); one warning line; the step is recorded in
-    ``run.out_of_memory`` (saved in the training state, listed in the summary)."""
-    lowered = None
+    largest part size that fit, from batch ``from_batch`` of epoch ``from_epoch``; one warning line; the step
+    is recorded in ``run.out_of_memory`` (saved in the training state, listed in the summary).
+
+    A sampler that replays its epoch exactly (no concurrent bucketing) draws again from the next batch to
+    train on (:func:`redraw_batches`); a concurrent one would replay different batches (cuts trained twice or
+    not at all), so its size changes where its drawing thread stands and the batches drawn ahead with the old
+    size are trained in parts."""
+    lowered = from_epoch = from_batch = None
     if bucket is not None and parts.safe_size < run.sampler.constraint.batch_sizes[bucket]:
         lowered = parts.safe_size
-        run.redraw = True
+        if getattr(run.sampler, "concurrent", False):
+            with run.batches.lock:
+                set_bucket_batch_size(run.sampler, bucket, lowered)
+                from_epoch, from_batch = run.sampler.epoch, batches_drawn(run.sampler)
+        else:
+            run.redraw = True
+            from_epoch, from_batch = run.epoch, run.epoch_batches + 1
     num_rows = len(host_batch["audio_lens"])
     run.out_of_memory.append({"step": run.step, "epoch": run.epoch, "bucket": bucket,
                               "bucket_bounds": bucket_bounds(run, bucket), "batch_size": num_rows,
-                              "parts": parts.part_sizes, "lowered_to": lowered,
-                              "from_batch": run.epoch_batches + 1 if lowered else None})
+                              "parts": parts.part_sizes, "lowered_to": lowered, "from_epoch": from_epoch,
+                              "from_batch": from_batch})
     then = (f"; lowered the bucket's batch size to {lowered} for the rest of the run" if lowered else
             "; lower --max-duration" if bucket is None and run.config.profile is None else "")
     log.warning("step %d: out of memory on a batch of %d utterances from %s; trained it in %d parts (%s)%s",
@@ -817,8 +827,9 @@ def load_training_state(path: Path, run: Run) -> None:
 
 def restore_sampler(run: Run, state: dict, epoch: int) -> None:
     """Put ``run.sampler`` where ``state`` (from sampler_state_dict, in epoch ``epoch``) stands: the bucket batch
-    sizes in effect at the epoch's start, then the lowerings of ``run.out_of_memory`` made in that epoch
-    replayed at the batches they took effect from."""
+    sizes in effect at the epoch's start, then the lowerings of ``run.out_of_memory`` that took effect in that
+    epoch replayed at their batches (a concurrent sampler's lowering drawn ahead into a later epoch holds
+    from this epoch's start: that sampler's resumed batches may differ anyway)."""
     profile = getattr(run.sampler, "profile", None)
     if profile is not None:
         for bucket, size in enumerate(profile.bucket_batch_size):
@@ -827,10 +838,10 @@ def restore_sampler(run: Run, state: dict, epoch: int) -> None:
     for event in run.out_of_memory:
         if event["lowered_to"] is None:
             continue
-        if event["epoch"] < epoch:
-            set_bucket_batch_size(run.sampler, event["bucket"], event["lowered_to"])
-        else:
+        if event["from_epoch"] == epoch:
             lowered_this_epoch.append((event["from_batch"], event["bucket"], event["lowered_to"]))
+        else:
+            set_bucket_batch_size(run.sampler, event["bucket"], event["lowered_to"])
     load_sampler_state_dict(run.sampler, state, batch_size_changes=lowered_this_epoch)
 
 

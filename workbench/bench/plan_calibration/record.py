@@ -27,3 +27,23 @@ def summary_lines(figures: Mapping[str, Any]) -> list[str]:
     failed = [name for name, entry in figures["models"].items() if "error" in entry]  # said above
     return lines + [f"- target missed: {f}" for f in figures.get("failures", [])
                     if not any(f.startswith(f"{name}: ") for name in failed)]
+
+
+REPLAY_NAME = "plan_replay"
+
+
+def replay_summary_lines(figures: Mapping[str, Any]) -> list[str]:
+    """The plan_replay record's lines: per model, traced against measured peaks and the replayed searches."""
+    lines = []
+    for name, entry in figures["models"].items():
+        low, high = entry["error_range"]
+        line = (f"- {name}: traced peaks {low:+.1%} to {high:+.1%} of the measured ones "
+                f"({len(entry['traced'])} probes)")
+        if "replayed" in entry:
+            search, from_plan = entry["replayed"]["search"], entry["replayed"]["from_plan"]
+            line += (f"; replayed against them, {search['probes_per_bucket']:.2f} probes per bucket without the "
+                     f"plan (recorded {search['recorded_probes_per_bucket']:.2f}), "
+                     f"{from_plan['probes_per_bucket']:.2f} from it (recorded "
+                     f"{from_plan['recorded_probes_per_bucket']:.2f}, with the search of the record's commit)")
+        lines.append(line)
+    return lines
