@@ -155,7 +155,10 @@ def test_a_resume_continues_the_batches_drawn_ahead_into_the_next_epochs(corpus,
     assert whole[-1]["epoch"] >= 2 and 0 < stop < 20
     drawn_at_save, save, launch = [], recipe.save_training_state, recipe.train_one_step
 
-    def saving(path, run):
+    def saving(path, run):  # once the thread has drawn into a later epoch (a loaded machine may take a while)
+        deadline = time.monotonic() + 60
+        while run.sampler.diagnostics.current_epoch <= run.epoch and time.monotonic() < deadline:
+            time.sleep(0.01)
         with run.batches.lock:
             drawn_at_save.append(run.sampler.diagnostics.current_epoch)
         return save(path, run)

@@ -113,6 +113,28 @@ def measure_each(names: list[str], measure: Callable[[str], tuple[dict, list[str
     return entries, failures
 
 
+def models_saver(name: str, what: str, buckets: list, args) -> Callable[[dict, list[str]], None]:
+    """``save(models, failures)`` for :func:`measure_each`: writes the record ``name`` ({buckets, models,
+    failures}, ``vars(args)`` as its params) to ``args.out``; a smoke run's ``what`` says its peaks are modeled."""
+    what += " (SMOKE: modeled peak, not a measurement)" if args.smoke else ""
+
+    def save(models: dict, failures: list[str]) -> None:
+        write_result(name, what=what, figures={"buckets": buckets, "models": models, "failures": failures},
+                     params=dict(vars(args)), out_dir=args.out)
+    return save
+
+
+def model_summary_lines(figures: dict, line_of: Callable[[str, dict], str]) -> list[str]:
+    """The lines of a record written through :func:`models_saver`: ``line_of(name, entry)`` per model measured,
+    "not measured" with the error of one that raised, then each failure (a missed target) not said above."""
+    models = figures["models"]
+    lines = [f"- {name}: not measured: {entry['error'][:160]}" if "error" in entry else line_of(name, entry)
+             for name, entry in models.items()]
+    failed = [name for name, entry in models.items() if "error" in entry]
+    return lines + [f"- target missed: {f}" for f in figures.get("failures", [])
+                    if not any(f.startswith(f"{name}: ") for name in failed)]
+
+
 def git_commit() -> str:
     """The current commit (with ``+dirty`` when the tree has changes), or 'unknown' outside git."""
     env_commit = os.environ.get("WORKBENCH_GIT_COMMIT")

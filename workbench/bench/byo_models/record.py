@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from workbench.bench.results import model_summary_lines
 from workbench.units import GiB
 from workbench.palette import colour
 
@@ -66,19 +67,17 @@ def model_summary(figures: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def summary_lines(figures: Mapping[str, Any]) -> list[str]:
-    """The record's lines in benchmarks/SUMMARY.md: one per model."""
-    lines = []
-    for name, entry in figures["models"].items():
-        if "error" in entry:
-            lines.append(f"- {name}: not measured: {entry['error'][:160]}")
-            continue
-        sizes = entry["batch_sizes"]
-        tight = sum(t["oom"] for t in entry["tightness"])
-        lines.append(f"- {name} ({entry['parameters'] / 1e6:.0f}M): batch sizes {max(sizes)}-{min(sizes)} over "
-                     f"{len(sizes)} buckets, {entry['mean_probes_per_bucket']:.2f} probes per bucket in "
-                     f"{entry['search_s']:.0f} s; soak {entry['soak'].get('steps', 0)} steps, "
-                     f"{entry['soak'].get('ooms', 0)} OOMs; 1.1x OOMs at {tight}/{len(sizes)} buckets")
-    return lines
+    """The record's lines in benchmarks/SUMMARY.md: one per model, then the targets missed."""
+    return model_summary_lines(figures, model_line)
+
+
+def model_line(name: str, entry: Mapping[str, Any]) -> str:
+    sizes = entry["batch_sizes"]
+    tight = sum(t["oom"] for t in entry["tightness"])
+    return (f"- {name} ({entry['parameters'] / 1e6:.0f}M): batch sizes {max(sizes)}-{min(sizes)} over "
+            f"{len(sizes)} buckets, {entry['mean_probes_per_bucket']:.2f} probes per bucket in "
+            f"{entry['search_s']:.0f} s; soak {entry['soak'].get('steps', 0)} steps, "
+            f"{entry['soak'].get('ooms', 0)} OOMs; 1.1x OOMs at {tight}/{len(sizes)} buckets")
 
 
 def findings(figures: Mapping[str, Any]) -> list[str]:

@@ -16,8 +16,8 @@ import torch
 
 from workbench.adapters import ADAPTERS, SMALL_CONFIGS, build_adapter, build_model_from_spec, user_model_spec
 from workbench.bench.oomptimizer.modeled_probe import ModeledMemoryProbe
-from workbench.bench.results import (bench_device, check_smoke_out, cuda_missing, measure_each, report_failures,
-                                     write_result)
+from workbench.bench.results import (bench_device, check_smoke_out, cuda_missing, measure_each, models_saver,
+                                     report_failures)
 from workbench.bucketing import BucketProfile, estimate_2d_bins
 from workbench.data import read_cut_arrays, write_synthetic_corpus
 from workbench.memory import configure_allocator
@@ -28,6 +28,7 @@ from workbench.oomptimizer.run import soak
 from workbench.oomptimizer.search import search_batch_sizes
 
 NAME = "byo_models"
+SMOKE_MEMORY_BYTES = 64 * 2**20  # the modeled probe's budget in smoke runs
 DEFAULT_MODELS = ["torchaudio-emformer-rnnt", "nemo-fastconformer-rnnt", "hf-whisper", "hf-wav2vec2-ctc",
                   "large-rnnt"]
 TIGHTNESS = 1.1  # a probe at this multiple of each returned size must OOM
@@ -43,6 +44,11 @@ def corpus_buckets(num_buckets: int, num_subbuckets: int, max_duration: float, n
     return [(float(d), float(u)) for d, u in bins.bins]
 
 
+def model_spec(name: str) -> str:
+    """What a model name builds: an adapter's MODULE:CALLABLE, else the name itself (a reference model)."""
+    return user_model_spec(name) or name
+
+
 def build(name: str, device: torch.device, smoke: bool) -> torch.nn.Module:
     spec = user_model_spec(name)
     if spec is None:
@@ -56,7 +62,7 @@ def build(name: str, device: torch.device, smoke: bool) -> torch.nn.Module:
 def make_probe(model, args, device):
     if device.type == "cuda":
         return TrainingStepProbe(model, dtype=torch.bfloat16, memory_fraction=args.memory_fraction)
-    return ModeledMemoryProbe(model, budget_bytes=64 * 2**20, bytes_per_element=64.0)
+    return ModeledMemoryProbe(model, budget_bytes=SMOKE_MEMORY_BYTES, bytes_per_element=64.0)
 
 
 def measure_model(name: str, buckets: list, args, device) -> dict:
@@ -67,7 +73,7 @@ def measure_model(name: str, buckets: list, args, device) -> dict:
                                 max_batch_size=args.max_batch_size)
     sizes = result.batch_sizes
     per_bucket = [sum(1 for p in result.probes if p.bucket_index == i) for i in range(len(buckets))]
-    entry = {"spec": user_model_spec(name) or name, "parameters": sum(p.numel() for p in model.parameters()),
+    entry = {"spec": model_spec(name), "parameters": sum(p.numel() for p in model.parameters()),
              "batch_sizes": sizes, "probes_per_bucket": per_bucket,
              "mean_probes_per_bucket": result.num_probes / len(buckets), "search_s": result.seconds,
              "peak_bytes": [max((p.peak_bytes for p in result.probes if p.bucket_index == i and not p.oom),
@@ -166,12 +172,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         return entry, checks(name, entry)
 
-    def save(models: dict, failures: list[str]) -> None:
-        write_result(args.name, what="OOMptimizer on models nobody here wrote: batch sizes, probes, soak and the "
-                     "1.1x check per bucket" + (" (SMOKE: modeled peak, not a measurement)" if args.smoke else ""),
-                     figures={"buckets": buckets, "models": models, "failures": failures},
-                     params=dict(vars(args)), out_dir=args.out)
-
-    _, failures = measure_each(names, measure, budget_s=args.budget_s, save=save,
-                               spec_of=lambda name: user_model_spec(name) or name)
+    save = models_saver(args.name, "OOMptimizer on models nobody here wrote: batch sizes, probes, soak and the "
+                        "1.1x check per bucket", buckets, args)
+    _, failures = measure_each(names, measure, budget_s=args.budget_s, save=save, spec_of=model_spec)
     return report_failures(failures, smoke=args.smoke)

@@ -5,28 +5,25 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from workbench.bench.results import model_summary_lines
+
 NAME = "plan_calibration"
 
 
 def summary_lines(figures: Mapping[str, Any]) -> list[str]:
-    """The record's lines in benchmarks/SUMMARY.md: one per model."""
-    lines = []
-    for name, entry in figures["models"].items():
-        if "error" in entry:
-            lines.append(f"- {name}: not measured: {entry['error'][:160]}")
-            continue
-        ratios = entry["planned_over_searched"]
-        fits = sum(entry["planned_fits"])
-        error = entry["largest_peak_error"]
-        lines.append(f"- {name}: planned / searched batch size {min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} "
-                     f"buckets, {fits}/{len(ratios)} planned sizes fit; predicted peaks within "
-                     f"{'n/a' if error is None else f'{error:.1%}'} of the measured ones "
-                     f"({len(entry['probes'])} probes); search {entry['search']['mean_probes_per_bucket']:.2f} "
-                     f"probes per bucket, from the plan {entry['from_plan']['mean_probes_per_bucket']:.2f}; "
-                     f"plan {entry['plan']['seconds']:.0f} s on the CPU")
-    failed = [name for name, entry in figures["models"].items() if "error" in entry]  # said above
-    return lines + [f"- target missed: {f}" for f in figures.get("failures", [])
-                    if not any(f.startswith(f"{name}: ") for name in failed)]
+    """The record's lines in benchmarks/SUMMARY.md: one per model, then the targets missed."""
+    return model_summary_lines(figures, model_line)
+
+
+def model_line(name: str, entry: Mapping[str, Any]) -> str:
+    ratios = entry["planned_over_searched"]
+    error = entry["largest_peak_error"]
+    return (f"- {name}: planned / searched batch size {min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} "
+            f"buckets, {sum(entry['planned_fits'])}/{len(ratios)} planned sizes fit; predicted peaks within "
+            f"{'n/a' if error is None else f'{error:.1%}'} of the measured ones "
+            f"({len(entry['probes'])} probes); search {entry['search']['mean_probes_per_bucket']:.2f} "
+            f"probes per bucket, from the plan {entry['from_plan']['mean_probes_per_bucket']:.2f}; "
+            f"plan {entry['plan']['seconds']:.0f} s on the CPU")
 
 
 REPLAY_NAME = "plan_replay"

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from workbench.adapters import user_model_spec
-from workbench.bench.plan_calibration.run import SMOKE_MEMORY_BYTES
+from workbench.bench.byo_models.run import SMOKE_MEMORY_BYTES
 from workbench.bench.results import RESULTS_DIR, write_result
 from workbench.oomptimizer.plan import StepTracer, build_fake_reference_model, build_fake_user_model, new_fake_mode
 from workbench.oomptimizer.search import PlannedPeaks, search_batch_sizes

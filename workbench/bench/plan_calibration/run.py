@@ -16,9 +16,10 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
-from workbench.bench.byo_models.run import add_search_options, bench_buckets, build, make_probe
-from workbench.bench.results import (bench_device, check_smoke_out, cuda_missing, measure_each, report_failures,
-                                     write_result)
+from workbench.bench.byo_models.run import (SMOKE_MEMORY_BYTES, add_search_options, bench_buckets, build, make_probe,
+                                            model_spec)
+from workbench.bench.results import (bench_device, check_smoke_out, cuda_missing, measure_each, models_saver,
+                                     report_failures)
 from workbench.bucketing import BucketProfile
 from workbench.memory import configure_allocator
 from workbench.memory.oom import release_memory
@@ -29,7 +30,6 @@ from workbench.adapters import user_model_spec
 
 NAME = "plan_calibration"
 DEFAULT_MODELS = ["large-rnnt", "xl-aed", "hf-whisper"]
-SMOKE_MEMORY_BYTES = 64 * 2**20  # the modeled probe's budget in smoke runs
 
 
 def make_plan(name: str, buckets: list, memory_bytes: int, args) -> dict:
@@ -103,7 +103,7 @@ def measure_model(name: str, buckets: list, args, device, planned) -> dict:
     prior = planned_peaks(plan.pop("profile"), buckets)
     from_plan = search_batch_sizes(buckets, probe, budget_bytes=probe.budget_bytes, rel_gap=args.rel_gap,
                                    max_batch_size=args.max_batch_size, prior=prior)
-    entry = {"spec": user_model_spec(name) or name, "plan": plan, "search": search_entry(search, buckets),
+    entry = {"spec": model_spec(name), "plan": plan, "search": search_entry(search, buckets),
              "from_plan": search_entry(from_plan, buckets), "probes": probe_rows(search, prior)}
     entry["planned_over_searched"] = [p / s for p, s in zip(plan["sizes"], search.batch_sizes)]
     entry["planned_fits"] = [planned_size_fits(probe, b, p, s, o) for b, p, s, o in
@@ -171,12 +171,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{entry['from_plan']['mean_probes_per_bucket']:.2f} probes per bucket", flush=True)
         return entry, checks(name, entry, args.tolerance)
 
-    def save(models: dict, failures: list[str]) -> None:
-        write_result(NAME, what="Plan against GPU: planned and searched batch sizes, predicted and measured peaks, "
-                     "the search from the plan" + (" (SMOKE: modeled peak, not a measurement)" if args.smoke else ""),
-                     figures={"buckets": buckets, "models": models, "failures": failures},
-                     params=dict(vars(args)), out_dir=args.out)
-
-    _, failures = measure_each(names, measure, budget_s=args.budget_s, save=save,
-                               spec_of=lambda name: user_model_spec(name) or name)
+    save = models_saver(NAME, "Plan against GPU: planned and searched batch sizes, predicted and measured peaks, "
+                        "the search from the plan", buckets, args)
+    _, failures = measure_each(names, measure, budget_s=args.budget_s, save=save, spec_of=model_spec)
     return report_failures(failures, smoke=args.smoke)
