@@ -124,3 +124,36 @@ def test_full_graph_nests_the_inner_loop_in_the_outer_one(driver):
     # each condition sets its own loop's handle from its own flag (outer: Flag(1), inner: Flag(2))
     conditions = [c for c in calls if c[0] == "condition"]
     assert [c[5:] for c in conditions] == [(outer, 1), (inner, 2), (inner, 2), (outer, 1)]
+
+
+def test_stage_captures_run_with_the_cyclic_collector_paused(monkeypatch):
+    """A collection inside a capture could free another CUDA graph (a CUDA call that invalidates the capture),
+    so each stage runs with gc paused, and gc is on again afterwards."""
+    import contextlib
+    import gc
+
+    seen = []
+
+    class Stream:
+        def __init__(self, device=None):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    @contextlib.contextmanager
+    def graph(cuda_graph, **kwargs):
+        seen.append(("capture", kwargs["capture_error_mode"]))
+        yield
+
+    monkeypatch.setattr(cuda_graphs.torch.cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(cuda_graphs.torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(cuda_graphs.torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(cuda_graphs.torch.cuda, "CUDAGraph", lambda keep_graph: object())
+    monkeypatch.setattr(cuda_graphs.torch.cuda, "graph", graph)
+    stages = {name: (lambda name=name: seen.append((name, gc.isenabled()))) for name in ("start", "again")}
+    assert gc.isenabled()
+    graphs = cuda_graphs.capture_partial_graphs(stages, "cuda")
+    assert list(graphs) == ["start", "again"]
+    assert seen == [("capture", "thread_local"), ("start", False), ("capture", "thread_local"), ("again", False)]
+    assert gc.isenabled()

@@ -9,8 +9,10 @@ replays (cloned in as child graph nodes), so all its memory lives in their torch
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+import gc
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -263,6 +265,19 @@ def graph_node_counts(graph: torch.cuda.CUDAGraph) -> dict[str, int]:
     return {"nodes": len(nodes), "kernels": sum(kind == kernel for kind in kinds)}
 
 
+@contextlib.contextmanager
+def no_garbage_collection():
+    """Python's cyclic collector paused: a collection during a capture can free another CUDA graph, whose
+    destructor is a CUDA call that invalidates the capture."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def capture_partial_graphs(stages: dict[str, Callable[[], None]], device: torch.device) -> dict[str, Any]:
     """One plain CUDA graph per stage, sharing one memory pool, captured in the order given."""
     pool = torch.cuda.graph_pool_handle()
@@ -271,7 +286,8 @@ def capture_partial_graphs(stages: dict[str, Callable[[], None]], device: torch.
     side.wait_stream(torch.cuda.current_stream(device))
     for name, fn in stages.items():
         graphs[name] = torch.cuda.CUDAGraph(keep_graph=True)  # the full graph clones these
-        with torch.cuda.graph(graphs[name], pool=pool, stream=side, capture_error_mode="thread_local"):
+        with no_garbage_collection(), \
+                torch.cuda.graph(graphs[name], pool=pool, stream=side, capture_error_mode="thread_local"):
             fn()
     torch.cuda.current_stream(device).wait_stream(side)
     return graphs
