@@ -31,7 +31,7 @@ report: setup
 	$(PY) -m workbench report --out reports $(if $(filter 1,$(SMOKE)),--smoke,)
 
 test: setup
-	$(VENV)/bin/ruff check workbench tests
+	$(VENV)/bin/ruff check workbench benchmarks tests
 	$(PY) -m pytest -q -n 2 tests
 	WORKBENCH_SMOKE=1 $(PY) -m pytest -q -n 2 --dist loadfile --nbval-lax --nbval-kernel-name workbench -p no:cacheprovider notebooks
 
@@ -43,11 +43,11 @@ gpu-bundle:
 
 # Before each GPU call (carry .gpu_commit): the device copy's .git may be stale, so results take this.
 gpu-commit: setup
-	WORKBENCH_GIT_COMMIT= $(PY) -c "from workbench.bench.results import git_commit; print(git_commit())" > .gpu_commit
+	WORKBENCH_GIT_COMMIT= $(PY) -c "from workbench.records.results import git_commit; print(git_commit())" > .gpu_commit
 
 # After adding or replacing a file in benchmarks/results: regenerate the headline page (a test checks it).
 summary: setup
-	$(PY) -m workbench.bench.summary --out benchmarks/SUMMARY.md
+	$(PY) -m workbench.records.summary --out benchmarks/SUMMARY.md
 
 clean:
 	rm -rf reports .pytest_cache

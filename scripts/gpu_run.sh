@@ -116,23 +116,23 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
   esac
   case $1 in
     flow)             run_stage flow 420 env WORKBENCH_FLOW_OUT="$RESULTS" python3 -m pytest -q -s -m gpu \
-                        -p no:cacheprovider tests/bench/test_flow.py ;;
+                        -p no:cacheprovider tests/benchmarks/test_flow.py ;;
     tests)            # GPU_TESTS: the paths to run (default: every gpu test); GPU_TESTS_LIMIT: seconds. NeMo on the
                       # path, so the NeMo-gated gpu tests (ours beside NeMo's decoders) run too
                       nemo_site
                       run_stage tests "${GPU_TESTS_LIMIT:-150}" "${NEMO_ENV[@]}" \
                         python3 -m pytest -q -m gpu -p no:cacheprovider \
-                        --durations=5 --ignore=tests/bench/test_flow.py ${GPU_TESTS:-tests} ;;
+                        --durations=5 --ignore=tests/benchmarks/test_flow.py ${GPU_TESTS:-tests} ;;
     tests-allocator)  run_stage tests_allocator 120 python3 -m pytest -q -p no:cacheprovider \
-                        tests/memory/test_allocator_gpu.py tests/bench/test_bench_smoke.py::test_allocator_bench_smoke ;;
-    decoding)         run_stage decoding 300 python3 -m workbench.bench.decoding \
+                        tests/memory/test_allocator_gpu.py tests/benchmarks/test_bench_smoke.py::test_allocator_bench_smoke ;;
+    decoding)         run_stage decoding 300 python3 -m benchmarks.decoding \
                         --budget-s $(( b < 250 ? b : 250 )) --out "$RESULTS" ;;
-    decoding-quick)   run_stage decoding_quick 150 python3 -m workbench.bench.decoding --quick \
+    decoding-quick)   run_stage decoding_quick 150 python3 -m benchmarks.decoding --quick \
                         --budget-s $(( b < 120 ? b : 120 )) --out "$RESULTS" ;;
     decoding-nemo-quick)  # B in {1, 16}, 12 s, fp32; the margin covers NeMo's import and the rows run last
                       nemo_site; b=$(budget 90 30) || { echo "=== $1: SKIPPED (less than two minutes left) ==="; return 1; }
                       run_stage decoding_nemo_quick 180 "${NEMO_ENV[@]}" \
-                        python3 -m workbench.bench.decoding --nemo --quick \
+                        python3 -m benchmarks.decoding --nemo --quick \
                         --budget-s $(( b < 80 ? b : 80 )) --out "$RESULTS" ;;
     decoding-nemo)    # the grid's budget; then NeMo's full graph at every size beside ours (up to 70 s), then the
                       # kernel profiles (6 profiled decodes: RNN-T and TDT at B=1, 16, 128, estimated under 15 s):
@@ -141,7 +141,7 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
                       # (fp32 and bf16) needs more than the 160 s it had beside the tests stage
                       nemo_site; b=$(budget 130 60) || { echo "=== $1: SKIPPED (less than 190 s left) ==="; return 1; }
                       run_stage decoding_nemo 350 "${NEMO_ENV[@]}" \
-                        python3 -m workbench.bench.decoding --nemo --kernel-profile \
+                        python3 -m benchmarks.decoding --nemo --kernel-profile \
                         --budget-s $(( b < 220 ? b : 220 )) --out "$RESULTS" ;;
     byo-models)       # the OOMptimizer on torchaudio's, Hugging Face's and NeMo's models beside large-rnnt; the adapter
                       # tests (CPU ones too: torchaudio imports here) first, unless BYO_ADAPTER_TESTS=0
@@ -152,48 +152,48 @@ stage() {  # one stage by name; budgets leave a margin inside the stage's limit
                       fi
                       b=$(budget 40 60) || { echo "=== $1: SKIPPED (less than 100 s left) ==="; return 1; }
                       # BYO_ARGS: e.g. "--models hf-whisper --name byo_models_whisper"
-                      run_stage byo_models 400 "${NEMO_ENV[@]}" python3 -m workbench.bench.byo_models \
+                      run_stage byo_models 400 "${NEMO_ENV[@]}" python3 -m benchmarks.byo_models \
                         --budget-s $(( b < 340 ? b : 340 )) --out "$RESULTS" ${BYO_ARGS:-} ;;
     plan-calibration) # the plan (traced on this host's CPU) against the real search, per probe and per bucket
                       nemo_site
-                      run_stage plan_calibration 400 "${NEMO_ENV[@]}" python3 -m workbench.bench.plan_calibration \
+                      run_stage plan_calibration 400 "${NEMO_ENV[@]}" python3 -m benchmarks.plan_calibration \
                         --budget-s $(( b < 340 ? b : 340 )) --out "$RESULTS" ${CALIBRATION_ARGS:-} ;;
-    models)           run_stage models 330 python3 -m workbench.bench.models --kernels --out "$RESULTS" ;;
+    models)           run_stage models 330 python3 -m benchmarks.models --kernels --out "$RESULTS" ;;
     models-compile)   # the MFU targets' models at their profile shapes, encoder blocks compiled
-                      run_stage models_compile 330 python3 -m workbench.bench.models --compile --only-profile-shapes \
+                      run_stage models_compile 330 python3 -m benchmarks.models --compile --only-profile-shapes \
                         --models xl-aed large-rnnt large-tdt --name models_compile --out "$RESULTS" ;;
     models-depthwise) # the same profile shapes, the subsampling's depthwise convolutions by the Triton kernels
-                      run_stage models_depthwise 330 python3 -m workbench.bench.models --depthwise triton \
+                      run_stage models_depthwise 330 python3 -m benchmarks.models --depthwise triton \
                         --only-profile-shapes --models large-rnnt large-tdt xl-aed --name models_depthwise \
                         --out "$RESULTS" ;;
     models-cudnn-depthwise)  # the same, the depthwise convolutions by cuDNN (--depthwise torch)
-                      run_stage models_cudnn_depthwise 330 python3 -m workbench.bench.models --depthwise torch \
+                      run_stage models_cudnn_depthwise 330 python3 -m benchmarks.models --depthwise torch \
                         --only-profile-shapes --models large-rnnt large-tdt xl-aed --name models_cudnn_depthwise \
                         --out "$RESULTS" ;;
     models-time-torch)  # the transducer and xl-aed profile shapes with the convolution modules' depthwise convolutions
                       # by torch (nn.Conv1d), the reference for the Triton kernels that the default (auto) runs on CUDA
-                      run_stage models_time_torch 330 python3 -m workbench.bench.models --time-depthwise torch \
+                      run_stage models_time_torch 330 python3 -m benchmarks.models --time-depthwise torch \
                         --only-profile-shapes --models large-rnnt xl-aed --name models_time_torch --out "$RESULTS" ;;
-    losses)           run_stage losses 240 python3 -m workbench.bench.losses --out "$RESULTS" ;;  # with the rows part
-    oomptimizer)      run_stage oomptimizer 360 python3 -m workbench.bench.oomptimizer --out "$RESULTS" ;;
-    oomptimizer-rnnt) run_stage oomptimizer_rnnt 540 python3 -m workbench.bench.oomptimizer --part rnnt \
+    losses)           run_stage losses 240 python3 -m benchmarks.losses --out "$RESULTS" ;;  # with the rows part
+    oomptimizer)      run_stage oomptimizer 360 python3 -m benchmarks.oomptimizer --out "$RESULTS" ;;
+    oomptimizer-rnnt) run_stage oomptimizer_rnnt 540 python3 -m benchmarks.oomptimizer --part rnnt \
                         --time-limit-s $(( b - 30 )) --out "$RESULTS" ;;
     oomptimizer-rnnt-chunked)  # the two predictive searches only; a bucket under way finishes after the limit.
                       # CHUNKED_BUCKETS=START:STOP: only those buckets (record oomptimizer_rnnt_chunked_START_STOP)
-                      run_stage oomptimizer_rnnt_chunked 330 python3 -m workbench.bench.oomptimizer \
+                      run_stage oomptimizer_rnnt_chunked 330 python3 -m benchmarks.oomptimizer \
                         --part rnnt-chunked ${CHUNKED_BUCKETS:+--buckets "$CHUNKED_BUCKETS"} \
                         --time-limit-s $(( b < 280 ? b - 30 : 250 )) --out "$RESULTS" ;;
-    oomptimizer-aed)  run_stage oomptimizer_aed 300 python3 -m workbench.bench.oomptimizer --part aed \
+    oomptimizer-aed)  run_stage oomptimizer_aed 300 python3 -m benchmarks.oomptimizer --part aed \
                         --time-limit-s "$b" --out "$RESULTS" ;;
-    ddp)              run_stage ddp 160 python3 -m workbench.bench.oomptimizer --nproc 2 --out "$RESULTS" ;;
-    allocator)        run_stage allocator 540 python3 -m workbench.bench.allocator \
+    ddp)              run_stage ddp 160 python3 -m benchmarks.oomptimizer --nproc 2 --out "$RESULTS" ;;
+    allocator)        run_stage allocator 540 python3 -m benchmarks.allocator \
                         --budget-s "$b" --out "$RESULTS" ;;
-    allocator-roomy)  run_stage allocator_roomy 540 python3 -m workbench.bench.allocator --headroom 0.15 \
+    allocator-roomy)  run_stage allocator_roomy 540 python3 -m benchmarks.allocator --headroom 0.15 \
                         --name allocator_headroom15 --budget-s "$b" --out "$RESULTS" ;;
     throughput-*)     # a later part reads the record of this call's earlier part, else benchmarks/results
                       local m=large-rnnt steps=30 from=(); [ "${1#throughput-aed}" != "$1" ] && m=xl-aed steps=20
                       [ -f "$RESULTS/$(output_of "$1").json" ] && from=(--from "$RESULTS/$(output_of "$1").json")
-                      run_stage "${1//-/_}" 540 python3 -m workbench.bench.throughput --model $m \
+                      run_stage "${1//-/_}" 540 python3 -m benchmarks.throughput --model $m \
                         --part "${1##*-}" --steps $steps --seconds 60 "${from[@]}" --out "$RESULTS" ;;
     *) echo "unknown stage $1"; return 1 ;;
   esac

@@ -1,5 +1,5 @@
 """The layering rules of docs/ARCHITECTURE.md, checked over the source: no two modules import each other,
-and no library package imports the benches."""
+no library module imports the benchmarks, and only the reports read the records."""
 
 import ast
 from pathlib import Path
@@ -14,11 +14,10 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports() -> dict[str, set[str]]:
-    """Every workbench module -> the workbench modules it imports (anywhere in the file)."""
-    modules = {_module_name(p): p for p in ROOT.rglob("*.py")}
+def _raw_imports() -> dict[str, set[str]]:
+    """Every workbench module -> every module it imports (anywhere in the file), with each imported name."""
     graph = {}
-    for name, path in modules.items():
+    for path in ROOT.rglob("*.py"):
         found = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
@@ -26,8 +25,14 @@ def _imports() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 found.add(node.module)
                 found |= {f"{node.module}.{a.name}" for a in node.names}
-        graph[name] = {m for m in found if m in modules and m != name}
+        graph[_module_name(path)] = found
     return graph
+
+
+def _imports() -> dict[str, set[str]]:
+    """Every workbench module -> the workbench modules it imports (anywhere in the file)."""
+    raw = _raw_imports()
+    return {name: {m for m in found if m in raw and m != name} for name, found in raw.items()}
 
 
 def test_no_two_modules_import_each_other():
@@ -37,9 +42,18 @@ def test_no_two_modules_import_each_other():
     assert mutual == []  # a package's __init__ importing its own modules is not a circle
 
 
-def test_no_library_package_imports_the_benches():
+def test_no_library_module_imports_the_benchmarks():
+    offenders = sorted(f"{a} -> {b}" for a, found in _raw_imports().items() for b in found
+                       if b == "benchmarks" or b.startswith("benchmarks."))
+    assert offenders == []
+
+
+def test_only_the_reports_read_the_records():
+    """records/ reads benchmarks/results for notebooks, SUMMARY.md and `workbench report`; no other library
+    package depends on it."""
     offenders = sorted(f"{a} -> {b}" for a, deps in _imports().items() for b in deps
-                       if a.split(".")[1] in LIBRARY_PACKAGES and b.startswith("workbench.bench"))
+                       if a.split(".")[1] in LIBRARY_PACKAGES and a.split(".")[1] != "records"
+                       and b.startswith("workbench.records"))
     assert offenders == []
 
 
@@ -56,7 +70,7 @@ def test_no_code_reads_the_archive_of_superseded_results():
     import json
     import tempfile
 
-    from workbench.bench.summary import render
+    from workbench.records.summary import render
     from workbench.reporting import result_freshness
 
     named = [str(p.relative_to(ROOT.parent)) for p in ROOT.rglob("*.py") if "archive" in p.read_text()]

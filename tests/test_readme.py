@@ -73,7 +73,7 @@ def test_architecture_names_every_package_and_the_repository_keeps_its_own_desig
     packages = sorted(p.name for p in (REPO / "workbench").iterdir() if (p / "__init__.py").exists())
     assert [p for p in packages if f"`workbench/{p}/`" not in text] == []
     for doc in [REPO / "README.md", *(REPO / "workbench").rglob("*.py")]:
-        if "bench" not in doc.relative_to(REPO).parts[1:2]:  # workbench/bench/ records name their sources
+        if "bench" not in doc.relative_to(REPO).parts[1:2]:  # benchmarks/ records name their sources
             assert "DESIGN.md" not in doc.read_text(), doc
 
 

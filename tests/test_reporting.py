@@ -34,7 +34,7 @@ def test_report_renders_html_and_index(tmp_path):
     assert "<h2>decoding_nemo.json</h2>" in bench and "commit" in bench  # every committed result, with provenance
     assert not list(tmp_path.glob("*.tmp*"))
     assert "corpus_arrays(" not in html  # code cells are hidden by default
-    from workbench.bench.results import git_commit
+    from workbench.records.results import git_commit
 
     assert f"commit {git_commit()[:12]}" in page and ("CPU cores" in page or "NVIDIA" in page)  # the run's own
     assert "Committed results" in page and "<td>decoding_nemo</td>" in page
@@ -90,26 +90,26 @@ def test_results_older_than_the_code_they_measure_are_flagged(tmp_path):
     repo.mkdir()
     _git(repo, "init", "-q")
     first = _commit(repo, "workbench/decoding/greedy.py", "v1")
-    _commit(repo, "workbench/bench/decoding.py", "bench v1")
+    _commit(repo, "benchmarks/decoding.py", "bench v1")
     measured = _commit(repo, "workbench/models/model.py", "v1")  # models code: measured by the models bench
     _commit(repo, "workbench/decoding/greedy.py", "v2")  # decoding changes after `measured`
     _commit(repo, "workbench/models/model.py", "v1  # a comment, no code")  # models: only a comment
     latest = _commit(repo, "README.md", "docs only")
     results = tmp_path / "results"
     results.mkdir()
-    for name, commit, command in [("old_decoding", measured, "python workbench/bench/decoding.py"),
-                                  ("new_decoding", latest + "+dirty", "python -m workbench.bench.decoding"),
-                                  ("models", measured, "python3 /x/workbench/bench/models/run.py"),
-                                  ("unknown_commit", "f" * 40, "python workbench/bench/decoding.py"),
+    for name, commit, command in [("old_decoding", measured, "python benchmarks/decoding.py"),
+                                  ("new_decoding", latest + "+dirty", "python -m benchmarks.decoding"),
+                                  ("models", measured, "python3 /x/benchmarks/models/run.py"),
+                                  ("unknown_commit", "f" * 40, "python benchmarks/decoding.py"),
                                   ("no_bench", first, "python something_else.py"),
                                   # the README flow runs as a gpu test and measures the code its commands run
-                                  ("flow", measured, "python3 -m pytest -q -m gpu tests/bench/test_flow.py")]:
+                                  ("flow", measured, "python3 -m pytest -q -m gpu tests/benchmarks/test_flow.py")]:
         (results / f"{name}.json").write_text(json.dumps({"git_commit": commit, "command": command,
                                                           "device": {"cpu_count": 2}, "date": "2026-12-01"}))
     by_name = {r.name: r for r in result_freshness(results, repo)}
     assert by_name["old_decoding"].stale is True
     assert by_name["old_decoding"].note.endswith("changed since " + measured[:12] + ": workbench/decoding/greedy.py")
-    assert "workbench/bench/decoding.py" not in by_name["old_decoding"].note  # it did not change after
+    assert "benchmarks/decoding.py" not in by_name["old_decoding"].note  # it did not change after
     assert by_name["new_decoding"].stale is False
     assert by_name["models"].stale is False  # only a comment changed since
     assert "comments and docstrings aside" in by_name["models"].note

@@ -19,14 +19,14 @@ from typing import Any
 
 from workbench.records.fingerprint import changed_files, fingerprint_at, fingerprint_now
 from workbench.atomic import check_writable, write_text_atomically
-from workbench.bench.results import REPO_ROOT, RESULTS_DIR, device_info, git_commit, load_result, provenance_line
+from workbench.records.results import REPO_ROOT, RESULTS_DIR, device_info, git_commit, load_result, provenance_line
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 # The Jupyter kernel every notebook declares, and that the report, nbval and the tests run them on
 # (`make setup` installs it into .venv).
 KERNEL_NAME = "workbench"
 KERNEL_DISPLAY_NAME = "workbench (.venv)"
-# The library code each bench's records measure, besides the bench's own source (workbench/bench/<name>).
+# The library code each bench's records measure, besides the bench's own source (benchmarks/<name>).
 MEASURED_CODE = {
     "allocator": ("workbench/memory",),
     "bucketing": ("workbench/bucketing", "workbench/data"),
@@ -41,7 +41,7 @@ MEASURED_CODE = {
                    "workbench/memory"),
     "flow": ("workbench/models", "workbench/training", "workbench/oomptimizer", "workbench/bucketing", "workbench/data",  # the README's
              "workbench/memory", "workbench/decoding", "workbench/cli.py",                        # commands
-             "README.md", "tests/bench/test_flow.py"),
+             "README.md", "tests/benchmarks/test_flow.py"),
 }
 
 
@@ -124,7 +124,7 @@ REPORT_CSS = (".jp-OutputArea-output pre{white-space:pre-wrap;word-break:normal;
 class ResultFreshness:
     """Whether a committed result still measures the code as it is."""
     name: str  # file name in benchmarks/results, without .json
-    provenance: str  # machine, date and commit (workbench.bench.results.provenance_line)
+    provenance: str  # machine, date and commit (workbench.records.results.provenance_line)
     measured_paths: list[str]  # the code it measures: its bench and the library packages
     commit: str | None  # the commit the result was measured at
     stale: bool | None  # True: the code it measures changed since that commit; None: cannot tell
@@ -132,9 +132,11 @@ class ResultFreshness:
 
 
 def bench_name(record: dict[str, Any]) -> str | None:
-    """The bench that wrote a record, from its command (``.../workbench/bench/<name>.py`` or ``<name>/``, or
-    the gpu test ``tests/bench/test_<name>.py`` that runs it)."""
-    m = re.search(r"workbench[/.]bench[/.](\w+)|tests/bench/test_(\w+)\.py", str(record.get("command", "")))
+    """The bench that wrote a record, from its command (``benchmarks/<name>/...``, ``-m benchmarks.<name>``,
+    ``workbench/bench/<name>`` as older records name it, or the gpu test
+    ``tests/benchmarks/test_<name>.py`` that runs it)."""
+    m = re.search(r"tests/bench(?:marks)?/test_(\w+)\.py|(?:workbench[/.]bench|\bbenchmarks)[/.](?!results\b)(\w+)",
+                  str(record.get("command", "")))
     return (m.group(1) or m.group(2)) if m else None
 
 
@@ -162,7 +164,7 @@ def result_freshness(results_dir: str | os.PathLike = RESULTS_DIR, repo: str | o
     for path in sorted(Path(results_dir).glob("*.json")):
         record = json.loads(path.read_text())
         bench = bench_name(record)
-        paths = ([f"workbench/bench/{bench}.py", f"workbench/bench/{bench}", *MEASURED_CODE.get(bench, ())]
+        paths = ([f"benchmarks/{bench}.py", f"benchmarks/{bench}", *MEASURED_CODE.get(bench, ())]
                  if bench else [])
         commit = str(record.get("git_commit", "")).removesuffix("+dirty")
         if not paths:
@@ -273,11 +275,11 @@ def run_notebooks(out_dir: str | os.PathLike = "reports", *, smoke: bool = False
 
 
 def write_benchmark_summary(out: Path) -> tuple[str, str, str, str, float]:
-    """``<out>/benchmarks.html``: the headline figures of every committed result (workbench.bench.summary)
+    """``<out>/benchmarks.html``: the headline figures of every committed result (workbench.records.summary)
     as one page; returns its row for the index."""
     import mistune
 
-    from workbench.bench.summary import render
+    from workbench.records.summary import render
 
     t0 = time.perf_counter()
     body = mistune.html(render())

@@ -253,7 +253,7 @@ def test_gpu_nvrtc_failure_carries_the_compiler_log(monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_live_speed_table_measures_every_graph_mode_with_equal_hypotheses():
-    from workbench.bench.decoding.live import live_speed_record
+    from workbench.decoding.speed import live_speed_record
 
     rows = live_speed_record(batches=(2,), frames=8, repeat=1)["figures"]["rows"]
     methods = {(r["model"], r["method"]) for r in rows}

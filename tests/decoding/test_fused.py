@@ -11,8 +11,8 @@ import torch
 
 from workbench import triton_support
 from workbench.decoding import GreedyTransducerDecoder, fused, label_looping, make_toy_transducer
-from workbench.bench.decoding import nemo_peer
-from workbench.bench.decoding.op_count import predictor_step_ops, stage_ops
+from benchmarks.decoding import nemo_peer
+from benchmarks.decoding.op_count import predictor_step_ops, stage_ops
 from test_gpu import gpu_case  # noqa: E402 - the GPU tests' random cases
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -341,7 +341,7 @@ def test_a_joint_the_check_cannot_run_on_keeps_its_own_joint(caplog):
 
 
 class SeqFirstLstm(torch.nn.Module):
-    """The shape of NeMo's RNNTDecoder behind its adapter (workbench/bench/decoding/nemo_peer.py): the embedding
+    """The shape of NeMo's RNNTDecoder behind its adapter (benchmarks/decoding/nemo_peer.py): the embedding
     and a sequence-first LSTM nested in a module dict and a wrapper, the blank as the embedding's zero padding
     row, the batch-first state transposed around the call."""
 

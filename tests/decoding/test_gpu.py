@@ -114,7 +114,7 @@ def test_full_graph_supported_on_this_gpu():
 
 
 def test_empty_while_iteration_is_measured():
-    from workbench.bench.decoding.empty_loop import empty_while_iteration_seconds
+    from benchmarks.decoding.empty_loop import empty_while_iteration_seconds
 
     cost = empty_while_iteration_seconds(iterations=500, repeat=3)
     assert 0 < cost["seconds_per_iteration"] < 1e-4

@@ -30,7 +30,7 @@ What the trace can and cannot see:
 
 How close the traced peaks come to a GPU's measured ones: benchmarks/results/plan_calibration.json (from
 the H200) and plan_replay.json (each recorded probe traced again, ``python -m
-workbench.bench.plan_calibration.replay``). A model whose trace falls short there (wav2vec2's convolutional
+benchmarks.plan_calibration.replay``). A model whose trace falls short there (wav2vec2's convolutional
 feature encoder over raw audio) needs a larger margin, or a search on a GPU.
 """
 

@@ -170,7 +170,7 @@ def strategy_table(results: dict, true_max=None):
     for name, result in results.items():
         if isinstance(result, dict) and "trace" not in result:
             raise ValueError(f"strategy_table: {name!r} has no 'trace' (probes per bucket); a record from an older "
-                             "bench, rerun python3 -m workbench.bench.oomptimizer")
+                             "bench, rerun python3 -m benchmarks.oomptimizer")
         sizes, trace = _sizes(result), _trace(result)
         if true_max is not None and len(true_max) != len(sizes):
             raise ValueError(f"strategy_table: {len(true_max)} true maxima for {len(sizes)} buckets of {name!r}")

@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.allocator.run import main
+
+sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.bucketing.run import main
+
+sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.byo_models.run import main
+
+sys.exit(main())

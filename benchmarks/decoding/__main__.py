@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.decoding.run import main
+
+sys.exit(main())

@@ -1,0 +1,3 @@
+from benchmarks.flow.run import main
+
+raise SystemExit(main())

@@ -1,0 +1,223 @@
+"""GPU benchmark of the transducer losses: ours (Triton) against torchaudio, TDT against RNN-T, the chunked joint.
+
+    python3 -m benchmarks.losses --out benchmarks/results
+
+In one run on one GPU, forward + backward (the gradient w.r.t. the logits), vocabulary 1024, full lengths:
+1. ours vs torchaudio.functional.rnnt_loss on fp32 logits at B=16, T=188, U=120 and B=64, T=70, U=69:
+   time (CUDA events, warm-up, median and spread), peak memory above the inputs, and whether losses and
+   gradients agree; ours also on bf16 logits;
+2. our TDT loss (durations 0-4) on the same shapes;
+3. our RNN-T loss with one lattice node per program of its per-node kernels against its default tile of
+   nodes (and 2, 4, 8 nodes), timed in turn on the same logits: fp32 at B=16, T=188, U=120 and bf16 at
+   B=24, T=500, U=499 (40 s of large-rnnt frames);
+4. large-rnnt training steps (bf16, B=64 of 15 s, 120 tokens) with the joint whole and in chunks;
+5. B=128, T=188, U=120 (2.98e9 logits, past 2**31): ours here, then torchaudio last, in a subprocess
+   (its illegal memory access would poison this process's CUDA context).
+Writes <out>/losses.json; exits 1 when ours fails or disagrees with torchaudio (targets are reported, not
+enforced).
+
+    python3 -m benchmarks.losses --smoke --out /tmp/smoke   # seconds; CPU stand-ins without CUDA
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+import torch
+
+from workbench.records.losses import Agreement, ChunkedStep, LossesRecord, LossRun, table
+from benchmarks.losses.worker import compare_rows, loss_function, loss_inputs, measure
+from benchmarks.harness import bench_device, check_smoke_out, cpu_smoke_torch, cuda_missing, report_failures, write_result
+from workbench.records.results import REPO_ROOT
+from workbench.timing import timer_for
+
+VOCAB = 1024
+COMPARE_SHAPES = [[16, 188, 120, VOCAB], [64, 70, 69, VOCAB]]  # [B, T, U, V]
+LARGE_SHAPE = [128, 188, 120, VOCAB]
+CHUNKED_STEP = ("large-rnnt", 64, 15.0, 120)  # model, batch, seconds, tokens
+CHUNK_SIZES = [0, 16, 8]
+ROWS_SHAPES = [([16, 188, 120, VOCAB], torch.float32), ([24, 500, 499, VOCAB], torch.bfloat16)]
+SMOKE_COMPARE_SHAPES = [[2, 6, 3, 8], [3, 4, 2, 8]]
+SMOKE_ROWS_SHAPES = [([2, 6, 3, 8], torch.float32), ([3, 5, 4, 8], torch.bfloat16)]
+SMOKE_LARGE_SHAPE = [2, 5, 3, 8]
+SMOKE_CHUNKED_STEP = ("tiny-rnnt", 4, 1.0, 8)
+SMOKE_CHUNK_SIZES = [0, 2]
+PARTS = ("compare", "tdt", "rows", "chunked", "large")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for losses.json")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, seconds (CPU without CUDA); never into "
+                        "benchmarks/results")
+    parser.add_argument("--parts", nargs="*", choices=PARTS, default=list(PARTS), help="what to measure")
+    parser.add_argument("--repeat", type=int, default=10, help="timed repeats per loss run")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        check_smoke_out(parser, args.out)
+    return args
+
+
+def compare_with_torchaudio(record: LossesRecord, shape: list[int], device, repeat: int) -> None:
+    """Ours and torchaudio on the same fp32 logits: agreement, then each timed; ours on bf16 too."""
+    inputs = loss_inputs("ours-rnnt", shape, device)
+    record.runs.append(measure("ours-rnnt", shape, device, repeat=repeat, inputs=inputs))
+    record.runs.append(measure("ours-rnnt", shape, device, dtype=torch.bfloat16, repeat=repeat))
+    theirs = measure("torchaudio-rnnt", shape, device, repeat=repeat, inputs=inputs)
+    record.runs.append(theirs)
+    if theirs.error is None:
+        record.agreements.append(agreement(shape, inputs))
+        if not record.agreements[-1].agree:
+            record.failures.append(f"ours vs torchaudio at {shape} disagree: {record.agreements[-1]}")
+
+
+def agreement(shape: list[int], inputs) -> Agreement:
+    """Per-utterance losses and gradients of ours and torchaudio's on the same fp32 logits, each also
+    against our float64 reference: ours agrees when its gradient is as close to float64 as torchaudio's
+    (or within 1e-3; gradients are probability differences in [-1, 1], and fp32 posteriors at
+    |log P| ~ 1e3 carry ~1e-4 error)."""
+    from workbench.models.losses import rnnt_loss_reference
+
+    logits, *rest = inputs
+    results = []
+    for impl in ("ours-rnnt", "torchaudio-rnnt"):
+        loss = loss_function(impl, shape[3])(logits, *rest, reduction="none")
+        results.append((loss.detach(), torch.autograd.grad(loss.sum(), logits)[0]))
+    (ours, our_grad), (theirs, their_grad) = results
+    exact_logits = logits.detach().double().requires_grad_()
+    exact = rnnt_loss_reference(exact_logits, *rest, blank=shape[3], reduction="none")
+    exact_grad = torch.autograd.grad(exact.sum(), exact_logits)[0]
+    rel = float(((ours - theirs).abs() / theirs.abs().clamp_min(1e-6)).max())
+    our_error = float((our_grad.double() - exact_grad).abs().max())
+    their_error = float((their_grad.double() - exact_grad).abs().max())
+    del exact_logits, exact_grad
+    return Agreement(shape=shape, max_rel_loss_diff=rel, max_abs_grad_diff=float((our_grad - their_grad).abs().max()),
+                     our_grad_error_vs_fp64=our_error, their_grad_error_vs_fp64=their_error,
+                     agree=rel < 1e-4 and our_error <= max(their_error, 1e-3))
+
+
+def chunked_steps(record: LossesRecord, step_shape, chunk_sizes, device, *, smoke: bool) -> None:
+    """Training steps of one transducer model with each joint chunk size (0: whole), on one batch."""
+    from workbench.memory.oom import is_oom_error, release_memory
+    from workbench.models import build_model
+
+    name, batch_size, seconds, tokens = step_shape
+    dtype_name, dtype = ("float32", torch.float32) if smoke else ("bfloat16", torch.bfloat16)
+    with device:
+        model = build_model(name)
+    batch = model.make_batch(batch_size, seconds, tokens, device)
+    for chunk in chunk_sizes:
+        step = ChunkedStep(model=name, batch_size=batch_size, duration_s=seconds, num_tokens=tokens,
+                           dtype=dtype_name, joint_chunk_size=chunk)
+        model.config.joint_chunk_size = chunk
+        losses = []
+
+        def train_step():
+            model.zero_grad(set_to_none=True)
+            losses.append(model.training_step(batch, dtype=dtype))
+
+        try:
+            release_memory()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            step.step_s = timer_for(device)(train_step, repeat=2 if smoke else 3, warmup=1)
+            step.peak_bytes = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
+            step.loss = float(losses[-1])
+        except Exception as e:  # noqa: BLE001 - an OOM is a figure; anything else a failure
+            step.error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+            if not is_oom_error(e):
+                record.failures.append(f"{name} joint_chunk_size={chunk}: {step.error}")
+        record.chunked.append(step)
+    model.zero_grad(set_to_none=True)
+    model = batch = None  # free the GPU memory before the next part
+    release_memory()
+
+
+def torchaudio_in_subprocess(shape: list[int], repeat: int) -> LossRun:
+    """worker.py for torchaudio on ``shape`` in a fresh process; a crash becomes the run's error."""
+    command = [sys.executable, "-m", "benchmarks.losses.worker", "--impl", "torchaudio-rnnt", "--shape",
+               *map(str, shape), "--repeat", str(repeat)]
+    run = LossRun(impl="torchaudio-rnnt", shape=shape, dtype="float32", backend="torchaudio",
+                  logit_elements=shape[0] * shape[1] * (shape[2] + 1) * (shape[3] + 1), in_subprocess=True)
+    try:
+        proc = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        run.error = "worker timed out after 120 s"
+        return run
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode == 0 and lines:
+        return LossRun(**json.loads(lines[-1]))
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    run.error = f"worker exited with {proc.returncode}: {tail[:200]}"
+    return run
+
+
+def measure_all(args, device) -> LossesRecord:
+    """Every part named in ``args.parts``, in the order of the module docstring (torchaudio's risky case last)."""
+    record = LossesRecord(smoke=args.smoke)
+    compare_shapes = SMOKE_COMPARE_SHAPES if args.smoke else COMPARE_SHAPES
+    repeat = 2 if args.smoke else args.repeat
+    if "compare" in args.parts:
+        for shape in compare_shapes:
+            compare_with_torchaudio(record, shape, device, repeat)
+    if "tdt" in args.parts:
+        for shape in compare_shapes:
+            if "compare" not in args.parts:
+                record.runs.append(measure("ours-rnnt", shape, device, repeat=repeat))
+            record.runs.append(measure("ours-tdt", shape, device, repeat=repeat))
+    if "rows" in args.parts:
+        for shape, dtype in SMOKE_ROWS_SHAPES if args.smoke else ROWS_SHAPES:
+            record.rows.append(compare_rows(shape, device, dtype=dtype, repeat=repeat))
+            _release()
+    if "chunked" in args.parts:
+        chunked_steps(record, SMOKE_CHUNKED_STEP if args.smoke else CHUNKED_STEP,
+                      SMOKE_CHUNK_SIZES if args.smoke else CHUNK_SIZES, device, smoke=args.smoke)
+    if "large" in args.parts:
+        large = SMOKE_LARGE_SHAPE if args.smoke else LARGE_SHAPE
+        record.runs.append(measure("ours-rnnt", large, device, repeat=min(repeat, 3)))
+        _release()
+        record.runs.append(torchaudio_in_subprocess(large, repeat=min(repeat, 3)))
+    record.failures += [f"{r.impl} {r.dtype} at {r.shape}: {r.error}" for r in record.runs
+                        if r.impl.startswith("ours") and r.error]
+    record.failures += [f"ours-rnnt rows per program {c.dtype} at {c.shape}: {c.error}" for c in record.rows
+                        if c.error]
+    return record
+
+
+def _release() -> None:
+    from workbench.memory.oom import release_memory
+
+    release_memory()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if cuda_missing(args.smoke):
+        return 2
+    device = bench_device()
+    started = time.perf_counter()
+    with cpu_smoke_torch(args.smoke and device.type == "cpu"):
+        record = measure_all(args, device)
+    record.wall_seconds = time.perf_counter() - started
+    figures = record.to_figures()
+    figures["smoke"] = args.smoke
+    what = ("transducer losses: ours (Triton) vs torchaudio rnnt_loss, TDT vs RNN-T, one node per program vs "
+            "tiles of nodes, chunked joint in a training step")
+    params = {"smoke": args.smoke, "parts": args.parts, "repeat": args.repeat, "vocab": VOCAB,
+              "compare_shapes": SMOKE_COMPARE_SHAPES if args.smoke else COMPARE_SHAPES,
+              "large_shape": SMOKE_LARGE_SHAPE if args.smoke else LARGE_SHAPE,
+              "rows_shapes": [[shape, str(dtype).removeprefix("torch.")]
+                              for shape, dtype in (SMOKE_ROWS_SHAPES if args.smoke else ROWS_SHAPES)],
+              "chunked_step": SMOKE_CHUNKED_STEP if args.smoke else CHUNKED_STEP,
+              "chunk_sizes": SMOKE_CHUNK_SIZES if args.smoke else CHUNK_SIZES}
+    if args.smoke and device.type != "cuda":
+        what = "SMOKE RUN (CPU, pure-PyTorch loss; no figure is a GPU measurement): " + what
+    path = write_result("losses", what=what, figures=figures, params=params, out_dir=args.out)
+    print(table(figures))
+    print(f"targets: {figures['targets']}\nwrote {path}", flush=True)
+    return report_failures(record.failures, smoke=args.smoke)
+

@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.manifest_reading.run import main
+
+sys.exit(main())

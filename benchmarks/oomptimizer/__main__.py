@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.oomptimizer.run import main
+
+sys.exit(main())

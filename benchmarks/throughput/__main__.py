@@ -1,0 +1,3 @@
+from benchmarks.throughput.run import main
+
+raise SystemExit(main())

@@ -1,0 +1,169 @@
+"""The losses bench end to end in --smoke mode (CPU stand-ins without CUDA), and its record's readings."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from workbench.records import losses as losses_record
+
+
+def test_losses_bench_smoke(tmp_path, capsys, two_threads):
+    from benchmarks.losses import run
+
+    before = torch.backends.mkldnn.enabled, torch.get_num_threads()
+    assert run.main(["--smoke", "--out", str(tmp_path)]) == 0
+    assert (torch.backends.mkldnn.enabled, torch.get_num_threads()) == before
+    result = json.loads((tmp_path / "losses.json").read_text())
+    for key in ("name", "what", "command", "git_commit", "device", "date", "params", "figures"):
+        assert key in result
+    fig = result["figures"]
+    assert fig["smoke"] is True and result["params"]["smoke"] is True and fig["failures"] == []
+    ours = [r for r in fig["runs"] if r["impl"].startswith("ours")]
+    # per compare shape: rnnt fp32, rnnt bf16, tdt; then the large shape
+    assert len(ours) == 3 * len(run.SMOKE_COMPARE_SHAPES) + 1
+    assert all([w["kernel"] for w in r["kernel_work"]] == ["normalize", "lattice", "grad"] for r in ours)
+    for r in ours:
+        assert r["error"] is None and math.isfinite(r["loss_sum"]) and r["loss_sum"] > 0 and r["time_s"]["median"] > 0
+        assert r["backend"].startswith("triton" if torch.cuda.is_available() else "torch: logits on cpu")
+    theirs = [r for r in fig["runs"] if r["impl"] == "torchaudio-rnnt"]
+    assert len(theirs) == len(run.SMOKE_COMPARE_SHAPES) + 1 and theirs[-1]["in_subprocess"] is True
+    assert theirs[-1]["shape"] == run.SMOKE_LARGE_SHAPE
+    steps = fig["chunked"]
+    assert [s["joint_chunk_size"] for s in steps] == run.SMOKE_CHUNK_SIZES
+    assert all(s["error"] is None for s in steps)
+    assert steps[0]["loss"] == pytest.approx(steps[1]["loss"], rel=1e-5)  # chunks do not change the loss
+    assert len(fig["ratios"]["chunked_over_whole"]) == 1 and len(fig["ratios"]["tdt_over_rnnt"]) == 2
+    out = capsys.readouterr().out
+    assert "ours rnnt" in out and "joint_chunk_size=2" in out
+
+
+def test_losses_bench_smoke_refuses_the_results_folder():
+    from benchmarks.losses import run
+    from workbench.records.results import RESULTS_DIR
+
+    with pytest.raises(SystemExit):
+        run.main(["--smoke", "--out", str(RESULTS_DIR)])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_losses_bench_refuses_to_run_without_cuda_or_smoke(tmp_path, capsys):
+    from benchmarks.losses import run
+
+    assert run.main(["--out", str(tmp_path)]) == 2
+    assert "needs a CUDA GPU (or --smoke)" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def _run(impl, shape, dtype="float32", ms=None, peak=None, error=None):
+    b, t, u, v = shape
+    time_s = None if ms is None else {"median": ms / 1e3, "min": ms / 1e3, "max": ms / 1e3, "n": 1}
+    return losses_record.LossRun(impl=impl, shape=shape, dtype=dtype, backend="x", logit_elements=b * t * (u + 1) * (v + 1),
+                                 time_s=time_s, peak_above_inputs_bytes=peak, error=error)
+
+
+def test_ratios_and_targets_read_from_the_record():
+    small, large = [16, 188, 120, 1024], [128, 188, 120, 1024]
+    rec = losses_record.LossesRecord(smoke=False, runs=[
+        _run("ours-rnnt", small, ms=8.0, peak=2 * 2**30), _run("torchaudio-rnnt", small, ms=10.0, peak=3 * 2**30),
+        _run("ours-tdt", small, ms=12.0), _run("ours-rnnt", large, ms=80.0, peak=2**33),
+        _run("torchaudio-rnnt", large, error="RuntimeError: CUDA error: an illegal memory access")])
+    rec.chunked = [losses_record.ChunkedStep("large-rnnt", 64, 15.0, 120, "bfloat16", 0,
+                                             step_s={"median": 0.3}, peak_bytes=40 * 2**30),
+                   losses_record.ChunkedStep("large-rnnt", 64, 15.0, 120, "bfloat16", 8,
+                                             step_s={"median": 0.33}, peak_bytes=20 * 2**30)]
+    fig = rec.to_figures()
+    r = fig["ratios"]
+    small_ratio = next(x for x in r["ours_over_torchaudio"] if x["shape"] == small)
+    assert small_ratio == {"shape": small, "time": pytest.approx(0.8), "memory": pytest.approx(2 / 3)}
+    assert next(x for x in r["ours_over_torchaudio"] if x["shape"] == large)["time"] is None  # torchaudio failed
+    assert r["tdt_over_rnnt"] == [{"shape": small, "time": pytest.approx(1.5)}]
+    assert r["chunked_over_whole"][0]["peak_memory"] == pytest.approx(0.5)
+    assert r["chunked_over_whole"][0]["time"] == pytest.approx(1.1)
+    assert fig["targets"] == {"rnnt_time_at_most_torchaudio": True, "rnnt_memory_at_most_torchaudio": True,
+                              "tdt_within_1.3x_rnnt": False, "ours_past_2_31_elements": True,
+                              "torchaudio_past_2_31_elements": False}
+    lines = losses_record.summary_lines(fig)
+    assert any("torchaudio-rnnt float32 B=128" in line and "illegal memory access" in line for line in lines)
+    assert "joint_chunk_size=8: 330.0 ms, peak 20.00 GiB" in "\n".join(lines)
+    text = losses_record.table(fig)
+    assert "16,188,120,1024" in text and "8.00 ms" in text and "0.67" in text and "kernels:" not in text
+    fig["runs"][2]["kernels"] = {"total_s": 0.004, "top": [
+        {"name": "_grad_kernel", "self_s": 0.003, "share": 0.75, "calls": 1},
+        {"name": "_lattice_kernel", "self_s": 0.001, "share": 0.25, "calls": 1}]}
+    assert ("ours-tdt float32 16,188,120,1024 kernels: _grad_kernel 3.000 ms (75%), _lattice_kernel 1.000 ms (25%)"
+            in losses_record.table(fig).splitlines())
+
+
+def test_kernel_work_counts_the_bytes_and_steps_of_a_tiny_lattice():
+    """B=1, T=2, U=1, V=3: 4 nodes of 4 (RNN-T) or 7 (TDT, durations 0-2) classes; 3 diagonals of 2 nodes."""
+    from benchmarks.losses.cost import kernel_work
+
+    normalize, lattice, grad = kernel_work([1, 2, 1, 3])
+    assert (normalize.programs, normalize.read_bytes, normalize.written_bytes) == (4, 4 * 4 * 4, 4 * 4 + 4 * 2 * 4)
+    assert (lattice.programs, lattice.sequential_steps, lattice.edges_per_node) == (2, 3, 2)
+    assert lattice.read_bytes == 2 * (2 * 4 * 2 * 2 * 3) and lattice.written_bytes == 2 * 3 * 2 * 4
+    assert lattice.sectors_per_step == 4 and lattice.exps_per_node == 2
+    assert grad.written_bytes == 64 and grad.read_bytes == 64 + 16 + 4 * 4 * (1 + 2)
+    normalize, lattice, grad = kernel_work([1, 2, 1, 3], 3, logit_bytes=2, durations=(0, 1, 2))
+    assert normalize.read_bytes == grad.written_bytes == 4 * 7 * 2
+    assert normalize.written_bytes == 4 * (4 + 3 * 4) + 4 * 2 * 3 * 4
+    assert lattice.edges_per_node == 5 and lattice.sectors_per_step == 10  # 2 blank (d > 0) + 3 label edges
+    assert kernel_work([1, 2, 1, 3], 3)[1].edges_per_node == 6  # all durations > 0 when not given
+
+
+def test_rows_comparison_alternates_one_row_and_the_default_tile(monkeypatch):
+    """compare_rows times one call at a time, one node per program and the default tile in turn (who goes
+    first alternates), and reads the ratio of the medians."""
+    from benchmarks.losses import worker
+    from workbench.models import losses_triton
+
+    active = []
+
+    def timer(fn, *, repeat, warmup):
+        assert (repeat, warmup) == (1, 0)
+        fn()
+        active.append(losses_triton._rows_setting)
+        seconds = 0.004 if losses_triton._rows_setting == 1 else 0.001 * (1 + len(active) % 2)
+        return {"median": seconds}
+
+    monkeypatch.setattr(worker, "timer_for", lambda device: timer)
+    c = worker.compare_rows([2, 3, 2, 5], torch.device("cpu"), repeat=3, warmup=1, sweep=())
+    assert c.error is None and c.default_rows == losses_triton.node_rows(6) > 1
+    assert active == [1, None, None, 1, 1, None, None, 1]  # the warm-up round, then 3 timed rounds
+    assert c.one_row_s["n"] == c.default_rows_s["n"] == 3 and c.one_row_s["median"] == pytest.approx(0.004)
+    assert c.default_over_one_row == pytest.approx(c.default_rows_s["median"] / 0.004)
+    assert c.by_rows_s == {"1": c.one_row_s, str(c.default_rows): c.default_rows_s}
+    assert c.backend.startswith("triton" if torch.cuda.is_available() else "torch: logits on cpu")
+    active.clear()
+    other = next(rows for rows in (2, 4, 8) if rows != c.default_rows)
+    c = worker.compare_rows([2, 3, 2, 5], torch.device("cpu"), repeat=1, warmup=0, sweep=(1, other, c.default_rows))
+    assert active == [1, other, None]
+    assert sorted(c.by_rows_s, key=int) == sorted(["1", str(other), str(c.default_rows)], key=int)
+
+
+def test_rows_comparisons_in_the_smoke_run_and_the_summary(tmp_path):
+    from benchmarks.losses import run
+
+    assert run.main(["--smoke", "--parts", "rows", "--out", str(tmp_path)]) == 0
+    fig = json.loads((tmp_path / "losses.json").read_text())["figures"]
+    assert [(c["shape"], c["dtype"]) for c in fig["rows"]] == [
+        (shape, str(dtype).removeprefix("torch.")) for shape, dtype in run.SMOKE_ROWS_SHAPES]
+    for c in fig["rows"]:
+        assert c["error"] is None and c["one_row_s"]["n"] == c["default_rows_s"]["n"] == 2
+        assert c["default_over_one_row"] == pytest.approx(c["default_rows_s"]["median"] / c["one_row_s"]["median"])
+    assert all(sorted(c["by_rows_s"], key=int) == sorted({"1", "2", "4", "8", str(c["default_rows"])}, key=int)
+               for c in fig["rows"])
+    one, four = {"median": 0.02, "min": 0.019, "max": 0.021}, {"median": 0.005, "min": 0.005, "max": 0.006}
+    comparison = {**fig["rows"][0], "one_row_s": one, "default_rows_s": four, "default_rows": 4,
+                  "by_rows_s": {"1": one, "2": {"median": 0.01, "min": 0.01, "max": 0.01}, "4": four},
+                  "default_over_one_row": 0.25, "backend": "triton: CUDA logits and triton importable"}
+    line = ("ours-rnnt rows per program float32 B=2 T=6 U=3 V=8: 1 row 20.00 ms (19.00-21.00), 4 rows (default) "
+            "5.00 ms (5.00-6.00), 4 rows / 1 row 0.25; other rows 2: 10.00 ms (10.00-10.00) "
+            "(triton: CUDA logits and triton importable)")
+    fig["rows"] = [comparison, {**comparison, "error": "OutOfMemoryError: CUDA out of memory"}]
+    assert f"- {line}" in losses_record.summary_lines(fig) and line in losses_record.table(fig).splitlines()
+    assert ("- ours-rnnt rows per program float32 B=2 T=6 U=3 V=8: failed (OutOfMemoryError: CUDA out of memory)"
+            in losses_record.summary_lines(fig))
+    del fig["rows"]  # a record from before the comparison still renders
+    assert not any("rows per program" in line for line in losses_record.summary_lines(fig))

@@ -1,0 +1,70 @@
+"""The plan_calibration bench on the CPU (a modeled peak against the plan) and its record's summary lines."""
+
+import json
+
+import pytest
+
+from benchmarks.plan_calibration import replay
+from workbench.records import plan_calibration as record
+from benchmarks.plan_calibration.run import main
+
+
+def test_smoke_run_compares_the_plan_with_the_search(tmp_path):
+    assert main(["--smoke", "--out", str(tmp_path)]) == 0  # smoke: targets reported, not enforced
+    figures = json.loads((tmp_path / "plan_calibration.json").read_text())["figures"]
+    entry = figures["models"]["tiny-rnnt"]
+    buckets = figures["buckets"]
+    assert len(entry["plan"]["sizes"]) == len(entry["search"]["sizes"]) == len(entry["from_plan"]["sizes"]) == \
+        len(buckets)
+    assert entry["planned_over_searched"] == [p / s for p, s in zip(entry["plan"]["sizes"], entry["search"]["sizes"])]
+    for row in entry["probes"]:  # the plan's line at every probe; an error only where a peak was measured
+        assert row["planned_bytes"] > 0
+        assert (row["error"] is None) == (row["measured_bytes"] is None)
+    measured = [r for r in entry["probes"] if r["measured_bytes"]]
+    assert entry["largest_peak_error"] == max(abs(r["planned_bytes"] / r["measured_bytes"] - 1) for r in measured)
+    assert sum(entry["from_plan"]["probes_per_bucket"]) == round(entry["from_plan"]["mean_probes_per_bucket"]
+                                                                 * len(buckets))
+    # the modeled probe is not the plan's memory: the sizes that do not fit are found and said
+    assert entry["planned_fits"] == [p <= s for p, s in zip(entry["plan"]["sizes"], entry["search"]["sizes"])]
+    lines = record.summary_lines(figures)
+    assert lines[0].startswith("- tiny-rnnt: planned / searched batch size ")
+    assert any(line.startswith("- target missed: tiny-rnnt: planned sizes OOM") for line in lines)
+
+
+def test_summary_line_of_a_model_that_failed():
+    figures = {"models": {"x": {"error": "RuntimeError: boom"}}, "failures": ["x: RuntimeError: boom"]}
+    assert record.summary_lines(figures) == ["- x: not measured: RuntimeError: boom"]
+
+
+def test_measured_lines_are_the_least_squares_lines_with_one_base():
+    probes = [(0, 10, 100.0 + 10 * 7.0), (0, 20, 100.0 + 20 * 7.0), (2, 5, 100.0 + 5 * 30.0)]
+    base, costs = replay.measured_lines(3, probes)
+    assert base == pytest.approx(100.0)
+    assert costs[0] == pytest.approx(7.0) and costs[1] is None and costs[2] == pytest.approx(30.0)
+
+
+def test_replay_traces_every_measured_probe_and_replays_the_searches(tmp_path):
+    assert main(["--smoke", "--out", str(tmp_path)]) == 0
+    calibration = tmp_path / "plan_calibration.json"
+    assert replay.main([str(calibration), "--out", str(tmp_path)]) == 0
+    figures = json.loads((tmp_path / "plan_replay.json").read_text())["figures"]
+    recorded = json.loads(calibration.read_text())["figures"]["models"]["tiny-rnnt"]
+    entry = figures["models"]["tiny-rnnt (plan_calibration.json)"]
+    assert [(r["bucket"], r["batch_size"], r["measured_bytes"]) for r in entry["traced"]] == \
+        replay.measured_probes(recorded)
+    for row in entry["traced"]:
+        assert row["traced_bytes"] > 0
+        assert row["error"] == pytest.approx(row["traced_bytes"] / row["measured_bytes"] - 1)
+    assert entry["error_range"] == [min(r["error"] for r in entry["traced"]), max(r["error"] for r in entry["traced"])]
+    # the smoke's modeled peaks are lines with one base: the replay finds the sizes the recorded search found
+    assert entry["replayed"]["search"]["sizes"] == recorded["search"]["sizes"]
+    from_plan = entry["replayed"]["from_plan"]
+    assert from_plan["recorded_probes_per_bucket"] == recorded["from_plan"]["mean_probes_per_bucket"]
+    line, = record.replay_summary_lines(figures)
+    assert line.startswith("- tiny-rnnt (plan_calibration.json): traced peaks ") and "from it (recorded" in line
+
+
+def test_replay_of_a_missing_record_is_one_line(tmp_path, capsys):
+    assert replay.main([str(tmp_path / "nope.json"), "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().out.strip() == f"plan replay: error: no such record: {tmp_path / 'nope.json'}"
+    assert not (tmp_path / "plan_replay.json").exists()

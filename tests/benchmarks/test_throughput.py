@@ -1,0 +1,189 @@
+"""The throughput study: its pieces on exact small cases, and the whole study end to end on a CPU (smoke)."""
+
+import json
+import math
+
+import pytest
+
+from workbench.records import throughput as tp
+from benchmarks.throughput.run import main, record_name, repeated_cuts
+from workbench.data.tone_corpus import write_tone_corpus
+
+
+def _records(rows):
+    return [{"step": i, "batch_size": b, "audio_s": a, "data_s": d, "step_s": s, "input_padding": pin,
+             "output_padding": 0.1, "loss": 5.0 - i} for i, (b, a, d, s, pin) in enumerate(rows)]
+
+
+def test_run_figures_leave_out_warmup_and_read_rates_padding_and_buckets():
+    records = _records([(2, 10.0, 5.0, 5.0, 0.0),    # warm-up: slow, left out
+                        (4, 40.0, 0.5, 1.5, 0.5),    # padded 80 s -> longest cut 20 s
+                        (8, 16.0, 1.0, 1.0, 0.2)])   # padded 20 s -> longest cut 2.5 s
+    f = tp.run_figures({"peak_allocated_bytes": 7}, records, [5.0, 30.0], warmup=1)
+    assert f["steps"] == 3
+    assert f["audio_seconds_per_second"] == pytest.approx(56.0 / 4.0)
+    assert f["padded_audio_seconds_per_second"] == pytest.approx(100.0 / 4.0)
+    assert f["audio_seconds_per_second_per_step"]["median"] == pytest.approx((20.0 + 8.0) / 2)
+    assert f["data_wait_share"] == pytest.approx(1.5 / 4.0)
+    assert f["mean_batch_size"] == 6 and f["input_padding"] == pytest.approx(0.35)
+    assert f["longest_cut_s"]["max"] == pytest.approx(20.0) and f["longest_cut_s"]["min"] == pytest.approx(2.5)
+    # the warm-up step counts for the buckets: padded 10 s / 2 cuts = 5 s -> first bucket
+    assert f["batch_size_by_bucket"] == [{"upper_s": 5.0, "steps": 2, "mean_batch_size": 5.0},
+                                         {"upper_s": 30.0, "steps": 1, "mean_batch_size": 4.0}]
+    assert f["loss_curve"]["wall_s"] == pytest.approx([10.0, 12.0, 14.0])
+    assert f["loss_curve"]["audio_s"] == pytest.approx([10.0, 50.0, 66.0])
+    assert f["time_split_s"]["forward_backward"] is None and f["time_split_s"]["data_wait"] == pytest.approx(0.75)
+
+
+def test_loss_curve_keeps_at_most_the_cap_and_the_last_step():
+    curve = tp.loss_curve(_records([(1, 1.0, 0.0, 1.0, 0.0)] * 450))
+    assert len(curve["step"]) <= tp.MAX_CURVE_POINTS and curve["step"][-1] == 449 and curve["step"][0] == 0
+
+
+def test_checks_and_targets_name_what_failed():
+    run = {"audio_seconds_per_second": 100.0, "ooms": 0}
+    figures = {"model": "xl-aed", "prepare": {"baseline": {"pass": {"exceeding": 1}}},
+               "steps": {"runs": {"baseline": run, "1d": {**run, "audio_seconds_per_second": 200.0},
+                                  "2d": {**run, "audio_seconds_per_second": 150.0}}}}
+    assert tp.checks(figures) == {"baseline_pass_within_probed_worst_case": False, "steps_baseline_no_oom": True,
+                                  "steps_1d_no_oom": True, "steps_2d_no_oom": True,
+                                  "every_sampler_trained": False}  # the record does not say it is complete
+    figures["complete"] = True
+    assert tp.checks(figures)["every_sampler_trained"] is True
+    assert tp.targets(figures) == ["steps: 2D / baseline = 1.50x (target >= 1.8x: missed by 0.30x)",
+                                   "steps: 2D / 1D = 0.75x (target > 1: missed)"]
+    # with a same-wall-time part, the target is judged there and the same-steps line only lists its ratio
+    figures["seconds"] = figures["steps"]
+    assert tp.targets(figures)[0] == "steps: 2D / baseline = 1.50x (the target is judged at the same wall time)"
+    assert tp.targets(figures)[2] == "seconds: 2D / baseline = 1.50x (target >= 1.8x: missed by 0.30x)"
+    del figures["seconds"]
+    figures["steps"]["runs"]["2d"] = {"ooms": 1, "error": "CUDA out of memory"}
+    assert not tp.checks(figures)["steps_2d_no_oom"] and tp.ratio(figures, "steps", "2d", "1d") is None
+
+
+def test_repeated_cuts_interleave_copies_and_drop_long_ones(tmp_path):
+    from lhotse import CutSet
+
+    source = write_tone_corpus(tmp_path / "c", 4, seed=0, min_letters=3, max_letters=10)
+    original = CutSet.from_file(source).to_eager()
+    limit = sorted(c.duration for c in original)[-1] - 1e-3  # drops the longest
+    kept = [c.id for c in original if c.duration <= limit]
+    assert 0 < len(kept) < len(original)
+    cuts = CutSet.from_file(repeated_cuts(source, tmp_path / "r.jsonl.gz", 3, max_duration=limit)).to_eager()
+    assert [c.id for c in cuts] == kept + [i + "-r1" for i in kept] + [i + "-r2" for i in kept]
+    assert all(c.duration <= limit for c in cuts)
+    with pytest.raises(ValueError, match="no cut of at most"):
+        repeated_cuts(source, tmp_path / "none.jsonl.gz", 1, max_duration=0.01)
+
+
+def test_throughput_smoke_runs_every_part_on_cpu_and_writes_the_record(tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["--model", "large-rnnt", "--part", "all", "--smoke", "--out", str(out), "--workdir",
+                 str(tmp_path / "work"), "--utterances", "24", "--repeat", "3", "--steps", "4", "--seconds", "2",
+                 "--warmup-steps", "1", "--warmup-records", "1", "--buckets-1d", "3", "--buckets-2d", "2"])
+    assert code == 0
+    record = json.loads((out / f"{record_name('large-rnnt')}.json").read_text())
+    f = record["figures"]
+    assert f["model"] == "tiny-rnnt" and f["failures"] == [] and "SMOKE" in record["what"]
+    prep = f["prepare"]
+    assert prep["corpus"]["num_cuts"] == 72
+    assert all(b > 0 for kind in ("1d", "2d") for b in prep["profiles"][kind]["bucket_batch_size"])
+    base = prep["baseline"]
+    # the baseline's max_duration lets no lhotse bucket form a batch beyond its probed size
+    assert all(math.floor(base["max_duration"] / b["shortest_s"]) <= b["max_batch_size"] for b in base["buckets"])
+    assert base["pass"]["batches"] > 0 and base["pass"]["exceeding"] == 0
+    assert f["steps"]["budget"] == {"steps": 4} and f["seconds"]["budget"] == {"seconds": 2.0}
+    assert f["complete"] is True
+    for sampler in tp.SAMPLERS:
+        run = f["steps"]["runs"][sampler]
+        assert run["steps"] == 4 and run["ooms"] == 0 and 0 < run["mfu"] < 1
+        assert run["audio_seconds_per_second"] > 0 and 0 <= run["input_padding"] < 1
+        assert len(run["loss_curve"]["loss"]) == 4
+        whole = f["seconds"]["runs"][sampler]
+        # one run per sampler: the same-steps view is the first 4 of its steps, the same-time view all of them
+        assert whole["steps"] >= 4 and whole["mfu"] > 0
+        early = dict(zip(run["loss_curve"]["step"], run["loss_curve"]["loss"]))
+        shared = [(s, loss) for s, loss in zip(whole["loss_curve"]["step"], whole["loss_curve"]["loss"]) if s in early]
+        assert shared and all(early[s] == loss for s, loss in shared)
+    profile_sizes = f["steps"]["runs"]["2d"]["batch_size"]
+    assert profile_sizes["max"] <= max(prep["profiles"]["2d"]["bucket_batch_size"])
+    lines = tp.summary_lines(f)
+    assert any("baseline max_duration" in line for line in lines) and lines[-1] == "- checks all passed"
+    table = tp.runs_table(record)
+    assert len(table) == 6 and set(table["OOMs"]) == {0}
+    for draw in (tp.throughput_bars, tp.loss_curves, tp.batch_size_by_bucket_plot, tp.step_time_split):
+        assert draw(record).axes
+
+
+def test_throughput_later_part_without_prepare_is_one_line(tmp_path, capsys):
+    with pytest.raises(ValueError, match="--part train: no prepared profiles"):
+        main(["--model", "xl-aed", "--part", "train", "--smoke", "--out", str(tmp_path), "--workdir",
+              str(tmp_path / "w"), "--utterances", "8", "--repeat", "1"])
+    with pytest.raises(SystemExit):
+        main(["--model", "xl-aed", "--part", "train", "--smoke", "--out", str(tmp_path), "--steps", "0"])
+    assert "--steps: must be >= 1" in capsys.readouterr().err
+
+
+def _study(steps: int):
+    import argparse
+
+    from benchmarks.throughput.run import Study
+
+    return Study(argparse.Namespace(steps=steps, warmup_records=0), None, "tiny-rnnt")
+
+
+def test_views_take_the_fewest_steps_reached_and_keep_an_oom_apart():
+    from benchmarks.throughput.run import views
+
+    prep = {"baseline": {"lhotse_bins": [5.0], "buckets": [{"longest_s": 30.0}]},
+            "profiles": {"1d": {"bucket_duration_bins": [5.0, 30.0]}}}
+
+    def trained(n):
+        records = _records([(2, 10.0, 0.5, 1.0, 0.1)] * n)
+        for i, r in enumerate(records):
+            r["peak_allocated_bytes"] = 100 * (i + 1)
+        return {"summary": {"peak_allocated_bytes": 100 * n}, "records": records, "settings": {}}
+
+    oom = {"ooms": 1, "error": "CUDA out of memory", "settings": {}}
+    out = views(_study(steps=10), prep, {"baseline": trained(12), "1d": trained(6), "2d": oom})
+    # k = 6: the shorter run bounds the same-steps view; the same-time view keeps every step
+    assert out["steps"]["baseline"]["steps"] == 6 and out["seconds"]["baseline"]["steps"] == 12
+    assert out["steps"]["1d"]["steps"] == out["seconds"]["1d"]["steps"] == 6
+    # record k-2's peak covers the first k steps (read after step k was launched); the whole run's is the summary's
+    assert out["steps"]["baseline"]["peak_allocated_bytes"] == 500
+    assert out["seconds"]["baseline"]["peak_allocated_bytes"] == 1200
+    assert out["steps"]["2d"] == out["seconds"]["2d"] == oom and out["steps"]["2d"] is not out["seconds"]["2d"]
+
+
+def test_a_record_cut_short_says_so_and_still_renders():
+    record = {"model": "xl-aed", "complete": False,
+              "seconds": {"runs": {"baseline": {"ooms": 1, "error": "CUDA out of memory"}},
+                          "matmul": {"flops_per_s": 1e15, "dtype": "bfloat16"}, "budget": {"seconds": 60.0}}}
+    assert tp.checks(record)["every_sampler_trained"] is False
+    lines = tp.summary_lines({**record, "failures": ["every_sampler_trained"]})
+    assert any(line.endswith("1D profile: not run") for line in lines)
+    assert lines[-1] == "- checks FAILED: every_sampler_trained"
+
+
+def _run(median, p25, p75, batch, wait, loss_end=2.0):
+    return {"audio_seconds_per_second": median, "mean_batch_size": batch, "data_wait_share": wait, "ooms": 0,
+            "audio_seconds_per_second_per_step": {"median": median, "p25": p25, "p75": p75},
+            "loss_curve": {"loss": [5.0, loss_end], "audio_s": [0.0, 7200.0], "wall_s": [0.0, 60.0]}}
+
+
+def test_meaning_sentences_come_from_the_runs():
+    runs = {"baseline": _run(1000, 900, 1100, 50, 0.01), "1d": _run(1500, 1200, 1800, 150, 0.02),
+            "2d": _run(1800, 1000, 2000, 160, 0.004)}
+    figures = {"model": "xl-aed", "seconds": {"runs": runs}, "steps": {"runs": runs}}
+    assert tp.throughput_meaning(figures) == ("In the same wall time, the 2D profile trains 1.80x the audio of "
+                                              "lhotse's best max_duration (target 1.8x: met), and 1.20x the 1D "
+                                              "profile's (target 1.1x: met).")
+    assert "1D profile stands clear of lhotse's" in tp.spread_meaning(figures)  # 2D's p25 1000 < baseline p75
+    assert "the 1D profile's is 3.0x as large and the 2D profile's is 3.2x" in tp.batch_size_meaning(figures)
+    assert tp.step_time_meaning(figures).startswith("Data wait is at most 2.0 % of a step (1D profile)")
+    assert "2D profile 2.00 after 2.0 h of audio" in tp.loss_meaning(figures, "steps")
+    runs["2d"]["loss_curve"]["audio_s"][-1], runs["baseline"]["loss_curve"]["loss"][-1] = 9000.0, 1.5
+    assert tp.loss_meaning(figures).endswith("The 2D profile saw the most audio and the lhotse max_duration reached "
+                                             "the lowest loss; the right-hand plot shows the loss per hour of audio seen.")
+    runs["2d"] = {"ooms": 1}
+    assert tp.throughput_meaning(figures).startswith("A sampler ran out of memory")

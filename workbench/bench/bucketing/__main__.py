@@ -1,5 +1,0 @@
-import sys
-
-from workbench.bench.bucketing.run import main
-
-sys.exit(main())

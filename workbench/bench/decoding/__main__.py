@@ -1,5 +1,0 @@
-import sys
-
-from workbench.bench.decoding.run import main
-
-sys.exit(main())

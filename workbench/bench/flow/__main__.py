@@ -1,3 +1,0 @@
-from workbench.bench.flow.run import main
-
-raise SystemExit(main())

@@ -1,5 +1,0 @@
-import sys
-
-from workbench.bench.models.run import main
-
-sys.exit(main())

@@ -1,5 +1,0 @@
-import sys
-
-from workbench.bench.oomptimizer.run import main
-
-sys.exit(main())

@@ -1,3 +1,0 @@
-from workbench.bench.throughput.run import main
-
-raise SystemExit(main())

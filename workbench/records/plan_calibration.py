@@ -1,0 +1,46 @@
+"""The plan_calibration record (``benchmarks/results/plan_calibration.json``): per model, planned against
+searched batch sizes, the plan's predicted peaks against the measured ones, and the search from the plan."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from workbench.records.results import model_summary_lines
+
+NAME = "plan_calibration"
+
+
+def summary_lines(figures: Mapping[str, Any]) -> list[str]:
+    """The record's lines in benchmarks/SUMMARY.md: one per model, then the targets missed."""
+    return model_summary_lines(figures, model_line)
+
+
+def model_line(name: str, entry: Mapping[str, Any]) -> str:
+    ratios = entry["planned_over_searched"]
+    error = entry["largest_peak_error"]
+    return (f"- {name}: planned / searched batch size {min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} "
+            f"buckets, {sum(entry['planned_fits'])}/{len(ratios)} planned sizes fit; predicted peaks within "
+            f"{'n/a' if error is None else f'{error:.1%}'} of the measured ones "
+            f"({len(entry['probes'])} probes); search {entry['search']['mean_probes_per_bucket']:.2f} "
+            f"probes per bucket, from the plan {entry['from_plan']['mean_probes_per_bucket']:.2f}; "
+            f"plan {entry['plan']['seconds']:.0f} s on the CPU")
+
+
+REPLAY_NAME = "plan_replay"
+
+
+def replay_summary_lines(figures: Mapping[str, Any]) -> list[str]:
+    """The plan_replay record's lines: per model, traced against measured peaks and the replayed searches."""
+    lines = []
+    for name, entry in figures["models"].items():
+        low, high = entry["error_range"]
+        line = (f"- {name}: traced peaks {low:+.1%} to {high:+.1%} of the measured ones "
+                f"({len(entry['traced'])} probes)")
+        if "replayed" in entry:
+            search, from_plan = entry["replayed"]["search"], entry["replayed"]["from_plan"]
+            line += (f"; replayed against them, {search['probes_per_bucket']:.2f} probes per bucket without the "
+                     f"plan (recorded {search['recorded_probes_per_bucket']:.2f}), "
+                     f"{from_plan['probes_per_bucket']:.2f} from it (recorded "
+                     f"{from_plan['recorded_probes_per_bucket']:.2f}, with the search of the record's commit)")
+        lines.append(line)
+    return lines

@@ -1,0 +1,444 @@
+"""The ``throughput_<model>`` record: three samplers trained on one GPU, for the same steps and the same time.
+
+Schema (``figures``, see the TypedDicts): ``model``; ``prepare`` (:class:`Prepared`: the corpus, the 1D
+and 2D profiles with their batch sizes, the baseline's max_duration with its per-bucket worst cases and
+the check pass); ``steps`` and ``seconds`` (:class:`Part`: one :class:`RunFigures` per sampler and the
+measured matmul rate); ``checks`` (name -> bool) and ``failures``. Every reading of it is here.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any, Mapping, TypedDict
+from workbench.palette import SERIES_COLOURS, colour
+
+NAME = "throughput"  # records throughput_large_rnnt, throughput_xl_aed
+SAMPLERS = ("baseline", "1d", "2d")
+LABELS = {"baseline": "lhotse max_duration", "1d": "1D profile", "2d": "2D profile"}
+PALETTE_NAMES = {"baseline": "max_duration", "1d": "1D", "2d": "2D"}  # each sampler's method in workbench.palette
+STEP_PIECE_COLOURS = {"data wait": SERIES_COLOURS[2], "forward+backward": SERIES_COLOURS[6],
+                      "optimizer": SERIES_COLOURS[8], "step (not split on a CPU)": SERIES_COLOURS[6]}
+AED_TARGET = 1.8  # 2D profile over the baseline, audio seconds per second, xl-aed
+GiB = 1024 ** 3
+MAX_CURVE_POINTS = 200
+
+
+class Spread(TypedDict):
+    median: float
+    min: float
+    max: float
+    p25: float
+    p75: float
+    n: int
+
+
+class RunFigures(TypedDict, total=False):
+    steps: int
+    audio_seconds_per_second: float               # after warm-up: audio seconds / wall seconds (data + step)
+    audio_seconds_per_second_per_step: Spread     # each step's audio / its wall time, after warm-up
+    padded_audio_seconds_per_second: float        # the same with padding counted
+    mfu: float                                    # FLOPs per padded audio second x that rate / matmul rate
+    flops_per_padded_audio_s: float
+    batch_size: Spread
+    mean_batch_size: float
+    longest_cut_s: Spread                         # a batch's padded length in seconds
+    input_padding: float                          # mean share of padded audio samples
+    output_padding: float                         # mean share of padded tokens
+    peak_allocated_bytes: int | None
+    ooms: int
+    error: str                                    # with ooms 1: the OOM message
+    data_wait_share: float                        # data_s / (data_s + step_s) after warm-up
+    time_split_s: dict[str, float | None]         # medians: data_wait, forward_backward, optimizer, step
+    batch_size_by_bucket: list[dict[str, float]]  # {"upper_s", "steps", "mean_batch_size"}
+    loss_curve: dict[str, list[float]]            # "wall_s", "audio_s", "loss" (cumulative, every k-th step)
+    settings: dict[str, Any]
+
+
+class Part(TypedDict):
+    runs: dict[str, RunFigures]
+    matmul: dict[str, Any]                        # n, dtype, seconds (Spread), flops_per_s
+    budget: dict[str, float]
+
+
+class Prepared(TypedDict):
+    corpus: dict[str, Any]
+    profiles: dict[str, dict[str, Any]]
+    baseline: dict[str, Any]
+    memory_fraction: float
+
+
+def record_name(model: str) -> str:
+    """The record's name for a model: throughput_large_rnnt, throughput_xl_aed."""
+    return "throughput_" + model.replace("-", "_")
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def run_figures(summary: Mapping[str, Any], records: list[dict], uppers: list[float], *,
+                warmup: int = 5) -> RunFigures:
+    """A training run's figures from train()'s summary and its train_log.jsonl records. The first
+    ``warmup`` steps (all but one when the run is shorter) are left out of rates, medians and shares."""
+    from workbench.timing import summarize
+
+    steady = records[min(warmup, max(0, len(records) - 1)):]
+    wall = [r["data_s"] + r["step_s"] for r in steady]
+    padded = [r["audio_s"] / max(1e-9, 1.0 - r["input_padding"]) for r in steady]
+    wait, busy = sum(r["data_s"] for r in steady), sum(r["step_s"] for r in steady)
+
+    def median_of(key: str) -> float | None:
+        values = [r[key] for r in steady if r.get(key) is not None]
+        return summarize(values)["median"] if values else None
+
+    return {"steps": len(records),
+            "audio_seconds_per_second": sum(r["audio_s"] for r in steady) / sum(wall),
+            "audio_seconds_per_second_per_step": summarize([r["audio_s"] / w for r, w in zip(steady, wall)]),
+            "padded_audio_seconds_per_second": sum(padded) / sum(wall),
+            "batch_size": summarize([r["batch_size"] for r in steady]),
+            "mean_batch_size": _mean([r["batch_size"] for r in steady]),
+            "longest_cut_s": summarize([p / r["batch_size"] for p, r in zip(padded, steady)]),
+            "input_padding": _mean([r["input_padding"] for r in steady]),
+            "output_padding": _mean([r["output_padding"] for r in steady]),
+            "peak_allocated_bytes": summary.get("peak_allocated_bytes"),
+            "data_wait_share": wait / (wait + busy) if wait + busy else 0.0,
+            "time_split_s": {"data_wait": median_of("data_s"), "forward_backward": median_of("forward_backward_s"),
+                             "optimizer": median_of("optimizer_s"), "step": median_of("step_s")},
+            "batch_size_by_bucket": batch_size_by_bucket(records, padded_lengths(records), uppers),
+            "loss_curve": loss_curve(records)}
+
+
+def padded_lengths(records: list[dict]) -> list[float]:
+    """Each step's padded length in seconds (its longest cut): audio / (1 - input padding) / batch size."""
+    return [r["audio_s"] / max(1e-9, 1.0 - r["input_padding"]) / r["batch_size"] for r in records]
+
+
+def batch_size_by_bucket(records: list[dict], lengths: list[float], uppers: list[float]) -> list[dict]:
+    """Mean batch size of the steps whose padded length falls in each bucket (upper bounds ``uppers``, s)."""
+    groups: dict[int, list[int]] = {}
+    for r, length in zip(records, lengths):
+        i = min(bisect.bisect_left(uppers, length - 1e-6), len(uppers) - 1)
+        groups.setdefault(i, []).append(r["batch_size"])
+    return [{"upper_s": uppers[i], "steps": len(g), "mean_batch_size": _mean(g)} for i, g in sorted(groups.items())]
+
+
+def loss_curve(records: list[dict]) -> dict[str, list[float]]:
+    """Loss against cumulative wall seconds and audio seconds seen, at most MAX_CURVE_POINTS points."""
+    wall = audio = 0.0
+    out: dict[str, list[float]] = {"step": [], "wall_s": [], "audio_s": [], "loss": []}
+    every = max(1, -(-len(records) // MAX_CURVE_POINTS))
+    for i, r in enumerate(records):
+        wall, audio = wall + r["data_s"] + r["step_s"], audio + r["audio_s"]
+        if i % every == 0 or i == len(records) - 1:
+            for key, value in (("step", r["step"]), ("wall_s", wall), ("audio_s", audio), ("loss", r["loss"])):
+                out[key].append(value)
+    return out
+
+
+def parts(figures: Mapping[str, Any]) -> list[str]:
+    """The training parts the record holds, in order."""
+    return [p for p in ("steps", "seconds") if p in figures]
+
+
+def ratio(figures: Mapping[str, Any], part: str, over: str, under: str) -> float | None:
+    """audio s/s of sampler ``over`` / that of ``under`` in ``part`` (None when either OOMed or is absent)."""
+    runs = figures.get(part, {}).get("runs", {})
+    a, b = runs.get(over, {}), runs.get(under, {})
+    if "audio_seconds_per_second" not in a or "audio_seconds_per_second" not in b:
+        return None
+    return a["audio_seconds_per_second"] / b["audio_seconds_per_second"]
+
+
+def checks(figures: Mapping[str, Any]) -> dict[str, bool]:
+    """What must hold: the baseline pass has no batch beyond its probed worst case, no run OOMs."""
+    out: dict[str, bool] = {}
+    prep = figures.get("prepare")
+    if prep:
+        out["baseline_pass_within_probed_worst_case"] = prep["baseline"]["pass"]["exceeding"] == 0
+    for part in parts(figures):
+        for sampler, run in figures[part]["runs"].items():
+            out[f"{part}_{sampler}_no_oom"] = run.get("ooms", 1) == 0
+    if parts(figures):  # a call stopped at its limit leaves samplers untrained
+        out["every_sampler_trained"] = bool(figures.get("complete")) and all(
+            set(SAMPLERS) <= set(figures[part]["runs"]) for part in parts(figures))
+    return out
+
+
+def targets(figures: Mapping[str, Any]) -> list[str]:
+    """The targets, met or missed, with the numbers: judged on the same-wall-time part when there is
+    one (else the only part); the other part's ratios are listed beside them."""
+    lines = []
+    aed = figures.get("model", "").endswith("aed")
+    judged = "seconds" if "seconds" in parts(figures) else next(iter(parts(figures)), None)
+    for part in parts(figures):
+        over_base, over_1d = ratio(figures, part, "2d", "baseline"), ratio(figures, part, "2d", "1d")
+        if part != judged:  # the same-steps view's first steps include each shape's first, slow, step
+            if over_base is not None:
+                lines.append(f"{part}: 2D / baseline = {over_base:.2f}x (the target is judged at the same wall time)")
+            if over_1d is not None:
+                lines.append(f"{part}: 2D / 1D = {over_1d:.2f}x")
+            continue
+        if aed and over_base is not None:
+            lines.append(f"{part}: 2D / baseline = {over_base:.2f}x (target >= {AED_TARGET}x: "
+                         f"{'met' if over_base >= AED_TARGET else 'missed by ' + f'{AED_TARGET - over_base:.2f}x'})")
+        elif over_base is not None:
+            lines.append(f"{part}: 2D / baseline = {over_base:.2f}x")
+        if over_1d is not None:
+            lines.append(f"{part}: 2D / 1D = {over_1d:.2f}x (target > 1: {'met' if over_1d > 1 else 'missed'})")
+    return lines
+
+
+def summary_lines(figures: Mapping[str, Any]) -> list[str]:
+    """Headline lines for benchmarks/SUMMARY.md."""
+    f, lines = figures, []
+    prep = f.get("prepare")
+    if prep:
+        c, b = prep["corpus"], prep["baseline"]
+        lines.append(f"{f['model']}: corpus {c['kind']}, {c['num_cuts']} cuts ({c['unique_utterances']} unique), "
+                     f"{c['hours']:.0f} h, {c['duration_s'][0]:.1f}-{c['duration_s'][-1]:.1f} s")
+        lines.append(f"- baseline max_duration {b['max_duration']:g} s ({len(b['buckets'])} lhotse buckets, "
+                     f"{b['probes']} probes); check pass: {b['pass']['batches']} batches, "
+                     f"{b['pass']['exceeding']} beyond the probed worst case")
+        for kind in ("1d", "2d"):
+            sizes = prep["profiles"][kind]["bucket_batch_size"]
+            lines.append(f"- {LABELS[kind]}: {len(sizes)} buckets, batch sizes {min(sizes)}-{max(sizes)}")
+    for part in parts(f):
+        p = f[part]
+        budget = f"{p['budget']['steps']} steps" if "steps" in p["budget"] else f"{p['budget']['seconds']:g} s"
+        lines.append(f"- same {'steps' if part == 'steps' else 'wall time'} ({budget} each; matmul "
+                     f"{p['matmul']['flops_per_s'] / 1e12:.3g} TFLOP/s {p['matmul']['dtype']}):")
+        for sampler in SAMPLERS:
+            run = p["runs"].get(sampler)
+            lines.append(f"  - {LABELS[sampler]}: " + (describe_run(run) if run else "not run"))
+    lines += [f"- {line}" for line in targets(f)]
+    failures = f.get("failures", [])
+    lines.append("- checks " + ("all passed" if not failures else f"FAILED: {', '.join(failures)}"))
+    return lines
+
+
+def describe_run(run: Mapping[str, Any]) -> str:
+    """One run in a line: audio s/s median (p25-p75), MFU, batch, padding, peak, OOMs, data wait."""
+    if run.get("ooms"):
+        return f"OOM ({run.get('error', '')})"
+    s = run["audio_seconds_per_second_per_step"]
+    peak = run.get("peak_allocated_bytes")
+    mfu = run.get("mfu")
+    return (f"{run['audio_seconds_per_second']:.0f} audio s/s (per step median {s['median']:.0f}, "
+            f"p25-p75 {s['p25']:.0f}-{s['p75']:.0f}), MFU {'-' if mfu is None else f'{100 * mfu:.1f} %'}, "
+            f"{run['steps']} steps, mean batch {run['mean_batch_size']:.0f}, padding in/out "
+            f"{100 * run['input_padding']:.0f}/{100 * run['output_padding']:.0f} %, peak "
+            f"{'-' if peak is None else f'{peak / GiB:.1f} GiB'}, OOMs {run['ooms']}, "
+            f"data wait {100 * run['data_wait_share']:.1f} %")
+
+
+def runs_table(record: Mapping[str, Any]):
+    """One row per (comparison, sampler): the run's figures with units in the headers, as a DataFrame."""
+    import pandas as pd
+
+    rows = []
+    for part in parts(record["figures"]):
+        compared = "same steps" if part == "steps" else "same wall time"
+        for sampler, run in record["figures"][part]["runs"].items():
+            if run.get("ooms"):
+                rows.append({"compared at": compared, "sampler": LABELS[sampler], "OOMs": run["ooms"]})
+                continue
+            s = run["audio_seconds_per_second_per_step"]
+            peak = run.get("peak_allocated_bytes")
+            rows.append({"compared at": compared, "sampler": LABELS[sampler], "steps": run["steps"],
+                         "audio s/s": round(run["audio_seconds_per_second"]),
+                         "per step: median (audio s/s)": round(s["median"]),
+                         "p25-p75 (audio s/s)": f"{s['p25']:.0f}-{s['p75']:.0f}",
+                         "MFU (%)": None if run.get("mfu") is None else round(100 * run["mfu"], 1),
+                         "mean batch (cuts)": round(run["mean_batch_size"]),
+                         "padding in/out (%)": f"{100 * run['input_padding']:.0f}/{100 * run['output_padding']:.0f}",
+                         "peak (GiB)": None if peak is None else round(peak / GiB, 1), "OOMs": run["ooms"],
+                         "data wait (%)": round(100 * run["data_wait_share"], 1)})
+    return pd.DataFrame(rows)
+
+
+def _ok_runs(record: Mapping[str, Any], part: str) -> dict[str, Mapping[str, Any]]:
+    runs = record["figures"].get(part, {}).get("runs", {})
+    return {s: runs[s] for s in SAMPLERS if s in runs and not runs[s].get("ooms")}
+
+
+def throughput_bars(record: Mapping[str, Any], part: str = "steps"):
+    """Audio seconds per second per sampler: bars at the per-step median, whiskers p25-p75 and min-max."""
+    import matplotlib.pyplot as plt
+
+    runs = _ok_runs(record, part)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for x, (sampler, run) in enumerate(runs.items()):
+        s = run["audio_seconds_per_second_per_step"]
+        ax.bar(x, s["median"], color=sampler_colour(sampler))
+        ax.errorbar(x, s["median"], yerr=[[s["median"] - s["p25"]], [s["p75"] - s["median"]]], color="k", capsize=8)
+        ax.errorbar(x, s["median"], yerr=[[s["median"] - s["min"]], [s["max"] - s["median"]]], color="grey",
+                    capsize=3, alpha=0.6)
+    ax.set_xticks(range(len(runs)), [LABELS[s].replace(" ", "\n", 1) for s in runs])
+    ax.set_ylabel("audio seconds per second")
+    ax.set_title(f"{record['figures']['model']}, same {'steps' if part == 'steps' else 'wall time'}: per-step "
+                 "median, p25-p75 (black), min-max (grey)")
+    fig.tight_layout()
+    return fig
+
+
+def loss_curves(record: Mapping[str, Any], part: str = "seconds"):
+    """Loss against wall seconds (left) and against audio seconds seen (right), one line per sampler."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), sharey=True)
+    for sampler, run in _ok_runs(record, part).items():
+        curve = run["loss_curve"]
+        axes[0].plot(curve["wall_s"], curve["loss"], color=sampler_colour(sampler), label=LABELS[sampler])
+        axes[1].plot([a / 3600 for a in curve["audio_s"]], curve["loss"], color=sampler_colour(sampler),
+                     label=LABELS[sampler])
+    axes[0].set_xlabel("wall seconds")
+    axes[1].set_xlabel("audio hours seen")
+    axes[0].set_ylabel("training loss")
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.suptitle(f"{record['figures']['model']}: loss ({part} part)")
+    fig.tight_layout()
+    return fig
+
+
+def batch_size_by_bucket_plot(record: Mapping[str, Any], part: str = "steps"):
+    """Mean batch size against the bucket's upper duration bound (log scale), one line per sampler."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for sampler, run in _ok_runs(record, part).items():
+        rows = run["batch_size_by_bucket"]
+        ax.plot([r["upper_s"] for r in rows], [r["mean_batch_size"] for r in rows], "o-", color=sampler_colour(sampler),
+                label=LABELS[sampler])
+    ax.set_yscale("log")
+    ax.set_xlabel("bucket's longest cut (s)")
+    ax.set_ylabel("mean batch size (cuts)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def step_time_split(record: Mapping[str, Any], part: str = "steps"):
+    """Per-step median seconds split into data wait, forward+backward and optimizer, stacked per sampler
+    (on a CPU the split is not measured: the step is one bar)."""
+    import matplotlib.pyplot as plt
+
+    runs = _ok_runs(record, part)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for x, run in enumerate(runs.values()):
+        t = run["time_split_s"]
+        pieces = [("data wait", t["data_wait"])]
+        if t["forward_backward"] is not None:
+            pieces += [("forward+backward", t["forward_backward"]), ("optimizer", t["optimizer"])]
+        else:
+            pieces += [("step (not split on a CPU)", t["step"])]
+        bottom = 0.0
+        for label, value in pieces:
+            ax.bar(x, value or 0.0, bottom=bottom, color=STEP_PIECE_COLOURS[label], label=label if x == 0 else None)
+            bottom += value or 0.0
+    ax.set_xticks(range(len(runs)), [LABELS[s].replace(" ", "\n", 1) for s in runs])
+    ax.set_ylabel("seconds per step (medians)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def sampler_colour(sampler: str) -> str:
+    """The palette's colour of a sampler's method (max_duration, 1D, 2D)."""
+    return colour(PALETTE_NAMES[sampler])
+
+
+def setup_line(figures: Mapping[str, Any]) -> str:
+    """What was compared, in one sentence: the model, the corpus and the three samplers' settings."""
+    prep = figures.get("prepare")
+    if not prep:
+        return f"{figures.get('model', 'the model')}: the record holds no preparation part."
+    c, b = prep["corpus"], prep["baseline"]
+    sizes = {kind: prep["profiles"][kind]["bucket_batch_size"] for kind in ("1d", "2d")}
+    return (f"{figures['model']} on {c['num_cuts']:,} utterances ({c['hours']:.0f} h, {c['duration_s'][0]:.1f}-"
+            f"{c['duration_s'][-1]:.1f} s). lhotse's sampler runs at max_duration {b['max_duration']:.0f} s, the "
+            f"largest that survived a full pass over the corpus; the 1D profile has {len(sizes['1d'])} buckets "
+            f"with batch sizes {min(sizes['1d'])}-{max(sizes['1d'])}, the 2D profile {len(sizes['2d'])} with "
+            f"{min(sizes['2d'])}-{max(sizes['2d'])}.")
+
+
+# The design's targets for the same-wall-time part: 2D over lhotse's max_duration per model, 2D over 1D
+BASELINE_TARGETS = {"xl-aed": AED_TARGET, "large-rnnt": 1.5}
+OVER_1D_TARGETS = {"xl-aed": 1.1}
+
+
+def _verdict(ratio_: float, target: float | None) -> str:
+    if target is None:
+        return ""
+    return f" (target {target}x: {'met' if ratio_ >= target else 'missed'})"
+
+
+def throughput_meaning(figures: Mapping[str, Any]) -> str:
+    """What the runs mean: the judged ratios against the design's targets, in words."""
+    part = "seconds" if "seconds" in parts(figures) else next(iter(parts(figures)), None)
+    if part is None:
+        return "No training part was recorded."
+    over_base, over_1d = ratio(figures, part, "2d", "baseline"), ratio(figures, part, "2d", "1d")
+    if over_base is None:
+        return "A sampler ran out of memory or was not run, so no ratio is judged; see the table."
+    model = figures.get("model", "")
+    judged = part == "seconds"
+    when = "in the same wall time" if judged else "over the same steps"
+    text = (f"{when.capitalize()}, the 2D profile trains {over_base:.2f}x the audio of lhotse's best max_duration"
+            + _verdict(over_base, BASELINE_TARGETS.get(model) if judged else None))
+    if over_1d is not None:
+        text += f", and {over_1d:.2f}x the 1D profile's" + _verdict(over_1d, OVER_1D_TARGETS.get(model) if judged
+                                                                    else None)
+    return text + "."
+
+
+def batch_size_meaning(figures: Mapping[str, Any], part: str = "steps") -> str:
+    """How much larger the profiles' batches are than the fixed budget's, per the record's means."""
+    runs = {s: r for s, r in figures.get(part, {}).get("runs", {}).items() if not r.get("ooms")}
+    if "baseline" not in runs:
+        return "No baseline run to compare batch sizes with."
+    base = runs["baseline"]["mean_batch_size"]
+    larger = [f"the {LABELS[s]}'s is {runs[s]['mean_batch_size'] / base:.1f}x as large" for s in ("1d", "2d")
+              if s in runs]
+    return (f"lhotse's max_duration averages {base:.0f} utterances per batch; " + " and ".join(larger) + ". The "
+            "profiles fill each bucket to what fits, where one duration budget must leave room for the worst bucket.")
+
+
+def loss_meaning(figures: Mapping[str, Any], part: str | None = None) -> str:
+    """The loss each sampler reached at the end of ``part`` (default: the same-wall-time part, else steps)."""
+    part = part or ("seconds" if "seconds" in parts(figures) else next(iter(parts(figures)), None))
+    runs = {s: r for s, r in figures.get(part, {}).get("runs", {}).items() if not r.get("ooms") and "loss_curve" in r}
+    if not runs:
+        return "No loss curve was recorded."
+    ends = ", ".join(f"{LABELS[s]} {r['loss_curve']['loss'][-1]:.2f} after {r['loss_curve']['audio_s'][-1] / 3600:.1f} h"
+                     f" of audio" for s, r in runs.items())
+    most_audio = max(runs, key=lambda s: runs[s]["loss_curve"]["audio_s"][-1])
+    lowest = min(runs, key=lambda s: runs[s]["loss_curve"]["loss"][-1])
+    return (f"At the end of the {'same wall time' if part == 'seconds' else 'same steps'}: {ends}. The "
+            f"{LABELS[most_audio]} saw the most audio and the {LABELS[lowest]} reached the lowest loss; the "
+            "right-hand plot shows the loss per hour of audio seen.")
+
+
+def step_time_meaning(figures: Mapping[str, Any], part: str = "steps") -> str:
+    """Where a step's time goes: the largest data-wait share across samplers."""
+    runs = {s: r for s, r in figures.get(part, {}).get("runs", {}).items() if not r.get("ooms")}
+    if not runs:
+        return "No run to split."
+    worst = max(runs, key=lambda s: runs[s]["data_wait_share"])
+    return (f"Data wait is at most {100 * runs[worst]['data_wait_share']:.1f} % of a step ({LABELS[worst]}): the "
+            f"GPU computes for the rest, so throughput differences come from the batches, not the input pipeline.")
+
+
+def spread_meaning(figures: Mapping[str, Any], part: str = "steps") -> str:
+    """Whether the profiles' per-step throughput stands clear of the baseline's spread (p25-p75)."""
+    runs = {s: r for s, r in figures.get(part, {}).get("runs", {}).items() if not r.get("ooms")}
+    if "baseline" not in runs or len(runs) < 2:
+        return "Fewer than two samplers ran, so there is no spread to compare."
+    base = runs["baseline"]["audio_seconds_per_second_per_step"]
+    clear = [LABELS[s] for s in ("1d", "2d") if s in runs
+             and runs[s]["audio_seconds_per_second_per_step"]["p25"] > base["p75"]]
+    ranges = ", ".join(f"{LABELS[s]} {r['audio_seconds_per_second_per_step']['p25']:.0f}-"
+                       f"{r['audio_seconds_per_second_per_step']['p75']:.0f}" for s, r in runs.items())
+    verdict = (f"the {' and '.join(clear)} {'stand' if len(clear) > 1 else 'stands'} clear of lhotse's, so the gain is "
+               "beyond step-to-step variation" if clear else "they overlap lhotse's, so the gain is within step-to-step "
+               "variation")
+    return f"Middle half of the steps (audio s/s): {ranges}; {verdict}."
