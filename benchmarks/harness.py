@@ -1,8 +1,21 @@
-"""What every bench shares: smoke-run checks, the device, incremental saves, failures and exit codes, and
-writing a record (``benchmarks/results/<name>.json``) with its provenance. Nothing is typed by hand."""
+"""What every bench shares: the common options, the CUDA check, parts that fail alone, incremental saves,
+the exit code, and writing a record (``benchmarks/results/<name>.json``) with its provenance.
+
+A runner reads::
+
+    parser = bench_parser(__doc__, parts=("compare", "large"), budget_s=300)
+    parser.add_argument("--repeat", type=int, default=10)        # the bench's own options
+    run = start(parser, argv, name="losses", what="transducer losses ...")
+    with run.part("compare"):                                     # skipped unless selected and in budget
+        run.figures["compare"] = measure(...)                     # an exception becomes a recorded failure
+    return run.finish()                                           # writes the record; 0, or 1 on a failure
+
+Nothing is typed by hand: every figure comes from a measurement in the same run.
+"""
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import os
@@ -10,10 +23,120 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
 
 from workbench.atomic import write_text_atomically
 from workbench.records.results import RESULTS_DIR, device_info, git_commit
+
+def bench_parser(description: str | None, *, parts: tuple[str, ...] = (), budget_s: float = 0.0,
+                 out_required: bool = False) -> argparse.ArgumentParser:
+    """An argument parser with the options every bench shares: ``--out`` (the results folder, default
+    benchmarks/results), ``--smoke`` (tiny shapes on any machine; needs an ``--out`` elsewhere), ``--budget-s``
+    (wall seconds after which no new part starts; 0: none) and, when the bench has ``parts``, ``--parts``
+    (which to run, default all, in the bench's order)."""
+    parser = argparse.ArgumentParser(description=(description or "").strip().splitlines()[0] if description else None,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=out_required, default=None,
+                        help="folder for the JSON record" + ("" if out_required else " (default benchmarks/results)"))
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny shapes in seconds, on a CPU too; the record goes to --out, never to benchmarks/results")
+    parser.add_argument("--budget-s", type=float, default=budget_s,
+                        help=f"no new part starts after this many wall seconds; 0: no limit (default {budget_s:g})")
+    if parts:
+        parser.add_argument("--parts", nargs="+", choices=parts, default=list(parts), metavar="PART",
+                            help=f"what to measure, any of {', '.join(parts)} (default all)")
+    return parser
+
+
+@dataclass
+class Run:
+    """One bench run: its options, the record's figures and failed checks, saved after every part."""
+    name: str  # the record: <out>/<name>.json
+    what: str  # what the record measures, one line
+    args: argparse.Namespace
+    figures: dict[str, Any] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)  # besides the options, what ran with which settings
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def smoke(self) -> bool:
+        return bool(getattr(self.args, "smoke", False))
+
+    def seconds(self) -> float:
+        """Wall seconds since the run started."""
+        return time.perf_counter() - self.started
+
+    def over_budget(self) -> bool:
+        budget = getattr(self.args, "budget_s", 0) or 0
+        return bool(budget) and self.seconds() > budget
+
+    def wants(self, part: str) -> bool:
+        """True when ``part`` is selected (``--parts``) and the budget is not spent; a selected part that the
+        budget stops is recorded as a failure (its figures are missing)."""
+        selected = getattr(self.args, "parts", None)
+        if selected is not None and part not in selected:
+            return False
+        if self.over_budget():
+            self.failures.append(f"{part}: not run (the budget of {self.args.budget_s:g} s was spent)")
+            return False
+        return True
+
+    @contextmanager
+    def part(self, part: str) -> Iterator[None]:
+        """Run the block as one part: an exception in it becomes a recorded failure (one line: the part, the
+        exception's type and first line), GPU memory is released, and the record is saved either way. Guard
+        it with :meth:`wants` to honour ``--parts`` and ``--budget-s``. Ctrl-C still stops the run."""
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001 - one part's failure is recorded; the others still run
+            self.failures.append(f"{part}: {one_line(e)}")
+            print(f"FAIL in {part}: {one_line(e)}", file=sys.stderr, flush=True)
+            _release_memory()
+        finally:
+            self.save()
+
+    def save(self) -> Path:
+        """Write the record as it stands (atomically), with the failures so far and the wall seconds."""
+        figures = {**self.figures, "failures": list(self.failures), "wall_s": round(self.seconds(), 3)}
+        if self.smoke:
+            figures["smoke"] = True
+        what = self.what + (" (SMOKE: tiny shapes, not a measurement)" if self.smoke else "")
+        params = {**{k: v for k, v in vars(self.args).items() if k != "out"}, **self.params}
+        return write_result(self.name, what=what, figures=figures, params=params, out_dir=self.args.out)
+
+    def finish(self) -> int:
+        """Save the record, print each failure (a smoke run's are not enforced) and return the exit code."""
+        path = self.save()
+        print(f"wrote {path}", flush=True)
+        return report_failures(self.failures, smoke=self.smoke)
+
+
+def start(parser: argparse.ArgumentParser, argv: list[str] | None, *, name: str, what: str,
+          needs_cuda: bool = True) -> Run:
+    """Parse the options and check them: a smoke run needs an ``--out`` outside benchmarks/results, and a
+    bench that ``needs_cuda`` exits with code 2 without a GPU unless it is a smoke run."""
+    args = parser.parse_args(argv)
+    if getattr(args, "budget_s", 0) is not None and getattr(args, "budget_s", 0) < 0:
+        parser.error(f"--budget-s must be >= 0, got {args.budget_s:g}")
+    if getattr(args, "smoke", False):
+        check_smoke_out(parser, args.out)
+    if needs_cuda and cuda_missing(getattr(args, "smoke", False)):
+        raise SystemExit(2)
+    return Run(name=name, what=what, args=args)
+
+
+def one_line(error: BaseException) -> str:
+    """``Type: first line of the message``."""
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+
+
+def _release_memory() -> None:
+    from workbench.memory.oom import release_memory  # here: reading records needs no torch
+
+    release_memory()
+
 
 def check_smoke_out(parser, out: str | None) -> None:
     """A --smoke run's JSON goes to an explicit --out that is not benchmarks/results (a smoke run measures
@@ -89,12 +212,9 @@ def measure_each(names: list[str], measure: Callable[[str], tuple[dict, list[str
             entries[name], failed = measure(name)
             failures += failed
         except Exception as e:  # noqa: BLE001 - one model's failure is recorded; the others still run
-            entries[name] = {"spec": spec_of(name),
-                             "error": f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"}
+            entries[name] = {"spec": spec_of(name), "error": one_line(e)}
             failures.append(f"{name}: {entries[name]['error']}")
-            from workbench.memory.oom import release_memory  # here: reading records needs no torch
-
-            release_memory()
+            _release_memory()
         save(entries, failures)
     return entries, failures
 
