@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.records.fingerprint import changed_files, fingerprint_at, fingerprint_now
+from workbench.records.stages import measured_code
 from workbench.atomic import check_writable, write_text_atomically
 from workbench.records.results import REPO_ROOT, RESULTS_DIR, device_info, git_commit, load_result, provenance_line
 
@@ -26,23 +27,6 @@ NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 # (`make setup` installs it into .venv).
 KERNEL_NAME = "workbench"
 KERNEL_DISPLAY_NAME = "workbench (.venv)"
-# The library code each bench's records measure, besides the bench's own source (benchmarks/<name>).
-MEASURED_CODE = {
-    "allocator": ("workbench/memory",),
-    "bucketing": ("workbench/bucketing", "workbench/data"),
-    "byo_models": ("workbench/adapters", "workbench/oomptimizer", "workbench/memory/oom.py"),
-    "manifest_reading": ("workbench/data",),
-    "plan_calibration": ("workbench/oomptimizer", "workbench/models", "workbench/adapters"),
-    "decoding": ("workbench/decoding",),
-    "losses": ("workbench/models/losses.py", "workbench/models/losses_triton.py", "workbench/models/loss_inputs.py"),
-    "models": ("workbench/models",),
-    "oomptimizer": ("workbench/oomptimizer", "workbench/models"),
-    "throughput": ("workbench/models", "workbench/training", "workbench/oomptimizer", "workbench/bucketing", "workbench/data",
-                   "workbench/memory"),
-    "flow": ("workbench/models", "workbench/training", "workbench/oomptimizer", "workbench/bucketing", "workbench/data",  # the README's
-             "workbench/memory", "workbench/decoding", "workbench/cli.py",                        # commands
-             "README.md", "tests/benchmarks/test_flow.py"),
-}
 
 
 def smoke_mode(smoke: bool) -> bool:
@@ -157,14 +141,14 @@ def measured_only(fingerprint: dict[str, str], bench: str) -> dict[str, str]:
 def result_freshness(results_dir: str | os.PathLike = RESULTS_DIR, repo: str | os.PathLike = REPO_ROOT
                      ) -> list[ResultFreshness]:
     """For every ``*.json`` record in ``results_dir``: does the code it measures (its bench's source and
-    MEASURED_CODE) still read as it did at the record's commit? Comments and docstrings do not count
+    the library paths benchmarks/stages.toml lists for it) still read as it did at the record's commit? Comments and docstrings do not count
     (:mod:`workbench.records.fingerprint`); code, added and removed files do."""
     repo = Path(repo)
     out, at_commit, now = [], {}, {}
     for path in sorted(Path(results_dir).glob("*.json")):
         record = json.loads(path.read_text())
         bench = bench_name(record)
-        paths = ([f"benchmarks/{bench}.py", f"benchmarks/{bench}", *MEASURED_CODE.get(bench, ())]
+        paths = ([f"benchmarks/{bench}.py", f"benchmarks/{bench}", *measured_code().get(bench, ())]
                  if bench else [])
         commit = str(record.get("git_commit", "")).removesuffix("+dirty")
         if not paths:

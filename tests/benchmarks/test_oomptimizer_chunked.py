@@ -177,7 +177,7 @@ def test_summary_lines_of_a_search_that_failed():
 def test_the_gpu_script_knows_the_stage():
     out = subprocess.run(["bash", str(REPO / "scripts/gpu_run.sh"), "--help"], capture_output=True, text=True)
     assert " oomptimizer-rnnt-chunked " in out.stdout
-    assert "--part rnnt-chunked" in (REPO / "scripts/gpu_run.sh").read_text()
+    assert "--part rnnt-chunked" in (REPO / "benchmarks/stages.toml").read_text()
 
 
 def test_smoke_chunked_search_runs_the_chunked_joint_and_the_unchunked_one_never(tmp_path, monkeypatch):

@@ -2,53 +2,39 @@
 
     python3 -m workbench.records.summary --out benchmarks/SUMMARY.md      # `make summary` does this
 
-Each record's lines come from its bench's ``record.summary_lines`` (seconds as medians with their
-min-max over repeats). A test checks that the committed SUMMARY.md matches the committed results.
+Each record's lines come from the reader function that ``benchmarks/stages.toml`` names for it (seconds
+as medians with their min-max over repeats). A test checks that the committed SUMMARY.md matches the committed results.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
 from typing import Callable
 
-from workbench.records.flow import summary_lines as flow_summary_lines
-from workbench.records.losses import summary_lines as losses_summary_lines
 from workbench.atomic import write_text_atomically
-from workbench.records import allocator as allocator
-from workbench.records import bucketing as bucketing
-from workbench.records import byo_models as byo_models
-from workbench.records import decoding as decoding
-from workbench.records import manifest_reading as manifest_reading
-from workbench.records import models as models
-from workbench.records import oomptimizer as oomptimizer
-from workbench.records import plan_calibration as plan_calibration
-from workbench.records import throughput as throughput
 from workbench.records.results import RESULTS_DIR, provenance_line
+from workbench.records.stages import bench_of_record, load_table
 
-# record name (or prefix before "_"), in the order a record is matched -> its summary lines
+
+def _summary_function(bench: str, function: str) -> Callable[[dict], list[str]]:
+    return getattr(importlib.import_module(f"workbench.records.{bench}"), function)
+
+
+# record name (or prefix before "_") -> its summary lines, from benchmarks/stages.toml
 SECTIONS: dict[str, Callable[[dict], list[str]]] = {
-    manifest_reading.NAME: manifest_reading.summary_lines,
-    **{name: bucketing.summary_lines for name in bucketing.NAMES},
-    models.NAME: models.summary_lines,
-    oomptimizer.CHUNKED_NAME: oomptimizer.chunked_summary_lines,  # before the prefix "oomptimizer" matches
-    oomptimizer.NAME: oomptimizer.summary_lines,
-    allocator.NAME: allocator.summary_lines,
-    byo_models.NAME: byo_models.summary_lines,
-    plan_calibration.NAME: plan_calibration.summary_lines,
-    plan_calibration.REPLAY_NAME: plan_calibration.replay_summary_lines,
-    decoding.NAME: decoding.summary_lines,
-    "flow": flow_summary_lines,
-    "losses": losses_summary_lines,
-    throughput.NAME: throughput.summary_lines,
-}
+    record: _summary_function(bench.name, function)
+    for bench in load_table()[0].values() for record, function in bench.records.items()}
 
 
 def section_for(stem: str) -> Callable[[dict], list[str]] | None:
-    """The summary of a result file by its name (``allocator_headroom15`` is an allocator result)."""
-    return SECTIONS.get(stem) or next((f for name, f in SECTIONS.items() if stem.startswith(name + "_")), None)
+    """The summary of a result file by its name: the longest record name of the table that equals it or is
+    a prefix before "_" (``allocator_headroom15`` is an allocator result)."""
+    found = bench_of_record(stem)
+    return _summary_function(found[0].name, found[1]) if found else None
 
 
 def render(results_dir: Path = RESULTS_DIR) -> str:
