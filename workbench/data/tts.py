@@ -297,28 +297,12 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
 
     Returns ``{"recordings", "supervisions", "cuts", "audio_dir"}`` paths.
     """
-    from lhotse import CutSet, Recording, RecordingSet, SupervisionSegment, SupervisionSet  # imports torch: seconds
-    from lhotse.audio import AudioSource
-    from lhotse.cut import MonoCut
-
     check_int(repeat, "repeat (--repeat)", 1)
     join_sentences([], join)  # a bad join is one line now, before any synthesis
     espeak = espeak_binary()
-    text, source = read_prose(text_file)
-    sentences = split_sentences(text, min_words=min_words, max_words=max_words)
-    if not sentences:
-        raise ValueError(f"{source}: no sentences of {min_words}-{max_words} words made only of letters "
-                         "and ,.;:'?!- (0 found)")
-    if join == 1:
-        chosen = choose_sentences(sentences, num_utterances, seed)
-    else:  # enough sentences for num_utterances joined ones (each takes at most join), then cut to that
-        pool = choose_sentences(sentences, None if num_utterances is None else num_utterances * join, seed)
-        chosen = join_sentences(pool, join, seed)[:num_utterances]
+    chosen = utterance_texts(text_file, num_utterances, seed, min_words=min_words, max_words=max_words, join=join)
     styles = speaker_styles(num_speakers, voice=voice, speed_wpm=speed_wpm, seed=seed)
-    if "+" in voice:
-        raise ValueError(f"voice {voice!r} must be a base voice without a '+variant' (each speaker adds one)")
-    if subprocess.run([espeak, "-v", voice, "-q", "--", "test"], capture_output=True).returncode != 0:
-        raise ValueError(f"voice {voice!r} is not an espeak-ng voice (list them with `espeak-ng --voices`)")
+    check_voice(espeak, voice)
     who = np.random.default_rng([seed, 104729]).integers(0, num_speakers, size=len(chosen))
     num_tokens = None
     if tokenizer is not None:
@@ -329,31 +313,76 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
     shutil.rmtree(staging, ignore_errors=True)  # what a killed run left
     with new_folder(staging):  # a failed or interrupted run removes the folders it made
         ids = [f"tts-{i:06d}" for i in range(len(chosen))]
-        paths = [str(audio_dir / f"{cut_id}.flac") for cut_id in ids]
         jobs = [(sentence, styles[k], str(staging / f"{cut_id}.flac"), espeak)
                 for sentence, k, cut_id in zip(chosen, who, ids)]
         num_samples = speak_all(jobs, num_workers, progress)
-
         if replace_corpus:  # everything is spoken: the old corpus goes, whole, and the new audio takes its place
             remove_corpus_parts(out)
         staging.rename(audio_dir)
-        language = voice.split("-")[0].split("+")[0]
-        recordings, supervisions, cuts = [], [], []
-        for i, cut_id in enumerate(ids):
-            duration = num_samples[i] / SAMPLE_RATE
-            rec = Recording(id=cut_id, sources=[AudioSource(type="file", channels=[0], source=paths[i])],
-                            sampling_rate=SAMPLE_RATE, num_samples=num_samples[i], duration=duration)
-            sup = SupervisionSegment(id=cut_id, recording_id=cut_id, start=0.0, duration=duration, channel=0,
-                                     text=chosen[i], speaker=styles[who[i]].speaker, language=language)
-            custom = {"num_tokens": int(num_tokens[i])} if num_tokens is not None else None
-            recordings.append(rec)
-            supervisions.append(sup)
-            cuts.extend(MonoCut(id=cut_id if copy == 0 else f"{cut_id}-r{copy}", start=0.0, duration=duration,
-                                channel=0, recording=rec, supervisions=[sup], custom=custom)
-                        for copy in range(repeat))
-        result = {"recordings": out / "recordings.jsonl.gz", "supervisions": out / "supervisions.jsonl.gz",
-                  "cuts": out / "cuts.jsonl.gz", "audio_dir": audio_dir}
-        _write_manifest_atomically(RecordingSet.from_recordings(recordings), result["recordings"])
-        _write_manifest_atomically(SupervisionSet.from_segments(supervisions), result["supervisions"])
-        _write_manifest_atomically(CutSet.from_cuts(cuts), result["cuts"])
-        return result
+        utterances = [SpokenUtterance(cut_id, str(audio_dir / f"{cut_id}.flac"), num_samples[i], chosen[i],
+                                      styles[who[i]].speaker, None if num_tokens is None else int(num_tokens[i]))
+                      for i, cut_id in enumerate(ids)]
+        return write_tts_manifests(out, utterances, language=voice.split("-")[0].split("+")[0], repeat=repeat)
+
+
+def utterance_texts(text_file: str | os.PathLike | None, num_utterances: int | None, seed: int, *,
+                    min_words: int, max_words: int, join: int) -> list[str]:
+    """The texts to speak, in order: sentences of ``text_file`` (see :func:`make_tts_corpus`), each of
+    ``join`` > 1 joined from 1..join sentences."""
+    text, source = read_prose(text_file)
+    sentences = split_sentences(text, min_words=min_words, max_words=max_words)
+    if not sentences:
+        raise ValueError(f"{source}: no sentences of {min_words}-{max_words} words made only of letters "
+                         "and ,.;:'?!- (0 found)")
+    if join == 1:
+        return choose_sentences(sentences, num_utterances, seed)
+    # enough sentences for num_utterances joined ones (each takes at most join), then cut to that
+    pool = choose_sentences(sentences, None if num_utterances is None else num_utterances * join, seed)
+    return join_sentences(pool, join, seed)[:num_utterances]
+
+
+def check_voice(espeak: str, voice: str) -> None:
+    """ValueError unless ``voice`` is a base espeak-ng voice (no '+variant': each speaker adds one)."""
+    if "+" in voice:
+        raise ValueError(f"voice {voice!r} must be a base voice without a '+variant' (each speaker adds one)")
+    if subprocess.run([espeak, "-v", voice, "-q", "--", "test"], capture_output=True).returncode != 0:
+        raise ValueError(f"voice {voice!r} is not an espeak-ng voice (list them with `espeak-ng --voices`)")
+
+
+@dataclass(frozen=True)
+class SpokenUtterance:
+    cut_id: str
+    audio_path: str  # its FLAC file
+    num_samples: int  # at SAMPLE_RATE
+    text: str
+    speaker: str
+    num_tokens: int | None  # None without a tokenizer
+
+
+def write_tts_manifests(out: Path, utterances: list[SpokenUtterance], *, language: str, repeat: int
+                        ) -> dict[str, Path]:
+    """Write the recordings, supervisions and cuts manifests (each cut listed ``repeat`` times) under
+    ``out``, atomically; returns their paths and the audio folder's."""
+    from lhotse import CutSet, Recording, RecordingSet, SupervisionSegment, SupervisionSet  # imports torch: seconds
+    from lhotse.audio import AudioSource
+    from lhotse.cut import MonoCut
+
+    recordings, supervisions, cuts = [], [], []
+    for u in utterances:
+        duration = u.num_samples / SAMPLE_RATE
+        rec = Recording(id=u.cut_id, sources=[AudioSource(type="file", channels=[0], source=u.audio_path)],
+                        sampling_rate=SAMPLE_RATE, num_samples=u.num_samples, duration=duration)
+        sup = SupervisionSegment(id=u.cut_id, recording_id=u.cut_id, start=0.0, duration=duration, channel=0,
+                                 text=u.text, speaker=u.speaker, language=language)
+        custom = {"num_tokens": u.num_tokens} if u.num_tokens is not None else None
+        recordings.append(rec)
+        supervisions.append(sup)
+        cuts.extend(MonoCut(id=u.cut_id if copy == 0 else f"{u.cut_id}-r{copy}", start=0.0, duration=duration,
+                            channel=0, recording=rec, supervisions=[sup], custom=custom)
+                    for copy in range(repeat))
+    result = {"recordings": out / "recordings.jsonl.gz", "supervisions": out / "supervisions.jsonl.gz",
+              "cuts": out / "cuts.jsonl.gz", "audio_dir": out / "audio"}
+    _write_manifest_atomically(RecordingSet.from_recordings(recordings), result["recordings"])
+    _write_manifest_atomically(SupervisionSet.from_segments(supervisions), result["supervisions"])
+    _write_manifest_atomically(CutSet.from_cuts(cuts), result["cuts"])
+    return result
