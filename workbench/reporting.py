@@ -116,9 +116,9 @@ class ResultFreshness:
 
 
 def bench_name(record: dict[str, Any]) -> str | None:
-    """The bench that wrote a record, from its command (``benchmarks/<name>/...``, ``-m benchmarks.<name>``,
-    ``workbench/bench/<name>`` as older records name it, or the gpu test
-    ``tests/benchmarks/test_<name>.py`` that runs it)."""
+    """The bench that wrote a record, from its command: ``benchmarks/<name>/...``, ``-m benchmarks.<name>``
+    or the gpu test ``tests/benchmarks/test_<name>.py`` that runs it; the committed records' commands name
+    the paths ``workbench/bench/<name>...`` and ``tests/bench/test_<name>.py``."""
     m = re.search(r"tests/bench(?:marks)?/test_(\w+)\.py|(?:workbench[/.]bench|\bbenchmarks)[/.](?!results\b)(\w+)",
                   str(record.get("command", "")))
     return (m.group(1) or m.group(2)) if m else None

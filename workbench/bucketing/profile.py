@@ -30,7 +30,7 @@ class BucketProfile:
     max_tps: list[float] | float | None = None  # tokens-per-second limit, per bucket (2D) or one value
     metadata: dict[str, Any] = field(default_factory=dict)  # model, dtype, GPU, torch version, date...
     allocator_settings: str | None = None  # CUDA allocator settings the sizes were searched under ("": torch's
-    #                                        defaults; None: not recorded, as in profiles from before the field)
+    #                                        defaults; None: not recorded)
 
     @property
     def num_buckets(self) -> int:

@@ -246,7 +246,7 @@ def check_profile_for_run(profile: BucketProfile, path: str, config: TrainConfig
     if device.type == "cuda":
         allocator = allocator_settings_warning(profile, f"--profile {path}", allocator_settings_in_effect())
         warnings += [allocator] if allocator else []
-    if config.compile and "compile" not in meta:  # profiles from before --compile measured the eager step
+    if config.compile and "compile" not in meta:  # no metadata.compile: taken as measured on the eager step
         warnings.append(f"--profile {path}: made without --compile (no metadata.compile) but this run compiles "
                         "the encoder; its batch sizes may not fit")
     if ranks.distributed and meta.get("ddp") is False:
