@@ -50,10 +50,10 @@ from benchmarks.mfu import matmul_flops_per_second
 from benchmarks.throughput.baseline import find_baseline
 from benchmarks.throughput.corpus import make_corpus
 from benchmarks.throughput.profiles import build_study_model, make_probe, make_profiles
-from benchmarks.throughput.settings import MODELS, SAMPLERS, say, trained_model
+from benchmarks.throughput.settings import MODELS, say, trained_model
 from benchmarks.throughput.training import add_mfu, same_steps, train_sampler, views
 from workbench.records.results import RESULTS_DIR
-from workbench.records.throughput import checks, record_name, summary_lines
+from workbench.records.throughput import SAMPLERS, checks, record_name, summary_lines
 
 PARTS = ("prepare", "train")
 

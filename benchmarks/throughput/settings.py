@@ -1,4 +1,4 @@
-"""What every piece of the throughput study shares: its models, samplers and limits, and where it works."""
+"""What every piece of the throughput study shares: its models, limits and folders."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from workbench.records.throughput import record_name
 
 MODELS = ("large-rnnt", "xl-aed")
 SMOKE_MODELS = {"large-rnnt": "tiny-rnnt", "xl-aed": "tiny-aed"}  # --smoke trains these on the CPU
-SAMPLERS = ("baseline", "1d", "2d")
 MAX_UTTERANCE_S = 40.0  # longer joined utterances are dropped from the corpus
 LHOTSE_NUM_BUCKETS = 10  # the baseline's buckets (TrainConfig's default)
 SMOKE_BATCH_AUDIO_S = 12.0  # smoke: the modelled memory budget holds this much padded audio per batch
