@@ -52,13 +52,15 @@ def bench_parser(description: str | None, *, parts: tuple[str, ...] = (), budget
 @dataclass
 class Run:
     """One bench run: its options, the record's figures and failed checks, saved after every part."""
-    name: str  # the record: <out>/<name>.json
+    name: str  # the record: <out>/<name>.json; empty: the bench writes its records itself
     what: str  # what the record measures, one line
     args: argparse.Namespace
     figures: dict[str, Any] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)  # besides the options, what ran with which settings
     started: float = field(default_factory=time.perf_counter)
+    # named checks of the figures, judged at every save into figures["checks"]; a false one is a failure
+    checks: Callable[[dict[str, Any]], dict[str, bool]] | None = None
 
     @property
     def smoke(self) -> bool:
@@ -97,9 +99,20 @@ class Run:
         finally:
             self.save()
 
-    def save(self) -> Path:
-        """Write the record as it stands (atomically), with the failures so far and the wall seconds."""
-        figures = {**self.figures, "failures": list(self.failures), "wall_s": round(self.seconds(), 3)}
+    def all_failures(self) -> list[str]:
+        """The failed parts, then the names of the false :attr:`checks`."""
+        judged = self.checks(self.figures) if self.checks is not None else {}
+        return [*self.failures, *(name for name, ok in judged.items() if not ok)]
+
+    def save(self) -> Path | None:
+        """Write the record as it stands (atomically), with the failures so far and the wall seconds. A run
+        without a ``name`` writes its records itself (:func:`write_result`): nothing is written here."""
+        if not self.name:
+            return None
+        figures = dict(self.figures)
+        if self.checks is not None:
+            figures["checks"] = self.checks(self.figures)
+        figures.update(failures=self.all_failures(), wall_s=round(self.seconds(), 3))
         if self.smoke:
             figures["smoke"] = True
         what = self.what + (" (SMOKE: tiny shapes, not a measurement)" if self.smoke else "")
@@ -109,8 +122,9 @@ class Run:
     def finish(self) -> int:
         """Save the record, print each failure (a smoke run's are not enforced) and return the exit code."""
         path = self.save()
-        print(f"wrote {path}", flush=True)
-        return report_failures(self.failures, smoke=self.smoke)
+        if path is not None:
+            print(f"wrote {path}", flush=True)
+        return report_failures(self.all_failures(), smoke=self.smoke)
 
 
 def start(parser: argparse.ArgumentParser, argv: list[str] | None, *, name: str, what: str,

@@ -1,6 +1,10 @@
 """The bucketing benches' CLI (CPU only): `workbench bins` on 1M utterances, and time to the first batch.
 
-    python3 -m benchmarks.bucketing --out benchmarks/results [--num-cuts 1000000]
+    python3 -m benchmarks.bucketing --out benchmarks/results [--num-cuts 1000000] [--parts bins tokenized]
+    python3 -m benchmarks.bucketing --smoke --out /tmp/x      # 3000 utterances
+
+Parts: ``bins`` writes ``bucketing_bins_1m`` and ``bucketing_first_batch``, ``tokenized`` writes
+``bucketing_bins_1m_tokenizer``.
 
 1. ``bucketing_bins_1m``: `workbench bins` end to end (a fresh process: import, read the manifest,
    2D bins, write the profile, padding summary) on a synthetic manifest with token counts, against the
@@ -10,12 +14,11 @@
    lazily, with concurrent bucketing and without, for two buffer sizes.
 
 Exits non-zero when the two ways disagree, a batch breaks its bucket's batch size, or the 1M target
-(<= 10 s end to end) is missed. ``record.py`` owns the records' fields.
+(<= 10 s end to end) is missed. ``workbench/records/bucketing.py`` owns the records' fields.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import subprocess
 import sys
@@ -27,7 +30,7 @@ from lhotse import CutSet
 
 from workbench.records import bucketing as record
 from benchmarks.manifest_reading.run import lhotse_durations
-from benchmarks.harness import report_failures, write_result
+from benchmarks.harness import Run, bench_parser, start, write_result
 from workbench.timing import summarize
 from workbench.bucketing import (
     BucketProfile,
@@ -46,6 +49,8 @@ from workbench.data.tokenizer import count_tokens, load_tokenizer, train_tokeniz
 
 TARGET_BINS_S = 10.0
 TARGET_BINS_TOKENIZED_S = 30.0
+NUM_CUTS, SMOKE_NUM_CUTS = 1_000_000, 3000
+PARTS = ("bins", "tokenized")
 
 
 def _time_bins_cli(args: list[str], repeat: int) -> tuple[list[float], str | None]:
@@ -162,56 +167,62 @@ def bench_first_batch(manifest: Path, work: Path, repeat: int) -> tuple[dict, li
     return figures, failures
 
 
-def _bins_and_first_batch(manifest: Path, work: Path, args, params: dict) -> list[str]:
-    print("1/2 bins end to end vs lhotse CutSet iteration ...", flush=True)
-    bins_fig, failures = bench_bins(manifest, work, args.repeat)
-    if bins_fig:
-        write_result("bucketing_bins_1m", what="`workbench bins` end to end vs the same via lhotse CutSet "
-                     "iteration and a plain-loop estimate (CPU)", figures=bins_fig, params=params, out_dir=args.out)
-        print("2/2 time to first batch, concurrent vs not ...", flush=True)
-        fb_fig, fb_fail = bench_first_batch(manifest, work, args.repeat)
-        failures += fb_fail
-        write_result("bucketing_first_batch", what="time to first batch of make_sampler on a lazily read "
-                     "manifest: concurrent bucketing vs not (CPU)", figures=fb_fig, params=params, out_dir=args.out)
+def write_record(run: Run, name: str, what: str, figures: dict, params: dict) -> None:
+    """Write one of the bench's records to ``--out`` (a smoke run's ``what`` says so)."""
+    what += " (SMOKE: tiny shapes, not a measurement)" if run.smoke else ""
+    write_result(name, what=what, figures=figures, params=params, out_dir=run.args.out)
 
-        print("\n".join(record.table_lines(bins_fig) + record.table_lines(fb_fig)))
-    return failures
+
+def bins_part(run: Run, manifest: Path, work: Path, params: dict) -> None:
+    """``bucketing_bins_1m``, then (when the bins were made) ``bucketing_first_batch``."""
+    print("1/2 bins end to end vs lhotse CutSet iteration ...", flush=True)
+    bins_fig, failures = bench_bins(manifest, work, run.args.repeat)
+    run.failures += failures
+    if not bins_fig:
+        return
+    write_record(run, "bucketing_bins_1m", "`workbench bins` end to end vs the same via lhotse CutSet iteration "
+                 "and a plain-loop estimate (CPU)", bins_fig, params)
+    print("2/2 time to first batch, concurrent vs not ...", flush=True)
+    fb_fig, fb_fail = bench_first_batch(manifest, work, run.args.repeat)
+    run.failures += fb_fail
+    write_record(run, "bucketing_first_batch", "time to first batch of make_sampler on a lazily read manifest: "
+                 "concurrent bucketing vs not (CPU)", fb_fig, params)
+    print("\n".join(record.table_lines(bins_fig) + record.table_lines(fb_fig)))
+
+
+def tokenized_part(run: Run, manifest: Path, work: Path, params: dict) -> None:
+    """``bucketing_bins_1m_tokenizer``."""
+    print("bins with a sentencepiece tokenizer over every transcript ...", flush=True)
+    tok_fig, tok_fail = bench_bins_tokenized(manifest, work, run.args.repeat)
+    run.failures += tok_fail
+    if tok_fig:
+        write_record(run, "bucketing_bins_1m_tokenizer", "`workbench bins --tokenizer` end to end: every "
+                     "transcript tokenized with a sentencepiece BPE-1024 model (CPU)", tok_fig, params)
+        print("\n".join(record.table_lines(tok_fig)))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="folder for the JSON results")
-    parser.add_argument("--num-cuts", type=int, default=1_000_000, help="utterances in the synthetic manifest")
+    parser = bench_parser(__doc__, parts=PARTS, out_required=True)
+    parser.add_argument("--num-cuts", type=int, default=None, help="utterances in the synthetic manifest "
+                        f"(default {NUM_CUTS}; {SMOKE_NUM_CUTS} under --smoke)")
     parser.add_argument("--work", default=None, help="folder for the manifest (kept and reused)")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs of the fast paths")
-    parser.add_argument("--only", choices=["bins", "tokenized"], default=None,
-                        help="run one part: bins (+ first batch) or the tokenizer timing")
-    args = parser.parse_args(argv)
-
-
+    run = start(parser, argv, name="", what="bucketing benches", needs_cuda=False)  # each part writes its records
     logging.getLogger("workbench.bucketing.sampler").setLevel(logging.ERROR)  # unfit cuts are expected here
 
-    work = Path(args.work or Path(tempfile.gettempdir()) / f"workbench_bench_bucketing_{args.num_cuts}")
+    num_cuts = run.args.num_cuts or (SMOKE_NUM_CUTS if run.smoke else NUM_CUTS)
+    work = Path(run.args.work or Path(tempfile.gettempdir()) / f"workbench_bench_bucketing_{num_cuts}")
     manifest = work / "cuts.jsonl.gz"
     if not manifest.exists():
-        print(f"writing a {args.num_cuts}-utterance synthetic manifest to {manifest} ...", flush=True)
-        write_synthetic_corpus(work, args.num_cuts, seed=0)
-    params = {"num_cuts": args.num_cuts, "manifest": "synthetic seed 0", "buckets": 30, "sub_buckets": 2,
-              "tps_threshold": 4.0, "repeat": args.repeat}
-
-    failures: list[str] = []
-    if args.only in (None, "bins"):
-        failures += _bins_and_first_batch(manifest, work, args, params)
-    if args.only in (None, "tokenized"):
-        print("bins with a sentencepiece tokenizer over every transcript ...", flush=True)
-        tok_fig, tok_fail = bench_bins_tokenized(manifest, work, args.repeat)
-        failures += tok_fail
-        if tok_fig:
-            write_result("bucketing_bins_1m_tokenizer", what="`workbench bins --tokenizer` end to end: every "
-                         "transcript tokenized with a sentencepiece BPE-1024 model (CPU)", figures=tok_fig,
-                         params=params, out_dir=args.out)
-            print("\n".join(record.table_lines(tok_fig)))
-    return report_failures(failures)
+        print(f"writing a {num_cuts}-utterance synthetic manifest to {manifest} ...", flush=True)
+        write_synthetic_corpus(work, num_cuts, seed=0)
+    params = {"num_cuts": num_cuts, "manifest": "synthetic seed 0", "buckets": 30, "sub_buckets": 2,
+              "tps_threshold": 4.0, "repeat": run.args.repeat}
+    for part, measure in (("bins", bins_part), ("tokenized", tokenized_part)):
+        if run.wants(part):
+            with run.part(part):
+                measure(run, manifest, work, params)
+    return run.finish()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ profile and checkpoints are loaded, the losses must fall, and a few utterances a
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -18,9 +17,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+from benchmarks.harness import bench_parser, start
 
 REPO = Path(__file__).resolve().parents[2]
 FLOW_MARKER = "<!-- flow -->"
@@ -54,12 +55,6 @@ def readme_flow_commands(readme: str | os.PathLike = REPO / "README.md") -> list
     return commands
 
 
-@dataclass
-class FlowRun:
-    workdir: Path
-    commands: list[dict[str, Any]] = field(default_factory=list)  # {"command", "seconds"} in order
-
-
 def workbench_shim(workdir: Path) -> Path:
     """A folder holding a ``workbench`` executable that runs this checkout's CLI with this Python."""
     bin_dir = workdir / ".bin"
@@ -70,26 +65,28 @@ def workbench_shim(workdir: Path) -> Path:
     return bin_dir
 
 
-def run_commands(commands: list[str], workdir: Path, *, log=print) -> FlowRun:
-    """Run each command in bash in ``workdir``, timed; raises FlowError at the first failure."""
+def run_commands(commands: list[str], workdir: Path, *, log=print,
+                 done: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Run each command in bash in ``workdir``, timed: one ``{"command", "seconds"}`` per command, appended
+    to ``done`` (a new list by default) as each finishes; raises FlowError at the first failure."""
     bin_dir = workbench_shim(workdir)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    run = FlowRun(workdir)
+    done = [] if done is None else done
     for i, command in enumerate(commands):
         log(f"$ {command}")
         started = time.perf_counter()
         with open(workdir / f"command{i:02d}.log", "w") as out:
-            done = subprocess.run(["bash", "-c", command], cwd=workdir, env=env, stdout=out,
-                                  stderr=subprocess.STDOUT)
+            finished = subprocess.run(["bash", "-c", command], cwd=workdir, env=env, stdout=out,
+                                      stderr=subprocess.STDOUT)
         seconds = time.perf_counter() - started
         tail = (workdir / f"command{i:02d}.log").read_text(errors="replace").splitlines()[-15:]
         log("\n".join(f"  {line[-200:]}" for line in tail if "it/s]" not in line and "s/it]" not in line))
-        log(f"  -> exit {done.returncode} in {seconds:.1f} s")
-        if done.returncode != 0:
-            raise FlowError(f"`{command}` exited {done.returncode}:\n" + "\n".join(tail))
-        run.commands.append({"command": command, "seconds": seconds})
-    return run
+        log(f"  -> exit {finished.returncode} in {seconds:.1f} s")
+        if finished.returncode != 0:
+            raise FlowError(f"`{command}` exited {finished.returncode}:\n" + "\n".join(tail))
+        done.append({"command": command, "seconds": seconds})
+    return done
 
 
 def option_value(command: str, option: str) -> str | None:
@@ -109,23 +106,31 @@ def train_commands(commands: list[str]) -> dict[str, str]:
     return runs
 
 
-def check_outputs(run: FlowRun, commands: list[str]) -> dict[str, Any]:
-    """Load what the commands wrote and check it as a user would; returns the record's figures."""
-    from workbench.records.flow import train_figures
+def profile_figures(path: Path) -> tuple[dict[str, Any], dict[str, bool]]:
+    """The profile a user trains with: its buckets, batch sizes, probes (per merged bucket) and soak OOMs,
+    and its checks."""
     from workbench.bucketing import load_profile
 
-    workdir = run.workdir
-    trains = train_commands(commands)
-    profile = load_profile(workdir / option_value(trains["train_profile"], "--profile"))
+    profile = load_profile(path)
     meta = profile.metadata
-    figures: dict[str, Any] = {"commands": run.commands}
-    figures["profile"] = {"num_buckets": profile.num_buckets, "bins": profile.bucket_duration_bins,
-                          "batch_sizes": profile.bucket_batch_size, "probes": meta.get("probes"),
-                          "probes_per_bucket": meta.get("probes", 0) / max(1, meta.get("unmerged_buckets", 1)),
-                          "soak_ooms": (meta.get("soak") or {}).get("ooms"), "torch": meta.get("torch")}
+    figures = {"num_buckets": profile.num_buckets, "bins": profile.bucket_duration_bins,
+               "batch_sizes": profile.bucket_batch_size, "probes": meta.get("probes"),
+               "probes_per_bucket": meta.get("probes", 0) / max(1, meta.get("unmerged_buckets", 1)),
+               "soak_ooms": (meta.get("soak") or {}).get("ooms"), "torch": meta.get("torch")}
     checks = {"profile_has_positive_batch_sizes": bool(profile.bucket_batch_size)
               and all(b > 0 for b in profile.bucket_batch_size),
               "soak_ran_without_oom": (meta.get("soak") or {}).get("ooms") == 0}
+    return figures, checks
+
+
+def check_outputs(workdir: Path, commands: list[str]) -> tuple[dict[str, Any], dict[str, bool]]:
+    """Load what the commands wrote and check it as a user would: the record's figures (profile, both
+    training runs, decoding) and its checks (name -> passed)."""
+    from workbench.records.flow import train_figures
+
+    trains = train_commands(commands)
+    figures: dict[str, Any] = {}
+    figures["profile"], checks = profile_figures(workdir / option_value(trains["train_profile"], "--profile"))
     for key, command in trains.items():
         folder = workdir / option_value(command, "--out")
         summary = json.loads((folder / "train_summary.json").read_text())
@@ -142,9 +147,7 @@ def check_outputs(run: FlowRun, commands: list[str]) -> dict[str, Any]:
     # a model trained for a few steps mostly emits blanks: the check is that decoding runs and its
     # hypotheses are well formed; how many are non-empty is recorded, not required
     checks["decoder_runs_with_well_formed_hypotheses"] = figures["decode"]["valid"]
-    figures["checks"] = checks
-    figures["failures"] = [name for name, ok in checks.items() if not ok]
-    return figures
+    return figures, checks
 
 
 def decode_a_few(checkpoint: Path, cuts_path: Path, tokenizer_path: Path, num_cuts: int = 8) -> dict[str, Any]:
@@ -178,35 +181,39 @@ def decode_a_few(checkpoint: Path, cuts_path: Path, tokenizer_path: Path, num_cu
             "valid": bool(valid)}
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.flow", description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="folder for flow.json")
-    p.add_argument("--workdir", help="where the commands run (default: a temporary folder)")
-    p.add_argument("--keep", action="store_true", help="keep the work folder")
-    p.add_argument("--readme", default=str(REPO / "README.md"))
-    return p.parse_args(argv)
+@contextmanager
+def work_folder(workdir: str | None, keep: bool) -> Iterator[Path]:
+    """``workdir`` (made if missing, kept), else a temporary folder removed on exit unless ``keep``."""
+    folder = Path(workdir or tempfile.mkdtemp(prefix="workbench_flow_"))
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield folder
+    finally:
+        if not (keep or workdir):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     from workbench.records.flow import summary_lines
-    from benchmarks.harness import write_result
 
-    args = parse_args(argv)
-    commands = readme_flow_commands(args.readme)
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="workbench_flow_"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    try:
-        run = run_commands(commands, workdir)
-        figures = check_outputs(run, commands)
-        path = write_result("flow", what="the README's flow on this GPU: commands as typed, then the checks "
-                            "a user makes", figures=figures, params={"commands": commands}, out_dir=args.out)
-        record = json.loads(path.read_text())
-        print("\n".join(summary_lines(record["figures"])))
-        print(f"wrote {path}")
-        return 1 if figures["failures"] else 0
-    except FlowError as e:
-        print(f"flow failed: {e}", file=sys.stderr)
-        return 1
-    finally:
-        if not (args.keep or args.workdir):
-            shutil.rmtree(workdir, ignore_errors=True)
+    parser = bench_parser(__doc__, out_required=True)
+    parser.prog = "python -m benchmarks.flow"
+    parser.add_argument("--workdir", help="where the commands run (default: a temporary folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument("--readme", default=str(REPO / "README.md"))
+    run = start(parser, argv, name="flow", what="the README's flow on this GPU: commands as typed, then the "
+                "checks a user makes", needs_cuda=False)
+    commands = readme_flow_commands(run.args.readme)
+    run.params["commands"] = commands
+    with work_folder(run.args.workdir, run.args.keep) as workdir, run.part("flow"):
+        run.figures["commands"] = []
+        run_commands(commands, workdir, done=run.figures["commands"])
+        figures, checks = check_outputs(workdir, commands)
+        run.figures.update(figures, checks=checks)
+        run.failures += [name for name, ok in checks.items() if not ok]
+    print("\n".join(summary_lines(json.loads(run.save().read_text())["figures"])))
+    return run.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

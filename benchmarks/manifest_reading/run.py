@@ -1,13 +1,15 @@
 """Reading 1M cuts from a .jsonl.gz: workbench's reader against iterating lhotse.CutSet.from_jsonl_lazy.
 
     python -m benchmarks.manifest_reading [--num-cuts 1000000] [--out benchmarks/results]
+    python -m benchmarks.manifest_reading --smoke --out /tmp/x      # 2000 cuts
 
-Writes <out>/manifest_reading.json (``record.py`` owns its fields). A CPU benchmark.
+Writes <out>/manifest_reading.json (``workbench/records/manifest_reading.py`` owns its fields). A CPU
+benchmark; exit 1 when the two readers disagree.
 """
 
 from __future__ import annotations
 
-import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -15,14 +17,17 @@ from pathlib import Path
 from lhotse import CutSet
 from tqdm.auto import tqdm
 
-from workbench.records import manifest_reading as record
-from benchmarks.harness import write_result
-from workbench.timing import summarize
+from benchmarks.harness import Run, bench_parser, start
 from workbench.data import read_cut_arrays, write_synthetic_corpus
+from workbench.records import manifest_reading as record
+from workbench.timing import summarize
+
+NUM_CUTS, SMOKE_NUM_CUTS = 1_000_000, 2000
+TARGET_S = 10.0  # our reader's median on NUM_CUTS cuts
 
 
 def lhotse_durations(path: Path, *, progress: bool = False) -> tuple[list[float], list[int]]:
-    """Durations and custom num_tokens of every cut, by iterating lhotse's lazy CutSet (the peer path)."""
+    """Durations (s) and custom num_tokens of every cut, by iterating lhotse's lazy CutSet (the peer path)."""
     durations, tokens = [], []
     for cut in tqdm(CutSet.from_jsonl_lazy(path), desc="lhotse CutSet iteration", unit="cut", mininterval=2.0,
                     disable=not progress):
@@ -31,36 +36,45 @@ def lhotse_durations(path: Path, *, progress: bool = False) -> tuple[list[float]
     return durations, tokens
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-cuts", type=int, default=1_000_000)
-    parser.add_argument("--repeat", type=int, default=3, help="timed runs of our reader")
-    parser.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
-    args = parser.parse_args(argv)
+def measure(run: Run, num_cuts: int, repeat: int) -> dict:
+    """Seconds of ``repeat`` reads with ``read_cut_arrays`` and one lhotse iteration over a synthetic
+    manifest of ``num_cuts`` cuts; a disagreement between the two is a failure of ``run``."""
     with tempfile.TemporaryDirectory() as tmp:
-        path = write_synthetic_corpus(tmp, args.num_cuts, seed=0)
+        path = write_synthetic_corpus(tmp, num_cuts, seed=0)
         ours = []
-        for _ in range(args.repeat):
+        for _ in range(repeat):
             t0 = time.perf_counter()
             arrays = read_cut_arrays(path, progress=False)
             ours.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         durations, tokens = lhotse_durations(path)
         lhotse_s = time.perf_counter() - t0
-        assert len(durations) == len(arrays) and abs(sum(durations) - float(arrays.durations.sum())) < 1e-3
-        assert tokens == arrays.num_tokens.tolist(), "token counts differ from lhotse's"
         size = path.stat().st_size
+    if len(durations) != len(arrays) or abs(sum(durations) - float(arrays.durations.sum())) >= 1e-3:
+        run.failures.append("durations differ from lhotse's")
+    if tokens != arrays.num_tokens.tolist():
+        run.failures.append("token counts differ from lhotse's")
     ours_s = summarize(ours)
-    figures = {"workbench_read_cut_arrays_s": ours_s, "lhotse_from_jsonl_lazy_s": summarize([lhotse_s]),
-               "speedup_vs_lhotse": lhotse_s / ours_s["median"], "file_bytes": size,
-               "cuts_per_s": args.num_cuts / ours_s["median"], "target_s": 10.0,
-               "meets_target": ours_s["median"] <= 10.0}
-    path = write_result("manifest_reading", what="read durations and token counts of N cuts from a "
-                        "lhotse .jsonl.gz: workbench.data.read_cut_arrays vs iterating CutSet.from_jsonl_lazy",
-                        figures=figures, params={"num_cuts": args.num_cuts, "repeat": args.repeat},
-                        out_dir=args.out)
-    print("\n".join(record.table_lines(figures)) + f"\nwrote {path}")
+    return {"workbench_read_cut_arrays_s": ours_s, "lhotse_from_jsonl_lazy_s": summarize([lhotse_s]),
+            "speedup_vs_lhotse": lhotse_s / ours_s["median"], "file_bytes": size,
+            "cuts_per_s": num_cuts / ours_s["median"], "target_s": TARGET_S,
+            "meets_target": ours_s["median"] <= TARGET_S}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--num-cuts", type=int, default=None,
+                        help=f"cuts in the synthetic manifest (default {NUM_CUTS}; {SMOKE_NUM_CUTS} under --smoke)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs of our reader")
+    run = start(parser, argv, name=record.NAME, what="read durations and token counts of N cuts from a lhotse "
+                ".jsonl.gz: workbench.data.read_cut_arrays vs iterating CutSet.from_jsonl_lazy", needs_cuda=False)
+    num_cuts = run.args.num_cuts or (SMOKE_NUM_CUTS if run.smoke else NUM_CUTS)
+    run.params["num_cuts"] = num_cuts
+    with run.part("read"):
+        run.figures.update(measure(run, num_cuts, run.args.repeat))
+        print("\n".join(record.table_lines(run.figures)))
+    return run.finish()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

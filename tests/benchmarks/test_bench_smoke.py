@@ -277,7 +277,7 @@ def test_summary_out_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
 
 def test_bucketing_bench_bins_equal_the_plain_loop_on_a_small_corpus(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "benchmarks.bucketing", "--out", str(tmp_path / "out"),
-                           "--work", str(tmp_path / "work"), "--num-cuts", "3000", "--repeat", "1", "--only",
+                           "--work", str(tmp_path / "work"), "--num-cuts", "3000", "--repeat", "1", "--parts",
                            "bins"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     fig = json.loads((tmp_path / "out" / "bucketing_bins_1m.json").read_text())["figures"]

@@ -73,3 +73,14 @@ def test_readme_block_parsing_keeps_quoted_hashes_and_skips_comments_in_continua
                       "    # a note inside the continuation\n    --tokenizer t.model\n\n"
                       'echo "a #b"\n```\nafter\n')
     assert readme_flow_commands(readme) == ["workbench corpus stats a.jsonl --tokenizer t.model", 'echo "a #b"']
+
+
+def test_a_failed_command_is_recorded_and_summarized(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- flow -->\n```sh\ntrue\nfalse\necho never\n```\n")
+    assert main(["--out", str(tmp_path / "results"), "--readme", str(readme)]) == 1
+    f = json.loads((tmp_path / "results" / "flow.json").read_text())["figures"]
+    assert [c["command"] for c in f["commands"]] == ["true"]
+    assert f["failures"] == ["flow: FlowError: `false` exited 1:"]
+    assert flow_record.summary_lines(f) == ["README flow: FAILED after 1 commands in 0 s: flow: FlowError: "
+                                            "`false` exited 1:"]

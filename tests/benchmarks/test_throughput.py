@@ -6,7 +6,8 @@ import math
 import pytest
 
 from workbench.records import throughput as tp
-from benchmarks.throughput.run import main, record_name, repeated_cuts
+from benchmarks.throughput.corpus import repeated_cuts
+from benchmarks.throughput.run import main, record_name
 from workbench.data.tone_corpus import write_tone_corpus
 
 
@@ -78,8 +79,8 @@ def test_repeated_cuts_interleave_copies_and_drop_long_ones(tmp_path):
 
 def test_throughput_smoke_runs_every_part_on_cpu_and_writes_the_record(tmp_path, capsys):
     out = tmp_path / "out"
-    code = main(["--model", "large-rnnt", "--part", "all", "--smoke", "--out", str(out), "--workdir",
-                 str(tmp_path / "work"), "--utterances", "24", "--repeat", "3", "--steps", "4", "--seconds", "2",
+    code = main(["--model", "large-rnnt", "--smoke", "--out", str(out), "--workdir",
+                 str(tmp_path / "work"), "--utterances", "24", "--repeat", "3", "--steps", "4", "--train-s", "2",
                  "--warmup-steps", "1", "--warmup-records", "1", "--buckets-1d", "3", "--buckets-2d", "2"])
     assert code == 0
     record = json.loads((out / f"{record_name('large-rnnt')}.json").read_text())
@@ -116,24 +117,20 @@ def test_throughput_smoke_runs_every_part_on_cpu_and_writes_the_record(tmp_path,
 
 
 def test_throughput_later_part_without_prepare_is_one_line(tmp_path, capsys):
-    with pytest.raises(ValueError, match="--part train: no prepared profiles"):
-        main(["--model", "xl-aed", "--part", "train", "--smoke", "--out", str(tmp_path), "--workdir",
-              str(tmp_path / "w"), "--utterances", "8", "--repeat", "1"])
     with pytest.raises(SystemExit):
-        main(["--model", "xl-aed", "--part", "train", "--smoke", "--out", str(tmp_path), "--steps", "0"])
+        main(["--model", "xl-aed", "--parts", "train", "--smoke", "--out", str(tmp_path), "--workdir",
+              str(tmp_path / "w"), "--utterances", "8", "--repeat", "1"])
+    assert "--parts train: no prepared profiles" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--model", "xl-aed", "--parts", "train", "--smoke", "--out", str(tmp_path), "--steps", "0"])
     assert "--steps: must be >= 1" in capsys.readouterr().err
-
-
-def _study(steps: int):
-    import argparse
-
-    from benchmarks.throughput.run import Study
-
-    return Study(argparse.Namespace(steps=steps, warmup_records=0), None, "tiny-rnnt")
+    assert not list(tmp_path.iterdir())  # nothing written
 
 
 def test_views_take_the_fewest_steps_reached_and_keep_an_oom_apart():
-    from benchmarks.throughput.run import views
+    import argparse
+
+    from benchmarks.throughput.training import views
 
     prep = {"baseline": {"lhotse_bins": [5.0], "buckets": [{"longest_s": 30.0}]},
             "profiles": {"1d": {"bucket_duration_bins": [5.0, 30.0]}}}
@@ -145,7 +142,7 @@ def test_views_take_the_fewest_steps_reached_and_keep_an_oom_apart():
         return {"summary": {"peak_allocated_bytes": 100 * n}, "records": records, "settings": {}}
 
     oom = {"ooms": 1, "error": "CUDA out of memory", "settings": {}}
-    out = views(_study(steps=10), prep, {"baseline": trained(12), "1d": trained(6), "2d": oom})
+    out = views(argparse.Namespace(steps=10, warmup_records=0), prep, {"baseline": trained(12), "1d": trained(6), "2d": oom})
     # k = 6: the shorter run bounds the same-steps view; the same-time view keeps every step
     assert out["steps"]["baseline"]["steps"] == 6 and out["seconds"]["baseline"]["steps"] == 12
     assert out["steps"]["1d"]["steps"] == out["seconds"]["1d"]["steps"] == 6

@@ -3,7 +3,9 @@
 Schema (``figures``): ``commands`` (one ``{"command", "seconds"}`` per README line, in order),
 ``profile`` (buckets, batch sizes, probes per bucket, soak OOMs), ``train_profile`` and
 ``train_max_duration`` (see :func:`train_figures`), ``decode`` (utterances decoded, graph mode), and
-``checks`` (name -> bool) with ``failures`` (the names of the false ones).
+``checks`` (name -> bool) with ``failures`` (the names of the false ones), and ``wall_s``. When a
+command fails, ``commands`` lists those that ran, ``failures`` names the failed one and the other
+figures are missing.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ def summary_lines(figures: dict[str, Any]) -> list[str]:
     f = figures
     lines = []
     total = sum(c["seconds"] for c in f["commands"])
+    if "profile" not in f:
+        return [f"README flow: FAILED after {len(f['commands'])} commands in {total:.0f} s: {'; '.join(f['failures'])}"]
     lines.append(f"README flow: {len(f['commands'])} commands in {total:.0f} s; checks "
                  + ("all passed" if not f["failures"] else f"FAILED: {', '.join(f['failures'])}"))
     p = f["profile"]

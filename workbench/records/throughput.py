@@ -3,7 +3,9 @@
 Schema (``figures``, see the TypedDicts): ``model``; ``prepare`` (:class:`Prepared`: the corpus, the 1D
 and 2D profiles with their batch sizes, the baseline's max_duration with its per-bucket worst cases and
 the check pass); ``steps`` and ``seconds`` (:class:`Part`: one :class:`RunFigures` per sampler and the
-measured matmul rate); ``checks`` (name -> bool) and ``failures``. Every reading of it is here.
+measured matmul rate; ``budget``: the ``--train-s`` wall seconds each sampler trained, or the k steps);
+``checks`` (name -> bool), ``failures`` (a line per part that raised, then the names of the false checks)
+and ``wall_s`` (the run's). Every reading of it is here.
 """
 
 from __future__ import annotations

@@ -1,0 +1,40 @@
+"""What every piece of the throughput study shares: its models, limits and folders."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from workbench.records.throughput import record_name
+
+MODELS = ("large-rnnt", "xl-aed")
+SMOKE_MODELS = {"large-rnnt": "tiny-rnnt", "xl-aed": "tiny-aed"}  # --smoke trains these on the CPU
+MAX_UTTERANCE_S = 40.0  # longer joined utterances are dropped from the corpus
+LHOTSE_NUM_BUCKETS = 10  # the baseline's buckets (TrainConfig's default)
+SMOKE_BATCH_AUDIO_S = 12.0  # smoke: the modelled memory budget holds this much padded audio per batch
+TMP = Path("/tmp/workbench_throughput")
+
+
+def trained_model(args: argparse.Namespace) -> str:
+    """The model the study trains: ``--model``, or its tiny stand-in under ``--smoke``."""
+    return SMOKE_MODELS[args.model] if args.smoke else args.model
+
+
+def workdir(args: argparse.Namespace) -> Path:
+    """Where the runs go: ``--workdir``, else /tmp/workbench_throughput/<record>[_smoke]."""
+    return Path(args.workdir or TMP / f"{record_name(args.model)}{'_smoke' if args.smoke else ''}")
+
+
+def corpus_root(args: argparse.Namespace) -> Path:
+    """The corpus folder: ``--corpus-dir``; else <workdir>/corpus under ``--smoke``, otherwise one folder per
+    corpus shape (utterances x join x repeat) that both models share."""
+    if args.corpus_dir:
+        return Path(args.corpus_dir)
+    if args.smoke:
+        return workdir(args) / "corpus"
+    return TMP / f"corpus_{args.utterances}x{args.join}x{args.repeat}"
+
+
+def say(run, message: str) -> None:
+    """Print ``message`` after the run's wall seconds so far."""
+    print(f"[{run.seconds():6.1f} s] {message}", flush=True)
