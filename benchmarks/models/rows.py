@@ -47,7 +47,7 @@ def profile_step(model, name: str, shape, failures: list[str], *, device: torch.
         batch = model.make_batch(batch_size, seconds, tokens, device)
         model.training_step(batch, dtype=DTYPES[dtype_name])  # warm-up: kernels compiled, algorithms picked
         out.update(profiled_step(model, batch, DTYPES[dtype_name], device))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - the profile records its error; the rows stay
         note_failure(out, e, failures, f"{name} kernel profile")
     model.zero_grad(set_to_none=True)
     batch = None  # noqa: F841
@@ -61,7 +61,7 @@ def count_flops(model, name: str, shape: dict, failures: list[str], *, device: t
     try:
         return step_flops(model, shape["batch_size"], shape["duration_s"], shape["num_tokens"],
                           smoke=device.type == "cpu")
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - the row keeps flops None; the failure is recorded
         if not is_oom_error(e):
             failures.append(f"{name} B={shape['batch_size']} {shape['duration_s']:g}s: FLOP count failed: "
                             f"{type(e).__name__}: {e}")

@@ -41,6 +41,9 @@ interpreter (TRITON_INTERPRET=1).
 same for the conformer convolution modules' depthwise convolution over time; torch: nn.Conv1d, e.g. with --name
 models_time_torch (the stage models-time-torch of scripts/gpu_run.sh, the reference for the default's rows).
 
+--budget-s: no model starts after this many wall seconds (one that does not is a failure; 0, the default:
+no limit).
+
 --smoke: tiny-rnnt and tiny-aed at two small shapes, 2 timed steps after 1 warm-up, and a small loss
 comparison (when torchaudio is installed). Without CUDA the steps run on the CPU: times are CPU wall
 clock, peak memory and GPU busy are not measured (null), and MFU is against the CPU's fp32 matmul rate.
