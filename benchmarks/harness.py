@@ -61,6 +61,7 @@ class Run:
     started: float = field(default_factory=time.perf_counter)
     # named checks of the figures, judged at every save into figures["checks"]; a false one is a failure
     checks: Callable[[dict[str, Any]], dict[str, bool]] | None = None
+    smoke_note: str = " (SMOKE: tiny shapes, not a measurement)"  # appended to ``what`` in a smoke run
 
     @property
     def smoke(self) -> bool:
@@ -115,16 +116,36 @@ class Run:
         figures.update(failures=self.all_failures(), wall_s=round(self.seconds(), 3))
         if self.smoke:
             figures["smoke"] = True
-        what = self.what + (" (SMOKE: tiny shapes, not a measurement)" if self.smoke else "")
+        what = self.what + (self.smoke_note if self.smoke else "")
         params = {**{k: v for k, v in vars(self.args).items() if k != "out"}, **self.params}
         return write_result(self.name, what=what, figures=figures, params=params, out_dir=self.args.out)
 
-    def finish(self) -> int:
-        """Save the record, print each failure (a smoke run's are not enforced) and return the exit code."""
+    def each(self, names: list[str], measure: Callable[[str], tuple[dict, list[str]]], *, key: str = "models",
+             spec_of: Callable[[str], str] = str) -> dict:
+        """:func:`measure_each` into the record: ``figures[key]`` holds an entry per name, the failures join
+        :attr:`failures`, the record is saved after each name, and none starts once ``--budget-s`` is spent.
+        Returns the entries by name."""
+        entries = self.figures.setdefault(key, {})
+        earlier = list(self.failures)
+        budget = getattr(self.args, "budget_s", 0) or 0
+
+        def save(done: dict, failed: list[str]) -> None:
+            entries.update(done)
+            self.failures[:] = earlier + failed
+            self.save()
+
+        left_s = max(budget - self.seconds(), 1e-9) if budget else 0
+        _, failed = measure_each(names, measure, budget_s=left_s, save=save, spec_of=spec_of)
+        self.failures[:] = earlier + failed
+        return entries
+
+    def finish(self, *, enforce_smoke: bool = False) -> int:
+        """Save the record, print each failure and return the exit code; a smoke run's failures count only
+        with ``enforce_smoke`` (checks that hold on any machine)."""
         path = self.save()
         if path is not None:
             print(f"wrote {path}", flush=True)
-        return report_failures(self.all_failures(), smoke=self.smoke)
+        return report_failures(self.all_failures(), smoke=self.smoke and not enforce_smoke)
 
 
 def start(parser: argparse.ArgumentParser, argv: list[str] | None, *, name: str, what: str,

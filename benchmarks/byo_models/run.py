@@ -8,7 +8,6 @@ reference model on the same buckets.
 
 from __future__ import annotations
 
-import argparse
 import math
 import tempfile
 
@@ -16,7 +15,7 @@ import torch
 
 from workbench.adapters import ADAPTERS, SMALL_CONFIGS, build_adapter, build_model_from_spec, user_model_spec
 from benchmarks.oomptimizer.modeled_probe import ModeledMemoryProbe
-from benchmarks.harness import bench_device, check_smoke_out, cuda_missing, measure_each, models_saver, report_failures
+from benchmarks.harness import Run, bench_device, bench_parser, start
 from workbench.bucketing import BucketProfile, estimate_2d_bins
 from workbench.data import read_cut_arrays, write_synthetic_corpus
 from workbench.memory import configure_allocator
@@ -127,40 +126,40 @@ def bench_buckets(args) -> list:
 
 
 def add_search_options(parser) -> None:
-    """The options the benches that search models share: buckets, the search's settings, budget, smoke, out."""
+    """The options the benches that search models share besides the harness's: buckets, the search's settings."""
     parser.add_argument("--buckets", type=int, default=4, help="duration buckets (default 4)")
     parser.add_argument("--sub-buckets", type=int, default=2, help="token sub-buckets each (default 2)")
     parser.add_argument("--max-duration", type=float, default=25.0, help="longest utterance, s (default 25)")
     parser.add_argument("--memory-fraction", type=float, default=0.9, help="the search's share of the GPU")
     parser.add_argument("--rel-gap", type=float, default=0.05, help="the search's stopping gap (default 0.05)")
     parser.add_argument("--max-batch-size", type=int, default=8192, help="the search's upper bound")
-    parser.add_argument("--budget-s", type=float, default=0, help="start no model after this many s (0: none)")
-    parser.add_argument("--smoke", action="store_true", help="CPU: small models, a modeled peak (not measured)")
-    parser.add_argument("--out", help="results folder (default benchmarks/results)")
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+SMOKE_NOTE = " (SMOKE: modeled peak, not a measurement)"  # a smoke run's record: its peaks are modeled
+
+
+def start_run(argv) -> Run:
+    """The options parsed and checked; a smoke run without CUDA goes on (a modeled peak), else exit 2."""
+    parser = bench_parser(__doc__)
     parser.add_argument("--models", nargs="+", help=f"adapters ({', '.join(ADAPTERS)}), reference names or "
                         f"MODULE:CALLABLE (default: {' '.join(DEFAULT_MODELS)}; --smoke: those with a small config)")
     add_search_options(parser)
     parser.add_argument("--soak-steps", type=int, default=2, help="soak steps per bucket (default 2)")
     parser.add_argument("--name", default=NAME, help=f"record name, {NAME} or {NAME}_<suffix> (default {NAME})")
-    args = parser.parse_args(argv)
-    if args.smoke:
-        check_smoke_out(parser, args.out)
-    if args.name != NAME and not args.name.startswith(NAME + "_"):
+    run = start(parser, argv, name=NAME, what="OOMptimizer on models nobody here wrote: batch sizes, probes, soak "
+                "and the 1.1x check per bucket")
+    if run.args.name != NAME and not run.args.name.startswith(NAME + "_"):
         parser.error(f"--name: must be {NAME} or start with {NAME}_ (the summary finds the record by it)")
-    return args
+    run.name, run.smoke_note = run.args.name, SMOKE_NOTE
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if cuda_missing(args.smoke):
-        return 2
+    run = start_run(argv)
+    args = run.args
     configure_allocator()  # expandable segments, as `workbench oomptimize` and training run (before CUDA starts)
     device = bench_device()
-    buckets = bench_buckets(args)
+    buckets = run.figures["buckets"] = bench_buckets(args)
     names = args.models or ([n for n in DEFAULT_MODELS if n in SMALL_CONFIGS or user_model_spec(n) is None]
                             if args.smoke else DEFAULT_MODELS)
 
@@ -171,7 +170,5 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         return entry, checks(name, entry)
 
-    save = models_saver(args.name, "OOMptimizer on models nobody here wrote: batch sizes, probes, soak and the "
-                        "1.1x check per bucket", buckets, args)
-    _, failures = measure_each(names, measure, budget_s=args.budget_s, save=save, spec_of=model_spec)
-    return report_failures(failures, smoke=args.smoke)
+    run.each(names, measure, spec_of=model_spec)
+    return run.finish()

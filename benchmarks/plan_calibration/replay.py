@@ -11,7 +11,6 @@ smallest predicted peak of a size that ran out of memory.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import torch
 
 from workbench.adapters import user_model_spec
 from benchmarks.byo_models.run import SMOKE_MEMORY_BYTES
-from benchmarks.harness import write_result
+from benchmarks.harness import Run, bench_parser, start
 from workbench.records.results import RESULTS_DIR
 from workbench.oomptimizer.plan import StepTracer, build_fake_reference_model, build_fake_user_model, new_fake_mode
 from workbench.oomptimizer.search import PlannedPeaks, search_batch_sizes
@@ -106,31 +105,32 @@ def replay_record(path: Path, models: list[str] | None) -> dict:
     return out
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.plan_calibration.replay",
-                                     description=__doc__.splitlines()[0])
+def start_run(argv=None) -> Run:
+    """The options parsed: the records to replay, the models to keep, the harness's options (no GPU needed)."""
+    parser = bench_parser(__doc__)
+    parser.prog = "python -m benchmarks.plan_calibration.replay"
     parser.add_argument("records", nargs="*", help=f"records with measured probes (default: {' '.join(DEFAULT_RECORDS)} "
                                                    "in benchmarks/results)")
     parser.add_argument("--models", nargs="+", help="only these models of the records")
-    parser.add_argument("--out", help="where plan_replay.json goes (default benchmarks/results)")
-    return parser.parse_args(argv)
+    return start(parser, argv, name=NAME, needs_cuda=False,
+                 what="Plan against measured peaks: every recorded GPU probe traced again on the CPU, and the search "
+                      "from the plan replayed against the measured peaks")
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    paths = [Path(p) for p in args.records] or [RESULTS_DIR / name for name in DEFAULT_RECORDS]
+    run = start_run(argv)
+    paths = [Path(p) for p in run.args.records] or [RESULTS_DIR / name for name in DEFAULT_RECORDS]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         print(f"plan replay: error: no such record: {', '.join(missing)}")
         return 2
-    models = {}
+    run.params["records"] = [p.name for p in paths]
+    models = run.figures["models"] = {}
     for path in paths:
-        models.update(replay_record(path, args.models))
-    write_result(NAME, what="Plan against measured peaks: every recorded GPU probe traced again on the CPU, and "
-                            "the search from the plan replayed against the measured peaks",
-                 params={"records": [p.name for p in paths], "models": args.models},
-                 figures={"models": models}, out_dir=args.out)
-    return 0
+        if run.wants(path.name):
+            with run.part(path.name):
+                models.update(replay_record(path, run.args.models))
+    return run.finish()
 
 
 if __name__ == "__main__":

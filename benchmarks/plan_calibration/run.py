@@ -8,7 +8,6 @@ measured peak of every probe of that search, and the search started from the pla
 
 from __future__ import annotations
 
-import argparse
 import functools
 import multiprocessing
 import time
@@ -16,9 +15,9 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
-from benchmarks.byo_models.run import (SMOKE_MEMORY_BYTES, add_search_options, bench_buckets, build, make_probe,
-                                            model_spec)
-from benchmarks.harness import bench_device, check_smoke_out, cuda_missing, measure_each, models_saver, report_failures
+from benchmarks.byo_models.run import (SMOKE_MEMORY_BYTES, SMOKE_NOTE, add_search_options, bench_buckets, build,
+                                       make_probe, model_spec)
+from benchmarks.harness import Run, bench_device, bench_parser, start
 from workbench.bucketing import BucketProfile
 from workbench.memory import configure_allocator
 from workbench.memory.oom import release_memory
@@ -130,8 +129,10 @@ def checks(name: str, entry: dict, tolerance: float) -> list[str]:
     return out
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def start_run(argv) -> Run:
+    """The options parsed and checked (``args.margin_bytes`` from ``--margin``; a smoke run traces its plans in
+    this process); a smoke run without CUDA goes on (a modeled peak), else exit 2."""
+    parser = bench_parser(__doc__)
     parser.add_argument("--models", nargs="+", help=f"reference names, adapters or MODULE:CALLABLE (default: "
                         f"{' '.join(DEFAULT_MODELS)})")
     add_search_options(parser)
@@ -139,25 +140,25 @@ def parse_args(argv):
     parser.add_argument("--tolerance", type=float, default=0.05, help="planned against searched (default 0.05)")
     parser.add_argument("--plan-workers", type=int, default=3,
                         help="processes that trace the plans beside the GPU searches (0: in turn; smoke: 0)")
-    args = parser.parse_args(argv)
-    if args.smoke:
-        check_smoke_out(parser, args.out)
+    run = start(parser, argv, name=NAME, what="Plan against GPU: planned and searched batch sizes, predicted and "
+                "measured peaks, the search from the plan")
+    args = run.args
     try:
         args.margin_bytes = parse_size(args.margin) if not args.smoke else 2**20
     except ValueError as e:
         parser.error(f"--margin: {e}")
     if args.smoke:
         args.plan_workers = 0
-    return args
+    run.smoke_note = SMOKE_NOTE
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if cuda_missing(args.smoke):
-        return 2
+    run = start_run(argv)
+    args = run.args
     configure_allocator()  # expandable segments, as `workbench oomptimize` runs (before CUDA starts)
     device = bench_device()
-    buckets = bench_buckets(args)
+    buckets = run.figures["buckets"] = bench_buckets(args)
     names = args.models or (["tiny-rnnt"] if args.smoke else DEFAULT_MODELS)
     memory_bytes = (torch.cuda.get_device_properties(device).total_memory if device.type == "cuda"
                     else SMOKE_MEMORY_BYTES / args.memory_fraction)
@@ -170,7 +171,5 @@ def main(argv: list[str] | None = None) -> int:
               f"{entry['from_plan']['mean_probes_per_bucket']:.2f} probes per bucket", flush=True)
         return entry, checks(name, entry, args.tolerance)
 
-    save = models_saver(NAME, "Plan against GPU: planned and searched batch sizes, predicted and measured peaks, "
-                        "the search from the plan", buckets, args)
-    _, failures = measure_each(names, measure, budget_s=args.budget_s, save=save, spec_of=model_spec)
-    return report_failures(failures, smoke=args.smoke)
+    run.each(names, measure, spec_of=model_spec)
+    return run.finish()

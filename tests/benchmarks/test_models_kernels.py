@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from benchmarks.profiling import TOP_KERNELS
 from workbench.records import models as record
 
 CUDA, CPU = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
@@ -52,7 +53,7 @@ def test_models_bench_smoke_with_kernels_writes_the_table(tmp_path, capsys, cpu_
     profile = result["figures"]["kernels"]["tiny-rnnt"]
     assert result["params"]["kernel_shape"] == list(models.SMOKE_KERNEL_SHAPE)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    assert profile["device"] == device and profile["total_s"] > 0 and 0 < len(profile["top"]) <= models.TOP_KERNELS
+    assert profile["device"] == device and profile["total_s"] > 0 and 0 < len(profile["top"]) <= TOP_KERNELS
     shares = [k["share"] for k in profile["top"]]
     assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1 + 1e-9
     summary = record.summary_lines(result["figures"])
@@ -69,9 +70,10 @@ def test_gpu_models_bench_kernels_lists_cuda_kernels(tmp_path, capsys, cpu_setti
 
 def test_models_bench_compile_smoke_records_it_under_its_name(tmp_path, cpu_settings_kept, monkeypatch):
     from benchmarks.models import run as models
+    from benchmarks.models import rows
 
     compiled = []
-    monkeypatch.setattr(models, "compile_encoder_layers", lambda model: compiled.append(model) or model)
+    monkeypatch.setattr(rows, "compile_encoder_layers", lambda model: compiled.append(model) or model)
     args = ["--smoke", "--compile", "--name", "models_compile", "--models", "tiny-aed", "--out", str(tmp_path)]
     assert models.main(args) == 0
     result = json.loads((tmp_path / "models_compile.json").read_text())
@@ -153,7 +155,7 @@ def test_models_bench_records_the_default_time_depthwise_it_ran(tmp_path, monkey
 def test_models_bench_counts_the_flops_of_a_triton_depthwise_model_on_torch_convolutions():
     """The count runs the torch convolutions (no kernel, so no interpreter, needed on the CPU), equals the
     default model's, and leaves the option as it was."""
-    from benchmarks.models import run as models
+    from benchmarks.models import rows as models
     from workbench.models import build_model
 
     torch.manual_seed(0)

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from benchmarks.mfu import busy_share, convolution_backward_flops, step_flops, utilization
-from benchmarks.models import run
+from benchmarks.models import rows
 from workbench.records import models as record
 from workbench.records.results import RESULTS_DIR
 
@@ -54,7 +54,7 @@ def test_utilization_and_busy_share_from_given_numbers():
 
 
 def test_add_utilization_fills_the_row_and_leaves_none_where_unmeasured():
-    from benchmarks.models.run import add_utilization
+    from benchmarks.models.rows import add_utilization
 
     row = {"step_s": {"median": 0.2}}
     add_utilization(row, 1.6e13, 4e14, 0.05)
@@ -75,7 +75,7 @@ RNNT_PART = {"model": "tiny-rnnt", "buckets": [[1.0, 4.0], [1.0, 9.0], [2.0, 6.0
 
 
 def test_read_profile_shapes_takes_the_chosen_buckets_of_the_model(tmp_path):
-    from benchmarks.models.run import read_profile_shapes
+    from benchmarks.models.shapes import read_profile_shapes
 
     path = _oomptimizer_record(tmp_path / "oom.json", {
         "rnnt": RNNT_PART, "aed": {"model": "tiny-aed", "buckets": [[1.0, 4.0]], "skipped": "--part rnnt"}})
@@ -89,7 +89,7 @@ def test_read_profile_shapes_takes_the_chosen_buckets_of_the_model(tmp_path):
 
 
 def test_read_profile_shapes_errors_name_the_file_and_what_is_missing(tmp_path):
-    from benchmarks.models.run import ModelNotInRecord, ProfileShapeError, read_profile_shapes
+    from benchmarks.models.shapes import ModelNotInRecord, ProfileShapeError, read_profile_shapes
 
     path = _oomptimizer_record(tmp_path / "oom.json", {
         "rnnt": RNNT_PART, "aed": {"model": "tiny-aed", "buckets": [[1.0, 4.0]], "skipped": "--part rnnt"}})
@@ -108,7 +108,7 @@ def test_read_profile_shapes_errors_name_the_file_and_what_is_missing(tmp_path):
 
 
 def test_profile_shapes_for_skips_or_refuses_a_model_in_no_record(tmp_path):
-    from benchmarks.models.run import ModelNotInRecord, profile_shapes_for
+    from benchmarks.models.shapes import ModelNotInRecord, profile_shapes_for
 
     other = _oomptimizer_record(tmp_path / "aed.json", {"aed": {"model": "tiny-aed", "buckets": [[2.0, 5.0]],
                                                                  "predictive": {"batch_sizes": [7]}}})
@@ -125,7 +125,7 @@ def test_profile_shapes_for_skips_or_refuses_a_model_in_no_record(tmp_path):
 
 
 def test_a_model_in_no_record_takes_its_stand_ins_shapes_marked(tmp_path, monkeypatch):
-    from benchmarks.models import run as models
+    from benchmarks.models import shapes as models
 
     rnnt = _oomptimizer_record(tmp_path / "rnnt.json", {"rnnt": RNNT_PART})
     monkeypatch.setattr(models, "STAND_INS", {"tiny-tdt": "tiny-rnnt", "tiny-ctc": "tiny-aed"})
@@ -145,7 +145,8 @@ def test_a_model_in_no_record_takes_its_stand_ins_shapes_marked(tmp_path, monkey
 
 
 def test_the_committed_records_give_profile_shapes_for_large_rnnt_and_xl_aed():
-    from benchmarks.models.run import MODELS, PROFILE_RECORDS, profile_shapes_for
+    from benchmarks.models.run import MODELS
+    from benchmarks.models.shapes import PROFILE_RECORDS, profile_shapes_for
 
     found, missing = profile_shapes_for(MODELS, PROFILE_RECORDS, strict=False)
     assert sorted(found) == ["large-rnnt", "large-tdt", "xl-aed"] and sorted(missing) == ["large-aed"]
@@ -212,7 +213,7 @@ def test_gpu_models_bench_smoke_measures_gpu_busy(tmp_path, capsys, cpu_settings
         assert 0 < r["kernel_s"] and 0 < r["gpu_busy"] < 2 and 0 < r["mfu"] < 1
     profile_row, = [r for r in fig["steps"] if r["shape_source"] == "profile"]
     top = profile_row["top_kernels"]
-    assert 0 < len(top) <= run.ROW_KERNELS and all(k["self_s"] > 0 and k["calls"] > 0 for k in top)
+    assert 0 < len(top) <= rows.ROW_KERNELS and all(k["self_s"] > 0 and k["calls"] > 0 for k in top)
     assert record.row_kernel_lines(profile_row)[0].endswith(record._short(top[0]["name"]))
 
 

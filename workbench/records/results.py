@@ -21,8 +21,9 @@ RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 
 
 def model_summary_lines(figures: dict, line_of: Callable[[str, dict], str]) -> list[str]:
-    """The lines of a record written through :func:`models_saver`: ``line_of(name, entry)`` per model measured,
-    "not measured" with the error of one that raised, then each failure (a missed target) not said above."""
+    """The lines of a record of models measured one by one ({buckets, models, failures}): ``line_of(name,
+    entry)`` per model measured, "not measured" with the error of one that raised, then each failure (a missed
+    target) not said above."""
     models = figures["models"]
     lines = [f"- {name}: not measured: {entry['error'][:160]}" if "error" in entry else line_of(name, entry)
              for name, entry in models.items()]
