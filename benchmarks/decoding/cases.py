@@ -64,7 +64,7 @@ class ToProfile:
 
 @dataclass
 class Outcome:
-    """What the run has found so far."""
+    """What one record's run has found so far, besides its figures; ``failures`` is the harness Run's list."""
     rows: list[dict[str, Any]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)

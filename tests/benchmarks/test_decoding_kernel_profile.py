@@ -8,7 +8,8 @@ import torch
 
 from benchmarks.decoding import kernel_profile
 from workbench.records import decoding as plots
-from benchmarks.decoding import run
+from benchmarks.decoding import profiles
+from benchmarks.decoding import rows as bench_rows
 from benchmarks.decoding.cases import Case, Outcome, ToProfile
 from benchmarks.decoding.grid import Grid
 from benchmarks.decoding.methods import BLANK, ENC, VOCAB, W, default_method, method_name, profiled_method
@@ -84,14 +85,14 @@ def _case(batch=2, frames=6):
 def test_a_profiled_size_keeps_its_decoder_and_its_row_gets_the_profile_after_the_timed_rows(cpu_settings_kept):
     case, outcome = _case(), Outcome()
     with cpu_smoke_torch():
-        run.set_blank_bias(case.joint, BLANK, case.blank_bias)
-        rows = run.measure_methods(case, case.methods, outcome)
-        run.finish_rows(case, rows, outcome)
+        bench_rows.set_blank_bias(case.joint, BLANK, case.blank_bias)
+        rows = bench_rows.measure_methods(case, case.methods, outcome)
+        bench_rows.finish_rows(case, rows, outcome)
         outcome.rows += rows
         assert [item.method for item in outcome.to_profile] == ["label-looping off"]
         assert "kernel_profile" not in rows[0]  # not during the timed calls
         decoder = outcome.to_profile[0].decoder
-        run.add_kernel_profiles(outcome)
+        profiles.add_kernel_profiles(outcome)
     p = rows[0]["kernel_profile"]
     assert outcome.to_profile == [] and outcome.failures == []
     assert p["method"] == "label-looping off" and p["mode_used"] == "off" and p["equal_to_reference"] is True
@@ -159,7 +160,7 @@ def test_profiles_are_listed_as_not_run_past_the_deadline_or_without_a_timed_row
     outcome = Outcome(rows=[{"model": "rnnt", "dtype": "float32", "batch": 2, "frames": 6,
                              "method": "label-looping off"}])
     outcome.to_profile = [ToProfile(case, "label-looping off", None), ToProfile(case, "other", None)]
-    run.add_kernel_profiles(outcome, deadline=0.0)  # the decoder (None here) is never called
+    profiles.add_kernel_profiles(outcome, deadline=0.0)  # the decoder (None here) is never called
     assert "kernel_profile" not in outcome.rows[0] and outcome.to_profile == []
     assert outcome.skipped == [f"kernel profile {case.tag} label-looping off: not run (past the time budget)",
                                f"kernel profile {case.tag} other: not run (no timed row)"]
@@ -173,13 +174,13 @@ def test_the_partial_graphs_kernels_are_traced_on_the_gpu():
     algorithm, mode, window = profiled_method(device)
     assert mode == "partial"
     outcome = Outcome()
-    predictor, joint, durations = run.build_models(device)["tdt"]
-    calibrator = run.GreedyTransducerDecoder(predictor, joint, blank_id=BLANK, durations=durations)
+    predictor, joint, durations = bench_rows.build_models(device)["tdt"]
+    calibrator = bench_rows.GreedyTransducerDecoder(predictor, joint, blank_id=BLANK, durations=durations)
     case = Case("tdt", torch.float32, predictor, joint, durations, torch.randn(4, 40, ENC, device=device),
                 torch.tensor([40, 31, 7, 0], device=device), device,
                 methods=[(algorithm, mode, window), (algorithm, "full", window)], profile_kernels=True)
-    outcome.rows += run.measure_case(case, calibrator, outcome, smoke=True)
-    run.add_kernel_profiles(outcome)
+    outcome.rows += bench_rows.measure_case(case, calibrator, outcome, smoke=True)
+    profiles.add_kernel_profiles(outcome)
     assert outcome.failures == [] and outcome.skipped == []
     row = next(r for r in outcome.rows if r["method"] == method_name(algorithm, mode, window))
     p = row["kernel_profile"]

@@ -11,6 +11,8 @@ import torch
 
 from benchmarks.decoding import nemo_peer
 from benchmarks.decoding import grid as grid_module
+from benchmarks.decoding import passes, run_last
+from benchmarks.decoding import rows as bench_rows
 from benchmarks.decoding import run as bench
 from benchmarks.decoding.calibration import calibrate_blank_bias
 from benchmarks.decoding.cases import Case, Deferred, Outcome
@@ -154,14 +156,14 @@ def test_nemo_comparison_on_the_gpu_at_a_small_size(monkeypatch):
         return
     device = torch.device("cuda")
     outcome = Outcome()
-    for name, (predictor, joint, durations) in bench.build_models(device, nemo=True).items():
-        calibrator = bench.GreedyTransducerDecoder(predictor, joint, blank_id=BLANK, durations=durations)
+    for name, (predictor, joint, durations) in bench_rows.build_models(device, nemo=True).items():
+        calibrator = bench_rows.GreedyTransducerDecoder(predictor, joint, blank_id=BLANK, durations=durations)
         case = Case(name, torch.float32, predictor, joint, durations,
                     torch.randn(4, 40, ENC, device=device), torch.tensor([40, 31, 7, 0], device=device),
                     device, methods=list(NEMO_METHODS))
-        outcome.rows += bench.measure_case(case, calibrator, outcome, smoke=True)
+        outcome.rows += bench_rows.measure_case(case, calibrator, outcome, smoke=True)
     assert [d.case.model for d in outcome.deferred] == ["rnnt", "tdt"]
-    outcome.rows += bench.measure_deferred(outcome)
+    outcome.rows += run_last.measure_deferred(outcome)
     add_nemo_speedups(outcome.rows)
     rows_each = len([m for m in NEMO_METHODS if m[2] != 16])  # window 16 only where the default is another
     if outcome.failures and outcome.failures[0].startswith("rnnt float32 B=4 T=40: NeMo full graph raised") \
@@ -205,9 +207,9 @@ def test_rows_run_last_replace_ours_and_keep_ours_from_the_pass_when_nemo_poison
             return []
         return [row(c, method_name(*m), 0.02) for m in methods]
 
-    monkeypatch.setattr(bench, "measure_methods", fake_measure)
-    monkeypatch.setattr(bench, "set_blank_bias", lambda *a: None)
-    monkeypatch.setattr(bench, "cuda_context_error",
+    monkeypatch.setattr(run_last, "measure_methods", fake_measure)
+    monkeypatch.setattr(run_last, "set_blank_bias", lambda *a: None)
+    monkeypatch.setattr(run_last, "cuda_context_error",
                         lambda device: "illegal memory access" if len(calls) >= 2 else None)
     cases = [case("tdt", 128), case("rnnt", 128), case("rnnt", 16)]
     outcome = Outcome()
@@ -215,7 +217,7 @@ def test_rows_run_last_replace_ours_and_keep_ours_from_the_pass_when_nemo_poison
         c.reference, c.reference_method, c.blank_bias = ([[1]] * c.batch, [[0]] * c.batch), "label-looping fused full", 0.5
         outcome.rows.append({k: v for k, v in row(c, "label-looping fused full", 0.01).items() if k[0] != "_"})
     outcome.deferred = [Deferred(c, group) for c in cases]
-    rows = bench.measure_deferred(outcome)
+    rows = run_last.measure_deferred(outcome)
     assert [tag for tag, _ in calls] == ["rnnt float32 B=16 T=2", "rnnt float32 B=128 T=2"]  # small sizes first
     assert calls[0][1] == ["label-looping fused full", "NeMo full graph"]
     assert [(r["batch"], r["method"]) for r in rows] == [(16, "NeMo full graph")]  # returned: NeMo's rows only
@@ -235,11 +237,11 @@ def test_rows_run_last_stop_at_their_deadline(monkeypatch):
     def case(batch):
         return Case("rnnt", torch.float32, None, None, None, torch.zeros(batch, 2, 1), torch.zeros(batch),
                     torch.device("cpu"), methods=list(NEMO_METHODS))
-    monkeypatch.setattr(bench, "measure_methods", lambda *a: pytest.fail("nothing runs past the deadline"))
+    monkeypatch.setattr(run_last, "measure_methods", lambda *a: pytest.fail("nothing runs past the deadline"))
     outcome = Outcome()
     outcome.rows = [{"model": "rnnt", "dtype": "float32", "batch": 1, "frames": 2, "method": "label-looping fused full"}]
     outcome.deferred = [Deferred(case(1), [(FUSED, "full", W), ("nemo", "full", W)])]
-    assert bench.measure_deferred(outcome, deadline=bench.time.perf_counter() - 1) == []
+    assert run_last.measure_deferred(outcome, deadline=run_last.time.perf_counter() - 1) == []
     assert outcome.skipped == ["rnnt float32 B=1 T=2: label-looping fused full, NeMo full graph not run (past the "
                                "time for the rows run last)"]
     assert "without NeMo's full graph" in outcome.rows[0]["timing_note"]
@@ -315,13 +317,13 @@ def test_measure_grid_runs_every_first_pass_before_any_second_pass_and_lists_wha
         return []
 
     linear = torch.nn.Linear(1, 1)
-    monkeypatch.setattr(bench, "build_models", lambda device, nemo: {"rnnt": (linear, linear, None),
+    monkeypatch.setattr(passes, "build_models", lambda device, nemo: {"rnnt": (linear, linear, None),
                                                                      "tdt": (linear, linear, [0, 1])})
-    monkeypatch.setattr(bench, "measure_case", fake_measure_case)
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(passes, "measure_case", fake_measure_case)
+    monkeypatch.setattr(passes.time, "perf_counter", lambda: clock[0])
     grid = Grid([1, 16], [4], [torch.float32], breakdown_batches=[16])
     outcome = Outcome()
-    bench.measure_grid(grid, torch.device("cpu"), outcome, t_start=0.0, budget_s=45.0, smoke=True, nemo=True)
+    passes.measure_grid(grid, torch.device("cpu"), outcome, t_start=0.0, budget_s=45.0, smoke=True, nemo=True)
     tags = [tag for tag, _ in calls]
     assert tags == ["rnnt float32 B=1 T=4", "rnnt float32 B=16 T=4", "tdt float32 B=1 T=4", "tdt float32 B=16 T=4",
                     "rnnt float32 B=1 T=4"]  # the first pass at every size, then the second while time lasts
@@ -347,18 +349,18 @@ def test_measure_grid_stops_when_a_case_leaves_the_cuda_context_unusable_and_lis
         return []
 
     linear = torch.nn.Linear(1, 1)
-    monkeypatch.setattr(bench, "build_models", lambda device, nemo: {"rnnt": (linear, linear, None),
+    monkeypatch.setattr(passes, "build_models", lambda device, nemo: {"rnnt": (linear, linear, None),
                                                                      "tdt": (linear, linear, [0, 1])})
-    monkeypatch.setattr(bench, "measure_case", fake_measure_case)
+    monkeypatch.setattr(passes, "measure_case", fake_measure_case)
     # the case's device is CPU here; the context check is what reports the loss after the second case
-    monkeypatch.setattr(bench, "cuda_context_error",
+    monkeypatch.setattr(run_last, "cuda_context_error",
                         lambda device: "AcceleratorError: illegal memory access" if len(calls) >= 2 else None)
-    lost = bench.lost_context
-    monkeypatch.setattr(bench, "lost_context", lambda case, outcome: lost(
+    lost = passes.lost_context
+    monkeypatch.setattr(passes, "lost_context", lambda case, outcome: lost(
         dataclasses.replace(case, device=torch.device("cuda")), outcome))
     grid = Grid([1, 16], [4], [torch.float32], breakdown_batches=[16])
     outcome = Outcome()
-    bench.measure_grid(grid, torch.device("cpu"), outcome, t_start=bench.time.perf_counter(), budget_s=1e9,
+    passes.measure_grid(grid, torch.device("cpu"), outcome, t_start=passes.time.perf_counter(), budget_s=1e9,
                        smoke=True, nemo=True)
     assert calls == ["rnnt float32 B=1 T=4", "rnnt float32 B=16 T=4"]
     assert outcome.context_lost == "AcceleratorError: illegal memory access"
