@@ -9,7 +9,7 @@ import torch
 
 from benchmarks.decoding.cases import Case, Outcome
 from benchmarks.decoding.grid import Grid, plan_methods
-from benchmarks.decoding.methods import BLANK, ENC, method_name, window_runs_here
+from benchmarks.decoding.methods import BLANK, ENC, window_runs_here
 from benchmarks.decoding.rows import build_models, flatten_lstm_weights, in_dtype, measure_case, print_group
 from benchmarks.decoding.run_last import lost_context
 from benchmarks.decoding.targets import add_speedups
@@ -43,7 +43,7 @@ def first_pass(grid: Grid, device: torch.device, outcome: Outcome, *, deadline: 
             parts[(dtype, model_name)] = model_parts(models, dtype, model_name)
         predictor, joint, durations, calibrator = parts[(dtype, model_name)]
         first, later = plan_methods(nemo, batch, grid)
-        later = [m for m in later if window_runs_here(m[2], batch, durations is not None, dtype)]
+        later = [m for m in later if window_runs_here(m.blank_window, batch, durations is not None, dtype)]
         gen = torch.Generator(device=device).manual_seed(batch * 1000 + frames)
         case = Case(model_name, dtype, predictor, joint, durations,
                     torch.randn(batch, frames, ENC, device=device, generator=gen),
@@ -64,7 +64,7 @@ def first_pass(grid: Grid, device: torch.device, outcome: Outcome, *, deadline: 
 def second_pass(second: list[tuple[Case, list]], outcome: Outcome, *, deadline: float, smoke: bool) -> None:
     """Each case's second-pass methods until ``deadline``, after every size's first pass."""
     for case, later in second:
-        names = ", ".join(method_name(*m) for m in later)
+        names = ", ".join(m.label for m in later)
         if outcome.context_lost:
             outcome.skipped.append(f"{case.tag}: {names} (second pass; the CUDA context failed)")
             continue

@@ -18,20 +18,16 @@ from benchmarks.decoding.methods import (
     BLANK,
     ENC,
     FRAME_S,
-    FUSED,
-    FUSED_LSTM,
     JOINT,
     PRED,
     REFERENCE_ORDER,
     TDT_DURATIONS,
     VOCAB,
-    W,
     default_method,
-    method_name,
-    own_window,
     profiled_method,
 )
 from workbench.decoding import GreedyTransducerDecoder, make_toy_transducer
+from workbench.decoding.methods import DecoderMethod
 from workbench.decoding.toy_models import set_blank_bias
 from workbench.timing import summarize, timer_for
 
@@ -65,9 +61,7 @@ def flatten_lstm_weights(module: torch.nn.Module) -> None:
 @dataclass
 class Prepared:
     """A method ready to time: its first call (warm-up and graph capture) has given its hypotheses."""
-    algorithm: str
-    mode: str
-    window: int
+    method: DecoderMethod
     call: Any
     key: tuple  # (tokens per utterance, frames per utterance)
     stats: dict
@@ -77,52 +71,47 @@ class Prepared:
 
     @property
     def name(self) -> str:
-        return method_name(self.algorithm, self.mode, self.window)
+        return self.method.label
 
 
-def prepare_method(case: Case, algorithm: str, mode: str, window: int, outcome: Outcome) -> Prepared | None:
+def prepare_method(case: Case, method: DecoderMethod, outcome: Outcome) -> Prepared | None:
     """Build the method's decoder and run it once (None, with a failure listed, when that raises)."""
     try:
-        if algorithm == "nemo":
-            nemo = nemo_peer.NemoGreedy(case.predictor, case.joint, case.durations, mode)
+        if method.algorithm == "nemo":
+            nemo = nemo_peer.NemoGreedy(case.predictor, case.joint, case.durations, method.graph_mode)
             key = nemo(case.enc, case.lengths)
             if case.device.type == "cuda":
                 torch.cuda.synchronize(case.device)  # an asynchronous failure shows here, on its own row
-            return Prepared(algorithm, mode, window, lambda: nemo(case.enc, case.lengths), key, {},
-                            nemo_peer.NEMO_MODES[mode] or "off")
-        if algorithm in (FUSED, FUSED_LSTM):
-            dec = case.decoder(algorithm="label_looping", cuda_graphs=mode, blank_window=window,
-                               kernels="triton" if algorithm == FUSED_LSTM else "triton_cudnn")
-        else:
-            dec = case.decoder(algorithm=algorithm, cuda_graphs=mode, blank_window=window, kernels="torch")
+            return Prepared(method, lambda: nemo(case.enc, case.lengths), key, {},
+                            nemo_peer.NEMO_MODES[method.graph_mode] or "off")
+        dec = case.decoder(**method.decoder_options())
         hyps = dec(case.enc, case.lengths)  # also the warm-up (and the graph capture)
     except Exception as e:  # noqa: BLE001 - keep measuring the rest; the failure is reported
-        outcome.failures.append(f"{case.tag}: {method_name(algorithm, mode, window)} raised {type(e).__name__}: {e}")
+        outcome.failures.append(f"{case.tag}: {method.label} raised {type(e).__name__}: {e}")
         print(f"FAIL: {outcome.failures[-1]}", flush=True)
         return None
     stats = dict(dec.last_stats)
-    if window != W and algorithm != "frame_looping":  # an explicit window's own iteration counts, from an eager run
-        probe = case.decoder(cuda_graphs="off", blank_window=window, kernels="torch")
+    if method.own_window and method.algorithm != "frame_looping":  # its own iteration counts, from an eager run
+        probe = case.decoder(cuda_graphs="off", blank_window=method.blank_window, kernels="torch")
         probe(case.enc, case.lengths)
         stats = dict(probe.last_stats)
     key = ([h.tokens for h in hyps], [h.timestamps for h in hyps])
-    if (case.profile_kernels and (algorithm, mode, window) == profiled_method(case.device)
+    if (case.profile_kernels and method == profiled_method(case.device)
             and not any(item.case is case for item in outcome.to_profile)):
-        outcome.to_profile.append(ToProfile(case, method_name(algorithm, mode, window), dec))
+        outcome.to_profile.append(ToProfile(case, method.label, dec))
     nodes = None
     if dec.mode_used in ("full", "partial"):
         try:
             nodes = dec.stage_graph_nodes()
         except Exception as e:  # noqa: BLE001 - a count we cannot make is said, not fatal
             nodes = {"unavailable": f"{type(e).__name__}: {e}"}
-    return Prepared(algorithm, mode, window, lambda: dec(case.enc, case.lengths), key, stats, dec.mode_used, nodes,
-                    dec.window_used)
+    return Prepared(method, lambda: dec(case.enc, case.lengths), key, stats, dec.mode_used, nodes, dec.window_used)
 
 
 def time_interleaved(case: Case, prepared: list[Prepared], outcome: Outcome) -> list[dict]:
     """Time the prepared methods call by call in turn (so a drift of the machine hits them alike); one row
     each (a method that raises while timed is dropped, with a failure listed)."""
-    repeat = 5 if all(p.mode == "full" for p in prepared) else 3
+    repeat = 5 if all(p.method.graph_mode == "full" for p in prepared) else 3
     samples: dict[str, list[float]] = {p.name: [] for p in prepared}
     alive = list(prepared)
     for _ in range(repeat):
@@ -144,18 +133,18 @@ def time_interleaved(case: Case, prepared: list[Prepared], outcome: Outcome) -> 
                      "_key": p.key, "_stats": p.stats})
         if p.graph_nodes is not None:
             rows[-1]["graph_nodes"] = p.graph_nodes
-        if p.window_used is not None and p.algorithm != "frame_looping":
+        if p.window_used is not None and p.method.algorithm != "frame_looping":
             rows[-1]["blank_window"] = p.window_used
     return rows
 
 
-def measure_methods(case: Case, methods: list[tuple[str, str, int | str]], outcome: Outcome) -> list[dict]:
+def measure_methods(case: Case, methods: list[DecoderMethod], outcome: Outcome) -> list[dict]:
     """Prepare every method, then time those of one graph mode interleaved; rows with ``_key`` and ``_stats``."""
-    prepared = [p for method in methods if (p := prepare_method(case, *method, outcome)) is not None]
+    prepared = [p for method in methods if (p := prepare_method(case, method, outcome)) is not None]
     rows = []
-    for mode in dict.fromkeys(p.mode for p in prepared):
-        rows += time_interleaved(case, [p for p in prepared if p.mode == mode], outcome)
-    order = [method_name(*m) for m in methods]
+    for mode in dict.fromkeys(p.method.graph_mode for p in prepared):
+        rows += time_interleaved(case, [p for p in prepared if p.method.graph_mode == mode], outcome)
+    order = [m.label for m in methods]
     return sorted(rows, key=lambda r: order.index(r["method"]))
 
 
@@ -163,7 +152,7 @@ def finish_rows(case: Case, rows: list[dict], outcome: Outcome) -> None:
     """Take the case's reference and loop counts from these rows where it has none yet, then check every row
     and add its iteration counts (a window given explicitly: its own)."""
     if case.reference is None:
-        names = [method_name(*m) for m in REFERENCE_ORDER]
+        names = [m.label for m in REFERENCE_ORDER]
         default = default_method(case.device, "full" if case.device.type == "cuda" else "off")
         by_name = {r["method"]: r for r in rows}
         chosen = next((by_name[n] for n in [default, *names] if n in by_name), None)
@@ -176,11 +165,11 @@ def finish_rows(case: Case, rows: list[dict], outcome: Outcome) -> None:
         stats = row.pop("_stats")
         check_row(case, row, outcome)
         row["blank_bias"] = case.blank_bias
-        add_iteration_counts(row, stats if own_window(row["method"]) else case.loop_stats)
+        add_iteration_counts(row, stats if DecoderMethod.of_label(row["method"]).own_window else case.loop_stats)
 
 
 def measure_case(case: Case, calibrator: GreedyTransducerDecoder | None, outcome: Outcome, smoke: bool,
-                 methods: list[tuple[str, str, int | str]] | None = None) -> list[dict]:
+                 methods: list[DecoderMethod] | None = None) -> list[dict]:
     """Calibrate the blank bias on the case's input (the first time; later calls set it again on the shared
     joint), then time and check ``methods`` (default: the case's) on it; those of ``deferred_methods`` are
     queued in ``outcome.deferred``."""
@@ -197,7 +186,7 @@ def measure_case(case: Case, calibrator: GreedyTransducerDecoder | None, outcome
     wanted = case.methods if methods is None else methods
     methods = [m for m in methods_for(case) if m in wanted]
     later = deferred_methods(case, methods)
-    case.measured = [m for m in methods if m not in later or m[0] != "nemo"]
+    case.measured = [m for m in methods if m not in later or m.algorithm != "nemo"]
     group = measure_methods(case, case.measured, outcome)
     finish_rows(case, group, outcome)
     if later:

@@ -62,7 +62,6 @@ from benchmarks.decoding.methods import (
     VOCAB,
     W,
     default_method,
-    method_name,
     profiled_method,
 )
 from benchmarks.decoding.passes import measure_grid
@@ -97,14 +96,14 @@ def record_params(grid: Grid, device: torch.device, *, quick: bool, smoke: bool,
               "timing": "methods of one graph mode timed interleaved, call by call"}
     if nemo:
         params["breakdown_batches"] = grid.breakdown_batches
-        params["passes"] = ("first at every size: " + ", ".join(method_name(*m) for m in NEMO_TARGET_METHODS)
-                            + "; then " + ", ".join(method_name(*m) for m in NEMO_BREAKDOWN_EVERYWHERE)
-                            + " at every size and " + ", ".join(method_name(*m) for m in NEMO_BREAKDOWN_METHODS)
+        params["passes"] = ("first at every size: " + ", ".join(m.label for m in NEMO_TARGET_METHODS)
+                            + "; then " + ", ".join(m.label for m in NEMO_BREAKDOWN_EVERYWHERE)
+                            + " at every size and " + ", ".join(m.label for m in NEMO_BREAKDOWN_METHODS)
                             + " at the breakdown batches; NeMo's full graph after every other row, at each size "
                             "interleaved with our full graph of the first pass (whose row it then replaces)")
     if kernel_profile:
         params["kernel_profile"] = {
-            "method": method_name(*profiled_method(device)), "dtype": "float32", "frames": grid.profile_frames,
+            "method": profiled_method(device).label, "dtype": "float32", "frames": grid.profile_frames,
             "batches": [b for b in grid.profile_batches if b in grid.batches],
             "how": "one more decode after every timed row, under torch.profiler (CPU and CUDA activities)"}
     if not nemo:

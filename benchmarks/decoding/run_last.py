@@ -9,7 +9,7 @@ import torch
 
 from benchmarks.decoding.cases import Case, Deferred, Outcome
 from benchmarks.decoding.grid import NEMO_FULL_GRAPH_LAST_FROM_B
-from benchmarks.decoding.methods import BLANK, method_name
+from benchmarks.decoding.methods import BLANK, nemo
 from benchmarks.decoding.rows import finish_rows, measure_methods, print_group
 from workbench.decoding.toy_models import set_blank_bias
 
@@ -35,7 +35,7 @@ def lost_context(case: Case, outcome: Outcome) -> bool:
         return False
     outcome.context_lost = lost
     outcome.failures.append(f"{case.tag}: the CUDA context is unusable after "
-                            f"{', '.join(method_name(*m) for m in case.measured)} ({lost}); the rest did not run")
+                            f"{', '.join(m.label for m in case.measured)} ({lost}); the rest did not run")
     print(f"FAIL: {outcome.failures[-1]}", flush=True)
     return True
 
@@ -52,7 +52,7 @@ def measure_deferred(outcome: Outcome, deadline: float = float("inf")) -> list[d
                                                     d.case.batch))
     for item in order:
         case = item.case
-        names = ", ".join(method_name(*m) for m in item.methods)
+        names = ", ".join(m.label for m in item.methods)
         if lost or time.perf_counter() > deadline:
             why = f"the CUDA context failed earlier: {lost}" if lost else "past the time for the rows run last"
             outcome.skipped.append(f"{case.tag}: {names} not run ({why})")
@@ -64,8 +64,8 @@ def measure_deferred(outcome: Outcome, deadline: float = float("inf")) -> list[d
         if lost:
             outcome.context_lost = lost
             outcome.failures.append(f"{case.tag}: the CUDA context is unusable after "
-                                    f"{', '.join(method_name(*m) for m in item.methods if m[0] == 'nemo')}: {lost}")
-        if lost or method_name("nemo", "full") not in {r["method"] for r in interleaved}:
+                                    f"{', '.join(m.label for m in item.methods if m.algorithm == 'nemo')}: {lost}")
+        if lost or nemo("full").label not in {r["method"] for r in interleaved}:
             note_timed_without_nemo(outcome.rows, case, item, "failed")  # ours keep their rows from the pass
             continue
         finish_rows(case, interleaved, outcome)
@@ -88,7 +88,7 @@ def same_size(row: dict, case: Case) -> bool:
 def note_timed_without_nemo(rows: list[dict], case: Case, item: Deferred, why: str) -> None:
     """Mark our rows of the deferred group's methods at the case's size: NeMo's full graph did not run beside
     them; ``nemo_full_graph`` says why ("failed", or "not run (...)")."""
-    names = {method_name(*m) for m in item.methods if m[0] != "nemo"}
+    names = {m.label for m in item.methods if m.algorithm != "nemo"}
     for row in rows:
         if same_size(row, case) and row["method"] in names:
             row["timing_note"] = "timed in the pass without NeMo's full graph beside it"

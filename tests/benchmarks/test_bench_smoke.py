@@ -202,7 +202,7 @@ def test_decoding_bench_smoke(tmp_path, capsys):
     rows = [r for r in fig["rows"] if "time_s" in r]
     cuda = torch.cuda.is_available()
     # --kernel-profile: the fp32 rows of the profiled method (CPU: the eager torch stages) at B in {1, 3}
-    profiled_method = decoding.method_name(*decoding.profiled_method(decoding.bench_device()))
+    profiled_method = decoding.profiled_method(decoding.bench_device()).label
     profiled = [r for r in rows if "kernel_profile" in r]
     assert sorted((r["model"], r["batch"]) for r in profiled) == [("rnnt", 1), ("rnnt", 3), ("tdt", 1), ("tdt", 3)]
     assert result["params"]["kernel_profile"]["batches"] == [1, 3]

@@ -1,6 +1,7 @@
 """The decoding bench's --kernel-profile: kernels summed by short name and divided by outer iterations (exact, on
 hand-made profiler averages), the profile of a real decode on CPU operators, and its lines in the record."""
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -12,7 +13,7 @@ from benchmarks.decoding import profiles
 from benchmarks.decoding import rows as bench_rows
 from benchmarks.decoding.cases import Case, Outcome, ToProfile
 from benchmarks.decoding.grid import Grid
-from benchmarks.decoding.methods import BLANK, ENC, VOCAB, W, default_method, method_name, profiled_method
+from benchmarks.decoding.methods import BLANK, ENC, VOCAB, default_method, ours, profiled_method
 from benchmarks.harness import cpu_smoke_torch
 from workbench.decoding import make_toy_transducer
 
@@ -112,7 +113,7 @@ def test_only_fp32_sizes_of_the_profile_batches_at_the_profile_frames_are_profil
     assert not grid.profiled(torch.bfloat16, 150, 16) and not grid.profiled(torch.float32, 375, 16)
     quick = Grid.of(quick=True, smoke=False)
     assert [b for b in quick.batches if quick.profiled(torch.float32, 150, b)] == [1, 16]
-    assert profiled_method(torch.device("cpu")) == ("label_looping", "off", W)
+    assert profiled_method(torch.device("cpu")) == ours("off")
 
 
 def _figures(rows):
@@ -171,18 +172,18 @@ def test_the_partial_graphs_kernels_are_traced_on_the_gpu():
     """The profiled method at bench sizes, B=4 x 40 frames: its replayed kernels appear in the profile, at least
     as many per outer iteration as its stage graphs hold (the host's flag copies and per-decode work come on top)."""
     device = torch.device("cuda")
-    algorithm, mode, window = profiled_method(device)
-    assert mode == "partial"
+    method = profiled_method(device)
+    assert method.graph_mode == "partial"
     outcome = Outcome()
     predictor, joint, durations = bench_rows.build_models(device)["tdt"]
     calibrator = bench_rows.GreedyTransducerDecoder(predictor, joint, blank_id=BLANK, durations=durations)
     case = Case("tdt", torch.float32, predictor, joint, durations, torch.randn(4, 40, ENC, device=device),
                 torch.tensor([40, 31, 7, 0], device=device), device,
-                methods=[(algorithm, mode, window), (algorithm, "full", window)], profile_kernels=True)
+                methods=[method, dataclasses.replace(method, graph_mode="full")], profile_kernels=True)
     outcome.rows += bench_rows.measure_case(case, calibrator, outcome, smoke=True)
     profiles.add_kernel_profiles(outcome)
     assert outcome.failures == [] and outcome.skipped == []
-    row = next(r for r in outcome.rows if r["method"] == method_name(algorithm, mode, window))
+    row = next(r for r in outcome.rows if r["method"] == method.label)
     p = row["kernel_profile"]
     assert p["mode_used"] == "partial" and p["equal_to_reference"] is True
     assert set(p["timed_seconds_per_outer_iteration"]) == {row["method"], default_method(device, "full")}
