@@ -27,7 +27,7 @@ from workbench.records.results import load_result, times_faster
 from workbench.decoding.methods import DecoderMethod
 from workbench.palette import BUDGET_COLOUR, colour
 
-TORCH_FULL = "label-looping full"  # the torch stages' full graph, reported beside a target judged on other kernels
+TORCH_FULL = DecoderMethod("label_looping", "full").label  # the torch stages' full graph, reported beside a target judged on other kernels
 
 NAME = "decoding"  # decoding*.json
 
