@@ -9,6 +9,7 @@ import torch
 
 from benchmarks.decoding.methods import BLANK, METHODS
 from workbench.decoding import GreedyTransducerDecoder
+from workbench.decoding.methods import DecoderMethod
 
 
 @dataclass
@@ -22,13 +23,13 @@ class Case:
     enc: torch.Tensor  # [B, T, ENC]
     lengths: torch.Tensor  # [B]
     device: torch.device
-    methods: list[tuple[str, str, int | str]] = field(default_factory=lambda: list(METHODS))
+    methods: list[DecoderMethod] = field(default_factory=lambda: list(METHODS))
     blank_bias: float | None = None  # None until calibrated
     reference: tuple | None = None  # (tokens, frames) per utterance of reference_method
     reference_method: str | None = None
     loop_stats: dict | None = None  # outer and inner iterations (an eager or partial-graph row's)
     profile_kernels: bool = False  # --kernel-profile: keep profiled_method's decoder for add_kernel_profiles
-    measured: list[tuple[str, str, int | str]] = field(default_factory=list)  # the methods the last pass over it ran
+    measured: list[DecoderMethod] = field(default_factory=list)  # the methods the last pass over it ran
 
     @property
     def batch(self) -> int:
@@ -51,7 +52,7 @@ class Deferred:
     """Methods of a case that run after every other row (NeMo's full graph beside our full graphs); the case
     holds what checks them."""
     case: Case
-    methods: list[tuple[str, str, int | str]]
+    methods: list[DecoderMethod]
 
 
 @dataclass
@@ -64,7 +65,7 @@ class ToProfile:
 
 @dataclass
 class Outcome:
-    """What the run has found so far."""
+    """What one record's run has found so far, besides its figures; ``failures`` is the harness Run's list."""
     rows: list[dict[str, Any]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)

@@ -7,13 +7,14 @@ from typing import Any
 import torch
 
 from benchmarks.decoding.cases import Case, Outcome
-from benchmarks.decoding.methods import BLANK, FUSED, method_name
+from benchmarks.decoding.methods import BLANK, ours
+from workbench.decoding.methods import DecoderMethod
 from workbench.decoding.protocol import module_dtype
 
 # bf16 frame-looping vs label-looping: one near-tie flips the rest of an utterance (each row's measured
 # ``token_disagreement`` is in the decoding records); a wrong decision rule disagrees far more.
 MAX_BF16_DISAGREEMENT = 0.25
-SAME_MATH = {method_name(a, m) for a in ("label_looping", FUSED) for m in ("off", "partial", "full")}
+SAME_MATH = {ours(m, kernels).label for kernels in ("torch", "triton_cudnn") for m in ("off", "partial", "full")}
 
 
 def token_disagreement(hyps: list[list[int]], reference: list[list[int]]) -> float:
@@ -52,7 +53,7 @@ def check_row(case: Case, row: dict, outcome: Outcome) -> None:
             row["first_difference"]["margins_unavailable"] = f"{type(e).__name__}: {e}"
     if reference is not None and row["method"] not in SAME_MATH and case.dtype != torch.float32:
         row["token_disagreement"] = token_disagreement(key[0], reference[0])
-        if row["token_disagreement"] > MAX_BF16_DISAGREEMENT and not row["method"].startswith("NeMo"):
+        if row["token_disagreement"] > MAX_BF16_DISAGREEMENT and _algorithm(row) != "nemo":
             outcome.failures.append(f"{case.tag}: {row['method']}: token disagreement {row['token_disagreement']:.3f} "
                                     f"with {case.reference_method} (allowed {MAX_BF16_DISAGREEMENT} in bf16)")
     elif differing:
@@ -101,3 +102,8 @@ def decision_margins(case: Case, diff: dict, reference: tuple) -> dict[str, Any]
         result.update(top2_durations=[case.durations[i] for i in top_d.indices.tolist()],
                       top2_duration_margin=float(top_d.values[0] - top_d.values[1]))
     return result
+
+
+def _algorithm(row: dict) -> str | None:
+    method = DecoderMethod.of_label(row["method"])
+    return method.algorithm if method else None

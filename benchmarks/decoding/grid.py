@@ -8,16 +8,15 @@ import torch
 
 from benchmarks.decoding.cases import Case
 from benchmarks.decoding.methods import (
-    FUSED,
-    FUSED_LSTM,
     METHODS,
     NEMO_BREAKDOWN_EVERYWHERE,
     NEMO_BREAKDOWN_METHODS,
     NEMO_TARGET_METHODS,
-    W,
+    nemo,
     window_runs_here,
 )
 from workbench.decoding import fused
+from workbench.decoding.methods import DecoderMethod
 
 NEMO_FULL_GRAPH_LAST_FROM_B = 128  # NeMo's full graph at this B or more runs after its other sizes' (it has failed there)
 
@@ -53,17 +52,17 @@ class Grid:
         return dtype == torch.float32 and frames == self.profile_frames and batch in self.profile_batches
 
 
-def methods_for(case: Case) -> list[tuple[str, str, int | str]]:
+def methods_for(case: Case) -> list[DecoderMethod]:
     """The case's methods that apply: frame-looping is RNN-T only, graphs need CUDA, window 1 runs in fp32, window
     16 where the default window is another, the fused kernels run on CUDA with Triton (not in the CPU smoke run:
     Triton's interpreter is far too slow)."""
     fused_reason = "CPU" if case.device.type != "cuda" else fused.triton_unavailable_reason(case.device)
-    return [(algorithm, mode, window) for algorithm, mode, window in case.methods
-            if not ((algorithm == "frame_looping" and case.durations is not None)
-                    or (algorithm in (FUSED, FUSED_LSTM) and fused_reason is not None)
-                    or (case.device.type != "cuda" and mode != "off")
-                    or (window == 1 and case.dtype != torch.float32)
-                    or not window_runs_here(window, case.batch, case.durations is not None, case.dtype))]
+    return [m for m in case.methods
+            if not ((m.algorithm == "frame_looping" and case.durations is not None)
+                    or (m.fused and fused_reason is not None)
+                    or (case.device.type != "cuda" and m.graph_mode != "off")
+                    or (m.blank_window == 1 and case.dtype != torch.float32)
+                    or not window_runs_here(m.blank_window, case.batch, case.durations is not None, case.dtype))]
 
 
 def plan_methods(nemo: bool, batch: int, grid: Grid) -> tuple[list, list]:
@@ -76,9 +75,9 @@ def plan_methods(nemo: bool, batch: int, grid: Grid) -> tuple[list, list]:
     return list(NEMO_TARGET_METHODS), list(later)
 
 
-def deferred_methods(case: Case, methods: list[tuple[str, str, int | str]]) -> list[tuple[str, str, int | str]]:
+def deferred_methods(case: Case, methods: list[DecoderMethod]) -> list[DecoderMethod]:
     """The group that runs again after every other row when NeMo's full graph is among ``methods``: the
     full-graph methods. NeMo's runs only there; ours also run in the pass, so they keep a row if NeMo's fails."""
-    if ("nemo", "full", W) in methods:
-        return [m for m in methods if m[1] == "full"]
+    if nemo("full") in methods:
+        return [m for m in methods if m.graph_mode == "full"]
     return []

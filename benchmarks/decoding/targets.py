@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from workbench.records.decoding import TORCH_FULL
-from benchmarks.decoding.methods import method_name, own_window
+from benchmarks.decoding.methods import FRAME_LOOPING_OFF
+from benchmarks.decoding.methods import nemo as nemo_method
+from workbench.decoding.methods import DecoderMethod
 
 MIN_SPEEDUP_OVER_FRAME_LOOPING = 10.0  # the target: full graph vs frame-looping off, B=16, 12 s, fp32
 MIN_SPEEDUP_OVER_NEMO = {"rnnt": 4.0, "tdt": 2.0}  # our full graph over NeMo's, every B, length and dtype
@@ -13,7 +15,7 @@ MIN_SPEEDUP_OVER_NEMO = {"rnnt": 4.0, "tdt": 2.0}  # our full graph over NeMo's,
 
 def add_speedups(group: list[dict], base_by_shape: dict[tuple, float]) -> None:
     """Speedup over RNN-T frame-looping off of the same B and T (TDT rows use the RNN-T baseline too)."""
-    base = next((r for r in group if r["method"] == "frame-looping off"), None)
+    base = next((r for r in group if r["method"] == FRAME_LOOPING_OFF.label), None)
     if base is not None:
         base_by_shape[(base["batch"], base["frames"])] = base["time_s"]["median"]
     for row in group:
@@ -27,15 +29,16 @@ def add_nemo_speedups(rows: list[dict]) -> None:
     sizes where NeMo's full graph failed (a row of that size says ``nemo_full_graph: "failed"``), not where it
     only did not run."""
     nemo = {(r["model"], r["dtype"], r["batch"], r["frames"], r["method"]): r["time_s"]["median"]
-            for r in rows if r["method"].startswith("NeMo")}
+            for r in rows if (m := DecoderMethod.of_label(r["method"])) and m.algorithm == "nemo"}
     failed = {(r["model"], r["dtype"], r["batch"], r["frames"]) for r in rows if r.get("nemo_full_graph") == "failed"}
     for r in rows:
-        if not r["method"].startswith("label-looping") or own_window(r["method"]):
+        method = DecoderMethod.of_label(r["method"])
+        if method is None or method.algorithm != "label_looping" or method.own_window:
             continue
-        mode = r["method"].split()[-1]
+        mode = method.graph_mode
         shape = (r["model"], r["dtype"], r["batch"], r["frames"])
         fallback = mode == "full" and shape in failed
-        candidates = [method_name("nemo", mode)] + ([method_name("nemo", "partial")] if fallback else [])
+        candidates = [nemo_method(mode).label] + ([nemo_method("partial").label] if fallback else [])
         against = next((m for m in candidates if (*shape, m) in nemo), None)
         if against is not None:
             r["speedup_vs_nemo"], r["speedup_vs_nemo_method"] = nemo[(*shape, against)] / r["time_s"]["median"], against
@@ -65,7 +68,7 @@ def _with_torch_stages(targets: dict[str, Any], figures_of: Callable[[str], dict
 def _vs_frame_looping(rows: list[dict], method: str) -> dict[str, float | None]:
     """``method``'s :func:`_full_times` and its RNN-T speedup over frame-looping off there (None without both)."""
     times = _full_times(rows, method)
-    ours, frame = times["rnnt_full_s"], _b16_median(rows, "rnnt", "frame-looping off")
+    ours, frame = times["rnnt_full_s"], _b16_median(rows, "rnnt", FRAME_LOOPING_OFF.label)
     return {"full_speedup_vs_frame_looping_off_rnnt": None if not (ours and frame) else frame / ours, **times}
 
 
@@ -110,7 +113,7 @@ def nemo_targets_of(rows: list[dict], failures: list[str], *, smoke: bool,
     unequal = [f"{r['model']} B={r['batch']} T={r['frames']} {r['method']}" for r in nemo32
                if not r.get("equal_to_reference", r.get("equal_to_label_looping_off"))]
     rnnt_full, tdt_full = ours["rnnt_full_s"], ours["tdt_full_s"]
-    nemo_rnnt, nemo_tdt = _b16_median(rows, "rnnt", "NeMo full graph"), _b16_median(rows, "tdt", "NeMo full graph")
+    nemo_rnnt, nemo_tdt = (_b16_median(rows, model, nemo_method("full").label) for model in ("rnnt", "tdt"))
     targets = _with_torch_stages({
         "target_method": target_method, **ours, "nemo_rnnt_full_s": nemo_rnnt, "nemo_tdt_full_s": nemo_tdt,
         "speedup_vs_nemo_full_rnnt": nemo_rnnt / rnnt_full if rnnt_full and nemo_rnnt else None,

@@ -21,17 +21,15 @@ enforced).
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
-import time
 
 import torch
 
 from workbench.records.losses import Agreement, ChunkedStep, LossesRecord, LossRun, table
 from benchmarks.losses.worker import compare_rows, loss_function, loss_inputs, measure
-from benchmarks.harness import bench_device, check_smoke_out, cpu_smoke_torch, cuda_missing, report_failures, write_result
+from benchmarks.harness import Run, bench_device, bench_parser, cpu_smoke_torch, start
 from workbench.records.results import REPO_ROOT
 from workbench.timing import timer_for
 
@@ -47,19 +45,6 @@ SMOKE_LARGE_SHAPE = [2, 5, 3, 8]
 SMOKE_CHUNKED_STEP = ("tiny-rnnt", 4, 1.0, 8)
 SMOKE_CHUNK_SIZES = [0, 2]
 PARTS = ("compare", "tdt", "rows", "chunked", "large")
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="folder for losses.json")
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes, seconds (CPU without CUDA); never into "
-                        "benchmarks/results")
-    parser.add_argument("--parts", nargs="*", choices=PARTS, default=list(PARTS), help="what to measure")
-    parser.add_argument("--repeat", type=int, default=10, help="timed repeats per loss run")
-    args = parser.parse_args(argv)
-    if args.smoke:
-        check_smoke_out(parser, args.out)
-    return args
 
 
 def compare_with_torchaudio(record: LossesRecord, shape: list[int], device, repeat: int) -> None:
@@ -156,36 +141,51 @@ def torchaudio_in_subprocess(shape: list[int], repeat: int) -> LossRun:
     return run
 
 
-def measure_all(args, device) -> LossesRecord:
-    """Every part named in ``args.parts``, in the order of the module docstring (torchaudio's risky case last)."""
-    record = LossesRecord(smoke=args.smoke)
-    compare_shapes = SMOKE_COMPARE_SHAPES if args.smoke else COMPARE_SHAPES
-    repeat = 2 if args.smoke else args.repeat
-    if "compare" in args.parts:
-        for shape in compare_shapes:
-            compare_with_torchaudio(record, shape, device, repeat)
-    if "tdt" in args.parts:
-        for shape in compare_shapes:
-            if "compare" not in args.parts:
-                record.runs.append(measure("ours-rnnt", shape, device, repeat=repeat))
-            record.runs.append(measure("ours-tdt", shape, device, repeat=repeat))
-    if "rows" in args.parts:
-        for shape, dtype in SMOKE_ROWS_SHAPES if args.smoke else ROWS_SHAPES:
-            record.rows.append(compare_rows(shape, device, dtype=dtype, repeat=repeat))
-            _release()
-    if "chunked" in args.parts:
-        chunked_steps(record, SMOKE_CHUNKED_STEP if args.smoke else CHUNKED_STEP,
-                      SMOKE_CHUNK_SIZES if args.smoke else CHUNK_SIZES, device, smoke=args.smoke)
-    if "large" in args.parts:
-        large = SMOKE_LARGE_SHAPE if args.smoke else LARGE_SHAPE
-        record.runs.append(measure("ours-rnnt", large, device, repeat=min(repeat, 3)))
+def compare_part(record: LossesRecord, args, device) -> None:
+    """1. ours vs torchaudio on each compare shape."""
+    for shape in _pick(args, SMOKE_COMPARE_SHAPES, COMPARE_SHAPES):
+        compare_with_torchaudio(record, shape, device, _repeat(args))
+
+
+def tdt_part(record: LossesRecord, args, device) -> None:
+    """2. our TDT loss on the compare shapes (and our RNN-T there when the compare part did not run)."""
+    for shape in _pick(args, SMOKE_COMPARE_SHAPES, COMPARE_SHAPES):
+        if "compare" not in args.parts:
+            record.runs.append(measure("ours-rnnt", shape, device, repeat=_repeat(args)))
+        record.runs.append(measure("ours-tdt", shape, device, repeat=_repeat(args)))
+
+
+def rows_part(record: LossesRecord, args, device) -> None:
+    """3. one lattice node per program against tiles of nodes."""
+    for shape, dtype in _pick(args, SMOKE_ROWS_SHAPES, ROWS_SHAPES):
+        record.rows.append(compare_rows(shape, device, dtype=dtype, repeat=_repeat(args)))
         _release()
-        record.runs.append(torchaudio_in_subprocess(large, repeat=min(repeat, 3)))
-    record.failures += [f"{r.impl} {r.dtype} at {r.shape}: {r.error}" for r in record.runs
-                        if r.impl.startswith("ours") and r.error]
-    record.failures += [f"ours-rnnt rows per program {c.dtype} at {c.shape}: {c.error}" for c in record.rows
-                        if c.error]
-    return record
+
+
+def chunked_part(record: LossesRecord, args, device) -> None:
+    """4. training steps with the joint whole and in chunks."""
+    chunked_steps(record, _pick(args, SMOKE_CHUNKED_STEP, CHUNKED_STEP), _pick(args, SMOKE_CHUNK_SIZES, CHUNK_SIZES),
+                  device, smoke=args.smoke)
+
+
+def large_part(record: LossesRecord, args, device) -> None:
+    """5. past 2**31 logits: ours here, torchaudio last in a subprocess."""
+    large = _pick(args, SMOKE_LARGE_SHAPE, LARGE_SHAPE)
+    record.runs.append(measure("ours-rnnt", large, device, repeat=min(_repeat(args), 3)))
+    _release()
+    record.runs.append(torchaudio_in_subprocess(large, repeat=min(_repeat(args), 3)))
+
+
+MEASURE_PART = {"compare": compare_part, "tdt": tdt_part, "rows": rows_part, "chunked": chunked_part,
+                "large": large_part}  # in the order they run: torchaudio's risky case last
+
+
+def _pick(args, smoke_value, value):
+    return smoke_value if args.smoke else value
+
+
+def _repeat(args) -> int:
+    return 2 if args.smoke else args.repeat
 
 
 def _release() -> None:
@@ -194,30 +194,44 @@ def _release() -> None:
     release_memory()
 
 
+def _refresh(run: Run, record: LossesRecord) -> None:
+    """The run's figures: the record as it stands."""
+    record.wall_seconds = run.seconds()
+    run.figures = record.to_figures()
+
+
+def _add_run_errors(record: LossesRecord) -> None:
+    """Each of our runs that raised is a failure (torchaudio's are figures)."""
+    record.failures += [f"{r.impl} {r.dtype} at {r.shape}: {r.error}" for r in record.runs
+                        if r.impl.startswith("ours") and r.error]
+    record.failures += [f"ours-rnnt rows per program {c.dtype} at {c.shape}: {c.error}" for c in record.rows
+                        if c.error]
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if cuda_missing(args.smoke):
-        return 2
-    device = bench_device()
-    started = time.perf_counter()
-    with cpu_smoke_torch(args.smoke and device.type == "cpu"):
-        record = measure_all(args, device)
-    record.wall_seconds = time.perf_counter() - started
-    figures = record.to_figures()
-    figures["smoke"] = args.smoke
+    parser = bench_parser(__doc__, parts=PARTS)
+    parser.add_argument("--repeat", type=int, default=10, help="timed repeats per loss run")
     what = ("transducer losses: ours (Triton) vs torchaudio rnnt_loss, TDT vs RNN-T, one node per program vs "
             "tiles of nodes, chunked joint in a training step")
-    params = {"smoke": args.smoke, "parts": args.parts, "repeat": args.repeat, "vocab": VOCAB,
-              "compare_shapes": SMOKE_COMPARE_SHAPES if args.smoke else COMPARE_SHAPES,
-              "large_shape": SMOKE_LARGE_SHAPE if args.smoke else LARGE_SHAPE,
-              "rows_shapes": [[shape, str(dtype).removeprefix("torch.")]
-                              for shape, dtype in (SMOKE_ROWS_SHAPES if args.smoke else ROWS_SHAPES)],
-              "chunked_step": SMOKE_CHUNKED_STEP if args.smoke else CHUNKED_STEP,
-              "chunk_sizes": SMOKE_CHUNK_SIZES if args.smoke else CHUNK_SIZES}
+    run = start(parser, argv, name="losses", what=what)
+    args, device = run.args, bench_device()
     if args.smoke and device.type != "cuda":
-        what = "SMOKE RUN (CPU, pure-PyTorch loss; no figure is a GPU measurement): " + what
-    path = write_result("losses", what=what, figures=figures, params=params, out_dir=args.out)
-    print(table(figures))
-    print(f"targets: {figures['targets']}\nwrote {path}", flush=True)
-    return report_failures(record.failures, smoke=args.smoke)
-
+        run.what = "SMOKE RUN (CPU, pure-PyTorch loss; no figure is a GPU measurement): " + what
+    run.params = {"vocab": VOCAB, "compare_shapes": _pick(args, SMOKE_COMPARE_SHAPES, COMPARE_SHAPES),
+                  "large_shape": _pick(args, SMOKE_LARGE_SHAPE, LARGE_SHAPE),
+                  "rows_shapes": [[shape, str(dtype).removeprefix("torch.")]
+                                  for shape, dtype in _pick(args, SMOKE_ROWS_SHAPES, ROWS_SHAPES)],
+                  "chunked_step": _pick(args, SMOKE_CHUNKED_STEP, CHUNKED_STEP),
+                  "chunk_sizes": _pick(args, SMOKE_CHUNK_SIZES, CHUNK_SIZES)}
+    record = LossesRecord(smoke=args.smoke, failures=run.failures)  # one list: the parts' and the record's
+    with cpu_smoke_torch(args.smoke and device.type == "cpu"):
+        for part, measure_part in MEASURE_PART.items():
+            if run.wants(part):
+                with run.part(part):
+                    measure_part(record, args, device)
+                    _refresh(run, record)
+    _add_run_errors(record)
+    _refresh(run, record)
+    print(table(run.figures))
+    print(f"targets: {run.figures['targets']}", flush=True)
+    return run.finish()

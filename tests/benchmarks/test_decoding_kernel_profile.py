@@ -1,6 +1,7 @@
 """The decoding bench's --kernel-profile: kernels summed by short name and divided by outer iterations (exact, on
 hand-made profiler averages), the profile of a real decode on CPU operators, and its lines in the record."""
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -8,10 +9,11 @@ import torch
 
 from benchmarks.decoding import kernel_profile
 from workbench.records import decoding as plots
-from benchmarks.decoding import run
+from benchmarks.decoding import profiles
+from benchmarks.decoding import rows as bench_rows
 from benchmarks.decoding.cases import Case, Outcome, ToProfile
 from benchmarks.decoding.grid import Grid
-from benchmarks.decoding.methods import BLANK, ENC, VOCAB, W, default_method, method_name, profiled_method
+from benchmarks.decoding.methods import BLANK, ENC, VOCAB, default_method, ours, profiled_method
 from benchmarks.harness import cpu_smoke_torch
 from workbench.decoding import make_toy_transducer
 
@@ -84,14 +86,14 @@ def _case(batch=2, frames=6):
 def test_a_profiled_size_keeps_its_decoder_and_its_row_gets_the_profile_after_the_timed_rows(cpu_settings_kept):
     case, outcome = _case(), Outcome()
     with cpu_smoke_torch():
-        run.set_blank_bias(case.joint, BLANK, case.blank_bias)
-        rows = run.measure_methods(case, case.methods, outcome)
-        run.finish_rows(case, rows, outcome)
+        bench_rows.set_blank_bias(case.joint, BLANK, case.blank_bias)
+        rows = bench_rows.measure_methods(case, case.methods, outcome)
+        bench_rows.finish_rows(case, rows, outcome)
         outcome.rows += rows
         assert [item.method for item in outcome.to_profile] == ["label-looping off"]
         assert "kernel_profile" not in rows[0]  # not during the timed calls
         decoder = outcome.to_profile[0].decoder
-        run.add_kernel_profiles(outcome)
+        profiles.add_kernel_profiles(outcome)
     p = rows[0]["kernel_profile"]
     assert outcome.to_profile == [] and outcome.failures == []
     assert p["method"] == "label-looping off" and p["mode_used"] == "off" and p["equal_to_reference"] is True
@@ -111,7 +113,7 @@ def test_only_fp32_sizes_of_the_profile_batches_at_the_profile_frames_are_profil
     assert not grid.profiled(torch.bfloat16, 150, 16) and not grid.profiled(torch.float32, 375, 16)
     quick = Grid.of(quick=True, smoke=False)
     assert [b for b in quick.batches if quick.profiled(torch.float32, 150, b)] == [1, 16]
-    assert profiled_method(torch.device("cpu")) == ("label_looping", "off", W)
+    assert profiled_method(torch.device("cpu")) == ours("off")
 
 
 def _figures(rows):
@@ -159,7 +161,7 @@ def test_profiles_are_listed_as_not_run_past_the_deadline_or_without_a_timed_row
     outcome = Outcome(rows=[{"model": "rnnt", "dtype": "float32", "batch": 2, "frames": 6,
                              "method": "label-looping off"}])
     outcome.to_profile = [ToProfile(case, "label-looping off", None), ToProfile(case, "other", None)]
-    run.add_kernel_profiles(outcome, deadline=0.0)  # the decoder (None here) is never called
+    profiles.add_kernel_profiles(outcome, deadline=0.0)  # the decoder (None here) is never called
     assert "kernel_profile" not in outcome.rows[0] and outcome.to_profile == []
     assert outcome.skipped == [f"kernel profile {case.tag} label-looping off: not run (past the time budget)",
                                f"kernel profile {case.tag} other: not run (no timed row)"]
@@ -170,18 +172,18 @@ def test_the_partial_graphs_kernels_are_traced_on_the_gpu():
     """The profiled method at bench sizes, B=4 x 40 frames: its replayed kernels appear in the profile, at least
     as many per outer iteration as its stage graphs hold (the host's flag copies and per-decode work come on top)."""
     device = torch.device("cuda")
-    algorithm, mode, window = profiled_method(device)
-    assert mode == "partial"
+    method = profiled_method(device)
+    assert method.graph_mode == "partial"
     outcome = Outcome()
-    predictor, joint, durations = run.build_models(device)["tdt"]
-    calibrator = run.GreedyTransducerDecoder(predictor, joint, blank_id=BLANK, durations=durations)
+    predictor, joint, durations = bench_rows.build_models(device)["tdt"]
+    calibrator = bench_rows.GreedyTransducerDecoder(predictor, joint, blank_id=BLANK, durations=durations)
     case = Case("tdt", torch.float32, predictor, joint, durations, torch.randn(4, 40, ENC, device=device),
                 torch.tensor([40, 31, 7, 0], device=device), device,
-                methods=[(algorithm, mode, window), (algorithm, "full", window)], profile_kernels=True)
-    outcome.rows += run.measure_case(case, calibrator, outcome, smoke=True)
-    run.add_kernel_profiles(outcome)
+                methods=[method, dataclasses.replace(method, graph_mode="full")], profile_kernels=True)
+    outcome.rows += bench_rows.measure_case(case, calibrator, outcome, smoke=True)
+    profiles.add_kernel_profiles(outcome)
     assert outcome.failures == [] and outcome.skipped == []
-    row = next(r for r in outcome.rows if r["method"] == method_name(algorithm, mode, window))
+    row = next(r for r in outcome.rows if r["method"] == method.label)
     p = row["kernel_profile"]
     assert p["mode_used"] == "partial" and p["equal_to_reference"] is True
     assert set(p["timed_seconds_per_outer_iteration"]) == {row["method"], default_method(device, "full")}

@@ -11,6 +11,8 @@ import torch
 
 from benchmarks.decoding import nemo_peer
 from benchmarks.decoding import grid as grid_module
+from benchmarks.decoding import passes, run_last
+from benchmarks.decoding import rows as bench_rows
 from benchmarks.decoding import run as bench
 from benchmarks.decoding.calibration import calibrate_blank_bias
 from benchmarks.decoding.cases import Case, Deferred, Outcome
@@ -20,18 +22,18 @@ from benchmarks.decoding.iterations import add_iteration_counts
 from benchmarks.decoding.methods import (
     BLANK,
     ENC,
-    FUSED,
     METHODS,
     NEMO_METHODS,
     NEMO_TARGET_METHODS,
     VOCAB,
-    W,
     default_method,
-    method_name,
+    nemo,
+    ours,
 )
 from benchmarks.decoding.targets import add_nemo_speedups, nemo_targets_of
 from workbench.records.results import load_result
 from workbench.decoding import label_looping
+from workbench.decoding.methods import DecoderMethod
 
 NEMO_MISSING = nemo_peer.nemo_unavailable_reason()
 needs_nemo = pytest.mark.skipif(NEMO_MISSING is not None, reason=f"{NEMO_MISSING}; install NeMo's wheels "
@@ -85,11 +87,11 @@ def test_nemo_full_graph_runs_last_with_its_mode_group_at_every_size():
     def case(batch):
         return Case("rnnt", torch.float32, None, None, None, torch.zeros(batch, 2, 1), torch.zeros(batch),
                     torch.device("cpu"), methods=list(NEMO_METHODS))
-    full = [m for m in NEMO_METHODS if m[1] == "full"]
+    full = [m for m in NEMO_METHODS if m.graph_mode == "full"]
     for batch in (1, 16, NEMO_FULL_GRAPH_LAST_FROM_B):
         assert deferred_methods(case(batch), NEMO_METHODS) == full
     assert deferred_methods(case(256), METHODS) == []  # no NeMo: nothing deferred
-    assert deferred_methods(case(16), [m for m in NEMO_METHODS if m != ("nemo", "full", W)]) == []
+    assert deferred_methods(case(16), [m for m in NEMO_METHODS if m != nemo("full")]) == []
 
 
 def test_nemo_bench_refuses_clearly_when_nemo_is_missing(tmp_path, capsys):
@@ -154,16 +156,16 @@ def test_nemo_comparison_on_the_gpu_at_a_small_size(monkeypatch):
         return
     device = torch.device("cuda")
     outcome = Outcome()
-    for name, (predictor, joint, durations) in bench.build_models(device, nemo=True).items():
-        calibrator = bench.GreedyTransducerDecoder(predictor, joint, blank_id=BLANK, durations=durations)
+    for name, (predictor, joint, durations) in bench_rows.build_models(device, nemo=True).items():
+        calibrator = bench_rows.GreedyTransducerDecoder(predictor, joint, blank_id=BLANK, durations=durations)
         case = Case(name, torch.float32, predictor, joint, durations,
                     torch.randn(4, 40, ENC, device=device), torch.tensor([40, 31, 7, 0], device=device),
                     device, methods=list(NEMO_METHODS))
-        outcome.rows += bench.measure_case(case, calibrator, outcome, smoke=True)
+        outcome.rows += bench_rows.measure_case(case, calibrator, outcome, smoke=True)
     assert [d.case.model for d in outcome.deferred] == ["rnnt", "tdt"]
-    outcome.rows += bench.measure_deferred(outcome)
+    outcome.rows += run_last.measure_deferred(outcome)
     add_nemo_speedups(outcome.rows)
-    rows_each = len([m for m in NEMO_METHODS if m[2] != 16])  # window 16 only where the default is another
+    rows_each = len([m for m in NEMO_METHODS if m.blank_window != 16])  # window 16 only where the default is another
     if outcome.failures and outcome.failures[0].startswith("rnnt float32 B=4 T=40: NeMo full graph raised") \
             and outcome.context_lost:
         # NeMo's full graph corrupted the CUDA context (its illegal memory access, which our own graphs do not
@@ -179,9 +181,10 @@ def test_nemo_comparison_on_the_gpu_at_a_small_size(monkeypatch):
     # the default method's row (the fused full graph, timed in the pass too) is every row's reference
     assert {r["reference_method"] for r in outcome.rows} == {"label-looping fused full"}
     assert not [r for r in outcome.rows if "timing_note" in r]  # NeMo's full graph ran beside ours
-    ours = [r for r in outcome.rows if r["method"].startswith("label-looping")]
-    assert all(r["speedup_vs_nemo"] > 0 and r["speedup_vs_nemo_method"] == method_name("nemo", r["method"].split()[-1])
-               for r in ours)  # each against NeMo in its own graph mode
+    mine = [r for r in outcome.rows if DecoderMethod.of_label(r["method"]).algorithm == "label_looping"]
+    assert all(r["speedup_vs_nemo"] > 0
+               and r["speedup_vs_nemo_method"] == nemo(DecoderMethod.of_label(r["method"]).graph_mode).label
+               for r in mine)  # each against NeMo in its own graph mode
 
 
 def test_rows_run_last_replace_ours_and_keep_ours_from_the_pass_when_nemo_poisons_the_context(monkeypatch):
@@ -191,7 +194,7 @@ def test_rows_run_last_replace_ours_and_keep_ours_from_the_pass_when_nemo_poison
     def case(model, batch):
         return Case(model, torch.float32, None, None, None, torch.zeros(batch, 2, 1), torch.zeros(batch),
                     torch.device("cuda"), methods=list(NEMO_METHODS))  # only named: the measuring is faked
-    group = [(FUSED, "full", W), ("nemo", "full", W)]
+    group = [ours("full", "triton_cudnn"), nemo("full")]
     calls = []
 
     def row(c, method, seconds):
@@ -199,15 +202,15 @@ def test_rows_run_last_replace_ours_and_keep_ours_from_the_pass_when_nemo_poison
                 "_key": ([[1]] * c.batch, [[0]] * c.batch), "_stats": {}, "time_s": {"median": seconds}}
 
     def fake_measure(c, methods, outcome):
-        calls.append((c.tag, [method_name(*m) for m in methods]))
+        calls.append((c.tag, [m.label for m in methods]))
         if c.batch >= 128:
             outcome.failures.append(f"{c.tag}: NeMo full graph raised")
             return []
-        return [row(c, method_name(*m), 0.02) for m in methods]
+        return [row(c, m.label, 0.02) for m in methods]
 
-    monkeypatch.setattr(bench, "measure_methods", fake_measure)
-    monkeypatch.setattr(bench, "set_blank_bias", lambda *a: None)
-    monkeypatch.setattr(bench, "cuda_context_error",
+    monkeypatch.setattr(run_last, "measure_methods", fake_measure)
+    monkeypatch.setattr(run_last, "set_blank_bias", lambda *a: None)
+    monkeypatch.setattr(run_last, "cuda_context_error",
                         lambda device: "illegal memory access" if len(calls) >= 2 else None)
     cases = [case("tdt", 128), case("rnnt", 128), case("rnnt", 16)]
     outcome = Outcome()
@@ -215,7 +218,7 @@ def test_rows_run_last_replace_ours_and_keep_ours_from_the_pass_when_nemo_poison
         c.reference, c.reference_method, c.blank_bias = ([[1]] * c.batch, [[0]] * c.batch), "label-looping fused full", 0.5
         outcome.rows.append({k: v for k, v in row(c, "label-looping fused full", 0.01).items() if k[0] != "_"})
     outcome.deferred = [Deferred(c, group) for c in cases]
-    rows = bench.measure_deferred(outcome)
+    rows = run_last.measure_deferred(outcome)
     assert [tag for tag, _ in calls] == ["rnnt float32 B=16 T=2", "rnnt float32 B=128 T=2"]  # small sizes first
     assert calls[0][1] == ["label-looping fused full", "NeMo full graph"]
     assert [(r["batch"], r["method"]) for r in rows] == [(16, "NeMo full graph")]  # returned: NeMo's rows only
@@ -235,11 +238,11 @@ def test_rows_run_last_stop_at_their_deadline(monkeypatch):
     def case(batch):
         return Case("rnnt", torch.float32, None, None, None, torch.zeros(batch, 2, 1), torch.zeros(batch),
                     torch.device("cpu"), methods=list(NEMO_METHODS))
-    monkeypatch.setattr(bench, "measure_methods", lambda *a: pytest.fail("nothing runs past the deadline"))
+    monkeypatch.setattr(run_last, "measure_methods", lambda *a: pytest.fail("nothing runs past the deadline"))
     outcome = Outcome()
     outcome.rows = [{"model": "rnnt", "dtype": "float32", "batch": 1, "frames": 2, "method": "label-looping fused full"}]
-    outcome.deferred = [Deferred(case(1), [(FUSED, "full", W), ("nemo", "full", W)])]
-    assert bench.measure_deferred(outcome, deadline=bench.time.perf_counter() - 1) == []
+    outcome.deferred = [Deferred(case(1), [ours("full", "triton_cudnn"), nemo("full")])]
+    assert run_last.measure_deferred(outcome, deadline=run_last.time.perf_counter() - 1) == []
     assert outcome.skipped == ["rnnt float32 B=1 T=2: label-looping fused full, NeMo full graph not run (past the "
                                "time for the rows run last)"]
     assert "without NeMo's full graph" in outcome.rows[0]["timing_note"]
@@ -269,7 +272,7 @@ def test_the_nemo_grid_measures_what_the_targets_need_at_every_size_and_the_slow
     grid = Grid.of(quick=False, smoke=False)
     cells = grid.cells()
     assert len(cells) == 32 and {c[0] for c in cells[:16]} == {torch.float32}  # fp32 first, then bf16
-    names = lambda methods: [method_name(*m) for m in methods]  # noqa: E731
+    names = lambda methods: [m.label for m in methods]  # noqa: E731
     first, later = plan_methods(True, 64, grid)
     assert names(first) == ["label-looping fused full", "label-looping fused partial", "NeMo full graph",
                             "NeMo partial graphs"]
@@ -289,7 +292,7 @@ def test_the_targets_judge_the_method_users_get_by_default(monkeypatch):
     cpu = torch.device("cpu")
     assert default_method(cpu) == "label-looping full" and default_method(cpu, "off") == "label-looping off"
     monkeypatch.setattr(label_looping, "resolve_kernels",
-                        lambda requested, *, device, algorithm="label_looping": ("triton", "triton: test"))
+                        lambda requested, *, device, algorithm="label_looping": ("triton_cudnn", "test"))
     assert default_method(torch.device("cuda")) == "label-looping fused full"
     rows = [_row("tdt", "label-looping full", 16), _row("tdt", "label-looping fused full", 6.5),
             _row("tdt", "NeMo full graph", 15.5), _row("tdt", "label-looping fused partial", 8.5),
@@ -310,22 +313,22 @@ def test_measure_grid_runs_every_first_pass_before_any_second_pass_and_lists_wha
     calls, clock = [], [0.0]
 
     def fake_measure_case(case, calibrator, outcome, smoke, methods=None):
-        calls.append((case.tag, [method_name(*m) for m in methods]))
+        calls.append((case.tag, [m.label for m in methods]))
         clock[0] += 10.0
         return []
 
     linear = torch.nn.Linear(1, 1)
-    monkeypatch.setattr(bench, "build_models", lambda device, nemo: {"rnnt": (linear, linear, None),
+    monkeypatch.setattr(passes, "build_models", lambda device, nemo: {"rnnt": (linear, linear, None),
                                                                      "tdt": (linear, linear, [0, 1])})
-    monkeypatch.setattr(bench, "measure_case", fake_measure_case)
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(passes, "measure_case", fake_measure_case)
+    monkeypatch.setattr(passes.time, "perf_counter", lambda: clock[0])
     grid = Grid([1, 16], [4], [torch.float32], breakdown_batches=[16])
     outcome = Outcome()
-    bench.measure_grid(grid, torch.device("cpu"), outcome, t_start=0.0, budget_s=45.0, smoke=True, nemo=True)
+    passes.measure_grid(grid, torch.device("cpu"), outcome, t_start=0.0, budget_s=45.0, smoke=True, nemo=True)
     tags = [tag for tag, _ in calls]
     assert tags == ["rnnt float32 B=1 T=4", "rnnt float32 B=16 T=4", "tdt float32 B=1 T=4", "tdt float32 B=16 T=4",
                     "rnnt float32 B=1 T=4"]  # the first pass at every size, then the second while time lasts
-    assert calls[0][1] == calls[3][1] == [method_name(*m) for m in NEMO_TARGET_METHODS]
+    assert calls[0][1] == calls[3][1] == [m.label for m in NEMO_TARGET_METHODS]
     assert calls[4][1] == ["label-looping full", "label-looping fused+lstm full"]
     assert outcome.skipped == [
         "rnnt float32 B=16 T=4: label-looping full, label-looping fused+lstm full, label-looping off, "
@@ -341,24 +344,24 @@ def test_measure_grid_stops_when_a_case_leaves_the_cuda_context_unusable_and_lis
 
     def fake_measure_case(case, calibrator, outcome, smoke, methods=None):
         calls.append(case.tag)
-        case.measured = [m for m in methods if m != ("nemo", "full", W)]
+        case.measured = [m for m in methods if m != nemo("full")]
         if case.tag == "rnnt float32 B=16 T=4":
             outcome.failures.append(f"{case.tag}: label-looping fused full raised AcceleratorError while timed")
         return []
 
     linear = torch.nn.Linear(1, 1)
-    monkeypatch.setattr(bench, "build_models", lambda device, nemo: {"rnnt": (linear, linear, None),
+    monkeypatch.setattr(passes, "build_models", lambda device, nemo: {"rnnt": (linear, linear, None),
                                                                      "tdt": (linear, linear, [0, 1])})
-    monkeypatch.setattr(bench, "measure_case", fake_measure_case)
+    monkeypatch.setattr(passes, "measure_case", fake_measure_case)
     # the case's device is CPU here; the context check is what reports the loss after the second case
-    monkeypatch.setattr(bench, "cuda_context_error",
+    monkeypatch.setattr(run_last, "cuda_context_error",
                         lambda device: "AcceleratorError: illegal memory access" if len(calls) >= 2 else None)
-    lost = bench.lost_context
-    monkeypatch.setattr(bench, "lost_context", lambda case, outcome: lost(
+    lost = passes.lost_context
+    monkeypatch.setattr(passes, "lost_context", lambda case, outcome: lost(
         dataclasses.replace(case, device=torch.device("cuda")), outcome))
     grid = Grid([1, 16], [4], [torch.float32], breakdown_batches=[16])
     outcome = Outcome()
-    bench.measure_grid(grid, torch.device("cpu"), outcome, t_start=bench.time.perf_counter(), budget_s=1e9,
+    passes.measure_grid(grid, torch.device("cpu"), outcome, t_start=passes.time.perf_counter(), budget_s=1e9,
                        smoke=True, nemo=True)
     assert calls == ["rnnt float32 B=1 T=4", "rnnt float32 B=16 T=4"]
     assert outcome.context_lost == "AcceleratorError: illegal memory access"
@@ -459,11 +462,10 @@ def test_window_16_runs_only_where_the_default_window_is_another(monkeypatch):
     def case(model, batch, dtype):
         return Case(model, dtype, None, None, [0, 1, 2, 3, 4] if model == "tdt" else None,
                     torch.zeros(batch, 2, 1), torch.zeros(batch), torch.device("cuda"),
-                    methods=[("label_looping_fused", "full", 16), ("label_looping", "full", 1),
-                             ("label_looping_fused", "full", "auto")])
+                    methods=[ours("full", "triton_cudnn", 16), ours("full", window=1), ours("full", "triton_cudnn")])
     runs16 = {(m, b, str(d)[6:]) for m in ("rnnt", "tdt") for b in (16, 32, 33, 128)
               for d in (torch.float32, torch.bfloat16)
-              if ("label_looping_fused", "full", 16) in grid_module.methods_for(case(m, b, d))}
+              if ours("full", "triton_cudnn", 16) in grid_module.methods_for(case(m, b, d))}
     assert runs16 == {("tdt", 33, "float32"), ("tdt", 128, "float32")}
-    assert method_name("label_looping_fused", "full", 16) == "label-looping fused full window 16"
-    assert method_name("label_looping_fused", "full", "auto") == "label-looping fused full"
+    assert ours("full", "triton_cudnn", 16).label == "label-looping fused full window 16"
+    assert ours("full", "triton_cudnn").label == "label-looping fused full"

@@ -51,7 +51,9 @@ def test_losses_bench_smoke_refuses_the_results_folder():
 def test_losses_bench_refuses_to_run_without_cuda_or_smoke(tmp_path, capsys):
     from benchmarks.losses import run
 
-    assert run.main(["--out", str(tmp_path)]) == 2
+    with pytest.raises(SystemExit) as stop:
+        run.main(["--out", str(tmp_path)])
+    assert stop.value.code == 2
     assert "needs a CUDA GPU (or --smoke)" in capsys.readouterr().err and not list(tmp_path.iterdir())
 
 

@@ -24,9 +24,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from workbench.records.results import load_result, times_faster
+from workbench.decoding.methods import DecoderMethod
 from workbench.palette import BUDGET_COLOUR, colour
 
-TORCH_FULL = "label-looping full"  # the torch stages' full graph, reported beside a target judged on other kernels
+TORCH_FULL = DecoderMethod("label_looping", "full").label  # the torch stages' full graph, reported beside a target judged on other kernels
 
 NAME = "decoding"  # decoding*.json
 
@@ -152,36 +153,39 @@ def empty_iteration_seconds(record: dict[str, Any]) -> float | None:
 def graph_mode(method: str) -> str | None:
     """The palette's graph mode of a method name: "graphs off", "partial graphs", "full graph"; None for one
     without (torchaudio's beam search)."""
-    words = method.split()
-    if "off" in words or method.endswith("no graphs"):
-        return "graphs off"
-    if "partial" in words:
-        return "partial graphs"
-    if "full" in words:
-        return "full graph"
-    return None
+    known = DecoderMethod.of_label(method)
+    return PALETTE_MODES[known.graph_mode] if known else None
+
+
+PALETTE_MODES = {"off": "graphs off", "partial": "partial graphs", "full": "full graph"}
+
+
+def _algorithm(method: str) -> str | None:
+    known = DecoderMethod.of_label(method)
+    return known.algorithm if known else None
 
 
 def method_style(method: str, position: int = 0) -> dict[str, Any]:
     """How a method is drawn in every decoding chart: its colour says the graph mode (frame-looping and NeMo
     their own, ``workbench.palette``); its hatch, line style and marker say the variant (torch stages, fused
     kernels, fused with the LSTM step, a blank window); NeMo's bars are outlined in their graph mode's colour."""
-    mode = graph_mode(method)
-    if method.startswith("NeMo"):
+    mode, known = graph_mode(method), DecoderMethod.of_label(method)
+    if _algorithm(method) == "nemo":
         face, edge = colour("NeMo"), colour(mode) if mode else colour("NeMo")
         return dict(color=face, edgecolor=edge, linewidth=1.6, hatch="", linestyle="-", marker="P")
-    if method.startswith("frame-looping"):
+    if _algorithm(method) == "frame_looping":
         face = colour("frame-looping")
     elif mode is None:
         face = colour(method, fallback=position)
     else:
         face = colour(mode)
     hatch, linestyle, marker = "", "-", "o"
-    if "fused+lstm" in method:
+    kernels = known.kernels if known else "torch"
+    if kernels == "triton":
         hatch, linestyle, marker = "xx", ":", "^"
-    elif "fused" in method:
+    elif kernels == "triton_cudnn":
         hatch, linestyle, marker = "//", "--", "s"
-    if "window" in method:
+    if known and known.own_window:
         hatch, linestyle, marker = hatch + "..", "-.", "D"
     return dict(color=face, edgecolor="white", linewidth=0.4, hatch=hatch, linestyle=linestyle, marker=marker)
 
@@ -302,7 +306,7 @@ def committed_nemo_record(speed_record: dict[str, Any] | None, results_dir=None)
 
 
 def has_nemo_rows(record: dict[str, Any]) -> bool:
-    return any(r.get("method", "").startswith("NeMo") for r in record["figures"]["rows"])
+    return any(_algorithm(r.get("method", "")) == "nemo" for r in record["figures"]["rows"])
 
 
 def nemo_comparison_table(record: dict[str, Any]) -> pd.DataFrame:
@@ -547,7 +551,7 @@ def speed_cells(record: dict[str, Any], dtype: str) -> pd.DataFrame:
         Model=table["model"].map(lambda m: MODEL_NAMES.get(m, m)),
         Utterance=table["audio_s"].map(lambda s: f"{s:g} s"), Decoder=table["method"].astype(str),
         cell=[f"{_round(ms):g}" + ("" if pd.isna(x) or x is None or (against == "x_frame_looping_off" and
-                                                                     m.startswith("frame-looping"))
+                                                                     _algorithm(m) == "frame_looping")
                                    else f" ({_times(x)})")
               for ms, x, m in zip(table["ms"], table[against], table["method"].astype(str))])
     pivot = cells.pivot_table(index=["Model", "Utterance", "Decoder"], columns="B", values="cell", aggfunc="first",
