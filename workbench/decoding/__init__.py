@@ -1,15 +1,26 @@
-"""Greedy RNN-T / TDT decoding: label-looping and frame-looping, with CUDA graphs (full, partial, off)."""
+"""Greedy RNN-T / TDT decoding: label-looping and frame-looping, with CUDA graphs (full, partial, off).
 
-from workbench.decoding.cuda_graphs import (
-    full_graph_unsupported_reason,
-    partial_graph_unsupported_reason,
-)
-from workbench.decoding.greedy import GreedyTransducerDecoder, resolve_graph_mode
-from workbench.decoding.protocol import Hypothesis, JointProtocol, PredictorProtocol
-from workbench.decoding.toy_models import make_toy_transducer, set_blank_bias
+The names below load on first use, so ``workbench.decoding.methods`` (the decoder vocabulary that record
+readers share) imports without torch."""
 
-__all__ = [
-    "GreedyTransducerDecoder", "Hypothesis", "PredictorProtocol", "JointProtocol", "resolve_graph_mode",
-    "full_graph_unsupported_reason", "partial_graph_unsupported_reason",
-    "make_toy_transducer", "set_blank_bias",
-]
+from importlib import import_module
+
+_HOMES = {
+    "GreedyTransducerDecoder": "greedy", "resolve_graph_mode": "greedy",
+    "full_graph_unsupported_reason": "cuda_graphs", "partial_graph_unsupported_reason": "cuda_graphs",
+    "Hypothesis": "protocol", "JointProtocol": "protocol", "PredictorProtocol": "protocol",
+    "make_toy_transducer": "toy_models", "set_blank_bias": "toy_models",
+}
+__all__ = list(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'workbench.decoding' has no attribute {name!r}")
+    value = getattr(import_module(f"workbench.decoding.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)
