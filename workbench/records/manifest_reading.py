@@ -14,7 +14,7 @@ NAME = "manifest_reading"
 
 
 class ManifestReadingFigures(TypedDict):
-    workbench_read_cut_arrays_s: dict[str, float]  # results.summarize() over repeats, seconds
+    workbench_read_cut_arrays_s: dict[str, float]  # workbench.timing.summarize() over repeats, seconds
     lhotse_from_jsonl_lazy_s: dict[str, float]
     speedup_vs_lhotse: float  # lhotse's seconds over our median
     file_bytes: int
