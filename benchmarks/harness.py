@@ -30,11 +30,11 @@ from workbench.atomic import write_text_atomically
 from workbench.records.results import RESULTS_DIR, device_info, git_commit
 
 def bench_parser(description: str | None, *, parts: tuple[str, ...] = (), budget_s: float = 0.0,
-                 out_required: bool = False) -> argparse.ArgumentParser:
+                 out_required: bool = False, default_parts: tuple[str, ...] | None = None) -> argparse.ArgumentParser:
     """An argument parser with the options every bench shares: ``--out`` (the results folder, default
     benchmarks/results), ``--smoke`` (tiny shapes on any machine; needs an ``--out`` elsewhere), ``--budget-s``
     (wall seconds after which no new part starts; 0: none) and, when the bench has ``parts``, ``--parts``
-    (which to run, default all, in the bench's order)."""
+    (which to run, default ``default_parts`` or all, in the bench's order)."""
     parser = argparse.ArgumentParser(description=(description or "").strip().splitlines()[0] if description else None,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=out_required, default=None,
@@ -44,8 +44,10 @@ def bench_parser(description: str | None, *, parts: tuple[str, ...] = (), budget
     parser.add_argument("--budget-s", type=float, default=budget_s,
                         help=f"no new part starts after this many wall seconds; 0: no limit (default {budget_s:g})")
     if parts:
-        parser.add_argument("--parts", nargs="+", choices=parts, default=list(parts), metavar="PART",
-                            help=f"what to measure, any of {', '.join(parts)} (default all)")
+        default = list(parts if default_parts is None else default_parts)
+        parser.add_argument("--parts", nargs="+", choices=parts, default=default, metavar="PART",
+                            help=f"what to measure, any of {', '.join(parts)} (default "
+                                 + ("all" if default == list(parts) else " ".join(default)) + ")")
     return parser
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.allocator.run import drawn_shapes, largest_first
+from benchmarks.allocator.shapes import drawn_shapes, largest_first
 from benchmarks.allocator.worker import block_plan, parse_blocks
 from workbench.units import GiB
 
@@ -91,12 +91,12 @@ def fake_worker(calls, *, dyn_exp_allocs=0, slow_expandable=1.0, drift=(1.0,), r
 def run_bench_with(monkeypatch, tmp_path, capsys, args=(), **kwargs):
     import json
 
-    from benchmarks.allocator import run as bench
+    from benchmarks.allocator import rounds, run as bench, shapes
 
     calls = []
-    monkeypatch.setattr(bench, "run_worker", fake_worker(calls, **kwargs))
+    monkeypatch.setattr(rounds, "run_worker", fake_worker(calls, **kwargs))
     monkeypatch.setattr(bench, "cuda_missing", lambda smoke: False)  # the fake worker stands in for the GPU
-    monkeypatch.setattr(bench, "sampler_shapes", lambda n, **kw: (drawn_shapes(n, batch_audio_s=200.0,
+    monkeypatch.setattr(shapes, "sampler_shapes", lambda n, **kw: (drawn_shapes(n, batch_audio_s=200.0,
                                                                                num_buckets=4, seed=1), "drawn"))
     rc = bench.main(["--out", str(tmp_path), "--steps", "6", *args])
     record = json.loads((tmp_path / "allocator.json").read_text())
@@ -158,7 +158,7 @@ def test_headroom_sweep_gives_one_block_per_headroom(monkeypatch, tmp_path, caps
 
 
 def test_budget_stops_rounds_and_says_so(monkeypatch, tmp_path, capsys):
-    rc, record, out, calls = run_bench_with(monkeypatch, tmp_path, capsys, args=["--rounds", "4", "--budget-s", "0"])
+    rc, record, out, calls = run_bench_with(monkeypatch, tmp_path, capsys, args=["--rounds", "4", "--budget-s", "1e-9"])
     figures = record["figures"]
     assert figures["rounds_run"] == 1 and len(calls) == 1  # the first round always runs
     assert any("stopped after 1 round" in w for w in figures["warnings"])
@@ -240,7 +240,7 @@ def test_unequal_blocks_are_refused(monkeypatch, tmp_path, capsys):
 
 def test_straddling_rounds_are_inconclusive(monkeypatch, tmp_path, capsys):
     # dynamic_expandable is 1.04x static in round 1 and 1.04 * 1.03 in round 2: the rounds straddle 1.05
-    from benchmarks.allocator import run as bench
+    from benchmarks.allocator import rounds, run as bench, shapes
 
     calls = []
     base = fake_worker(calls, slow_expandable=1.04)
@@ -253,9 +253,9 @@ def test_straddling_rounds_are_inconclusive(monkeypatch, tmp_path, capsys):
                               for t, a, p, rep in zip(rows["time_s"], rows["allocator"], rows["pass_"], rows["repeat"])]
         return result
 
-    monkeypatch.setattr(bench, "run_worker", drifting)
+    monkeypatch.setattr(rounds, "run_worker", drifting)
     monkeypatch.setattr(bench, "cuda_missing", lambda smoke: False)  # the fake worker stands in for the GPU
-    monkeypatch.setattr(bench, "sampler_shapes", lambda n, **kw: (drawn_shapes(n, batch_audio_s=200.0,
+    monkeypatch.setattr(shapes, "sampler_shapes", lambda n, **kw: (drawn_shapes(n, batch_audio_s=200.0,
                                                                                num_buckets=4, seed=1), "drawn"))
     bench.main(["--out", str(tmp_path), "--steps", "6", "--rounds", "2"])
     import json
@@ -269,7 +269,7 @@ def test_straddling_rounds_are_inconclusive(monkeypatch, tmp_path, capsys):
 def test_a_failed_round_keeps_the_rounds_before_it_on_disk(monkeypatch, tmp_path, capsys):
     import json
 
-    from benchmarks.allocator import run as bench
+    from benchmarks.allocator import rounds, run as bench, shapes
 
     calls, seen_on_disk = [], []
     base = fake_worker(calls)
@@ -280,9 +280,9 @@ def test_a_failed_round_keeps_the_rounds_before_it_on_disk(monkeypatch, tmp_path
             raise RuntimeError("worker interleaved failed: CUDA error")
         return base(mode, tmp, shapes_path, args, fraction)
 
-    monkeypatch.setattr(bench, "run_worker", failing_in_round_two)
+    monkeypatch.setattr(rounds, "run_worker", failing_in_round_two)
     monkeypatch.setattr(bench, "cuda_missing", lambda smoke: False)  # the fake worker stands in for the GPU
-    monkeypatch.setattr(bench, "sampler_shapes", lambda n, **kw: (drawn_shapes(n, batch_audio_s=200.0,
+    monkeypatch.setattr(shapes, "sampler_shapes", lambda n, **kw: (drawn_shapes(n, batch_audio_s=200.0,
                                                                                num_buckets=4, seed=1), "drawn"))
     assert bench.main(["--out", str(tmp_path), "--steps", "6", "--rounds", "3"]) == 1
     (partial,) = seen_on_disk  # written after round 1, before round 2 failed

@@ -112,18 +112,18 @@ def test_oomptimizer_bench_smoke(tmp_path, torch_cpu_settings_kept):
 def test_oomptimizer_bench_parts_write_their_own_files(tmp_path, torch_cpu_settings_kept):
     from benchmarks.oomptimizer import run as oomptimizer
 
-    assert oomptimizer.main(["--smoke", "--part", "aed", "--out", str(tmp_path)]) == 0
+    assert oomptimizer.main(["--smoke", "--parts", "aed", "--out", str(tmp_path)]) == 0
     fig = read_result(tmp_path / "oomptimizer_aed.json")["figures"]
     assert fig["part"] == "aed" and "skipped" in fig["rnnt"] and "predictive" not in fig["rnnt"]
     assert fig["aed"]["predictive"]["all_returned_probed"] and not (tmp_path / "oomptimizer.json").exists()
-    assert oomptimizer.main(["--smoke", "--part", "rnnt", "--time-limit-s", "0", "--out", str(tmp_path)]) == 0
+    assert oomptimizer.main(["--smoke", "--parts", "rnnt", "--budget-s", "1e-9", "--out", str(tmp_path)]) == 0
     fig = read_result(tmp_path / "oomptimizer.json")["figures"]
     assert "predictive" in fig["rnnt"]  # the profile search always runs
     assert fig["rnnt"]["ddp_accounting"] == {"skipped": "time limit"}
     assert "true maxima: not measured (time limit)" in fig["failures"]
     assert any(f.startswith("ddp accounting: not measured (time limit") for f in fig["failures"])  # not silent
     with pytest.raises(SystemExit):
-        oomptimizer.main(["--smoke", "--part", "aed", "--nproc", "2", "--out", str(tmp_path)])
+        oomptimizer.main(["--smoke", "--parts", "aed", "--nproc", "2", "--out", str(tmp_path)])
 
 
 def test_oomptimizer_bench_smoke_ddp_two_processes(tmp_path):
@@ -179,18 +179,19 @@ def test_allocator_bench_smoke(tmp_path, capsys):
 
 
 def test_oomptimizer_bench_keeps_going_and_writes_the_json_when_a_part_raises(tmp_path, monkeypatch):
-    from benchmarks.oomptimizer import run as oomptimizer
+    from benchmarks.harness import report_failures
+    from benchmarks.oomptimizer import probes, run as oomptimizer
 
     def broken_build(name):
         raise RuntimeError(f"cannot build {name}")
 
-    monkeypatch.setattr(oomptimizer, "build", broken_build)
+    monkeypatch.setattr(probes, "build", broken_build)
     assert oomptimizer.main(["--smoke", "--out", str(tmp_path)]) == 0  # smoke: reported, not enforced
     fig = read_result(tmp_path / "oomptimizer.json")["figures"]
     assert fig["complete"] is True
     assert any("cannot build tiny-rnnt" in f for f in fig["failures"])
     assert any("cannot build tiny-aed" in f for f in fig["failures"])
-    assert oomptimizer.report_failures(fig["failures"]) == 1  # the GPU run would exit non-zero
+    assert report_failures(fig["failures"]) == 1  # the GPU run would exit non-zero
 
 
 def test_decoding_bench_smoke(tmp_path, capsys):

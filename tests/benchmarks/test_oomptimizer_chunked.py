@@ -1,4 +1,4 @@
-"""The OOMptimizer bench's --part rnnt-chunked: the smoke run end to end, its ratios and target on given
+"""The OOMptimizer bench's --parts rnnt-chunked: the smoke run end to end, its ratios and target on given
 numbers, the option's errors, and the record's lines in SUMMARY.md (a run stopped at its time limit too)."""
 
 import argparse
@@ -72,10 +72,10 @@ def test_across_runs_sets_the_unchunked_sizes_against_the_committed_record():
 
 def test_committed_record_buckets_are_the_bins_the_bench_makes():
     """The runs compare across records only because rnnt_bins() rebuilds the committed record's buckets."""
-    from benchmarks.oomptimizer import run
+    from benchmarks.oomptimizer import buckets as buckets_, probes, run  # noqa: F401
 
     committed = json.loads((REPO / "benchmarks/results/oomptimizer.json").read_text())["figures"]["rnnt"]
-    buckets, source = run.rnnt_bins()
+    buckets, source = buckets_.rnnt_bins()
     assert buckets == [tuple(b) for b in committed["buckets"]] and source == committed["bins_source"]
 
 
@@ -89,27 +89,27 @@ def test_returned_peaks_are_the_probes_at_the_returned_sizes():
 
 @pytest.mark.parametrize("value", ["0", "-3", "two"])
 def test_joint_chunk_size_below_1_is_refused_in_one_line(value, tmp_path, capsys):
-    from benchmarks.oomptimizer import run
+    from benchmarks.oomptimizer import buckets as buckets_, probes, run  # noqa: F401
 
     with pytest.raises(SystemExit):
-        run.main(["--smoke", "--part", "rnnt-chunked", "--joint-chunk-size", value, "--out", str(tmp_path)])
+        run.main(["--smoke", "--parts", "rnnt-chunked", "--joint-chunk-size", value, "--out", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()[-1]  # argparse: the usage, then the one error line
     assert "error: argument --joint-chunk-size: must be" in err and value in err
     assert not list(tmp_path.iterdir())  # nothing written
 
 
 def test_joint_chunk_size_belongs_to_the_chunked_part(tmp_path, capsys):
-    from benchmarks.oomptimizer import run
+    from benchmarks.oomptimizer import buckets as buckets_, probes, run  # noqa: F401
 
     with pytest.raises(SystemExit):
-        run.main(["--smoke", "--part", "rnnt", "--joint-chunk-size", "4", "--out", str(tmp_path)])
-    assert "--joint-chunk-size belongs to --part rnnt-chunked" in capsys.readouterr().err
+        run.main(["--smoke", "--parts", "rnnt", "--joint-chunk-size", "4", "--out", str(tmp_path)])
+    assert "--joint-chunk-size belongs to --parts rnnt-chunked" in capsys.readouterr().err
 
 
 def _smoke(tmp_path, *extra, name=record.CHUNKED_NAME):
-    from benchmarks.oomptimizer import run
+    from benchmarks.oomptimizer import buckets as buckets_, probes, run  # noqa: F401
 
-    assert run.main(["--smoke", "--part", "rnnt-chunked", *extra, "--out", str(tmp_path)]) == 0
+    assert run.main(["--smoke", "--parts", "rnnt-chunked", *extra, "--out", str(tmp_path)]) == 0
     path = tmp_path / f"{name}.json"
     rec = json.loads(path.read_text())
     assert rec["name"] == name and rec["figures"]["smoke"] and rec["what"].startswith("SMOKE RUN")
@@ -119,12 +119,12 @@ def _smoke(tmp_path, *extra, name=record.CHUNKED_NAME):
 
 
 def test_smoke_runs_both_searches_on_the_rnnt_part_bins(tmp_path, capsys):
-    from benchmarks.oomptimizer import run
+    from benchmarks.oomptimizer import buckets as buckets_, probes, run  # noqa: F401
 
     rec = _smoke(tmp_path)
     fig = rec["figures"]
     assert fig["complete"] and fig["joint_chunk_size"] == run.SMOKE_JOINT_CHUNK_SIZE and fig["model"] == "tiny-rnnt"
-    assert fig["buckets"] == [list(b) for b in run.rnnt_buckets(argparse.Namespace(smoke=True))[0]]
+    assert fig["buckets"] == [list(b) for b in buckets_.rnnt_buckets(argparse.Namespace(smoke=True))[0]]
     whole, chunks = fig["unchunked"], fig["chunked"]
     assert (whole["joint_chunk_size"], chunks["joint_chunk_size"]) == (0, run.SMOKE_JOINT_CHUNK_SIZE)
     for s in (whole, chunks):
@@ -146,7 +146,7 @@ def test_smoke_runs_both_searches_on_the_rnnt_part_bins(tmp_path, capsys):
 
 
 def test_a_run_stopped_at_its_time_limit_keeps_what_finished_and_renders(tmp_path):
-    rec = _smoke(tmp_path, "--time-limit-s", "0")
+    rec = _smoke(tmp_path, "--budget-s", "1e-9")
     fig = rec["figures"]
     n = len(fig["buckets"])
     for s in (fig["unchunked"], fig["chunked"]):  # one bucket each (the largest), then the stop
@@ -177,17 +177,17 @@ def test_summary_lines_of_a_search_that_failed():
 def test_the_gpu_script_knows_the_stage():
     out = subprocess.run(["bash", str(REPO / "scripts/gpu_run.sh"), "--help"], capture_output=True, text=True)
     assert " oomptimizer-rnnt-chunked " in out.stdout
-    assert "--part rnnt-chunked" in (REPO / "benchmarks/stages.toml").read_text()
+    assert "--parts rnnt-chunked" in (REPO / "benchmarks/stages.toml").read_text()
 
 
 def test_smoke_chunked_search_runs_the_chunked_joint_and_the_unchunked_one_never(tmp_path, monkeypatch):
     """On CPU both searches return the same sizes, so the ratios cannot show which ran chunked: count the calls."""
-    from benchmarks.oomptimizer import run
+    from benchmarks.oomptimizer import buckets as buckets_, probes, run  # noqa: F401
     from workbench.models import model as model_module
 
     calls, real = [], model_module.chunked_joint_loss
     phase = {"chunk": None}
-    real_build = run.build
+    real_build = probes.build
 
     def build(name, joint_chunk_size=0):
         phase["chunk"] = joint_chunk_size
@@ -197,15 +197,15 @@ def test_smoke_chunked_search_runs_the_chunked_joint_and_the_unchunked_one_never
         calls.append((phase["chunk"], chunk))
         return real(joint, enc, pred, nll_of, chunk, **kw)
 
-    monkeypatch.setattr(run, "build", build)
+    monkeypatch.setattr(probes, "build", build)
     monkeypatch.setattr(model_module, "chunked_joint_loss", counted)
     _smoke(tmp_path)
     assert calls and {c for c in calls} == {(run.SMOKE_JOINT_CHUNK_SIZE, run.SMOKE_JOINT_CHUNK_SIZE)}
-    assert run.build("tiny-rnnt", 2).config.joint_chunk_size == 2
+    assert probes.build("tiny-rnnt", 2).config.joint_chunk_size == 2
 
 
 def test_too_many_probes_is_a_failure_unless_the_search_stopped_early():
-    from benchmarks.oomptimizer.run import too_many_probes
+    from benchmarks.oomptimizer.probes import too_many_probes
 
     assert too_many_probes("rnnt", {"probes_per_bucket": 3.0}) == []
     assert too_many_probes("rnnt", {"probes_per_bucket": 3.5}) == ["rnnt predictive: 3.50 probes per bucket > 3"]
@@ -213,7 +213,7 @@ def test_too_many_probes_is_a_failure_unless_the_search_stopped_early():
 
 
 def test_bucket_range_reads_slice_bounds_and_names_what_is_wrong():
-    from benchmarks.oomptimizer.run import bucket_range
+    from benchmarks.oomptimizer.buckets import bucket_range
 
     assert bucket_range(None, 30) == (0, 30)
     assert bucket_range("0:16", 30) == (0, 16) and bucket_range(":4", 30) == (0, 4)
@@ -225,7 +225,7 @@ def test_bucket_range_reads_slice_bounds_and_names_what_is_wrong():
 
 
 def test_a_bucket_range_searches_only_those_buckets_under_its_own_record_name(tmp_path, capsys):
-    from benchmarks.oomptimizer import run
+    from benchmarks.oomptimizer import buckets as buckets_, probes, run  # noqa: F401
 
     rec = _smoke(tmp_path, "--buckets", "1:3", name=f"{record.CHUNKED_NAME}_1_3")
     fig = rec["figures"]
@@ -243,11 +243,11 @@ def test_a_bucket_range_searches_only_those_buckets_under_its_own_record_name(tm
     assert lines[0].startswith("- tiny-rnnt predictive, joint whole: 2 of 2 buckets (1-2 of 4), ")
     assert not (tmp_path / f"{record.CHUNKED_NAME}.json").exists()
     assert summary.section_for(f"{record.CHUNKED_NAME}_1_3") is record.chunked_summary_lines
-    assert run.main(["--smoke", "--part", "rnnt-chunked", "--buckets", "3:9", "--out", str(tmp_path)]) == 2
+    assert run.main(["--smoke", "--parts", "rnnt-chunked", "--buckets", "3:9", "--out", str(tmp_path)]) == 2
     assert "--buckets: need 0 <= START < STOP <= 4" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        run.main(["--smoke", "--part", "rnnt", "--buckets", "0:2", "--out", str(tmp_path)])
-    assert "--buckets belongs to --part rnnt-chunked" in capsys.readouterr().err
+        run.main(["--smoke", "--parts", "rnnt", "--buckets", "0:2", "--out", str(tmp_path)])
+    assert "--buckets belongs to --parts rnnt-chunked" in capsys.readouterr().err
 
 
 def _chunked_record(name, date, unchunked, chunked_sizes, reference=None, buckets=BUCKETS):

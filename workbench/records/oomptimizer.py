@@ -32,7 +32,7 @@ from workbench.oomptimizer.run import describe_soak
 from workbench.units import GiB
 
 NAME = "oomptimizer"  # every oomptimizer*.json but the chunked ones
-CHUNKED_NAME = "oomptimizer_rnnt_chunked"  # --part rnnt-chunked (chunked.py)
+CHUNKED_NAME = "oomptimizer_rnnt_chunked"  # --parts rnnt-chunked (oomptimizer_chunked.py)
 # the one-GPU search with DDP's gradient buckets accounted, of the same training step as oomptimizer_ddp.json
 DDP_ONE_GPU_NAME = "oomptimizer_ddp_one_gpu"
 CHUNKED_PART = "rnnt-chunked"

@@ -1,9 +1,9 @@
-"""The figures of the OOMptimizer bench's ``--part rnnt-chunked`` (run.py runs it): large RNN-T's predictive
-search twice on the RNN-T part's bins, the joint whole (joint_chunk_size 0) and over chunks of K utterances,
+"""The figures of the OOMptimizer bench's ``--parts rnnt-chunked`` (``joint_chunks.py`` runs it): large RNN-T's
+predictive search twice on the RNN-T part's bins, the joint whole (joint_chunk_size 0) and over chunks of K utterances,
 in one run.
 
-    python3 -m benchmarks.oomptimizer --part rnnt-chunked [--joint-chunk-size 16] [--buckets START:STOP] \
-        --time-limit-s 240
+    python3 -m benchmarks.oomptimizer --parts rnnt-chunked [--joint-chunk-size 16] [--buckets START:STOP] \
+        --budget-s 240
 
 Writes ``oomptimizer_rnnt_chunked.json`` (``oomptimizer_rnnt_chunked_START_STOP.json`` when ``--buckets``
 picks buckets START..STOP-1: the other buckets get batch size None): both searches (a search's figures, as
@@ -12,7 +12,7 @@ predictive ones (``across_runs``, ``chunked_across_runs``; fixed at run time, si
 rerun; its commit is in the label). The reader derives per bucket the chunked / unchunked batch size ratio
 with its min/median/max, the buckets at >= 2x and the target line (:func:`ratio_figures`, through
 record.chunked_comparison), and puts several records together bucket by bucket (record.chunked_union).
-Only the two searches run (no bisect, true maxima, soak or DDP accounting). ``--time-limit-s``: the
+Only the two searches run (no bisect, true maxima, soak or DDP accounting). ``--budget-s`` (seconds): the
 unchunked search starts no new bucket after ``UNCHUNKED_SHARE`` of it, the chunked one none after all of
 it; the record says which buckets were not searched, and the ratios cover the buckets both searched.
 """
@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from workbench.timing import summarize
 
 TARGET_RATIO = 2.0  # the target: chunked batch size >= 2x the unchunked one at every bucket
-UNCHUNKED_SHARE = 0.45  # of --time-limit-s for the unchunked search (the chunked one probes larger batches)
+UNCHUNKED_SHARE = 0.45  # of --budget-s for the unchunked search (the chunked one probes larger batches)
 REFERENCE = "oomptimizer"  # the committed record whose rnnt predictive sizes the unchunked run is set against
 
 
