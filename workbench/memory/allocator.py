@@ -158,19 +158,28 @@ def configure_allocator(expandable_segments: bool = True, *, environ: MutableMap
         return AllocatorStatus("already_active", f"expandable_segments:True already set ({source}); nothing "
                                "to do", expandable_segments=True, **seen)
 
+    return _turn_expandable_segments_on(rt, env, current, source, len(options), initialized=initialized,
+                                        release_cached=release_cached)
+
+
+def _turn_expandable_segments_on(rt: AllocatorRuntime, env: MutableMapping[str, str], current: str | None,
+                                 source: str, num_user_options: int, *, initialized: bool,
+                                 release_cached: bool) -> AllocatorStatus:
+    """Add ``expandable_segments:True`` to the user's settings: in the environment before CUDA starts, else
+    through the runtime setter (releasing cached blocks when asked, so new segments are expandable)."""
     merged = merge_settings(current, expandable_segments="True")
     if not initialized:
         for name in ENV_VARS:
             env[name] = merged
         return AllocatorStatus("set_env", f"CUDA not initialized yet: wrote {merged!r} to "
-                               f"{' and '.join(ENV_VARS)} (kept {len(options)} user option(s) from {source})",
+                               f"{' and '.join(ENV_VARS)} (kept {num_user_options} user option(s) from {source})",
                                expandable_segments=True, settings_before=current, settings_after=merged,
                                source=source)
     rt.set_settings(merged)
     if release_cached:
         rt.release_cached()
     return AllocatorStatus("set_runtime", f"CUDA already initialized: set {merged!r} through "
-                           f"{rt.setter_name} (kept {len(options)} user option(s))"
+                           f"{rt.setter_name} (kept {num_user_options} user option(s))"
                            + ("; released cached blocks" if release_cached else ""),
                            expandable_segments=True, settings_before=current, settings_after=merged,
                            source=source, released_cache=release_cached)
