@@ -1,3 +1,4 @@
+import gc
 import os
 import subprocess
 import sys
@@ -16,7 +17,19 @@ def pytest_configure(config):
         import torch
 
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        torch.set_num_threads(max(1, cores // workers))
+        share = max(1, cores // workers)
+        torch.set_num_threads(share)
+        # the processes the tests start (CLI runs, torchrun ranks, the compile check) take the same share:
+        # OpenMP's threads and inductor's pool of compile workers, one per core each, would oversubscribe them
+        os.environ.setdefault("OMP_NUM_THREADS", str(share))
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(share))
+
+
+def pytest_collection_finish(session):
+    """Move what collection imported (torch, numpy, the workbench modules: millions of objects) to the permanent
+    generation: the cyclic collector's full collections during the tests stop scanning it again each time."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(config, items):
