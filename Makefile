@@ -32,7 +32,7 @@ report: setup
 
 test: setup
 	$(VENV)/bin/ruff check workbench benchmarks tests
-	$(PY) -m pytest -q -n 2 tests
+	$(PY) -m pytest -q -n 2 --dist worksteal -p no:nbval tests
 	WORKBENCH_SMOKE=1 $(PY) -m pytest -q -n 2 --dist loadfile --nbval-lax --nbval-kernel-name workbench -p no:cacheprovider notebooks
 
 lab: setup

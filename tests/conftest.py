@@ -1,3 +1,4 @@
+import gc
 import os
 import subprocess
 import sys
@@ -16,10 +17,48 @@ def pytest_configure(config):
         import torch
 
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        torch.set_num_threads(max(1, cores // workers))
+        share = max(1, cores // workers)
+        torch.set_num_threads(share)
+        # the processes the tests start (CLI runs, torchrun ranks, the compile check) take the same share:
+        # OpenMP's threads and inductor's pool of compile workers, one per core each, would oversubscribe them
+        os.environ.setdefault("OMP_NUM_THREADS", str(share))
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(share))
+
+
+def pytest_collection_finish(session):
+    """Move what collection imported (torch, numpy, the workbench modules: millions of objects) to the permanent
+    generation: the cyclic collector's full collections during the tests stop scanning it again each time."""
+    gc.collect()
+    gc.freeze()
+
+
+# The longest tests on a 2-core CPU machine (each 10-50 s: compiles, torchrun, CLI runs, interpreted kernels),
+# longest first. They run before the others: xdist's workers steal the short tests from the end of each other's
+# queue, and no worker is left with a long test to finish alone after the rest are done.
+LONGEST_FIRST = (
+    "tests/models/test_lean_step.py::test_compiled_encoder_gives_the_eager_loss_and_gradients_on_new_shapes",
+    "tests/models/test_train_ddp.py::test_two_ranks_resume_each_where_its_sampler_stood",
+    "tests/models/test_train_ddp.py::test_two_ranks_draw_disjoint_batches_and_end_with_identical_weights",
+    "tests/benchmarks/test_bench_smoke.py::test_oomptimizer_bench_smoke_ddp_two_processes",
+    "tests/benchmarks/test_bench_smoke.py::test_oomptimizer_bench_smoke",
+    "tests/benchmarks/test_flow.py::test_flow_on_cpu_runs_the_commands_checks_and_writes_the_record",
+    "tests/decoding/test_fused.py::test_a_joint_whose_declaration_does_not_hold_runs_its_own_joint",
+    "tests/benchmarks/test_bench_smoke.py::test_allocator_bench_smoke",
+    "tests/benchmarks/test_bench_smoke.py::test_oomptimizer_bench_parts_write_their_own_files",
+    "tests/decoding/test_fused.py::test_fused_decoder_gives_the_torch_hypotheses",
+    "tests/benchmarks/test_bench_smoke.py::test_decoding_bench_smoke",
+    "tests/test_readme.py::test_shell_block_runs",
+    "tests/decoding/test_fused.py::test_a_replaced_output_layer_or_a_mode_switch_is_checked_again",
+)
+
+
+def _longest_first_rank(item) -> int:
+    nodeid = item.nodeid.split("[")[0]
+    return LONGEST_FIRST.index(nodeid) if nodeid in LONGEST_FIRST else len(LONGEST_FIRST)
 
 
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_longest_first_rank)  # stable: the rest keep their order
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -12,7 +12,8 @@ Two patches of the interpreter (CPU only):
 - every kernel launch (and device-function call) wraps triton.language's builtins, and finds them by listing
   the members of each language module with ``inspect.getmembers``, a few milliseconds each launch; the list
   is made once here, when nothing is patched, and each launch wraps those of them not wrapped already (as
-  the listing finds them: a wrapped builtin is no builtin).
+  the listing finds them: a wrapped builtin is no builtin);
+- the numpy dtype of each Triton dtype is looked up once (the interpreter builds a table for each look-up).
 """
 
 import os
@@ -29,7 +30,10 @@ except ImportError:  # the tests that need it skip
     triton = None
 
 if triton is not None and DEVICE == "cpu":
+    import functools
     import inspect
+
+    import numpy as np
 
     import triton.language as tl
     from triton.runtime import interpreter as _interpreter
@@ -55,3 +59,17 @@ if triton is not None and DEVICE == "cpu":
                 _interpreter._patch_attr(pkg, name, member, builder, scope)
 
     _interpreter._patch_builtin = _patch_builtin
+
+    # the numpy dtype of a Triton dtype: the interpreter builds a dict of every dtype to look up each one (a tenth
+    # of a million times a test of the fused decoder); the answer for a dtype never changes
+    _POINTER_NP_DTYPE = np.dtype(np.uint64)
+    _np_dtype_of_scalar = functools.lru_cache(maxsize=None)(_interpreter._get_np_dtype)
+
+    def _get_np_dtype(tt_dtype):
+        if isinstance(tt_dtype, tl.block_type):  # a block's is its element type's (block types do not hash)
+            tt_dtype = tt_dtype.element_ty
+        if isinstance(tt_dtype, tl.pointer_type):  # pointers are addresses (nor do pointer types hash)
+            return _POINTER_NP_DTYPE
+        return _np_dtype_of_scalar(tt_dtype)
+
+    _interpreter._get_np_dtype = _get_np_dtype

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -30,9 +31,18 @@ def _torchrun(corpus, out, *extra):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
 
 
-def test_two_ranks_draw_disjoint_batches_and_end_with_identical_weights(corpus, tmp_path):
-    done = _torchrun(corpus, tmp_path, "--steps", "3", "--save-every", "2")  # a state at the end, for below
+@pytest.fixture(scope="module")
+def three_steps(corpus, tmp_path_factory):
+    """Two ranks, 3 steps, a state saved after step 2 and at the end: both tests start from this run (each on a
+    copy of its output), the one torchrun launch they share."""
+    out = tmp_path_factory.mktemp("three_steps")
+    done = _torchrun(corpus, out, "--steps", "3", "--save-every", "2")
     assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_two_ranks_draw_disjoint_batches_and_end_with_identical_weights(corpus, three_steps, tmp_path):
+    tmp_path = shutil.copytree(three_steps, tmp_path, dirs_exist_ok=True)
     summary = json.loads((tmp_path / "train_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 3
     # DDP averaged the gradients: the ranks trained on different cuts yet hold the same weights
@@ -53,13 +63,13 @@ def test_two_ranks_draw_disjoint_batches_and_end_with_identical_weights(corpus, 
     assert "Traceback" not in one.stderr
 
 
-def test_two_ranks_resume_each_where_its_sampler_stood(corpus, tmp_path):
+def test_two_ranks_resume_each_where_its_sampler_stood(corpus, three_steps, tmp_path):
     # 16 cuts of 0.5-1 s in batches of <= 2 s: about 3 batches per rank per epoch, so steps 3-5 of the
     # resumed run cross into the next epoch. The schedule differs (it ends at --steps), the batches may not.
     straight = _torchrun(corpus, tmp_path / "straight", "--steps", "6")
-    first = _torchrun(corpus, tmp_path / "split", "--steps", "3", "--save-every", "3")
+    shutil.copytree(three_steps, tmp_path / "split")  # 3 steps, the state saved at their end
     resumed = _torchrun(corpus, tmp_path / "split", "--steps", "6", "--save-every", "3", "--resume")
-    for done in (straight, first, resumed):
+    for done in (straight, resumed):
         assert done.returncode == 0, done.stderr[-3000:]
     logs = {name: [json.loads(line) for line in (tmp_path / name / "train_log.jsonl").read_text().splitlines()]
             for name in ("straight", "split")}
