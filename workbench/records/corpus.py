@@ -38,7 +38,7 @@ REFERENCES: list[dict[str, Any]] = [
      "duration_s": 12.0, "source": "as above"},
     {"what": "conversational speaking rate rises with turn length for turns of 1 to 7 words, older speakers "
              "are slower, men slightly faster (Yuan, Liberman, Cieri 2006; no figure quoted)",
-     "source": "https://www.isca-speech.org/archive/interspeech_2006/yuan06_interspeech.html"},
+     "source": "https://doi.org/10.21437/Interspeech.2006-204 (the DOI its ISCA page gives; docs/CORPUS.md)"},
 ]
 
 
