@@ -9,7 +9,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl \
   lhotse==1.33.0 intervaltree audioread cytoolz soundfile cffi pycparser orjson isal lilcom \
   transformers==5.24.0 huggingface-hub==2.4.0 tokenizers==0.23.3 safetensors==0.8.0 regex typer click \
-  shellingham rich markdown-it-py mdurl pygments hf-xet httpx2 httpcore2 truststore h11 anyio sniffio certifi idna
+  shellingham rich markdown-it-py mdurl pygments hf-xet httpx2 httpcore2 truststore h11 anyio sniffio certifi idna faker
 # NeMo's wheels, apart: gpu_run.sh puts them on the path of the decoding-nemo stage only
 if [ -f ../shared/tools/fetch_nemo_wheels.sh ]; then bash ../shared/tools/fetch_nemo_wheels.sh .whl-nemo
 else echo "note: no ../shared/tools/fetch_nemo_wheels.sh: NeMo's wheels not fetched (stage decoding-nemo needs them)"; fi

@@ -59,3 +59,19 @@ def test_smoke_results_stay_out_of_the_results_folder(bench, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--smoke", "--out", str(RESULTS_DIR)])
     assert "--out must not be" in capsys.readouterr().err
+
+
+def test_corpus_smoke_writes_both_corpora_and_the_references(tmp_path):
+    import shutil
+
+    from benchmarks.corpus import run as corpus_bench
+    from workbench.records import corpus as corpus_record
+
+    if not shutil.which("espeak-ng"):
+        pytest.skip("needs espeak-ng, which is not installed")
+    assert corpus_bench.main(["--smoke", "--utterances", "4", "--workers", "1", "--out", str(tmp_path)]) == 0
+    f = json.loads((tmp_path / "corpus.json").read_text())["figures"]
+    assert f["failures"] == [] and set(f["corpora"]) == {"plain", "realistic"}
+    assert all(c["utterances"] == 4 and c["tokens_per_s"]["p10"] > 0 for c in f["corpora"].values())
+    assert f["corpora"]["realistic"]["leading_silence_s"]["p10"] >= 0.04 > f["corpora"]["plain"]["leading_silence_s"]["p90"]
+    assert all(r["source"] for r in f["references"]) and len(corpus_record.summary_lines(f)) == 3

@@ -11,7 +11,7 @@ from workbench.atomic import check_writable
 from workbench.data.corpus_folder import CORPUS_PARTS, check_corpus_target, remove_corpus_parts
 from workbench.data.synthetic import write_synthetic_corpus
 from workbench.data.tokenizer import add_token_counts, load_tokenizer, tokenized_cut_arrays, train_tokenizer
-from workbench.data.tts import make_tts_corpus
+from workbench.data.tts import PRESETS, make_tts_corpus
 from workbench.options import count_int, fraction, number_in, positive_int, seconds
 
 
@@ -35,7 +35,7 @@ def _tts(args: argparse.Namespace) -> int:
                             voice=args.voice, speed_wpm=args.speed_wpm, seed=args.seed,
                             tokenizer=args.tokenizer, num_speakers=args.num_speakers, num_workers=args.workers,
                             repeat=args.repeat, join=args.join, progress=sys.stderr.isatty(),
-                            replace_corpus=args.overwrite)
+                            replace_corpus=args.overwrite, preset=args.preset)
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     return 0
@@ -127,7 +127,8 @@ def _register_tts(csub) -> None:
                 ["workbench corpus tts --out work/tts --num-utterances 40",
                  "workbench corpus tts --out work/tts --num-utterances 2000 --join 4 --workers 8",
                  "workbench corpus tts --out work/tts --text-file my_prose.txt --voice en-us \\\n"
-                 "    --tokenizer work/demo/tokenizer_bpe_256.model"])
+                 "    --tokenizer work/demo/tokenizer_bpe_256.model",
+                 "workbench corpus tts --out work/real --num-utterances 2000 --preset realistic --workers 8"])
     p.add_argument("--out", required=True, help="output folder for audio and manifests")
     p.add_argument("--text-file", default=None,
                    help="UTF-8 text to take sentences from (default: the prose CPython ships, pydoc topics)")
@@ -140,16 +141,21 @@ def _register_tts(csub) -> None:
     p.add_argument("--speed-wpm", type=number_in(int, 80, 450), default=None,
                    help="one speed for all speakers in words per minute, 80 to 450 (espeak-ng's range) "
                         "(default: each speaker its own, 130 to 200)")
-    p.add_argument("--num-speakers", type=positive_int, default=8,
+    p.add_argument("--num-speakers", type=positive_int, default=None,
                    help="speaker styles (voice variant, speed, pitch) the utterances are spread over, >= 1 "
-                        "(default 8)")
+                        "(default 8, or the preset's)")
     p.add_argument("--workers", type=positive_int, default=2, help="espeak-ng processes, >= 1 (default 2)")
     p.add_argument("--repeat", type=positive_int, default=1,
                    help="list each utterance this many times in cuts.jsonl.gz (copies share the audio file), "
                         ">= 1 (default 1)")
-    p.add_argument("--join", type=positive_int, default=1,
+    p.add_argument("--join", type=positive_int, default=None,
                    help="each utterance is 1 to N sentences joined (long utterances, as in real corpora), >= 1 "
-                        "(default 1)")
+                        "(default 1, or the preset's)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="statistics like a real multi-source corpus: realistic = 9 voices in 6 languages (English "
+                        "accents; de fr es it pl text from faker's word lists), a speed per speaker and per "
+                        "utterance, 0.05-1 s silence before and after, pauses between sentences, up to 40 s "
+                        "(docs/CORPUS.md); replaces --voice and --speed-wpm (default: none, the plain corpus)")
     p.add_argument("--tokenizer", default=None,
                    help="sentencepiece .model: fills custom.num_tokens (default: no token counts)")
     p.add_argument("--seed", type=count_int, default=0,

@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.corpus.run import main
+
+sys.exit(main())
