@@ -2,10 +2,13 @@
 
     python3 -m benchmarks.stages names                                   # every stage of the table
     python3 -m benchmarks.stages writes STAGE                            # the record it writes
+    python3 -m benchmarks.stages prelude STAGE                           # what runs first (may be empty)
     python3 -m benchmarks.stages shell STAGE --results DIR --left SECONDS  # the line gpu_run.sh evaluates
 
-``shell`` prints ``[nemo_site; ][run_before NAME COMMAND; ]run_stage NAME LIMIT [NEMO_ENV] python3 -m ...``
-with every word quoted, or exits 3 (after saying why) when the stage's budget does not fit the seconds left.
+``prelude`` prints ``[nemo_site; ][run_before NAME COMMAND]``; gpu_run.sh evaluates it before it asks for
+``shell``, so the stage's budget counts from after NeMo's install and the first step. ``shell`` prints
+``run_stage NAME LIMIT [NEMO_ENV] python3 -m ...`` with every word quoted, or exits 3 (after saying why)
+when the stage's budget does not fit the seconds left.
 """
 
 from __future__ import annotations
@@ -55,23 +58,28 @@ def expand(stage: Stage, results: str, budget: int | None, environ=os.environ) -
     return words
 
 
+def prelude_line(stage: Stage, environ=os.environ) -> str:
+    """What runs before the stage: NeMo's install for a ``nemo`` stage, then its ``before`` command."""
+    steps = ["nemo_site"] if stage.nemo else []
+    if stage.before and environ.get("SKIP_BEFORE") != "1":
+        steps.append(f"run_before {stage.name.replace('-', '_')} {shlex.quote(stage.before)}")
+    return "; ".join(steps)
+
+
 def shell_line(stage: Stage, results: str, left_s: int, environ=os.environ) -> str | None:
-    """The line gpu_run.sh evaluates for ``stage``; None when its budget does not fit ``left_s``."""
+    """The line gpu_run.sh evaluates for ``stage`` after its prelude; None when its budget does not fit
+    ``left_s``."""
     budget = stage_budget(stage, left_s)
     if stage.budget is not None and budget is None:
         return None
-    log_name = stage.name.replace("-", "_")
-    prefix = "nemo_site; " if stage.nemo else ""
-    if stage.before and environ.get("SKIP_BEFORE") != "1":
-        prefix += f"run_before {log_name} {shlex.quote(stage.before)}; "
     nemo_env = '"${NEMO_ENV[@]}" ' if stage.nemo else ""
     command = shlex.join(["python3", "-m", *expand(stage, results, budget, environ)])
-    return f"{prefix}run_stage {log_name} {stage.limit_s} {nemo_env}{command}"
+    return f"run_stage {stage.name.replace('-', '_')} {stage.limit_s} {nemo_env}{command}"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the GPU stages of benchmarks/stages.toml")
-    parser.add_argument("what", choices=["names", "writes", "shell"])
+    parser.add_argument("what", choices=["names", "writes", "prelude", "shell"])
     parser.add_argument("stage", nargs="?")
     parser.add_argument("--results", default="benchmarks/results")
     parser.add_argument("--left", type=int, default=600, help="seconds left in the call")
@@ -86,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     stage = stages[args.stage]
     if args.what == "writes":
         print(stage.writes)
+        return 0
+    if args.what == "prelude":
+        print(prelude_line(stage))
         return 0
     line = shell_line(stage, args.results, args.left)
     if line is None:

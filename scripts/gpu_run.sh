@@ -5,7 +5,9 @@
 #   bash scripts/gpu_run.sh --parallel "STAGES" "STAGES" ...  each group on its own GPU (0, 1, ...), at once
 #
 # stages: flow, tests, tests-allocator (below) and the benches' stages of benchmarks/stages.toml (one row
-# each: its command, time limit, record and budget). A stage marked `nemo` (decoding-nemo: ours against NeMo
+# each: its command, time limit, record and budget; their environment: BYO_ARGS, CALIBRATION_ARGS,
+# CHUNKED_BUCKETS; SKIP_BEFORE=1 skips a stage's first step, e.g. byo-models' adapter tests, whose output
+# goes to $OUT/<stage>_before.log). A stage marked `nemo` (decoding-nemo: ours against NeMo
 # 3.0.0's greedy decoders on NeMo's modules, same process) needs NeMo's wheels in .whl-nemo (make gpu-bundle;
 # carry it too): they go to /tmp/nemo_site, on the path of that stage only, so NeMo's pins (lightning,
 # pydantic, librosa, datasets) never shadow the host's packages in the other stages
@@ -120,7 +122,10 @@ stage() {  # one stage by name: flow and the gpu tests here, the benches from be
                         --durations=5 --ignore=tests/benchmarks/test_flow.py ${GPU_TESTS:-tests} ;;
     tests-allocator)  run_stage tests_allocator 120 python3 -m pytest -q -p no:cacheprovider \
                         tests/memory/test_allocator_gpu.py tests/benchmarks/test_bench_smoke.py::test_allocator_bench_smoke ;;
-    *)                line=$(python3 -m benchmarks.stages shell "$1" --results "$RESULTS" --left "$(left)") \
+    *)                # NeMo's install and the stage's first step run before its budget is taken from what is left
+                      line=$(python3 -m benchmarks.stages prelude "$1") || return 1
+                      eval "$line"
+                      line=$(python3 -m benchmarks.stages shell "$1" --results "$RESULTS" --left "$(left)") \
                         || { echo "$line"; return 1; }
                       eval "$line" ;;
   esac

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.stages import expand, shell_line, stage_budget
+from benchmarks.stages import expand, prelude_line, shell_line, stage_budget
 from workbench.records.stages import Stage, bench_of_record, load_table
 from workbench.reporting import bench_name
 
@@ -74,11 +74,16 @@ def test_placeholders_fill_from_the_results_folder_and_the_environment(tmp_path)
                      "--buckets", "1:3", "--out", str(tmp_path)]
 
 
-def test_a_nemo_stage_gets_nemo_on_its_path_and_its_first_step():
-    line = shell_line(STAGES["byo-models"], "/r d", 600, {})
-    assert line.startswith("nemo_site; run_before byo_models ")
-    assert 'run_stage byo_models 400 "${NEMO_ENV[@]}" python3 -m benchmarks.byo_models --budget-s 340' in line
+def test_a_nemo_stage_gets_nemo_on_its_path_and_its_first_step_before_its_budget():
+    stage = STAGES["byo-models"]
+    assert prelude_line(stage, {}).startswith("nemo_site; run_before byo_models ")
+    assert prelude_line(stage, {"SKIP_BEFORE": "1"}) == "nemo_site"
+    assert prelude_line(STAGES["models"], {}) == ""
+    line = shell_line(stage, "/r d", 600, {})
+    assert line.startswith('run_stage byo_models 400 "${NEMO_ENV[@]}" python3 -m benchmarks.byo_models --budget-s 340')
     assert line.endswith("--out '/r d'")
+    script = (REPO / "scripts/gpu_run.sh").read_text()
+    assert script.index("benchmarks.stages prelude") < script.index("benchmarks.stages shell")
 
 
 def test_the_gpu_script_offers_every_stage_of_the_table():
