@@ -6,8 +6,9 @@ A runner reads::
     parser = bench_parser(__doc__, parts=("compare", "large"), budget_s=300)
     parser.add_argument("--repeat", type=int, default=10)        # the bench's own options
     run = start(parser, argv, name="losses", what="transducer losses ...")
-    with run.part("compare"):                                     # skipped unless selected and in budget
-        run.figures["compare"] = measure(...)                     # an exception becomes a recorded failure
+    if run.wants("compare"):                                      # selected (--parts) and in budget
+        with run.part("compare"):                                 # an exception becomes a recorded failure
+            run.figures["compare"] = measure(...)
     return run.finish()                                           # writes the record; 0, or 1 on a failure
 
 Nothing is typed by hand: every figure comes from a measurement in the same run.
@@ -124,21 +125,22 @@ class Run:
 
     def each(self, names: list[str], measure: Callable[[str], tuple[dict, list[str]]], *, key: str = "models",
              spec_of: Callable[[str], str] = str) -> dict:
-        """:func:`measure_each` into the record: ``figures[key]`` holds an entry per name, the failures join
-        :attr:`failures`, the record is saved after each name, and none starts once ``--budget-s`` is spent.
-        Returns the entries by name."""
+        """``measure(name) -> (entry, failed checks)`` for each name in turn, into ``figures[key]``: a name
+        whose measure raises gets ``{"spec", "error"}`` (one line) and the others still run; the record is
+        saved after each; none starts once ``--budget-s`` is spent. Returns the entries by name."""
         entries = self.figures.setdefault(key, {})
-        earlier = list(self.failures)
-        budget = getattr(self.args, "budget_s", 0) or 0
-
-        def save(done: dict, failed: list[str]) -> None:
-            entries.update(done)
-            self.failures[:] = earlier + failed
+        for name in names:
+            if self.over_budget():
+                self.failures.append(f"{name}: not run (the budget of {self.args.budget_s:g} s was spent)")
+                continue
+            try:
+                entries[name], failed = measure(name)
+                self.failures += failed
+            except Exception as e:  # noqa: BLE001 - one model's failure is recorded; the others still run
+                entries[name] = {"spec": spec_of(name), "error": one_line(e)}
+                self.failures.append(f"{name}: {entries[name]['error']}")
+                _release_memory()
             self.save()
-
-        left_s = max(budget - self.seconds(), 1e-9) if budget else 0
-        _, failed = measure_each(names, measure, budget_s=left_s, save=save, spec_of=spec_of)
-        self.failures[:] = earlier + failed
         return entries
 
     def finish(self, *, enforce_smoke: bool = False) -> int:
@@ -162,6 +164,15 @@ def start(parser: argparse.ArgumentParser, argv: list[str] | None, *, name: str,
     if needs_cuda and cuda_missing(getattr(args, "smoke", False)):
         raise SystemExit(2)
     return Run(name=name, what=what, args=args)
+
+
+def bench_env() -> dict[str, str]:
+    """This process's environment with the repository root first on PYTHONPATH, for a subprocess that runs
+    ``python -m benchmarks...`` from any folder (the benchmarks are not installed)."""
+    from workbench.records.results import REPO_ROOT
+
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), *([path] if path else [])])}
 
 
 def one_line(error: BaseException) -> str:
@@ -230,41 +241,6 @@ def report_failures(failures: list[str], *, smoke: bool = False) -> int:
     if not failures:
         print("PASS" + (" (smoke)" if smoke else ""), flush=True)
     return 1 if failures and not smoke else 0
-
-
-def measure_each(names: list[str], measure: Callable[[str], tuple[dict, list[str]]], *, budget_s: float = 0,
-                 save: Callable[[dict, list[str]], None], spec_of: Callable[[str], str] = str,
-                 ) -> tuple[dict, list[str]]:
-    """``measure(name) -> (entry, failed checks)`` for each of ``names`` in turn, ``save(entries, failures)``
-    after each; a model that raises gets ``{"spec", "error"}`` (one line) and the others still run; none
-    starts after ``budget_s`` seconds (0: no limit). Returns (entries by name, failures)."""
-    entries: dict[str, dict] = {}
-    failures: list[str] = []
-    t0 = time.perf_counter()
-    for name in names:
-        if budget_s and time.perf_counter() - t0 > budget_s:
-            failures.append(f"{name}: not run (budget of {budget_s:g} s spent)")
-            continue
-        try:
-            entries[name], failed = measure(name)
-            failures += failed
-        except Exception as e:  # noqa: BLE001 - one model's failure is recorded; the others still run
-            entries[name] = {"spec": spec_of(name), "error": one_line(e)}
-            failures.append(f"{name}: {entries[name]['error']}")
-            _release_memory()
-        save(entries, failures)
-    return entries, failures
-
-
-def models_saver(name: str, what: str, buckets: list, args) -> Callable[[dict, list[str]], None]:
-    """``save(models, failures)`` for :func:`measure_each`: writes the record ``name`` ({buckets, models,
-    failures}, ``vars(args)`` as its params) to ``args.out``; a smoke run's ``what`` says its peaks are modeled."""
-    what += " (SMOKE: modeled peak, not a measurement)" if args.smoke else ""
-
-    def save(models: dict, failures: list[str]) -> None:
-        write_result(name, what=what, figures={"buckets": buckets, "models": models, "failures": failures},
-                     params=dict(vars(args)), out_dir=args.out)
-    return save
 
 
 def write_result(name: str, *, what: str, figures: dict[str, Any], params: dict[str, Any] | None = None,

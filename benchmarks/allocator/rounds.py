@@ -4,7 +4,6 @@ return, split into the four configurations {dynamic, static} x {plain, expandabl
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from benchmarks.allocator import shapes as shape_source
+from benchmarks.harness import bench_env
 from workbench.memory.telemetry import device_alloc_events
 from workbench.records import allocator as record
 from workbench.units import GiB, MiB
@@ -56,7 +56,7 @@ def run_worker(mode: str, tmp: Path, shapes_path: Path, args, fraction: float = 
     ``args.blocks``) under the memory ``fraction`` of the device (0: no limit). Returns its JSON; a worker
     that fails prints its output's tail to stderr and raises RuntimeError."""
     out = tmp / f"{mode}_{time.monotonic_ns()}.json"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
+    env = {k: v for k, v in bench_env().items() if k not in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
     cmd = [sys.executable, "-m", "benchmarks.allocator.worker", "--mode", mode, "--shapes", str(shapes_path),
            "--rows", str(out), "--model", args.model, "--dtype", args.dtype, "--fraction", str(fraction),
            "--device", args.device, "--passes", str(args.passes), "--blocks", args.blocks]

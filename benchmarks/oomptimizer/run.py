@@ -34,7 +34,7 @@ configure_allocator()  # before CUDA is initialized
 
 import torch  # noqa: E402
 
-from benchmarks.harness import bench_parser, cpu_smoke_torch, cuda_missing, start  # noqa: E402
+from benchmarks.harness import bench_env, bench_parser, cpu_smoke_torch, cuda_missing, start  # noqa: E402
 from benchmarks.oomptimizer.ddp import run_ddp  # noqa: E402
 from benchmarks.oomptimizer.joint_chunks import run_chunked  # noqa: E402
 from benchmarks.oomptimizer.single import run_single  # noqa: E402
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         # Without --nproc: torchrun's own parser would reject it as an ambiguous prefix of --nproc-per-node.
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
                "-m", "benchmarks.oomptimizer", *without_option(argv, "--nproc")]
-        return subprocess.call(cmd)
+        return subprocess.call(cmd, env=bench_env())
     with cpu_smoke_torch(args.smoke and not torch.cuda.is_available()):
         if "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             run_ddp(run)
