@@ -35,3 +35,11 @@ def test_fingerprints_of_a_commit_and_of_the_tree(tmp_path):
     (tmp_path / "pkg" / "c.py").write_text("Y = 1\n")
     assert changed_files(then, fingerprint_now(tmp_path, ["pkg"])) == ["pkg/b.py", "pkg/c.py"]
     assert fingerprint_at(tmp_path, "0" * 40, ["pkg"]) is None
+
+
+def test_code_that_only_moved_is_not_a_change():
+    then = {"old/a.py": "1111", "old/b.py": "2222"}
+    assert changed_files(then, {"new/a.py": "1111", "new/b.py": "2222"}) == []
+    assert changed_files(then, {"new/a.py": "1111", "new/b.py": "3333"}) == ["new/b.py", "old/b.py"]
+    assert changed_files(then, {"new/a.py": "1111"}) == ["old/b.py"]  # removed
+    assert changed_files({}, {"new/a.py": "1111"}) == ["new/a.py"]  # added

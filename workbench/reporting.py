@@ -140,16 +140,18 @@ def measured_only(fingerprint: dict[str, str], bench: str) -> dict[str, str]:
 
 def result_freshness(results_dir: str | os.PathLike = RESULTS_DIR, repo: str | os.PathLike = REPO_ROOT
                      ) -> list[ResultFreshness]:
-    """For every ``*.json`` record in ``results_dir``: does the code it measures (its bench's source and
-    the library paths benchmarks/stages.toml lists for it) still read as it did at the record's commit? Comments and docstrings do not count
-    (:mod:`workbench.records.fingerprint`); code, added and removed files do."""
+    """For every ``*.json`` record in ``results_dir``: does the code it measures (its bench's source and the
+    library paths benchmarks/stages.toml lists for it) still read as it did at the record's commit?
+    Comments and docstrings do not count (:mod:`workbench.records.fingerprint`), nor code that only moved;
+    code, added and removed files do."""
     repo = Path(repo)
     out, at_commit, now = [], {}, {}
     for path in sorted(Path(results_dir).glob("*.json")):
         record = json.loads(path.read_text())
         bench = bench_name(record)
-        paths = ([f"benchmarks/{bench}.py", f"benchmarks/{bench}", *measured_code().get(bench, ())]
-                 if bench else [])
+        paths = [f"benchmarks/{bench}", *measured_code().get(bench, ())] if bench else []
+        # where the bench's code lived at the record's commit too (git keeps where it was)
+        paths_then = [*paths, f"workbench/bench/{bench}", *(["tests/bench/test_flow.py"] if bench == "flow" else [])]
         commit = str(record.get("git_commit", "")).removesuffix("+dirty")
         if not paths:
             out.append(ResultFreshness(path.stem, provenance_line(record), paths, None, None,
@@ -157,7 +159,7 @@ def result_freshness(results_dir: str | os.PathLike = RESULTS_DIR, repo: str | o
             continue
         key = (commit, tuple(paths))
         if key not in at_commit:
-            at_commit[key] = fingerprint_at(repo, commit, paths) if commit else None
+            at_commit[key] = fingerprint_at(repo, commit, paths_then) if commit else None
         then = at_commit[key]
         if then is None:
             stale, note = None, f"its commit {commit[:12] or '?'} is not in this clone"

@@ -69,8 +69,8 @@ def fingerprint_now(repo: Path, paths: list[str]) -> dict[str, str]:
 
 
 def changed_files(then: dict[str, str], now: dict[str, str]) -> list[str]:
-    """Files whose code differs between two fingerprints (added, removed or changed), sorted; none when the
-    same code only moved between files (a module renamed, a package split by file names alone)."""
-    if sorted(then.values()) == sorted(now.values()):
-        return []
-    return sorted(name for name in then.keys() | now.keys() if then.get(name) != now.get(name))
+    """Files whose code is on one side only (added, removed or changed), sorted; a file whose code moved
+    to another path, unchanged, is not one of them."""
+    then_codes, now_codes = set(then.values()), set(now.values())
+    return sorted({name for name, code in now.items() if code not in then_codes}
+                  | {name for name, code in then.items() if code not in now_codes})
