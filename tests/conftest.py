@@ -33,8 +33,9 @@ def pytest_collection_finish(session):
 
 
 # The longest tests on a 2-core CPU machine (each 10-50 s: compiles, torchrun, CLI runs, interpreted kernels),
-# longest first. They run before the others: xdist's workers steal the short tests from the end of each other's
-# queue, and no worker is left with a long test to finish alone after the rest are done.
+# longest first. xdist's worksteal gives each of `-n 2` workers one contiguous half of the tests and lets an
+# idle worker take from the end of the other's queue: each half starts with every other long test, so both
+# workers begin with long tests and neither is left finishing one alone.
 LONGEST_FIRST = (
     "tests/models/test_lean_step.py::test_compiled_encoder_gives_the_eager_loss_and_gradients_on_new_shapes",
     "tests/models/test_train_ddp.py::test_two_ranks_resume_each_where_its_sampler_stood",
@@ -57,8 +58,18 @@ def _longest_first_rank(item) -> int:
     return LONGEST_FIRST.index(nodeid) if nodeid in LONGEST_FIRST else len(LONGEST_FIRST)
 
 
+def longest_at_the_head_of_each_half(items: list) -> list:
+    """The LONGEST_FIRST tests, alternately at the head of the first and of the second half of ``items``;
+    the others keep their order."""
+    long = sorted((i for i in items if _longest_first_rank(i) < len(LONGEST_FIRST)), key=_longest_first_rank)
+    rest = [i for i in items if _longest_first_rank(i) == len(LONGEST_FIRST)]
+    first, second = long[0::2], long[1::2]
+    split = max(len(items) // 2 - len(first), 0)
+    return [*first, *rest[:split], *second, *rest[split:]]
+
+
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=_longest_first_rank)  # stable: the rest keep their order
+    items[:] = longest_at_the_head_of_each_half(items)
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
