@@ -488,21 +488,8 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
     join_sentences([], join)  # a bad join is one line now, before any synthesis
     espeak = espeak_binary()
     chosen = utterance_texts(text_file, num_utterances, seed, min_words=min_words, max_words=max_words, join=join)
-    shapes: list[UtteranceShape | None] = [None] * len(chosen)
-    if style is None:
-        styles = speaker_styles(num_speakers, voice=voice, speed_wpm=speed_wpm, seed=seed)
-        check_voice(espeak, voice)
-    else:
-        styles = styled_speakers(style, num_speakers, seed)
-        words = {language_of(v): word_list(language_of(v)) for v, _ in style.voices if language_of(v) != "en"}
-        for base, _ in style.voices:
-            check_voice(espeak, base)
-    who = np.random.default_rng([seed, 104729]).integers(0, num_speakers, size=len(chosen))
-    if style is not None:
-        rng = np.random.default_rng([seed, 3571])
-        chosen = [text if language_of(styles[k].voice) == "en" else foreign_text(text, words[language_of(styles[k].voice)], rng)
-                  for text, k in zip(chosen, who)]
-        shapes = utterance_shapes(style, np.array([styles[k].speed_wpm for k in who]), seed)
+    styles, who, chosen, shapes = assign_speakers(espeak, chosen, style, num_speakers, voice=voice,
+                                                  speed_wpm=speed_wpm, seed=seed)
     max_duration_s = style.max_duration_s if style is not None else None
 
     out = Path(out_dir).resolve()
@@ -518,17 +505,43 @@ def make_tts_corpus(out_dir: str | os.PathLike, *, text_file: str | os.PathLike 
         if replace_corpus:  # everything is spoken: the old corpus goes, whole, and the new audio takes its place
             remove_corpus_parts(out)
         staging.rename(audio_dir)
-        utterances = []
-        for i, cut_id in enumerate(ids):
-            speaker, shape = styles[who[i]], shapes[i]
-            custom = None if shape is None else {"voice": speaker.voice, "speed_wpm": shape.speed_wpm,
-                                                 "lead_silence_s": shape.lead_s, "trail_silence_s": shape.trail_s,
-                                                 "pause_s": shape.pause_s}
-            utterances.append(SpokenUtterance(cut_id, str(audio_dir / f"{cut_id}.flac"), spoken[i][0], texts[i],
-                                              speaker.speaker, None if num_tokens is None else int(num_tokens[i]),
-                                              language=None if shape is None else language_of(speaker.voice),
-                                              custom=custom))
+        utterances = [spoken_utterance(cut_id, audio_dir, spoken[i], texts[i], styles[who[i]], shapes[i],
+                                       None if num_tokens is None else int(num_tokens[i]))
+                      for i, cut_id in enumerate(ids)]
         return write_tts_manifests(out, utterances, language=language_of(voice), repeat=repeat)
+
+
+def assign_speakers(espeak: str, texts: list[str], style: CorpusStyle | None, num_speakers: int, *, voice: str,
+                    speed_wpm: int | None, seed: int) -> tuple[list, np.ndarray, list[str], list]:
+    """(speaker styles, the speaker of each text, the texts, each one's shape or None): without a style,
+    ``num_speakers`` variants of ``voice``; with one, its voices, non-English texts replaced by words of
+    their language (:func:`foreign_text`) and a speed and silences per utterance (:func:`utterance_shapes`)."""
+    if style is None:
+        styles = speaker_styles(num_speakers, voice=voice, speed_wpm=speed_wpm, seed=seed)
+        check_voice(espeak, voice)
+    else:
+        styles = styled_speakers(style, num_speakers, seed)
+        for base, _ in style.voices:
+            check_voice(espeak, base)
+    who = np.random.default_rng([seed, 104729]).integers(0, num_speakers, size=len(texts))
+    if style is None:
+        return styles, who, texts, [None] * len(texts)
+    words = {language_of(v): word_list(language_of(v)) for v, _ in style.voices if language_of(v) != "en"}
+    rng = np.random.default_rng([seed, 3571])
+    texts = [text if language_of(styles[k].voice) == "en" else foreign_text(text, words[language_of(styles[k].voice)], rng)
+             for text, k in zip(texts, who)]
+    return styles, who, texts, utterance_shapes(style, np.array([styles[k].speed_wpm for k in who]), seed)
+
+
+def spoken_utterance(cut_id: str, audio_dir: Path, spoken: tuple, text: str, speaker, shape,
+                     num_tokens: int | None) -> SpokenUtterance:
+    """One spoken utterance's manifest entry; a styled one (``shape``) records its language, and its voice,
+    speed (words per minute) and silences (s) in ``custom``."""
+    custom = None if shape is None else {"voice": speaker.voice, "speed_wpm": shape.speed_wpm,
+                                         "lead_silence_s": shape.lead_s, "trail_silence_s": shape.trail_s,
+                                         "pause_s": shape.pause_s}
+    return SpokenUtterance(cut_id, str(audio_dir / f"{cut_id}.flac"), spoken[0], text, speaker.speaker, num_tokens,
+                           language=None if shape is None else language_of(speaker.voice), custom=custom)
 
 
 def utterance_texts(text_file: str | os.PathLike | None, num_utterances: int | None, seed: int, *,
