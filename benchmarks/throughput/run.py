@@ -61,7 +61,7 @@ from benchmarks.mfu import matmul_flops_per_second
 from benchmarks.throughput.baseline import find_baseline
 from benchmarks.throughput.corpus import make_corpus
 from benchmarks.throughput.profiles import build_study_model, make_probe, make_profiles
-from benchmarks.throughput.settings import CORPUS_PRESETS, MODELS, say, trained_model
+from benchmarks.throughput.settings import CORPUS_PRESETS, MODELS, device_memory_mib, say, trained_model
 from benchmarks.throughput.training import (STARTUP_S, add_mfu, same_steps, train_sampler, train_seconds,
                                             views)
 from workbench.records.results import RESULTS_DIR
@@ -84,7 +84,7 @@ def prepare_part(run: Run) -> None:
     profiles = make_profiles(run, arrays, model, probe)
     baseline = find_baseline(run, corpus, arrays, probe)
     run.figures["prepare"] = {"corpus": corpus, "profiles": profiles, "baseline": baseline,
-                              "memory_fraction": run.args.memory_fraction}
+                              "memory_fraction": run.args.memory_fraction, "device_memory_mib": device_memory_mib()}
 
 
 def train_part(run: Run) -> None:
@@ -94,6 +94,10 @@ def train_part(run: Run) -> None:
     if prep is None:
         raise ValueError("--parts train: no prepared profiles in the record; run --parts prepare first "
                          "(or pass --from the record it wrote)")
+    searched, here = prep.get("device_memory_mib"), device_memory_mib()
+    if searched and here and searched != here:
+        raise ValueError(f"--parts train: the profiles were searched on a GPU of {searched} MiB, this one has {here} "
+                         "MiB; run --parts prepare on this kind of GPU first")
     release_device()
     corpus, _ = make_corpus(run.args)  # the same seed and options give the same cuts
     prep = {**prep, "corpus": {**prep["corpus"], "cuts": corpus["cuts"], "tokenizer": corpus["tokenizer"]}}

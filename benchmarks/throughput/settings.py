@@ -41,3 +41,16 @@ def corpus_root(args: argparse.Namespace) -> Path:
 def say(run, message: str) -> None:
     """Print ``message`` after the run's wall seconds so far."""
     print(f"[{run.seconds():6.1f} s] {message}", flush=True)
+
+
+def device_memory_mib() -> int | None:
+    """GPU 0's total memory in MiB as nvidia-smi reports it (no CUDA context is made in this process), or
+    None without nvidia-smi or a GPU."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, timeout=30)
+        return int(out.stdout.strip().splitlines()[0]) if out.returncode == 0 else None
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None

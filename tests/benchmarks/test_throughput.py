@@ -329,3 +329,13 @@ def test_a_train_part_on_profiles_of_another_corpus_is_refused(tmp_path, capsys)
         main(["--model", "xl-aed", "--parts", "train", "--smoke", "--from", str(previous), "--corpus-preset", "plain",
               "--out", str(tmp_path / "o")])
     assert "the record has no 2d_equal profile" in capsys.readouterr().err
+
+
+def test_a_train_part_on_another_kind_of_gpu_is_refused(monkeypatch):
+    from types import SimpleNamespace
+
+    from benchmarks.throughput import run as runner
+
+    monkeypatch.setattr(runner, "device_memory_mib", lambda: 81559)
+    with pytest.raises(ValueError, match="searched on a GPU of 143771 MiB, this one has 81559 MiB"):
+        runner.train_part(SimpleNamespace(figures={"prepare": {"device_memory_mib": 143771}}))
