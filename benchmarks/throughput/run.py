@@ -52,11 +52,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Run, bench_parser, cpu_smoke_torch, start
+from benchmarks.harness import Run, bench_parser, cpu_smoke_torch, one_line, start
 from benchmarks.mfu import matmul_flops_per_second
 from benchmarks.throughput.baseline import find_baseline
 from benchmarks.throughput.corpus import make_corpus
@@ -109,7 +110,11 @@ def train_part(run: Run) -> None:
         if run.args.budget_s and run.seconds() + train_s + STARTUP_S + MFU_RESERVE_S > run.args.budget_s:
             run.failures.append(f"train: {sampler} not run (the budget of {run.args.budget_s:g} s was spent)")
             continue
-        trained[sampler] = train_sampler(run, prep, sampler, train_s)
+        try:
+            trained[sampler] = train_sampler(run, prep, sampler, train_s)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:  # the other samplers still train
+            run.failures.append(f"train: {sampler}: {one_line(e)}")
+            continue
         publish(run, views(run.args, prep, trained), same_steps(run.args, trained), None, train_s, complete=False)
     by_view = views(run.args, prep, trained)
     rate = matmul_flops_per_second(run.smoke)

@@ -339,3 +339,28 @@ def test_a_train_part_on_another_kind_of_gpu_is_refused(monkeypatch):
     monkeypatch.setattr(runner, "device_memory_mib", lambda: 81559)
     with pytest.raises(ValueError, match="searched on a GPU of 143771 MiB, this one has 81559 MiB"):
         runner.train_part(SimpleNamespace(figures={"prepare": {"device_memory_mib": 143771}}))
+
+
+def test_a_sampler_whose_process_fails_is_recorded_and_the_others_still_train(monkeypatch):
+    import argparse
+    from types import SimpleNamespace
+
+    from benchmarks.throughput import run as runner
+
+    def train(run, prep, sampler, train_s):
+        if sampler == "1d":
+            raise RuntimeError("1d: the training process exited with code 1: boom")
+        return {"summary": {}, "records": _records([(2, 10.0, 0.5, 1.0, 0.1)] * 3), "settings": {}}
+
+    monkeypatch.setattr(runner, "device_memory_mib", lambda: None)
+    monkeypatch.setattr(runner, "make_corpus", lambda args: ({"cuts": "c", "tokenizer": "t"}, None))
+    monkeypatch.setattr(runner, "train_sampler", train)
+    monkeypatch.setattr(runner, "views", lambda args, prep, trained: {"seconds": dict(trained), "steps": dict(trained)})
+    monkeypatch.setattr(runner, "matmul_flops_per_second", lambda smoke: {"flops_per_s": 1.0})
+    monkeypatch.setattr(runner, "add_mfu", lambda *a: None)
+    fake = SimpleNamespace(figures={"prepare": {"corpus": {}}}, failures=[], smoke=True, seconds=lambda: 0.0,
+                           save=lambda: None, args=argparse.Namespace(samplers=["baseline", "1d", "2d"], budget_s=0,
+                                                                      train_s=5.0, steps=3))
+    runner.train_part(fake)
+    assert fake.failures == ["train: 1d: RuntimeError: 1d: the training process exited with code 1: boom"]
+    assert set(fake.figures["seconds"]["runs"]) == {"baseline", "2d"} and fake.figures["complete"] is False
