@@ -81,11 +81,12 @@ class Part(TypedDict):
     budget: dict[str, float]
 
 
-class Prepared(TypedDict):
-    corpus: dict[str, Any]
-    profiles: dict[str, dict[str, Any]]
+class Prepared(TypedDict, total=False):
+    corpus: dict[str, Any]                        # paths, percentiles, preset, tokens_per_second (+ _histogram)
+    profiles: dict[str, dict[str, Any]]           # PROFILES -> profile dict, search_s, duration_buckets
     baseline: dict[str, Any]
     memory_fraction: float
+    device_memory_mib: int | None                 # the GPU the profiles were searched on (nvidia-smi)
 
 
 def record_name(model: str) -> str:
