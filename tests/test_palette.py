@@ -13,7 +13,7 @@ def test_spellings_of_one_method_share_its_colour():
 
 
 def test_methods_compared_on_one_chart_get_distinct_colours():
-    for group in (["max_duration", "1D", "2D"], ["predictive", "bisect"], ["expandable", "plain"],
+    for group in (["max_duration", "1D", "2D", "2D equal buckets", "plain segments"], ["predictive", "bisect"], ["expandable", "plain"],
                   ["graphs off", "partial graphs", "full graph", "frame-looping", "NeMo"],
                   ["large-rnnt", "xl-aed", "torchaudio-emformer-rnnt", "hf-whisper", "hf-wav2vec2-ctc",
                    "nemo-fastconformer-rnnt"]):

@@ -14,6 +14,7 @@ METHOD_COLOURS = {
     "max_duration": "#8c8c8c",  # lhotse's fixed max_duration: one budget for every bucket
     "1d": "#e08214",
     "2d": "#2166ac",
+    "2d equal buckets": "#67a9cf",  # the 2D profile at the 1D profile's number of buckets
     # how the OOMptimizer searches
     "predictive": "#1b9e77",
     "bisect": "#d95f02",
@@ -44,6 +45,7 @@ SERIES_COLOURS = ("#1f78b4", "#33a02c", "#fb9a99", "#cab2d6", "#6a3d9a", "#b1592
                   "#fdbf6f", "#ff7f00")
 
 _SPELLINGS = {"1d profile": "1d", "2d profile": "2d", "bucketing 1d": "1d", "bucketing 2d": "2d",
+              "2d profile, equal buckets": "2d equal buckets",
               "fixed": "max_duration", "max-duration": "max_duration", "off": "graphs off", "partial": "partial graphs",
               "full": "full graph", "expandable_segments:true": "expandable segments",
               "expandable_segments:false": "plain segments", "expandable": "expandable segments",

@@ -1,4 +1,10 @@
-"""The throughput study's corpus: spoken (or, under --smoke, toned) utterances, each listed ``--repeat`` times."""
+"""The throughput study's corpus: spoken (or, under --smoke, toned) utterances, each listed ``--repeat`` times.
+
+``--corpus-preset realistic`` (the default) speaks ``make_tts_corpus(..., preset="realistic")``: speakers of
+several languages and accents, speaking rates per speaker and utterance, silences (docs/CORPUS.md); its
+tokenizer is trained on CPython's pydoc sentences plus the corpus's transcripts, as ``benchmarks.corpus``
+measures it. ``plain`` is espeak-ng's English at a few fixed speeds, the tokenizer on pydoc's sentences only.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from benchmarks.throughput.settings import MAX_UTTERANCE_S, corpus_root
+from benchmarks.throughput.settings import HISTOGRAM_BINS, MAX_UTTERANCE_S, corpus_root
 
 
 def make_corpus(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
@@ -29,7 +35,22 @@ def make_corpus(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
             "unique_utterances": int(len(d) // args.repeat), "repeat": args.repeat, "join": args.join,
             "hours": float(d.sum() / 3600), "duration_s": [float(x) for x in _percentiles(d)],
             "tokens": [float(x) for x in _percentiles(u)], "max_tokens_per_second": float((u / d).max()),
-            "kind": "tone (smoke)" if args.smoke else "espeak-ng tts"}, arrays
+            "preset": args.corpus_preset, **tokens_per_second(u / d, args.repeat),
+            "kind": "tone (smoke)" if args.smoke else f"espeak-ng tts ({args.corpus_preset})"}, arrays
+
+
+def tokens_per_second(rates, repeat: int, bins: int = HISTOGRAM_BINS) -> dict[str, Any]:
+    """``tokens_per_second``: p10/p50/p90/max of the cuts' tokens per second; ``tokens_per_second_histogram``:
+    ``edges`` (tokens/s, ``bins`` + 1) and ``utterances`` per bin, each utterance counted once (every one is
+    listed ``repeat`` times)."""
+    import numpy as np
+
+    from workbench.data.corpus_stats import percentiles
+
+    counts, edges = np.histogram(rates, bins=bins)
+    return {"tokens_per_second": percentiles(rates),
+            "tokens_per_second_histogram": {"edges": [round(float(e), 4) for e in edges],
+                                            "utterances": [int(c) // repeat for c in counts]}}
 
 
 def make_corpus_files(args: argparse.Namespace, root: Path, cuts_path: Path, tokenizer_path: Path) -> None:
@@ -43,15 +64,36 @@ def make_corpus_files(args: argparse.Namespace, root: Path, cuts_path: Path, tok
         made = write_tone_corpus(root / "tones", args.utterances, seed=0, min_letters=3, max_letters=24)
         train_letter_tokenizer(root / "tokenizer")  # writes tokenizer_path
         repeated_cuts(made, cuts_path, args.repeat, max_duration=math.inf)
-    else:
+    elif args.corpus_preset == "plain":
         from workbench.data.tokenizer import train_tokenizer
         from workbench.data.tts import default_text, make_tts_corpus, split_sentences
 
         train_tokenizer(split_sentences(default_text()), root / "tokenizer", 256, progress=False)
         made = make_tts_corpus(root / "tts", num_utterances=args.utterances, join=args.join,
-                               tokenizer=tokenizer_path, num_workers=max(1, (os.cpu_count() or 2) - 1),
-                               progress=False)
+                               tokenizer=tokenizer_path, num_workers=_workers(), progress=False)
         repeated_cuts(made["cuts"], cuts_path, args.repeat, max_duration=MAX_UTTERANCE_S)
+    else:
+        speak_realistic(args, root)  # writes tokenizer_path
+        repeated_cuts(root / "tts" / "cuts.jsonl.gz", cuts_path, args.repeat, max_duration=MAX_UTTERANCE_S)
+
+
+def speak_realistic(args: argparse.Namespace, root: Path) -> None:
+    """The realistic preset's corpus in ``root``/tts, its tokenizer (pydoc's sentences and the corpus's
+    transcripts, 256 pieces) in ``root``/tokenizer.model and each cut's token count in its manifest."""
+    from lhotse import load_manifest_lazy
+
+    from workbench.data.tokenizer import add_token_counts, train_tokenizer
+    from workbench.data.tts import default_text, make_tts_corpus, split_sentences
+
+    made = make_tts_corpus(root / "tts", num_utterances=args.utterances, join=args.join, preset="realistic",
+                           num_workers=_workers(), progress=False, replace_corpus=True)
+    texts = [s.text for s in load_manifest_lazy(made["supervisions"])]
+    tokenizer = train_tokenizer(split_sentences(default_text()) + texts, root / "tokenizer", 256, progress=False)
+    add_token_counts(made["cuts"], tokenizer, made["cuts"], progress=False)
+
+
+def _workers() -> int:
+    return max(1, (os.cpu_count() or 2) - 1)
 
 
 def _percentiles(x):

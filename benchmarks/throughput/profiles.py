@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from benchmarks.throughput.settings import SMOKE_BATCH_AUDIO_S, say, trained_model
+from benchmarks.throughput.settings import SMOKE_BATCH_AUDIO_S, SUBBUCKETS, say, trained_model
+from workbench.records.throughput import PROFILES
 
 
 def build_study_model(args: argparse.Namespace, vocab_size: int):
@@ -48,21 +49,30 @@ def fill_profile(args: argparse.Namespace, model, probe, bins):
     return bins
 
 
-def make_profiles(run, arrays, model, probe) -> dict[str, dict]:
-    """1D and 2D bins from the corpus, filled by the OOMptimizer: {"1d": profile dict, "2d": ...}, each with
-    its search's wall seconds (``search_s``)."""
+def profile_bins(args: argparse.Namespace, arrays, kind: str):
+    """The bins of one profile: "1d" (``--buckets-1d`` duration buckets), "2d" (the same duration bins x
+    SUBBUCKETS token sub-buckets) or "2d_equal" (``--buckets-1d`` // SUBBUCKETS duration buckets x SUBBUCKETS:
+    as many buckets as the 1D profile)."""
     from workbench.bucketing import profile_from_arrays
 
-    args, out = run.args, {}
-    for kind in ("1d", "2d"):
+    d, u = arrays.durations, arrays.num_tokens
+    if kind == "1d":
+        bins = profile_from_arrays(d, u, num_buckets=args.buckets_1d, one_d=True)
+        bins.max_tps = float((u / d).max())  # the probe's token bound: no cut above
+        return bins
+    duration_buckets = args.buckets_2d if kind == "2d" else max(1, args.buckets_1d // SUBBUCKETS)
+    return profile_from_arrays(d, u, num_buckets=duration_buckets, num_subbuckets=SUBBUCKETS)
+
+
+def make_profiles(run, arrays, model, probe) -> dict[str, dict]:
+    """The PROFILES' bins from the corpus (:func:`profile_bins`), filled by the OOMptimizer: {kind: profile
+    dict with its search's wall seconds (``search_s``) and its duration buckets (``duration_buckets``)}."""
+    out = {}
+    for kind in PROFILES:
         started = time.perf_counter()
-        if kind == "1d":
-            bins = profile_from_arrays(arrays.durations, arrays.num_tokens, num_buckets=args.buckets_1d, one_d=True)
-            bins.max_tps = float((arrays.num_tokens / arrays.durations).max())  # the probe's token bound: no cut above
-        else:
-            bins = profile_from_arrays(arrays.durations, arrays.num_tokens, num_buckets=args.buckets_2d,
-                                       num_subbuckets=2)
-        profile = fill_profile(args, model, probe, bins)
-        out[kind] = {**profile.to_dict(), "search_s": time.perf_counter() - started}
+        profile = fill_profile(run.args, model, probe, profile_bins(run.args, arrays, kind))
+        durations = {float(b[0] if isinstance(b, (list, tuple)) else b) for b in profile.bucket_duration_bins}
+        out[kind] = {**profile.to_dict(), "search_s": time.perf_counter() - started,
+                     "duration_buckets": len(durations)}
         say(run, f"{kind} profile: {profile.num_buckets} buckets, batch sizes {profile.bucket_batch_size}")
     return out

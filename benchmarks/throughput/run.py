@@ -1,30 +1,41 @@
 """The throughput study: does the OOMptimizer's profile make training faster than lhotse's best fixed batch?
 
     python -m benchmarks.throughput --model {xl-aed,large-rnnt} --parts prepare --out DIR
-    python -m benchmarks.throughput --model large-rnnt --parts train   --out DIR   # needs the prepare part
+    python -m benchmarks.throughput --model large-rnnt --parts train --budget-s 500 --out DIR   # after prepare
     python -m benchmarks.throughput --model large-rnnt --smoke --out /tmp/x   # both parts; CPU, tiny
 
 Corpus: espeak-ng speech (``workbench.data.tts``) made on the GPU machine itself (espeak-ng is carried
-there as Debian packages; its synthesis is far faster than real time), with ``--join`` sentences per
-utterance so durations reach 30-40 s as in real corpora (longer ones are dropped), each utterance listed
-``--repeat`` times so every bucket fills many full batches at the profile's batch sizes. Real audio is
-read, resampled and collated by the DataLoader workers as in any training run; repeats share one file, so
-the corpus is small to make and nothing large travels to the GPU machine. Carrying a corpus made here
-would not fit the 64 MiB a call carries; audio synthesized on the fly would measure the synthesis.
+there as Debian packages; its synthesis is far faster than real time), by default with the realistic
+preset (``--corpus-preset``: speaking rates, silences, languages and accents vary as in real corpora,
+docs/CORPUS.md), up to ``--join`` sentences per utterance so durations reach 30-40 s (longer ones are
+dropped), each utterance listed ``--repeat`` times so every bucket fills many full batches at the profile's
+batch sizes. Real audio is read, resampled and collated by the DataLoader workers as in any training run;
+repeats share one file, so the corpus is small to make and nothing large travels to the GPU machine.
 
-Parts (each within one GPU call): ``prepare`` makes the corpus, 1D and 2D bins (``profile_from_arrays``),
-fills both with the OOMptimizer (``oomptimize`` in this process: the model and probe stay loaded between
-the two profiles and the baseline search, where the CLI would load the model three times), and finds the
-baseline's ``max_duration``; ``train`` trains each of the three samplers once, for ``--train-s`` of wall
-time, and reads two comparisons from those runs: the same wall time (every step of each run) and the same
-optimizer steps (the first k steps of each run, k = ``--steps`` or the fewest steps a run reached, if
-less). A run's first k steps draw the batches a run stopped at k would draw (same seed), so their speed,
-batch sizes and padding are that run's, and one run per sampler serves both; only the learning rate
-differs (training's cosine decays over the 10^6 steps asked for, so it is nearly constant after the warm-up,
-where a run of k steps would decay to 0 at k), which moves the loss, not the speed. A later part reads
-the prepared profiles from the record (``--from``, default the committed one) and remakes the corpus
-(same seed, same cuts; kept in ``--corpus-dir`` between the models and calls of one machine). The record
-is rewritten after each part and each trained sampler, so a call stopped at its limit keeps what finished.
+Samplers (``workbench.records.throughput.SAMPLERS``): lhotse's baseline; the 1D profile (``--buckets-1d``
+duration buckets); the 2D profile at the 1D profile's duration bins x 2 token sub-buckets (the headline:
+it differs from the 1D profile only by the token split, so 2D / 1D measures what the second dimension
+buys); the 2D profile at an equal number of buckets (``--buckets-1d`` / 2 duration buckets x 2: the 1D
+profile's bucket count and search cost, coarser durations); and the 2D profile again with the CUDA
+allocator's expandable segments off (OOMs, allocation retries and cudaMalloc calls per step at the
+profile's memory, against the 2D run with them on).
+
+Parts (each within one GPU call): ``prepare`` makes the corpus, the three profiles' bins
+(``profile_from_arrays``), fills them with the OOMptimizer (``oomptimize`` in this process: the model and
+probe stay loaded between the profiles and the baseline search, where the CLI would load the model each
+time), and finds the baseline's ``max_duration``; ``train`` trains each of ``--samplers`` once, each in a
+fresh process (``worker.py``: the allocator is chosen before CUDA starts, and no run inherits another's
+cached memory), for ``--train-s`` of wall time (cut so that every sampler fits ``--budget-s``), then reads
+two comparisons from those runs: the same wall time (every step of each run) and the same optimizer steps
+(the first k steps of each run, k = ``--steps`` or the fewest steps a run reached, if less). A run's first
+k steps draw the batches a run stopped at k would draw (same seed), so their speed, batch sizes and padding
+are that run's, and one run per sampler serves both; only the learning rate differs (training's cosine
+decays over the 10^6 steps asked for, so it is nearly constant after the warm-up, where a run of k steps
+would decay to 0 at k), which moves the loss, not the speed. The matmul rate for MFU is measured after the
+runs, so they have the device to themselves. A later part reads the prepared profiles from the record
+(``--from``, default the committed one) and remakes the corpus (same seed, same cuts; kept in
+``--corpus-dir`` between the models and calls of one machine). The record is rewritten after each part and
+each trained sampler, so a call stopped at its limit keeps what finished.
 
 Baseline: lhotse's ``DynamicBucketingSampler`` with the largest ``max_duration`` that survives a full pass.
 lhotse puts a cut in bucket i when bins[i-1] < duration <= bins[i] (bins as it estimates them from the
@@ -41,59 +52,94 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Run, bench_parser, cpu_smoke_torch, start
+from benchmarks.harness import Run, bench_parser, cpu_smoke_torch, one_line, start
 from benchmarks.mfu import matmul_flops_per_second
 from benchmarks.throughput.baseline import find_baseline
 from benchmarks.throughput.corpus import make_corpus
 from benchmarks.throughput.profiles import build_study_model, make_probe, make_profiles
-from benchmarks.throughput.settings import MODELS, say, trained_model
-from benchmarks.throughput.training import add_mfu, same_steps, train_sampler, views
+from benchmarks.throughput.settings import CORPUS_PRESETS, MODELS, device_memory_mib, say, trained_model
+from benchmarks.throughput.training import (STARTUP_S, add_mfu, same_steps, train_sampler, train_seconds,
+                                            views)
 from workbench.records.results import RESULTS_DIR
-from workbench.records.throughput import SAMPLERS, checks, record_name, summary_lines
+from workbench.records.throughput import PROFILE_OF, SAMPLERS, checks, record_name, summary_lines
 
 PARTS = ("prepare", "train")
+MFU_RESERVE_S = 60.0  # wall seconds kept after the runs for the matmul rate and the FLOP counts
 
 
 def prepare_part(run: Run) -> None:
-    """The corpus, both profiles and the baseline, into ``figures["prepare"]``."""
+    """The corpus, the profiles and the baseline, into ``figures["prepare"]``."""
     from workbench.data.tokenizer import load_tokenizer
 
     corpus, arrays = make_corpus(run.args)
-    say(run, f"corpus: {corpus['num_cuts']} cuts, {corpus['hours']:.1f} h, durations {corpus['duration_s']}")
+    tps = corpus["tokens_per_second"]
+    say(run, f"corpus: {corpus['num_cuts']} cuts, {corpus['hours']:.1f} h, durations {corpus['duration_s']}, "
+             f"tokens/s p10/p50/p90 {tps['p10']}/{tps['p50']}/{tps['p90']}")
     model = build_study_model(run.args, load_tokenizer(corpus["tokenizer"]).vocab_size())
     probe = make_probe(run.args, model)
     profiles = make_profiles(run, arrays, model, probe)
     baseline = find_baseline(run, corpus, arrays, probe)
     run.figures["prepare"] = {"corpus": corpus, "profiles": profiles, "baseline": baseline,
-                              "memory_fraction": run.args.memory_fraction}
+                              "memory_fraction": run.args.memory_fraction, "device_memory_mib": device_memory_mib()}
 
 
 def train_part(run: Run) -> None:
-    """Train every sampler on the prepared corpus; both views are published after each one."""
+    """Train every sampler of ``--samplers`` on the prepared corpus, each in its own process; both views are
+    published after each one, the MFU once all have run."""
     prep = run.figures.get("prepare")
     if prep is None:
         raise ValueError("--parts train: no prepared profiles in the record; run --parts prepare first "
                          "(or pass --from the record it wrote)")
+    searched, here = prep.get("device_memory_mib"), device_memory_mib()
+    if searched and here and searched != here:
+        raise ValueError(f"--parts train: the profiles were searched on a GPU of {searched} MiB, this one has {here} "
+                         "MiB; run --parts prepare on this kind of GPU first")
+    release_device()
     corpus, _ = make_corpus(run.args)  # the same seed and options give the same cuts
     prep = {**prep, "corpus": {**prep["corpus"], "cuts": corpus["cuts"], "tokenizer": corpus["tokenizer"]}}
-    rate = matmul_flops_per_second(run.smoke)
+    asked = [s for s in SAMPLERS if s in run.args.samplers]
+    train_s = train_seconds(run, len(asked), MFU_RESERVE_S if not run.smoke else 0.0)
+    run.figures["samplers"] = asked
     trained: dict[str, dict] = {}
-    for sampler in SAMPLERS:
-        trained[sampler] = train_sampler(run, prep, sampler)
-        publish(run, views(run.args, prep, trained), same_steps(run.args, trained), rate, complete=False)
+    for sampler in asked:
+        if run.args.budget_s and run.seconds() + train_s + STARTUP_S + MFU_RESERVE_S > run.args.budget_s:
+            run.failures.append(f"train: {sampler} not run (the budget of {run.args.budget_s:g} s was spent)")
+            continue
+        try:
+            trained[sampler] = train_sampler(run, prep, sampler, train_s)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:  # the other samplers still train
+            run.failures.append(f"train: {sampler}: {one_line(e)}")
+            continue
+        publish(run, views(run.args, prep, trained), same_steps(run.args, trained), None, train_s, complete=False)
     by_view = views(run.args, prep, trained)
+    rate = matmul_flops_per_second(run.smoke)
     add_mfu(run.args, by_view, prep, rate["flops_per_s"])
-    publish(run, by_view, same_steps(run.args, trained), rate, complete=True)
+    publish(run, by_view, same_steps(run.args, trained), rate, train_s, complete=set(trained) == set(asked))
 
 
-def publish(run: Run, by_view: dict[str, dict[str, dict]], k: int, rate: dict, *, complete: bool) -> None:
-    """Put both views (the same-steps one over ``k`` steps) in the figures (``complete`` false while
-    samplers remain) and save the record."""
-    run.figures["seconds"] = {"runs": by_view["seconds"], "matmul": rate, "budget": {"seconds": run.args.train_s}}
+def release_device() -> None:
+    """Give this process's cached device memory back (a prepare part in the same process held the model), so
+    the training processes find the device as empty as it can be."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def publish(run: Run, by_view: dict[str, dict[str, dict]], k: int, rate: dict | None, train_s: float, *,
+            complete: bool) -> None:
+    """Put both views (the same-steps one over ``k`` steps, the same-time one over ``train_s`` seconds each)
+    and the matmul rate (None until measured) in the figures (``complete`` false while samplers remain) and
+    save the record."""
+    run.figures["seconds"] = {"runs": by_view["seconds"], "matmul": rate, "budget": {"seconds": train_s}}
     run.figures["steps"] = {"runs": by_view["steps"], "matmul": rate, "budget": {"steps": k}}
     run.figures["complete"] = complete
     run.save()
@@ -117,11 +163,18 @@ def earlier_figures(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     less its training results when this run prepares anew (they would be stale)."""
     previous = load_previous(args.previous, record_name(args.model)) if args.previous or not args.smoke else {}
     if "prepare" in args.parts:
-        return {k: v for k, v in previous.items() if k not in ("steps", "seconds", "complete")}
+        return {k: v for k, v in previous.items() if k not in ("steps", "seconds", "complete", "samplers")}
     if "prepare" not in previous:
         parser.error("--parts train: no prepared profiles in the record; run --parts prepare first "
                      "(or pass --from the record it wrote)")
-    return previous
+    prepared_preset = previous["prepare"]["corpus"].get("preset", "plain")
+    if prepared_preset != args.corpus_preset:
+        parser.error(f"--parts train --corpus-preset {args.corpus_preset}: the record's profiles were prepared on "
+                     f"the {prepared_preset} corpus; run --parts prepare with this preset first")
+    missing = sorted({PROFILE_OF[s] for s in args.samplers if s in PROFILE_OF} - set(previous["prepare"]["profiles"]))
+    if missing:
+        parser.error(f"--parts train: the record has no {', '.join(missing)} profile; run --parts prepare first")
+    return {k: v for k, v in previous.items() if k not in ("steps", "seconds", "complete", "samplers")}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,8 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus-dir", help="the corpus, kept and shared by both models (default "
                                         "/tmp/workbench_throughput/corpus_<utterances>x<join>x<repeat>; "
                                         "<workdir>/corpus under --smoke)")
+    p.add_argument("--corpus-preset", choices=CORPUS_PRESETS, default="realistic",
+                   help="the espeak-ng corpus: realistic (speaking rates, silences and languages vary; default) "
+                        "or plain (English at a few fixed speeds)")
+    p.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=list(SAMPLERS), metavar="SAMPLER",
+                   help=f"what --parts train trains, any of {', '.join(SAMPLERS)} (default all)")
     p.add_argument("--steps", type=int, default=30, help="optimizer steps of the same-steps comparison")
-    p.add_argument("--train-s", type=float, default=60.0, help="wall seconds each sampler trains")
+    p.add_argument("--train-s", type=float, default=60.0, help="wall seconds each sampler trains (at most: "
+                   "--budget-s cuts it so every sampler fits)")
     p.add_argument("--warmup-steps", type=int, default=10, help="learning-rate warm-up steps")
     p.add_argument("--warmup-records", type=int, default=5, help="first steps left out of the medians")
     p.add_argument("--utterances", type=int, default=400, help="unique spoken utterances")
@@ -143,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=200, help="times each utterance is listed")
     p.add_argument("--buckets-1d", type=int, default=12, help="1D profile buckets")
     p.add_argument("--buckets-2d", type=int, default=12, help="2D profile duration buckets (x2 token sub-buckets; "
-                                                             "the 1D profile's duration resolution by default)")
+                                                             "the 1D profile's duration resolution by default); "
+                                                             "the equal-bucket 2D profile has --buckets-1d / 2")
     p.add_argument("--memory-fraction", type=float, default=0.9, help="the probes' memory limit")
     return p
 
@@ -166,8 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     args = run.args
     check_options(parser, args)
     run.name = record_name(args.model)
-    run.what = (f"throughput study, {args.model}: lhotse max_duration baseline vs the 1D and 2D OOMptimizer "
-                "profiles, same steps and same wall time")
+    run.what = (f"throughput study, {args.model}: lhotse max_duration baseline vs the OOMptimizer's 1D and 2D "
+                "profiles (2D at 1D's duration bins and at 1D's bucket count; 2D without expandable segments), "
+                "same steps and same wall time")
     run.checks = checks
     run.figures = {**earlier_figures(parser, args), "model": trained_model(args)}
     with cpu_smoke_torch(run.smoke):

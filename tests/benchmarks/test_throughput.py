@@ -87,14 +87,24 @@ def test_throughput_smoke_runs_every_part_on_cpu_and_writes_the_record(tmp_path,
     f = record["figures"]
     assert f["model"] == "tiny-rnnt" and f["failures"] == [] and "SMOKE" in record["what"]
     prep = f["prepare"]
-    assert prep["corpus"]["num_cuts"] == 72
-    assert all(b > 0 for kind in ("1d", "2d") for b in prep["profiles"][kind]["bucket_batch_size"])
+    assert prep["corpus"]["num_cuts"] == 72 and prep["corpus"]["preset"] == "realistic"
+    rates = prep["corpus"]["tokens_per_second"]
+    assert 0 < rates["p10"] <= rates["p50"] <= rates["p90"] <= rates["max"]
+    assert sum(prep["corpus"]["tokens_per_second_histogram"]["utterances"]) == 24  # each utterance once
+    assert all(b > 0 for kind in tp.PROFILES for b in prep["profiles"][kind]["bucket_batch_size"])
+    # 2D at 1D's duration bins (3 x 2 sub-buckets) and at 1D's bucket count (3 // 2 = 1 duration bucket x 2)
+    assert prep["profiles"]["2d"]["duration_buckets"] == 2 and prep["profiles"]["2d_equal"]["duration_buckets"] == 1
     base = prep["baseline"]
     # the baseline's max_duration lets no lhotse bucket form a batch beyond its probed size
     assert all(math.floor(base["max_duration"] / b["shortest_s"]) <= b["max_batch_size"] for b in base["buckets"])
     assert base["pass"]["batches"] > 0 and base["pass"]["exceeding"] == 0
     assert f["steps"]["budget"] == {"steps": 4} and f["seconds"]["budget"] == {"seconds": 2.0}
-    assert f["complete"] is True
+    assert f["complete"] is True and f["samplers"] == list(tp.SAMPLERS)
+    settings = {s: f["seconds"]["runs"][s]["allocator_settings"] for s in tp.SAMPLERS}
+    assert settings["2d_plain_allocator"] == {"expandable_segments": False, "settings": None,
+                                              "env": "expandable_segments:False"}
+    assert settings["2d"]["expandable_segments"] is True and settings["2d"]["env"] is None  # no CUDA: untouched
+    assert f["seconds"]["runs"]["2d"]["allocator"] is None  # no CUDA counters on a CPU
     for sampler in tp.SAMPLERS:
         run = f["steps"]["runs"][sampler]
         assert run["steps"] == 4 and run["ooms"] == 0 and 0 < run["mfu"] < 1
@@ -111,9 +121,13 @@ def test_throughput_smoke_runs_every_part_on_cpu_and_writes_the_record(tmp_path,
     lines = tp.summary_lines(f)
     assert any("baseline max_duration" in line for line in lines) and lines[-1] == "- checks all passed"
     table = tp.runs_table(record)
-    assert len(table) == 6 and set(table["OOMs"]) == {0}
-    for draw in (tp.throughput_bars, tp.loss_curves, tp.batch_size_by_bucket_plot, tp.step_time_split):
+    assert len(table) == 2 * len(tp.SAMPLERS) and set(table["OOMs"]) == {0}
+    for draw in (tp.throughput_bars, tp.loss_curves, tp.batch_size_by_bucket_plot, tp.step_time_split,
+                 tp.tokens_per_second_histogram):
         assert draw(record).axes
+    assert tp.allocator_curves(record) is None and tp.allocator_table(record).empty
+    assert "not compared" in tp.allocator_meaning(f) and tp.corpus_meaning(f).startswith("Tokens per second: p10")
+    assert "At the 1D profile's number of buckets" in tp.throughput_meaning(f)
 
 
 def test_throughput_later_part_without_prepare_is_one_line(tmp_path, capsys):
@@ -184,3 +198,169 @@ def test_meaning_sentences_come_from_the_runs():
                                              "the lowest loss; the right-hand plot shows the loss per hour of audio seen.")
     runs["2d"] = {"ooms": 1}
     assert tp.throughput_meaning(figures).startswith("A sampler ran out of memory")
+
+
+def _cuda_records(allocs, retries, ooms, step_s):
+    return [{"step": i, "num_device_alloc": a, "num_alloc_retries": r, "num_ooms": o, "step_s": s,
+             "reserved_bytes": 100 * i} for i, (a, r, o, s) in enumerate(zip(allocs, retries, ooms, step_s))]
+
+
+def test_allocator_figures_count_each_steps_increase_after_warmup():
+    records = _cuda_records(allocs=[40, 45, 45, 47, 47], retries=[0, 1, 1, 1, 3], ooms=[0, 0, 0, 0, 1],
+                            step_s=[9.0, 1.0, 2.0, 3.0, 4.0])
+    a = tp.allocator_figures(records, warmup=2)
+    # steps 2..4 against the record before each: allocs +0 +2 +0, retries +0 +0 +2, OOMs +0 +0 +1
+    assert a["steps"] == 3 and a["device_allocs"] == 2 and a["device_allocs_per_step"] == pytest.approx(2 / 3)
+    assert a["steps_with_device_alloc"] == 1 and a["alloc_retries"] == 2 and a["steps_with_retry"] == 1
+    assert a["cuda_ooms"] == 1 and a["step_s"]["median"] == 3.0 and a["max_reserved_bytes"] == 400
+    assert a["curve"] == {"step": [0, 1, 2, 3, 4], "num_device_alloc": [0, 5, 5, 7, 7],
+                          "num_alloc_retries": [0, 1, 1, 1, 3]}
+    assert tp.allocator_figures(_records([(1, 1.0, 0.0, 1.0, 0.0)] * 3)) is None  # a CPU run has no counters
+    assert tp.allocator_figures(records[:1]) is None
+
+
+def _allocator_run(per_step, retries, step, audio, ooms=0):
+    return {"audio_seconds_per_second": audio, "ooms": ooms,
+            "allocator": {"steps": 10, "device_allocs_per_step": per_step, "steps_with_device_alloc": int(10 * per_step),
+                          "alloc_retries": retries, "cuda_ooms": 0, "max_reserved_bytes": 0,
+                          "step_s": {"median": step, "p25": step, "p75": step},
+                          "curve": {"step": [0, 1], "num_device_alloc": [0, 1], "num_alloc_retries": [0, 0]}}}
+
+
+def test_the_plain_allocator_run_is_set_against_the_2d_run_and_its_ooms_are_no_failure():
+    runs = {"2d": _allocator_run(0.0, 0, 1.0, 200.0), "2d_plain_allocator": _allocator_run(0.5, 3, 1.1, 180.0, ooms=2)}
+    figures = {"model": "xl-aed", "samplers": ["2d", "2d_plain_allocator"], "complete": True,
+               "seconds": {"runs": runs}}
+    assert tp.checks(figures) == {"seconds_2d_no_oom": True, "every_sampler_trained": True}
+    text = tp.allocator_meaning(figures)
+    assert "0.00 times per step (0 of 10 steps), retried 0 allocations and trained 0 steps in parts" in text
+    assert "0.50 times per step (5 of 10), 3 retries and 2 steps in parts" in text
+    assert text.endswith("took 1.10x as long without them, and the run trained 0.90x the audio per second.")
+    assert tp.allocator_lines(figures)[1].startswith("2D profile, plain allocator (expandable segments off): 0.50 "
+                                                     "cudaMalloc per step (5 of 10 steps after warm-up), 3 retries")
+    record = {"figures": figures}
+    assert list(tp.allocator_table(record)["expandable segments"]) == ["on", "off"]
+    assert tp.allocator_curves(record).axes
+    runs["2d_plain_allocator"] = {"ooms": 1, "error": "CUDA out of memory"}
+    assert tp.allocator_meaning(figures).startswith("Without expandable segments the 2D profile's run ended out of")
+    del runs["2d_plain_allocator"]
+    assert tp.allocator_meaning(figures).endswith("not measured yet.")
+    assert tp.checks(figures)["every_sampler_trained"] is False  # asked for, not trained
+
+
+def test_the_equal_bucket_2d_profile_is_listed_beside_the_headline():
+    run = {"audio_seconds_per_second": 100.0, "ooms": 0}
+    runs = {"baseline": run, "1d": {**run, "audio_seconds_per_second": 150.0},
+            "2d": {**run, "audio_seconds_per_second": 180.0}, "2d_equal": {**run, "audio_seconds_per_second": 165.0}}
+    figures = {"model": "large-rnnt", "seconds": {"runs": runs}}
+    assert tp.targets(figures) == ["seconds: 2D / baseline = 1.80x", "seconds: 2D / 1D = 1.20x (target > 1: met)",
+                                   "seconds: 2D at equal buckets = 1.65x baseline and 1.10x 1D (beside the "
+                                   "headline, no target)"]
+    assert "1D profile" in tp.headline_note() and "equal-bucket" in tp.headline_note()
+
+
+def test_a_committed_record_without_the_new_samplers_says_not_measured_yet():
+    from workbench.reporting import committed_result
+
+    record = committed_result(record_name("xl-aed"))
+    f = record["figures"]
+    lines = tp.summary_lines(f)
+    assert "  - 2D profile, equal buckets: not measured yet" in lines
+    assert "  - 2D profile, plain allocator: not measured yet" in lines
+    assert tp.checks(f)["every_sampler_trained"] is True  # it was asked for the first three only
+    assert tp.corpus_rates(f) is None and tp.tokens_per_second_histogram(record) is None
+    assert tp.corpus_meaning(f).endswith("not measured yet.") and tp.allocator_meaning(f).endswith("not measured yet.")
+    assert tp.allocator_curves(record) is None and tp.allocator_table(record).empty
+    assert tp.throughput_bars(record, "seconds").axes and tp.loss_curves(record).axes
+    assert "equal buckets" not in tp.setup_line(f) and tp.loss_meaning(f).startswith("At the end of the same wall")
+
+
+def test_loss_at_audio_averages_the_last_tenth_before_the_audio_given():
+    curve = {"audio_s": [0.0, 50.0, 91.0, 95.0, 100.0, 120.0], "loss": [9.0, 5.0, 3.0, 2.0, 1.0, 0.5]}
+    assert tp.loss_at_audio(curve, 100.0) == pytest.approx(2.0)  # 91, 95, 100
+    assert tp.loss_at_audio(curve, 60.0) == pytest.approx(5.0)  # none in 54..60: the nearest point, 50
+
+
+def test_training_processes_get_the_allocator_by_environment_and_the_budget_splits_evenly(monkeypatch):
+    import argparse
+
+    from benchmarks.throughput import training
+
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+    assert "PYTORCH_ALLOC_CONF" not in training.worker_env(True)
+    env = training.worker_env(False)
+    assert env["PYTORCH_ALLOC_CONF"] == env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"
+    assert env["PYTHONPATH"].split(":")[0] == str(training.REPO)
+
+    class FakeRun:
+        args = argparse.Namespace(budget_s=500.0, train_s=75.0)
+
+        def seconds(self):
+            return 40.0
+
+    assert training.train_seconds(FakeRun(), 5, 60.0) == 40.0  # (500 - 40 - 60) / 5 - 40 s of start-up
+    FakeRun.args.budget_s = 0
+    assert training.train_seconds(FakeRun(), 5, 60.0) == 75.0
+
+
+def test_views_count_the_steps_trained_in_parts():
+    import argparse
+
+    from benchmarks.throughput.training import views
+
+    prep = {"profiles": {"2d": {"bucket_duration_bins": [[5.0, 10], [30.0, 90]]}}}
+    records = _records([(2, 10.0, 0.5, 1.0, 0.1)] * 8)
+    t = {"summary": {"out_of_memory": [{"step": 1}, {"step": 6}]}, "records": records, "settings": {},
+         "allocator": {"expandable_segments": False}}
+    out = views(argparse.Namespace(steps=4, warmup_records=0), prep, {"2d_plain_allocator": t})
+    assert out["seconds"]["2d_plain_allocator"]["ooms"] == 2 and out["steps"]["2d_plain_allocator"]["ooms"] == 1
+    assert out["seconds"]["2d_plain_allocator"]["allocator_settings"] == {"expandable_segments": False}
+
+
+def test_a_train_part_on_profiles_of_another_corpus_is_refused(tmp_path, capsys):
+    from workbench.reporting import committed_result
+
+    previous = tmp_path / "prev.json"
+    previous.write_text(json.dumps(committed_result(record_name("xl-aed"))))  # prepared on the plain corpus
+    with pytest.raises(SystemExit):
+        main(["--model", "xl-aed", "--parts", "train", "--smoke", "--from", str(previous), "--out", str(tmp_path / "o")])
+    assert "prepared on the plain corpus" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--model", "xl-aed", "--parts", "train", "--smoke", "--from", str(previous), "--corpus-preset", "plain",
+              "--out", str(tmp_path / "o")])
+    assert "the record has no 2d_equal profile" in capsys.readouterr().err
+
+
+def test_a_train_part_on_another_kind_of_gpu_is_refused(monkeypatch):
+    from types import SimpleNamespace
+
+    from benchmarks.throughput import run as runner
+
+    monkeypatch.setattr(runner, "device_memory_mib", lambda: 81559)
+    with pytest.raises(ValueError, match="searched on a GPU of 143771 MiB, this one has 81559 MiB"):
+        runner.train_part(SimpleNamespace(figures={"prepare": {"device_memory_mib": 143771}}))
+
+
+def test_a_sampler_whose_process_fails_is_recorded_and_the_others_still_train(monkeypatch):
+    import argparse
+    from types import SimpleNamespace
+
+    from benchmarks.throughput import run as runner
+
+    def train(run, prep, sampler, train_s):
+        if sampler == "1d":
+            raise RuntimeError("1d: the training process exited with code 1: boom")
+        return {"summary": {}, "records": _records([(2, 10.0, 0.5, 1.0, 0.1)] * 3), "settings": {}}
+
+    monkeypatch.setattr(runner, "device_memory_mib", lambda: None)
+    monkeypatch.setattr(runner, "make_corpus", lambda args: ({"cuts": "c", "tokenizer": "t"}, None))
+    monkeypatch.setattr(runner, "train_sampler", train)
+    monkeypatch.setattr(runner, "views", lambda args, prep, trained: {"seconds": dict(trained), "steps": dict(trained)})
+    monkeypatch.setattr(runner, "matmul_flops_per_second", lambda smoke: {"flops_per_s": 1.0})
+    monkeypatch.setattr(runner, "add_mfu", lambda *a: None)
+    fake = SimpleNamespace(figures={"prepare": {"corpus": {}}}, failures=[], smoke=True, seconds=lambda: 0.0,
+                           save=lambda: None, args=argparse.Namespace(samplers=["baseline", "1d", "2d"], budget_s=0,
+                                                                      train_s=5.0, steps=3))
+    runner.train_part(fake)
+    assert fake.failures == ["train: 1d: RuntimeError: 1d: the training process exited with code 1: boom"]
+    assert set(fake.figures["seconds"]["runs"]) == {"baseline", "2d"} and fake.figures["complete"] is False

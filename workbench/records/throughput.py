@@ -1,11 +1,13 @@
-"""The ``throughput_<model>`` record: three samplers trained on one GPU, for the same steps and the same time.
+"""The ``throughput_<model>`` record: samplers trained on one GPU, for the same steps and the same wall time.
 
-Schema (``figures``, see the TypedDicts): ``model``; ``prepare`` (:class:`Prepared`: the corpus, the 1D
-and 2D profiles with their batch sizes, the baseline's max_duration with its per-bucket worst cases and
-the check pass); ``steps`` and ``seconds`` (:class:`Part`: one :class:`RunFigures` per sampler and the
-measured matmul rate; ``budget``: the ``--train-s`` wall seconds each sampler trained, or the k steps);
-``checks`` (name -> bool), ``failures`` (a line per part that raised, then the names of the false checks)
-and ``wall_s`` (the run's). Every reading of it is here.
+Schema (``figures``, see the TypedDicts): ``model``; ``prepare`` (:class:`Prepared`: the corpus with its
+tokens-per-second percentiles and histogram, the profiles of :data:`PROFILES` with their batch sizes, the
+baseline's max_duration with its per-bucket worst cases and the check pass); ``samplers`` (those the train
+part was asked for; absent: :data:`FIRST_SAMPLERS`); ``steps`` and ``seconds`` (:class:`Part`: one
+:class:`RunFigures` per sampler and the measured matmul rate; ``budget``: the wall seconds each sampler
+trained, or the k steps); ``checks`` (name -> bool), ``failures`` (a line per part that raised, then the
+names of the false checks) and ``wall_s`` (the run's). A sampler a record lacks is "not measured yet".
+Every reading of it is here.
 """
 
 from __future__ import annotations
@@ -15,14 +17,28 @@ from typing import Any, Mapping, TypedDict
 from workbench.palette import SERIES_COLOURS, colour
 
 NAME = "throughput"  # records throughput_large_rnnt, throughput_xl_aed
-SAMPLERS = ("baseline", "1d", "2d")
-LABELS = {"baseline": "lhotse max_duration", "1d": "1D profile", "2d": "2D profile"}
-PALETTE_NAMES = {"baseline": "max_duration", "1d": "1D", "2d": "2D"}  # each sampler's method in workbench.palette
+SAMPLERS = ("baseline", "1d", "2d", "2d_equal", "2d_plain_allocator")
+FIRST_SAMPLERS = ("baseline", "1d", "2d")  # what a record without ``samplers`` was asked to train
+PROFILES = ("1d", "2d", "2d_equal")  # the profiles the prepare part searches
+PROFILE_OF = {"1d": "1d", "2d": "2d", "2d_equal": "2d_equal", "2d_plain_allocator": "2d"}  # sampler -> profile
+PLAIN_ALLOCATOR = ("2d_plain_allocator",)  # samplers trained with expandable segments off
+HEADLINE = "2d"  # the 2D sampler that the targets judge
+LABELS = {"baseline": "lhotse max_duration", "1d": "1D profile", "2d": "2D profile",
+          "2d_equal": "2D profile, equal buckets", "2d_plain_allocator": "2D profile, plain allocator"}
+# each sampler's method in workbench.palette
+PALETTE_NAMES = {"baseline": "max_duration", "1d": "1D", "2d": "2D", "2d_equal": "2D equal buckets",
+                 "2d_plain_allocator": "plain segments"}
+HEADLINE_WHY = ("The headline 2D profile has the 1D profile's duration bins, each split in two by tokens: it "
+                "differs from the 1D profile only by the token split, so its ratio to 1D is what the second "
+                "dimension buys. The equal-bucket 2D profile (half the duration bins, each split in two: as many "
+                "buckets and searches as 1D) trades duration resolution for token resolution, so its ratio mixes "
+                "two effects; it is shown beside the headline, not instead of it.")
 STEP_PIECE_COLOURS = {"data wait": SERIES_COLOURS[2], "forward+backward": SERIES_COLOURS[6],
                       "optimizer": SERIES_COLOURS[8], "step (not split on a CPU)": SERIES_COLOURS[6]}
 AED_TARGET = 1.8  # 2D profile over the baseline, audio seconds per second, xl-aed
 GiB = 1024 ** 3
 MAX_CURVE_POINTS = 200
+NOT_MEASURED = "not measured yet"
 
 
 class Spread(TypedDict):
@@ -53,6 +69,9 @@ class RunFigures(TypedDict, total=False):
     time_split_s: dict[str, float | None]         # medians: data_wait, forward_backward, optimizer, step
     batch_size_by_bucket: list[dict[str, float]]  # {"upper_s", "steps", "mean_batch_size"}
     loss_curve: dict[str, list[float]]            # "wall_s", "audio_s", "loss" (cumulative, every k-th step)
+    allocator: dict[str, Any] | None              # see allocator_figures (None: no CUDA counters, e.g. a CPU)
+    allocator_settings: dict[str, Any] | None     # "expandable_segments" (bool), "settings" in effect, "env"
+    #                                               (PYTORCH_ALLOC_CONF at the end of the training process)
     settings: dict[str, Any]
 
 
@@ -62,11 +81,12 @@ class Part(TypedDict):
     budget: dict[str, float]
 
 
-class Prepared(TypedDict):
-    corpus: dict[str, Any]
-    profiles: dict[str, dict[str, Any]]
+class Prepared(TypedDict, total=False):
+    corpus: dict[str, Any]                        # paths, percentiles, preset, tokens_per_second (+ _histogram)
+    profiles: dict[str, dict[str, Any]]           # PROFILES -> profile dict, search_s, duration_buckets
     baseline: dict[str, Any]
     memory_fraction: float
+    device_memory_mib: int | None                 # the GPU the profiles were searched on (nvidia-smi)
 
 
 def record_name(model: str) -> str:
@@ -107,7 +127,40 @@ def run_figures(summary: Mapping[str, Any], records: list[dict], uppers: list[fl
             "time_split_s": {"data_wait": median_of("data_s"), "forward_backward": median_of("forward_backward_s"),
                              "optimizer": median_of("optimizer_s"), "step": median_of("step_s")},
             "batch_size_by_bucket": batch_size_by_bucket(records, padded_lengths(records), uppers),
-            "loss_curve": loss_curve(records)}
+            "loss_curve": loss_curve(records), "allocator": allocator_figures(records, warmup=warmup)}
+
+
+ALLOCATOR_COUNTERS = ("num_device_alloc", "num_alloc_retries", "num_ooms")  # cumulative, in each CUDA record
+
+
+def allocator_figures(records: list[dict], *, warmup: int = 5) -> dict[str, Any] | None:
+    """The CUDA caching allocator per step, from the counters each record carries (cumulative in the
+    training process): each step's increase over the record before, over the steps after ``warmup``
+    (at least the first): cudaMalloc calls (``device_allocs``: total, ``per_step`` mean, ``steps_with``
+    any), allocation retries (``alloc_retries``, ``steps_with_retry``), allocator OOMs (``cuda_ooms``), the
+    step's device seconds (``step_s``: Spread), the most reserved bytes, and ``curve``: the counts since
+    the first record, per step (at most MAX_CURVE_POINTS points). None when the records lack the counters."""
+    from workbench.timing import summarize
+
+    if len(records) < 2 or any(k not in records[0] for k in ALLOCATOR_COUNTERS):
+        return None
+    first = max(1, min(warmup, len(records) - 1))
+    steady = list(range(first, len(records)))
+
+    def deltas(key: str) -> list[int]:
+        return [records[i][key] - records[i - 1][key] for i in steady]
+
+    allocs, retries, ooms = (deltas(k) for k in ALLOCATOR_COUNTERS)
+    every = max(1, -(-len(records) // MAX_CURVE_POINTS))
+    kept = [i for i in range(len(records)) if i % every == 0 or i == len(records) - 1]
+    return {"steps": len(steady), "device_allocs": sum(allocs), "device_allocs_per_step": _mean(allocs),
+            "steps_with_device_alloc": sum(a > 0 for a in allocs), "alloc_retries": sum(retries),
+            "steps_with_retry": sum(r > 0 for r in retries), "cuda_ooms": sum(ooms),
+            "step_s": summarize([records[i]["step_s"] for i in steady]),
+            "max_reserved_bytes": max(r.get("reserved_bytes", 0) for r in records),
+            "curve": {"step": [records[i]["step"] for i in kept],
+                      **{key: [records[i][key] - records[0][key] for i in kept]
+                         for key in ("num_device_alloc", "num_alloc_retries")}}}
 
 
 def padded_lengths(records: list[dict]) -> list[float]:
@@ -151,24 +204,37 @@ def ratio(figures: Mapping[str, Any], part: str, over: str, under: str) -> float
     return a["audio_seconds_per_second"] / b["audio_seconds_per_second"]
 
 
+def asked(figures: Mapping[str, Any]) -> tuple[str, ...]:
+    """The samplers the record's train part was asked for (:data:`FIRST_SAMPLERS` when it does not say)."""
+    return tuple(figures.get("samplers") or FIRST_SAMPLERS)
+
+
+def trained(run: Mapping[str, Any] | None) -> bool:
+    """Whether a sampler's run has figures (it did not end in an out-of-memory error)."""
+    return bool(run) and "audio_seconds_per_second" in run
+
+
 def checks(figures: Mapping[str, Any]) -> dict[str, bool]:
-    """What must hold: the baseline pass has no batch beyond its probed worst case, no run OOMs."""
+    """What must hold: the baseline pass has no batch beyond its probed worst case, no run OOMs (the
+    plain-allocator run's OOMs are what it measures, not a failure), every sampler asked for trained."""
     out: dict[str, bool] = {}
     prep = figures.get("prepare")
     if prep:
         out["baseline_pass_within_probed_worst_case"] = prep["baseline"]["pass"]["exceeding"] == 0
     for part in parts(figures):
         for sampler, run in figures[part]["runs"].items():
-            out[f"{part}_{sampler}_no_oom"] = run.get("ooms", 1) == 0
+            if sampler not in PLAIN_ALLOCATOR:
+                out[f"{part}_{sampler}_no_oom"] = run.get("ooms", 1) == 0
     if parts(figures):  # a call stopped at its limit leaves samplers untrained
         out["every_sampler_trained"] = bool(figures.get("complete")) and all(
-            set(SAMPLERS) <= set(figures[part]["runs"]) for part in parts(figures))
+            set(asked(figures)) <= set(figures[part]["runs"]) for part in parts(figures))
     return out
 
 
 def targets(figures: Mapping[str, Any]) -> list[str]:
     """The targets, met or missed, with the numbers: judged on the same-wall-time part when there is
-    one (else the only part); the other part's ratios are listed beside them."""
+    one (else the only part), for the headline 2D sampler; the other part's ratios, and the equal-bucket
+    2D profile's, are listed beside them."""
     lines = []
     aed = figures.get("model", "").endswith("aed")
     judged = "seconds" if "seconds" in parts(figures) else next(iter(parts(figures)), None)
@@ -179,15 +245,27 @@ def targets(figures: Mapping[str, Any]) -> list[str]:
                 lines.append(f"{part}: 2D / baseline = {over_base:.2f}x (the target is judged at the same wall time)")
             if over_1d is not None:
                 lines.append(f"{part}: 2D / 1D = {over_1d:.2f}x")
-            continue
-        if aed and over_base is not None:
-            lines.append(f"{part}: 2D / baseline = {over_base:.2f}x (target >= {AED_TARGET}x: "
-                         f"{'met' if over_base >= AED_TARGET else 'missed by ' + f'{AED_TARGET - over_base:.2f}x'})")
-        elif over_base is not None:
-            lines.append(f"{part}: 2D / baseline = {over_base:.2f}x")
-        if over_1d is not None:
-            lines.append(f"{part}: 2D / 1D = {over_1d:.2f}x (target > 1: {'met' if over_1d > 1 else 'missed'})")
+        else:
+            if aed and over_base is not None:
+                lines.append(f"{part}: 2D / baseline = {over_base:.2f}x (target >= {AED_TARGET}x: "
+                             f"{'met' if over_base >= AED_TARGET else 'missed by ' + f'{AED_TARGET - over_base:.2f}x'})")
+            elif over_base is not None:
+                lines.append(f"{part}: 2D / baseline = {over_base:.2f}x")
+            if over_1d is not None:
+                lines.append(f"{part}: 2D / 1D = {over_1d:.2f}x (target > 1: {'met' if over_1d > 1 else 'missed'})")
+        equal = [f"{ratio(figures, part, '2d_equal', under):.2f}x {name}" for under, name in
+                 (("baseline", "baseline"), ("1d", "1D")) if ratio(figures, part, "2d_equal", under) is not None]
+        if equal:
+            lines.append(f"{part}: 2D at equal buckets = {' and '.join(equal)} (beside the headline, no target)")
     return lines
+
+
+def sampler_state(figures: Mapping[str, Any], part: str, sampler: str) -> str:
+    """One sampler's line in a part: its figures, "not run" (asked for, not trained) or "not measured yet"."""
+    run = figures[part]["runs"].get(sampler)
+    if run:
+        return describe_run(run)
+    return "not run" if sampler in asked(figures) else NOT_MEASURED
 
 
 def summary_lines(figures: Mapping[str, Any]) -> list[str]:
@@ -198,29 +276,49 @@ def summary_lines(figures: Mapping[str, Any]) -> list[str]:
         c, b = prep["corpus"], prep["baseline"]
         lines.append(f"{f['model']}: corpus {c['kind']}, {c['num_cuts']} cuts ({c['unique_utterances']} unique), "
                      f"{c['hours']:.0f} h, {c['duration_s'][0]:.1f}-{c['duration_s'][-1]:.1f} s")
+        if "tokens_per_second" in c:
+            t = c["tokens_per_second"]
+            lines.append(f"- tokens per second p10/p50/p90 {t['p10']:.1f}/{t['p50']:.1f}/{t['p90']:.1f} "
+                         f"(max {t['max']:.1f})")
         lines.append(f"- baseline max_duration {b['max_duration']:g} s ({len(b['buckets'])} lhotse buckets, "
                      f"{b['probes']} probes); check pass: {b['pass']['batches']} batches, "
                      f"{b['pass']['exceeding']} beyond the probed worst case")
-        for kind in ("1d", "2d"):
+        for kind in (k for k in PROFILES if k in prep["profiles"]):
             sizes = prep["profiles"][kind]["bucket_batch_size"]
             lines.append(f"- {LABELS[kind]}: {len(sizes)} buckets, batch sizes {min(sizes)}-{max(sizes)}")
     for part in parts(f):
         p = f[part]
         budget = f"{p['budget']['steps']} steps" if "steps" in p["budget"] else f"{p['budget']['seconds']:g} s"
-        lines.append(f"- same {'steps' if part == 'steps' else 'wall time'} ({budget} each; matmul "
-                     f"{p['matmul']['flops_per_s'] / 1e12:.3g} TFLOP/s {p['matmul']['dtype']}):")
-        for sampler in SAMPLERS:
-            run = p["runs"].get(sampler)
-            lines.append(f"  - {LABELS[sampler]}: " + (describe_run(run) if run else "not run"))
+        rate = ("matmul not measured" if not p.get("matmul") else
+                f"matmul {p['matmul']['flops_per_s'] / 1e12:.3g} TFLOP/s {p['matmul']['dtype']}")
+        lines.append(f"- same {'steps' if part == 'steps' else 'wall time'} ({budget} each; {rate}):")
+        lines += [f"  - {LABELS[sampler]}: {sampler_state(f, part, sampler)}" for sampler in SAMPLERS]
+    lines += [f"- allocator, {line}" for line in allocator_lines(f)]
     lines += [f"- {line}" for line in targets(f)]
     failures = f.get("failures", [])
     lines.append("- checks " + ("all passed" if not failures else f"FAILED: {', '.join(failures)}"))
     return lines
 
 
+def allocator_lines(figures: Mapping[str, Any], part: str = "seconds") -> list[str]:
+    """Per run with the allocator's counters (same wall time): cudaMalloc calls and retries per step after
+    warm-up, allocator OOMs, the median step; none for a record without them."""
+    lines = []
+    for sampler, run in figures.get(part, {}).get("runs", {}).items():
+        a = run.get("allocator")
+        if not a:
+            continue
+        lines.append(f"{LABELS[sampler]} (expandable segments {'off' if sampler in PLAIN_ALLOCATOR else 'on'}): "
+                     f"{a['device_allocs_per_step']:.2f} cudaMalloc per step ({a['steps_with_device_alloc']} of "
+                     f"{a['steps']} steps after warm-up), {a['alloc_retries']} retries, {a['cuda_ooms']} OOMs, "
+                     f"step {a['step_s']['median']:.3f} s (p25-p75 {a['step_s']['p25']:.3f}-{a['step_s']['p75']:.3f})")
+    return lines
+
+
 def describe_run(run: Mapping[str, Any]) -> str:
-    """One run in a line: audio s/s median (p25-p75), MFU, batch, padding, peak, OOMs, data wait."""
-    if run.get("ooms"):
+    """One run in a line: audio s/s median (p25-p75), MFU, batch, padding, peak, OOMs (steps trained in
+    parts), data wait; or the out-of-memory error that ended it."""
+    if not trained(run):
         return f"OOM ({run.get('error', '')})"
     s = run["audio_seconds_per_second_per_step"]
     peak = run.get("peak_allocated_bytes")
@@ -241,8 +339,8 @@ def runs_table(record: Mapping[str, Any]):
     for part in parts(record["figures"]):
         compared = "same steps" if part == "steps" else "same wall time"
         for sampler, run in record["figures"][part]["runs"].items():
-            if run.get("ooms"):
-                rows.append({"compared at": compared, "sampler": LABELS[sampler], "OOMs": run["ooms"]})
+            if not trained(run):
+                rows.append({"compared at": compared, "sampler": LABELS[sampler], "OOMs": run.get("ooms", 1)})
                 continue
             s = run["audio_seconds_per_second_per_step"]
             peak = run.get("peak_allocated_bytes")
@@ -260,7 +358,7 @@ def runs_table(record: Mapping[str, Any]):
 
 def _ok_runs(record: Mapping[str, Any], part: str) -> dict[str, Mapping[str, Any]]:
     runs = record["figures"].get(part, {}).get("runs", {})
-    return {s: runs[s] for s in SAMPLERS if s in runs and not runs[s].get("ooms")}
+    return {s: runs[s] for s in SAMPLERS if trained(runs.get(s))}
 
 
 def throughput_bars(record: Mapping[str, Any], part: str = "steps"):
@@ -344,23 +442,115 @@ def step_time_split(record: Mapping[str, Any], part: str = "steps"):
     return fig
 
 
+def allocator_table(record: Mapping[str, Any], part: str = "seconds"):
+    """One row per run with the CUDA allocator's counters: expandable segments on or off, cudaMalloc calls
+    and allocation retries per step after warm-up, OOMs, step time and audio seconds per second."""
+    import pandas as pd
+
+    rows = []
+    for sampler, run in _ok_runs(record, part).items():
+        a = run.get("allocator")
+        if not a:
+            continue
+        rows.append({"sampler": LABELS[sampler], "expandable segments": "off" if sampler in PLAIN_ALLOCATOR else "on",
+                     "steps after warm-up": a["steps"], "cudaMalloc per step": round(a["device_allocs_per_step"], 2),
+                     "steps with cudaMalloc": a["steps_with_device_alloc"], "allocation retries": a["alloc_retries"],
+                     "allocator OOMs": a["cuda_ooms"], "steps trained in parts": run["ooms"],
+                     "step median (s)": round(a["step_s"]["median"], 3),
+                     "step p25-p75 (s)": f"{a['step_s']['p25']:.3f}-{a['step_s']['p75']:.3f}",
+                     "most reserved (GiB)": round(a["max_reserved_bytes"] / GiB, 1),
+                     "audio s/s": round(run["audio_seconds_per_second"])})
+    return pd.DataFrame(rows)
+
+
+def allocator_curves(record: Mapping[str, Any], part: str = "seconds"):
+    """cudaMalloc calls (left) and allocation retries (right) since the first step, against the step, one
+    line per run with the allocator's counters; None when no run has them."""
+    import matplotlib.pyplot as plt
+
+    runs = {s: r for s, r in _ok_runs(record, part).items() if r.get("allocator")}
+    if not runs:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    for sampler, run in runs.items():
+        curve = run["allocator"]["curve"]
+        for ax, key in zip(axes, ("num_device_alloc", "num_alloc_retries")):
+            ax.plot(curve["step"], curve[key], color=sampler_colour(sampler), label=LABELS[sampler])
+    axes[0].set_ylabel("cudaMalloc calls since step 0")
+    axes[1].set_ylabel("allocation retries since step 0")
+    for ax in axes:
+        ax.set_xlabel("step")
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.suptitle(f"{record['figures']['model']}: the CUDA caching allocator in training ({part} part)")
+    fig.tight_layout()
+    return fig
+
+
+def corpus_rates(figures: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The prepared corpus's tokens-per-second percentiles and histogram, or None when not measured."""
+    corpus = (figures.get("prepare") or {}).get("corpus", {})
+    return corpus if "tokens_per_second_histogram" in corpus else None
+
+
+def tokens_per_second_histogram(record: Mapping[str, Any]):
+    """Utterances per tokens-per-second bin of the study's corpus, p10/p50/p90 marked; None when the
+    record has no histogram."""
+    import matplotlib.pyplot as plt
+
+    from workbench.palette import BOUNDARY_COLOUR, FIT_COLOUR
+
+    corpus = corpus_rates(record["figures"])
+    if corpus is None:
+        return None
+    h, t = corpus["tokens_per_second_histogram"], corpus["tokens_per_second"]
+    edges = h["edges"]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar(edges[:-1], h["utterances"], width=[b - a for a, b in zip(edges, edges[1:])], align="edge",
+           color=FIT_COLOUR)
+    for q, style in (("p10", ":"), ("p50", "--"), ("p90", ":")):
+        ax.axvline(t[q], color=BOUNDARY_COLOUR, linestyle=style, label=f"{q} {t[q]:.1f}")
+    ax.set_xlabel("tokens per second")
+    ax.set_ylabel("utterances")
+    ax.set_title(f"{corpus['kind']}: {corpus['unique_utterances']} utterances")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    return fig
+
+
 def sampler_colour(sampler: str) -> str:
     """The palette's colour of a sampler's method (max_duration, 1D, 2D)."""
     return colour(PALETTE_NAMES[sampler])
 
 
 def setup_line(figures: Mapping[str, Any]) -> str:
-    """What was compared, in one sentence: the model, the corpus and the three samplers' settings."""
+    """What was compared, in one sentence: the model, the corpus and the samplers' settings."""
     prep = figures.get("prepare")
     if not prep:
         return f"{figures.get('model', 'the model')}: the record holds no preparation part."
     c, b = prep["corpus"], prep["baseline"]
-    sizes = {kind: prep["profiles"][kind]["bucket_batch_size"] for kind in ("1d", "2d")}
-    return (f"{figures['model']} on {c['num_cuts']:,} utterances ({c['hours']:.0f} h, {c['duration_s'][0]:.1f}-"
-            f"{c['duration_s'][-1]:.1f} s). lhotse's sampler runs at max_duration {b['max_duration']:.0f} s, the "
-            f"largest that survived a full pass over the corpus; the 1D profile has {len(sizes['1d'])} buckets "
-            f"with batch sizes {min(sizes['1d'])}-{max(sizes['1d'])}, the 2D profile {len(sizes['2d'])} with "
-            f"{min(sizes['2d'])}-{max(sizes['2d'])}.")
+    sizes = {kind: prep["profiles"][kind]["bucket_batch_size"] for kind in PROFILES if kind in prep["profiles"]}
+    profiles = ", ".join(f"the {LABELS[k]} {len(v)} buckets with batch sizes {min(v)}-{max(v)}" for k, v in sizes.items())
+    return (f"{figures['model']} on {c['num_cuts']:,} utterances ({c['kind']}, {c['hours']:.0f} h, "
+            f"{c['duration_s'][0]:.1f}-{c['duration_s'][-1]:.1f} s). lhotse's sampler runs at max_duration "
+            f"{b['max_duration']:.0f} s, the largest that survived a full pass over the corpus; {profiles}.")
+
+
+def corpus_meaning(figures: Mapping[str, Any]) -> str:
+    """The corpus's spread of tokens per second, and what it means for the token sub-buckets."""
+    corpus = corpus_rates(figures)
+    if corpus is None:
+        return f"The record's corpus has no tokens-per-second statistics: {NOT_MEASURED}."
+    t = corpus["tokens_per_second"]
+    spread = (t["p90"] - t["p10"]) / t["p50"]
+    return (f"Tokens per second: p10 {t['p10']:.1f}, p50 {t['p50']:.1f}, p90 {t['p90']:.1f} (max {t['max']:.1f}); "
+            f"the middle 80 % of utterances spans {100 * spread:.0f} % of the median. Within one duration bucket, "
+            "utterances with fewer tokens than the bucket's most fit larger batches: the wider this spread, the "
+            "more the 2D profile's token sub-buckets can gain.")
+
+
+def headline_note() -> str:
+    """Which 2D sampler the headline uses, and why."""
+    return HEADLINE_WHY
 
 
 # The design's targets for the same-wall-time part: 2D over lhotse's max_duration per model, 2D over 1D
@@ -390,39 +580,63 @@ def throughput_meaning(figures: Mapping[str, Any]) -> str:
     if over_1d is not None:
         text += f", and {over_1d:.2f}x the 1D profile's" + _verdict(over_1d, OVER_1D_TARGETS.get(model) if judged
                                                                     else None)
-    return text + "."
+    text += "."
+    equal_base, equal_1d = ratio(figures, part, "2d_equal", "baseline"), ratio(figures, part, "2d_equal", "1d")
+    if equal_base is not None and equal_1d is not None:
+        text += (f" At the 1D profile's number of buckets, the 2D profile trains {equal_base:.2f}x lhotse's audio and "
+                 f"{equal_1d:.2f}x the 1D profile's.")
+    return text
+
+
+def _trained_runs(figures: Mapping[str, Any], part: str) -> dict[str, Mapping[str, Any]]:
+    runs = figures.get(part, {}).get("runs", {})
+    return {s: runs[s] for s in SAMPLERS if trained(runs.get(s))}
 
 
 def batch_size_meaning(figures: Mapping[str, Any], part: str = "steps") -> str:
     """How much larger the profiles' batches are than the fixed budget's, per the record's means."""
-    runs = {s: r for s, r in figures.get(part, {}).get("runs", {}).items() if not r.get("ooms")}
+    runs = _trained_runs(figures, part)
     if "baseline" not in runs:
         return "No baseline run to compare batch sizes with."
     base = runs["baseline"]["mean_batch_size"]
-    larger = [f"the {LABELS[s]}'s is {runs[s]['mean_batch_size'] / base:.1f}x as large" for s in ("1d", "2d")
-              if s in runs]
+    larger = [f"the {LABELS[s]}'s is {runs[s]['mean_batch_size'] / base:.1f}x as large" for s in runs
+              if s != "baseline" and s not in PLAIN_ALLOCATOR]
     return (f"lhotse's max_duration averages {base:.0f} utterances per batch; " + " and ".join(larger) + ". The "
             "profiles fill each bucket to what fits, where one duration budget must leave room for the worst bucket.")
 
 
+def loss_at_audio(curve: Mapping[str, list[float]], audio_s: float, window: float = 0.1) -> float:
+    """Mean loss of a curve's points whose audio seen lies in the last ``window`` share of ``audio_s`` seconds
+    (the point nearest to it when none does): a loss compared at equal audio, less noisy than one step's."""
+    points = [loss for a, loss in zip(curve["audio_s"], curve["loss"]) if (1 - window) * audio_s <= a <= audio_s]
+    if not points:
+        nearest = min(range(len(curve["audio_s"])), key=lambda i: abs(curve["audio_s"][i] - audio_s))
+        points = [curve["loss"][nearest]]
+    return sum(points) / len(points)
+
+
 def loss_meaning(figures: Mapping[str, Any], part: str | None = None) -> str:
-    """The loss each sampler reached at the end of ``part`` (default: the same-wall-time part, else steps)."""
+    """The loss each sampler reached at the end of ``part`` (default: the same-wall-time part, else steps),
+    and at the same audio seen (the least that any run saw)."""
     part = part or ("seconds" if "seconds" in parts(figures) else next(iter(parts(figures)), None))
-    runs = {s: r for s, r in figures.get(part, {}).get("runs", {}).items() if not r.get("ooms") and "loss_curve" in r}
+    runs = {s: r for s, r in _trained_runs(figures, part).items() if "loss_curve" in r}
     if not runs:
         return "No loss curve was recorded."
     ends = ", ".join(f"{LABELS[s]} {r['loss_curve']['loss'][-1]:.2f} after {r['loss_curve']['audio_s'][-1] / 3600:.1f} h"
                      f" of audio" for s, r in runs.items())
+    least = min(r["loss_curve"]["audio_s"][-1] for r in runs.values())
+    equal = ", ".join(f"{LABELS[s]} {loss_at_audio(r['loss_curve'], least):.2f}" for s, r in runs.items())
     most_audio = max(runs, key=lambda s: runs[s]["loss_curve"]["audio_s"][-1])
     lowest = min(runs, key=lambda s: runs[s]["loss_curve"]["loss"][-1])
-    return (f"At the end of the {'same wall time' if part == 'seconds' else 'same steps'}: {ends}. The "
+    return (f"At the end of the {'same wall time' if part == 'seconds' else 'same steps'}: {ends}. At the same "
+            f"audio seen ({least / 3600:.1f} h, the least of any run; mean over its last tenth): {equal}. The "
             f"{LABELS[most_audio]} saw the most audio and the {LABELS[lowest]} reached the lowest loss; the "
             "right-hand plot shows the loss per hour of audio seen.")
 
 
 def step_time_meaning(figures: Mapping[str, Any], part: str = "steps") -> str:
     """Where a step's time goes: the largest data-wait share across samplers."""
-    runs = {s: r for s, r in figures.get(part, {}).get("runs", {}).items() if not r.get("ooms")}
+    runs = _trained_runs(figures, part)
     if not runs:
         return "No run to split."
     worst = max(runs, key=lambda s: runs[s]["data_wait_share"])
@@ -432,11 +646,11 @@ def step_time_meaning(figures: Mapping[str, Any], part: str = "steps") -> str:
 
 def spread_meaning(figures: Mapping[str, Any], part: str = "steps") -> str:
     """Whether the profiles' per-step throughput stands clear of the baseline's spread (p25-p75)."""
-    runs = {s: r for s, r in figures.get(part, {}).get("runs", {}).items() if not r.get("ooms")}
+    runs = _trained_runs(figures, part)
     if "baseline" not in runs or len(runs) < 2:
         return "Fewer than two samplers ran, so there is no spread to compare."
     base = runs["baseline"]["audio_seconds_per_second_per_step"]
-    clear = [LABELS[s] for s in ("1d", "2d") if s in runs
+    clear = [LABELS[s] for s in runs if s != "baseline"
              and runs[s]["audio_seconds_per_second_per_step"]["p25"] > base["p75"]]
     ranges = ", ".join(f"{LABELS[s]} {r['audio_seconds_per_second_per_step']['p25']:.0f}-"
                        f"{r['audio_seconds_per_second_per_step']['p75']:.0f}" for s, r in runs.items())
@@ -444,3 +658,23 @@ def spread_meaning(figures: Mapping[str, Any], part: str = "steps") -> str:
                "beyond step-to-step variation" if clear else "they overlap lhotse's, so the gain is within step-to-step "
                "variation")
     return f"Middle half of the steps (audio s/s): {ranges}; {verdict}."
+
+
+def allocator_meaning(figures: Mapping[str, Any], part: str = "seconds") -> str:
+    """The 2D profile's training with expandable segments against without, from the allocator's counters."""
+    runs = figures.get(part, {}).get("runs", {})
+    on, off = runs.get("2d"), runs.get("2d_plain_allocator")
+    if off is None:
+        return f"The 2D profile without expandable segments: {NOT_MEASURED}."
+    if not trained(off):
+        return f"Without expandable segments the 2D profile's run ended out of memory ({off.get('error', '')})."
+    if not (trained(on) and on.get("allocator") and off.get("allocator")):
+        return "The allocator's counters were not recorded (no CUDA), so the allocator is not compared."
+    a, b = on["allocator"], off["allocator"]
+    return (f"After warm-up, with expandable segments the 2D profile's training called cudaMalloc "
+            f"{a['device_allocs_per_step']:.2f} times per step ({a['steps_with_device_alloc']} of {a['steps']} steps), "
+            f"retried {a['alloc_retries']} allocations and trained {on['ooms']} steps in parts; without them "
+            f"{b['device_allocs_per_step']:.2f} times per step ({b['steps_with_device_alloc']} of {b['steps']}), "
+            f"{b['alloc_retries']} retries and {off['ooms']} steps in parts. The median step took "
+            f"{b['step_s']['median'] / a['step_s']['median']:.2f}x as long without them, and the run trained "
+            f"{off['audio_seconds_per_second'] / on['audio_seconds_per_second']:.2f}x the audio per second.")

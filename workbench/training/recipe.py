@@ -18,7 +18,9 @@ the next batch is fetched while the GPU works: on CUDA the transducer and AED st
 lengths to the host).
 Per step the log records the loss, batch size, audio seconds, padding, the time the device waited for
 data (data_s: on CUDA the GPU's idle gap between the end of one step and the start of the next) and
-the step's own device time (step_s, split into forward_backward_s and optimizer_s). Writes
+the step's own device time (step_s, split into forward_backward_s and optimizer_s); on CUDA also the
+caching allocator's counters so far in this process (num_device_alloc: cudaMalloc calls, num_alloc_retries,
+num_ooms; reserved_bytes now), read, like the peak, once the next step was launched. Writes
 <out>/model.pt (weights and config: load_checkpoint reads it with torch.load(weights_only=True)),
 <out>/train_log.jsonl and <out>/train_summary.json.
 
@@ -122,6 +124,8 @@ class TrainConfig:
 
 
 STATE_FILE = "train_state.pt"
+# torch.cuda.memory_stats() counters each CUDA step record carries (cumulative in the process)
+ALLOCATOR_COUNTERS = ("num_device_alloc", "num_alloc_retries", "num_ooms")
 # The files a run depends on, by TrainConfig field: a resume checks their contents, not only their paths.
 INPUT_FILES = {"cuts": "corpus manifest (--cuts)", "tokenizer": "tokenizer (--tokenizer)",
                "profile": "profile (--profile)"}
@@ -711,6 +715,10 @@ def finish_step(step: LaunchedStep) -> dict:
             record["data_s"] = step.previous_end.elapsed_time(start) / 1e3
         # the run's peak so far: read after the next step was launched, so it covers that step too
         record["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+        stats = torch.cuda.memory_stats()
+        for key in ALLOCATOR_COUNTERS:
+            record[key] = int(stats.get(key, 0))
+        record["reserved_bytes"] = int(stats.get("reserved_bytes.all.current", 0))
     record["loss"] = float(step.loss)
     return record
 
