@@ -102,11 +102,16 @@ def rnnt_loss_reference(logits: torch.Tensor, targets: torch.Tensor, logit_lengt
     logit_lse = logits.to(dtype).logsumexp(dim=-1)  # [B, T, U + 1]
     blank_logp = logits[..., blank].to(dtype) - logit_lse
     label_logp = _gather_labels(logits, targets).to(dtype) - logit_lse[:, :, :-1]
+    return _reduce(-rnnt_log_likelihood(blank_logp, label_logp, logit_lengths, target_lengths), reduction)
+
+
+def rnnt_log_likelihood(blank_logp: torch.Tensor, label_logp: torch.Tensor, logit_lengths: torch.Tensor,
+                        target_lengths: torch.Tensor) -> torch.Tensor:
+    """RNN-T log P [B] from each node's blank log-prob [B, T, U + 1] and next-label log-prob [B, T, U]
+    (all a loss needs of the joint: :mod:`fused_joint_loss` computes them without the logits)."""
     label_weight = F.pad(label_logp, (0, 1), value=LOG_ZERO)  # nothing to emit once u == U
-    log_likelihood = lattice_log_likelihood(blank_logp[None], label_weight[None], blank_durations=[1],
-                                            label_durations=[0], logit_lengths=logit_lengths,
-                                            target_lengths=target_lengths)
-    return _reduce(-log_likelihood, reduction)
+    return lattice_log_likelihood(blank_logp[None], label_weight[None], blank_durations=[1], label_durations=[0],
+                                  logit_lengths=logit_lengths, target_lengths=target_lengths)
 
 
 def tdt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
@@ -144,15 +149,24 @@ def tdt_loss_reference(logits: torch.Tensor, targets: torch.Tensor, logit_length
     duration_logp = logits[..., num_token_classes:].to(dtype).log_softmax(dim=-1)  # [B, T, U + 1, D]
     blank_logp = token_logits[..., blank].to(dtype) - token_lse - sigma
     label_logp = _gather_labels(token_logits, targets).to(dtype) - token_lse[:, :, :-1] - sigma
+    log_likelihood = tdt_log_likelihood(blank_logp, label_logp, duration_logp, durations, logit_lengths,
+                                        target_lengths)
+    return _reduce(-log_likelihood, reduction)
+
+
+def tdt_log_likelihood(blank_logp: torch.Tensor, label_logp: torch.Tensor, duration_logp: torch.Tensor,
+                       durations: Sequence[int], logit_lengths: torch.Tensor,
+                       target_lengths: torch.Tensor) -> torch.Tensor:
+    """TDT log P [B] from each node's blank token log-prob [B, T, U + 1], next-label token log-prob
+    [B, T, U] (sigma already taken off both) and duration log-probs [B, T, U + 1, len(durations)]."""
     blank_durations = [d for d in durations if d > 0]
     blank_weight = torch.stack([blank_logp + duration_logp[..., i]
                                 for i, d in enumerate(durations) if d > 0])
     label_weight = torch.stack([F.pad(label_logp + duration_logp[:, :, :-1, i], (0, 1), value=LOG_ZERO)
                                 for i in range(len(durations))])
-    log_likelihood = lattice_log_likelihood(blank_weight, label_weight, blank_durations=blank_durations,
-                                            label_durations=durations, logit_lengths=logit_lengths,
-                                            target_lengths=target_lengths)
-    return _reduce(-log_likelihood, reduction)
+    return lattice_log_likelihood(blank_weight, label_weight, blank_durations=blank_durations,
+                                  label_durations=durations, logit_lengths=logit_lengths,
+                                  target_lengths=target_lengths)
 
 
 def lattice_log_likelihood(blank_weight: torch.Tensor, label_weight: torch.Tensor, *,
