@@ -139,3 +139,42 @@ def test_no_tensor_the_size_of_the_logits(durations):
 
 def padded(width: int) -> int:
     return -(-width // 8) * 8
+
+
+def _model_loss_and_grads(model, batch, joint_loss, dtype=torch.float32):
+    model.config.joint_loss = joint_loss
+    model.zero_grad(set_to_none=True)
+    loss = model.training_step(batch, dtype=dtype)
+    return loss, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("head", ["rnnt", "tdt"])
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_a_training_step_with_the_fused_loss_equals_the_default_one(head, dtype, tolerance):
+    from workbench.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model(f"tiny-{head}", vocab_size=12, joint_loss="fused")
+    batch = model.make_batch(4, 1.0, 6, "cpu", seed=1)
+    batch["audio_lens"] = torch.tensor([16000, 12000, 9000, 7000])
+    batch["token_lens"] = torch.tensor([6, 3, 0, 2])
+    want_loss, want = _model_loss_and_grads(model, batch, "materialized", dtype)
+    got_loss, got = _model_loss_and_grads(model, batch, "fused", dtype)
+    torch.testing.assert_close(got_loss, want_loss, rtol=tolerance, atol=tolerance)
+    assert set(got) == set(want) and any(name.startswith("joint.out") for name in got)
+    for name in want:  # encoder, predictor and joint all get the same gradient
+        scale = max(1.0, want[name].abs().max().item())
+        torch.testing.assert_close(got[name], want[name], rtol=tolerance * 10, atol=tolerance * scale, msg=name)
+
+
+def test_the_fused_loss_is_a_transducer_option():
+    from workbench.models import build_model
+    from workbench.models.config import check_joint_loss
+
+    with pytest.raises(ValueError, match="joint_loss"):
+        build_model("tiny-rnnt", joint_loss="tiled")
+    with pytest.raises(ValueError, match="joint_chunk_size"):
+        build_model("tiny-rnnt", joint_loss="fused", joint_chunk_size=2)
+    with pytest.raises(ValueError, match="--loss fused: applies to the reference transducers"):
+        check_joint_loss("fused", "ctc", "tiny-ctc")
+    check_joint_loss("materialized", "ctc", "tiny-ctc")
