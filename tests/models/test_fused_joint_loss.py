@@ -1,6 +1,8 @@
 """The fused joint + loss equals the materialized one (the joint's logits, then rnnt_loss / tdt_loss) in value
 and in every gradient, and never holds a tensor the size of the logits."""
 
+from triton_interpreter import triton  # noqa: I001 - sets TRITON_INTERPRET before the kernels load
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -178,3 +180,71 @@ def test_the_fused_loss_is_a_transducer_option():
     with pytest.raises(ValueError, match="--loss fused: applies to the reference transducers"):
         check_joint_loss("fused", "ctc", "tiny-ctc")
     check_joint_loss("materialized", "ctc", "tiny-ctc")
+
+
+def _cuda_inputs(batch, frames, labels, hidden, num_outputs, dtype, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    enc = torch.randn(batch, frames, hidden, device="cuda", generator=gen).to(dtype)
+    pred = torch.randn(batch, labels + 1, hidden, device="cuda", generator=gen).to(dtype)
+    weight = (torch.randn(num_outputs, hidden, device="cuda", generator=gen) / hidden ** 0.5).to(dtype)
+    bias = torch.randn(num_outputs, device="cuda", generator=gen).to(dtype)
+    targets = torch.randint(0, num_outputs - 1, (batch, labels), device="cuda", generator=gen)
+    logit_lengths = torch.randint(frames // 2, frames + 1, (batch,), device="cuda", generator=gen)
+    target_lengths = torch.randint(labels // 2, labels + 1, (batch,), device="cuda", generator=gen)
+    logit_lengths[0], target_lengths[0] = frames, labels
+    return [x.requires_grad_() for x in (enc, pred, weight, bias)], (targets, logit_lengths, target_lengths)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("durations", [None, [0, 1, 2, 3, 4]])
+def test_cuda_equals_the_materialized_triton_loss(dtype, tolerance, durations):
+    vocab = 1024
+    params, lengths = _cuda_inputs(6, 40, 20, 64, vocab + 1 + len(durations or []), dtype)
+    kwargs = dict(blank=vocab, reduction="none") | ({} if durations is None else dict(durations=durations))
+    want, want_grads = _value_and_grads(_materialized, params, lengths, kwargs)
+    got, got_grads = _value_and_grads(
+        lambda *a, **k: fused_projected_joint_loss(*a, max_tile_elements=1 << 20, **k), params, lengths, kwargs)
+    torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance * 10)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g.float(), w.float(), rtol=tolerance * 5,
+                                   atol=tolerance * max(1.0, w.abs().max().item()))
+
+
+@pytest.mark.gpu
+def test_cuda_past_two_to_the_31_logit_elements():
+    """bf16, 2.5e9 logit elements that only the fused path holds: each utterance's loss and its
+    projections' gradients equal the materialized loss of that utterance alone."""
+    batch, frames, labels, hidden, vocab = 16, 500, 300, 64, 1024
+    assert batch * frames * (labels + 1) * (vocab + 1) > 2**31
+    params, (targets, logit_lengths, target_lengths) = _cuda_inputs(batch, frames, labels, hidden, vocab + 1,
+                                                                   torch.bfloat16)
+    got = fused_projected_joint_loss(*params, targets, logit_lengths, target_lengths, blank=vocab, reduction="none")
+    grads = torch.autograd.grad(got.sum(), params[:2])
+    for b in (0, batch - 1):
+        alone = [p[b:b + 1].detach().requires_grad_() for p in params[:2]] + params[2:]
+        want = _materialized(*alone, targets[b:b + 1], logit_lengths[b:b + 1], target_lengths[b:b + 1],
+                             blank=vocab, reduction="none")
+        want_grads = torch.autograd.grad(want.sum(), alone[:2])
+        torch.testing.assert_close(got[b:b + 1], want, rtol=1e-3, atol=1e-2)
+        for g, w in zip(grads, want_grads):
+            torch.testing.assert_close(g[b:b + 1].float(), w.float(), rtol=5e-2,
+                                       atol=2e-2 * max(1.0, w.abs().max().item()))
+
+
+@pytest.mark.parametrize("durations", [None, [0, 1, 2, 3], [2, 0, 1]])
+def test_the_lattice_kernel_on_node_log_probs_equals_the_diagonal_loop(monkeypatch, durations):
+    """On CUDA the fused loss's lattice runs as the Triton lattice kernel (here under Triton's interpreter)."""
+    if triton is None:
+        pytest.skip("triton is not installed")
+    from workbench.models import losses
+
+    vocab = 5
+    params, lengths = _inputs(4, 6, 4, 7, vocab + 1 + len(durations or []), vocab, dtype=torch.float32, seed=3)
+    kwargs = dict(blank=vocab, reduction="none") | ({} if durations is None else dict(durations=durations))
+    want, want_grads = _value_and_grads(fused_projected_joint_loss, params, lengths, kwargs)
+    monkeypatch.setattr(losses, "_lattice_kernel_runs", lambda weights: weights.dtype == torch.float32)
+    got, got_grads = _value_and_grads(fused_projected_joint_loss, params, lengths, kwargs)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)

@@ -185,8 +185,9 @@ def lattice_log_likelihood(blank_weight: torch.Tensor, label_weight: torch.Tenso
     LOG_ZERO and a zero gradient.
     """
     dtype = _compute_dtype(blank_weight)
-    log_likelihood, _ = _LatticeLogLikelihood.apply(blank_weight.to(dtype), label_weight.to(dtype), tuple(blank_durations),
-                                                    tuple(label_durations), logit_lengths, target_lengths)
+    log_likelihood, *_ = _LatticeLogLikelihood.apply(blank_weight.to(dtype), label_weight.to(dtype),
+                                                     tuple(blank_durations), tuple(label_durations), logit_lengths,
+                                                     target_lengths)
     return log_likelihood
 
 
@@ -198,26 +199,32 @@ class _LatticeLogLikelihood(torch.autograd.Function):
     def forward(blank_weight, label_weight, blank_durations, label_durations, logit_lengths, target_lengths):
         lattice = _Lattice(blank_weight, label_weight, blank_durations, label_durations, logit_lengths,
                            target_lengths)
+        if _lattice_kernel_runs(blank_weight):  # beta now too, by the same launch, when backward will run
+            want_beta = blank_weight.requires_grad or label_weight.requires_grad
+            log_likelihood, alpha, beta = lattice.kernel(want_beta)
+            return log_likelihood, alpha, beta if want_beta else alpha[:0]
         alpha = lattice.alphas()
-        return lattice.finals(alpha), alpha
+        return lattice.finals(alpha), alpha, alpha[:0]
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         blank_weight, label_weight, blank_durations, label_durations, logit_lengths, target_lengths = inputs
-        log_likelihood, alpha = output
+        log_likelihood, alpha, beta = output
         ctx.durations = (blank_durations, label_durations)
-        ctx.mark_non_differentiable(alpha)
-        ctx.save_for_backward(blank_weight, label_weight, logit_lengths, target_lengths, alpha, log_likelihood)
+        ctx.mark_non_differentiable(alpha, beta)
+        ctx.save_for_backward(blank_weight, label_weight, logit_lengths, target_lengths, alpha, beta, log_likelihood)
 
     @staticmethod
-    def backward(ctx, grad_output, _grad_alpha):
+    def backward(ctx, grad_output, _grad_alpha, _grad_beta):
         if torch.is_grad_enabled():  # create_graph=True: a Hessian would silently miss the lattice's own term
             raise RuntimeError("transducer losses: second derivatives are not supported (the gradient is computed "
                                "analytically); use create_graph=False")
-        blank_weight, label_weight, logit_lengths, target_lengths, alpha, log_likelihood = ctx.saved_tensors
+        blank_weight, label_weight, logit_lengths, target_lengths, alpha, beta, log_likelihood = ctx.saved_tensors
         lattice = _Lattice(blank_weight, label_weight, *ctx.durations, logit_lengths, target_lengths)
         final_masks = lattice.final_masks()
-        grad_blank, grad_label = lattice.gradients(alpha, lattice.betas(final_masks), log_likelihood, final_masks)
+        if not beta.numel():
+            beta = lattice.betas(final_masks)
+        grad_blank, grad_label = lattice.gradients(alpha, beta, log_likelihood, final_masks)
         scale = grad_output[None, :, None, None]
         return grad_blank * scale, grad_label * scale, None, None, None, None
 
@@ -233,6 +240,20 @@ class _Lattice:
         self.blank_durations, self.label_durations = blank_durations, label_durations
         self.num_diagonals = self.num_frames + self.num_cols - 1
         self.u_end, self.t_end = target_lengths.long().to(self.device), logit_lengths.long().to(self.device)
+
+    def kernel(self, want_beta: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(log P, alpha, beta or None) by the Triton lattice kernel (fp32 weights on CUDA): one slot per
+        label duration, the blanks' in the first slots (duration 0: no blank edge)."""
+        from workbench.models.losses_triton import lattice_kernel
+
+        num_slots = max(len(self.blank_durations), len(self.label_durations))
+        weights = torch.full((self.batch, 2, num_slots, self.num_diagonals, self.num_cols), LOG_ZERO,
+                             device=self.device)
+        weights[:, 0, :len(self.blank_durations)] = self.blank_skewed.transpose(0, 1)
+        weights[:, 1, :len(self.label_durations)] = self.label_skewed.transpose(0, 1)
+        pad = [0] * (num_slots - len(self.blank_durations))
+        return lattice_kernel(weights, list(self.blank_durations) + pad, list(self.label_durations) + [0] * (
+            num_slots - len(self.label_durations)), self.t_end, self.u_end, want_beta)
 
     def alphas(self) -> torch.Tensor:
         """alpha [B, diagonals, U + 1]: log-sum over partial alignments reaching each node."""
@@ -321,6 +342,20 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *,
     target_log_prob = log_probs.gather(-1, targets.masked_fill(~counted, 0)[..., None])[..., 0]
     per_token = -(1.0 - smoothing) * target_log_prob - smoothing * log_probs.mean(-1)
     return torch.where(counted, per_token, 0.0).sum() / counted.sum()
+
+
+def _lattice_kernel_runs(weights: torch.Tensor) -> bool:
+    """Whether the lattice of these fp32 edge weights runs as the Triton lattice kernel (real CUDA tensors and
+    triton importable), else as the diagonal loop here."""
+    if weights.device.type != "cuda" or weights.dtype != torch.float32 or _is_fake(weights):
+        return False
+    return triton_unavailable_reason(weights.device, kernels_module="workbench.models.losses_triton") is None
+
+
+def _is_fake(x: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(x)
 
 
 def _skew(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
