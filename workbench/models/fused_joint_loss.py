@@ -79,10 +79,10 @@ def fused_projected_joint_loss(enc_proj: torch.Tensor, pred_proj: torch.Tensor, 
     blank_logp = blank_logit - lse - sigma
     label_logp = label_logit - lse[:, :, :-1] - sigma
     if durations is None:
-        log_likelihood = rnnt_log_likelihood(blank_logp, label_logp, logit_lengths, target_lengths)
+        log_likelihood = rnnt_log_likelihood(blank_logp, label_logp, logit_lengths, target_lengths, kernel=True)
     else:
         log_likelihood = tdt_log_likelihood(blank_logp, label_logp, duration_logits.log_softmax(-1), durations,
-                                            logit_lengths, target_lengths)
+                                            logit_lengths, target_lengths, kernel=True)
     return reduce_losses(-log_likelihood, reduction)
 
 

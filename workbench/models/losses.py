@@ -106,12 +106,13 @@ def rnnt_loss_reference(logits: torch.Tensor, targets: torch.Tensor, logit_lengt
 
 
 def rnnt_log_likelihood(blank_logp: torch.Tensor, label_logp: torch.Tensor, logit_lengths: torch.Tensor,
-                        target_lengths: torch.Tensor) -> torch.Tensor:
+                        target_lengths: torch.Tensor, *, kernel: bool = False) -> torch.Tensor:
     """RNN-T log P [B] from each node's blank log-prob [B, T, U + 1] and next-label log-prob [B, T, U]
-    (all a loss needs of the joint: :mod:`fused_joint_loss` computes them without the logits)."""
+    (all a loss needs of the joint: :mod:`fused_joint_loss` computes them without the logits); ``kernel``: as
+    in :func:`lattice_log_likelihood`."""
     label_weight = F.pad(label_logp, (0, 1), value=LOG_ZERO)  # nothing to emit once u == U
     return lattice_log_likelihood(blank_logp[None], label_weight[None], blank_durations=[1], label_durations=[0],
-                                  logit_lengths=logit_lengths, target_lengths=target_lengths)
+                                  logit_lengths=logit_lengths, target_lengths=target_lengths, kernel=kernel)
 
 
 def tdt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
@@ -156,9 +157,10 @@ def tdt_loss_reference(logits: torch.Tensor, targets: torch.Tensor, logit_length
 
 def tdt_log_likelihood(blank_logp: torch.Tensor, label_logp: torch.Tensor, duration_logp: torch.Tensor,
                        durations: Sequence[int], logit_lengths: torch.Tensor,
-                       target_lengths: torch.Tensor) -> torch.Tensor:
+                       target_lengths: torch.Tensor, *, kernel: bool = False) -> torch.Tensor:
     """TDT log P [B] from each node's blank token log-prob [B, T, U + 1], next-label token log-prob
-    [B, T, U] (sigma already taken off both) and duration log-probs [B, T, U + 1, len(durations)]."""
+    [B, T, U] (sigma already taken off both) and duration log-probs [B, T, U + 1, len(durations)]; ``kernel``:
+    as in :func:`lattice_log_likelihood`."""
     blank_durations = [d for d in durations if d > 0]
     blank_weight = torch.stack([blank_logp + duration_logp[..., i]
                                 for i, d in enumerate(durations) if d > 0])
@@ -166,12 +168,13 @@ def tdt_log_likelihood(blank_logp: torch.Tensor, label_logp: torch.Tensor, durat
                                 for i in range(len(durations))])
     return lattice_log_likelihood(blank_weight, label_weight, blank_durations=blank_durations,
                                   label_durations=durations, logit_lengths=logit_lengths,
-                                  target_lengths=target_lengths)
+                                  target_lengths=target_lengths, kernel=kernel)
 
 
 def lattice_log_likelihood(blank_weight: torch.Tensor, label_weight: torch.Tensor, *,
                            blank_durations: Sequence[int], label_durations: Sequence[int],
-                           logit_lengths: torch.Tensor, target_lengths: torch.Tensor) -> torch.Tensor:
+                           logit_lengths: torch.Tensor, target_lengths: torch.Tensor,
+                           kernel: bool = False) -> torch.Tensor:
     """log P(targets | audio) [B] summed over every alignment of a transducer lattice.
 
     blank_weight [len(blank_durations), B, T, U + 1]: log-weight of a blank with that duration at
@@ -182,12 +185,13 @@ def lattice_log_likelihood(blank_weight: torch.Tensor, label_weight: torch.Tenso
     derivatives only (``create_graph=True`` and ``torch.func`` transforms raise). Its absolute fp32 error
     grows in proportion to |log P| (alpha + beta - log P cancels large terms). An utterance with no
     alignment (e.g. TDT durations that cannot sum to its length) gets log P near
-    LOG_ZERO and a zero gradient.
+    LOG_ZERO and a zero gradient. ``kernel``: fp32 weights on CUDA run as the Triton lattice kernel (alpha, beta
+    and log P in one launch) where triton imports; else (and by default) the diagonal loop here.
     """
     dtype = _compute_dtype(blank_weight)
     log_likelihood, *_ = _LatticeLogLikelihood.apply(blank_weight.to(dtype), label_weight.to(dtype),
                                                      tuple(blank_durations), tuple(label_durations), logit_lengths,
-                                                     target_lengths)
+                                                     target_lengths, kernel)
     return log_likelihood
 
 
@@ -196,10 +200,10 @@ class _LatticeLogLikelihood(torch.autograd.Function):
     (t, u), its posterior exp(alpha(t, u) + w + beta(destination) - log P). First derivatives only."""
 
     @staticmethod
-    def forward(blank_weight, label_weight, blank_durations, label_durations, logit_lengths, target_lengths):
+    def forward(blank_weight, label_weight, blank_durations, label_durations, logit_lengths, target_lengths, kernel):
         lattice = _Lattice(blank_weight, label_weight, blank_durations, label_durations, logit_lengths,
                            target_lengths)
-        if _lattice_kernel_runs(blank_weight):  # beta now too, by the same launch, when backward will run
+        if kernel and _lattice_kernel_runs(blank_weight):  # beta now too, by the same launch, when backward will run
             want_beta = blank_weight.requires_grad or label_weight.requires_grad
             log_likelihood, alpha, beta = lattice.kernel(want_beta)
             return log_likelihood, alpha, beta if want_beta else alpha[:0]
@@ -208,7 +212,7 @@ class _LatticeLogLikelihood(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        blank_weight, label_weight, blank_durations, label_durations, logit_lengths, target_lengths = inputs
+        blank_weight, label_weight, blank_durations, label_durations, logit_lengths, target_lengths, _ = inputs
         log_likelihood, alpha, beta = output
         ctx.durations = (blank_durations, label_durations)
         ctx.mark_non_differentiable(alpha, beta)
@@ -226,7 +230,7 @@ class _LatticeLogLikelihood(torch.autograd.Function):
             beta = lattice.betas(final_masks)
         grad_blank, grad_label = lattice.gradients(alpha, beta, log_likelihood, final_masks)
         scale = grad_output[None, :, None, None]
-        return grad_blank * scale, grad_label * scale, None, None, None, None
+        return grad_blank * scale, grad_label * scale, None, None, None, None, None
 
 
 class _Lattice:
