@@ -430,6 +430,14 @@ def test_oomptimize_refuses_a_joint_chunk_size_for_models_without_a_joint(tmp_pa
     assert bins.read_text() == before
 
 
+def test_oomptimize_refuses_the_fused_loss_for_models_without_a_joint_or_beside_chunks(tmp_path, capsys):
+    bins = save_profile(tmp_path / "bins.yaml", BucketProfile([2.0, 4.0]))
+    _one_line_error(capsys, main(["oomptimize", "--model", "tiny-ctc", "--bins", str(bins), "--loss", "fused"]),
+                    "--loss fused: applies to the reference transducers (rnnt, tdt) only, not to --model tiny-ctc")
+    _one_line_error(capsys, main(["oomptimize", "--model", "tiny-rnnt", "--bins", str(bins), "--loss", "fused",
+                                  "--joint-chunk-size", "2"]), "--loss fused: never builds the joint's logits")
+
+
 @pytest.mark.parametrize("option,value,needle", [
     ("--rel-gap", "0", "--rel-gap: must be in (0, 1), got 0.0"),
     ("--start-batch-size", "0", "--start-batch-size: must be >= 1, got 0"),

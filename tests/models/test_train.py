@@ -218,6 +218,8 @@ def test_train_refuses_options_that_cannot_apply_and_folders_as_files(corpus, tm
     assert "--strict: applies with --profile only" in _train_error(capsys, *_train_args(corpus, out, "--strict"))
     assert "--joint-chunk-size: applies to transducers (rnnt, tdt) only, not to --model tiny-ctc" in _train_error(
         capsys, *_train_args(corpus, out, "--joint-chunk-size", "2"))
+    assert "--loss fused: applies to the reference transducers (rnnt, tdt) only, not to --model tiny-ctc" in \
+        _train_error(capsys, *_train_args(corpus, out, "--loss", "fused"))
     args = _train_args(corpus, out)
     args[args.index("--cuts") + 1] = str(tmp_path)
     assert f"--cuts {tmp_path}: is a folder" in _train_error(capsys, *args)
@@ -384,3 +386,11 @@ def test_the_sampler_is_closed_however_training_stops(corpus, tmp_path, monkeypa
                                         model="tiny-ctc", max_duration=2.0, num_buckets=2, dtype="fp32",
                                         device="cpu", warmup_steps=2, steps=6, num_workers=0))
     assert len(closed) == 1
+
+
+def test_train_a_transducer_with_the_fused_loss(corpus, tmp_path):
+    out = tmp_path / "fused"
+    assert main(_train_args(corpus, out, "--model", "tiny-rnnt", "--loss", "fused", "--steps", "2",
+                            "--log-every", "1")) == 0
+    assert load_checkpoint(out / "model.pt").config.joint_loss == "fused"
+    assert all(np.isfinite(record["loss"]) for record in _log(out))

@@ -29,7 +29,7 @@ def ids_by_audio(cuts_path, tokenizer_path) -> dict[str, str]:
 
 
 class LimitedMemory:
-    """Builds models (``build(name, vocab_size=..., joint_chunk_size=...)``, as ``build_model``) whose forward
+    """Builds models (``build(name, vocab_size=..., joint_chunk_size=..., joint_loss=...)``, as ``build_model``) whose forward
     pass raises torch.OutOfMemoryError on a batch of more than ``max_utterances`` utterances or holding one of
     ``never_fits`` (cut ids), and records the cut ids that each optimizer step trained in ``steps``.
 
@@ -58,8 +58,8 @@ class LimitedMemory:
     def trained(self) -> list[str]:
         return [cut for step in self.steps for cut in step]
 
-    def build(self, name: str, *, vocab_size: int, joint_chunk_size: int = 0):
-        model = build_model(name, vocab_size=vocab_size, joint_chunk_size=joint_chunk_size)
+    def build(self, name: str, *, vocab_size: int, joint_chunk_size: int = 0, joint_loss: str = "materialized"):
+        model = build_model(name, vocab_size=vocab_size, joint_chunk_size=joint_chunk_size, joint_loss=joint_loss)
         if not self.batch_norm:
             for module in list(model.modules()):
                 for child_name, child in list(module.named_children()):

@@ -7,6 +7,7 @@ import importlib
 _EXPORTS = {
     "ModelConfig": "config", "config_from_name": "config", "large_config": "config", "tiny_config": "config",
     "xl_config": "config",
+    "fused_joint_loss": "fused_joint_loss",
     "label_smoothed_cross_entropy": "losses", "lattice_log_likelihood": "losses", "rnnt_loss": "losses",
     "tdt_loss": "losses", "loss_backend": "losses",
     "ASRModel": "model", "build_model": "model", "compile_encoder_layers": "model", "count_parameters": "model",

@@ -13,6 +13,8 @@ DEPTHWISE = ("auto", "torch", "triton")  # what runs a depthwise convolution (au
 DEFAULT_DEPTHWISE = "auto"        # the subsampling's depthwise 3x3 stride-2 convolutions
 DEFAULT_TIME_DEPTHWISE = "auto"   # the conformer convolution modules' depthwise convolutions over time
 SIZES = ("tiny", "large", "xl")
+JOINT_LOSSES = ("materialized", "fused")  # transducers: the joint's logits, then the loss; or both in tiles
+DEFAULT_JOINT_LOSS = "materialized"
 
 
 @dataclass
@@ -42,6 +44,7 @@ class ModelConfig:
     joint_hidden: int = 640          # joint network width
     durations: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])  # TDT durations in encoder frames
     joint_chunk_size: int = 0        # utterances per joint + loss chunk (0: the whole batch's joint at once)
+    joint_loss: str = DEFAULT_JOINT_LOSS  # materialized (the [B, T, U + 1, outputs] logits) | fused (never built)
     # attention encoder-decoder head (aed)
     dec_layers: int = 6              # transformer decoder layers
     dec_heads: int = 8               # decoder attention heads
@@ -58,6 +61,11 @@ class ModelConfig:
                 raise ValueError(f"{option}: expected one of {DEPTHWISE}, got {getattr(self, option)!r}")
         if self.joint_chunk_size < 0:
             raise ValueError(f"joint_chunk_size: need >= 0 utterances (0: no chunks), got {self.joint_chunk_size}")
+        if self.joint_loss not in JOINT_LOSSES:
+            raise ValueError(f"joint_loss: expected one of {JOINT_LOSSES}, got {self.joint_loss!r}")
+        if self.joint_loss == "fused" and self.joint_chunk_size:
+            raise ValueError("joint_loss 'fused' never builds the joint's logits: joint_chunk_size does not apply "
+                             f"(got {self.joint_chunk_size}; use 0)")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -91,20 +99,33 @@ def xl_config(head: str, vocab_size: int = 1024) -> ModelConfig:
                        conv_kernel=9, dropout=0.1, pred_hidden=640, pred_layers=2, joint_hidden=640)
 
 
+def check_joint_loss(joint_loss: str, head: str | None, model: str, joint_chunk_size: int = 0) -> None:
+    """One-line ValueError naming ``--loss`` when ``joint_loss`` is unknown, is "fused" for a model that is not a
+    transducer (head None: a model we did not write), or is "fused" beside ``--joint-chunk-size``."""
+    if joint_loss not in JOINT_LOSSES:
+        raise ValueError(f"--loss: expected one of {', '.join(JOINT_LOSSES)}, got {joint_loss!r}")
+    if joint_loss == "fused" and head not in ("rnnt", "tdt"):
+        raise ValueError(f"--loss fused: applies to the reference transducers (rnnt, tdt) only, not to --model {model}")
+    if joint_loss == "fused" and joint_chunk_size:
+        raise ValueError("--loss fused: never builds the joint's logits, so --joint-chunk-size does not apply; "
+                         "choose one")
+
+
 BUILDERS = {"tiny": tiny_config, "large": large_config, "xl": xl_config}
 
 
 def config_from_name(name: str, *, vocab_size: int | None = None, joint_chunk_size: int = 0,
-                     depthwise: str = DEFAULT_DEPTHWISE,
-                     time_depthwise: str = DEFAULT_TIME_DEPTHWISE) -> ModelConfig:
+                     depthwise: str = DEFAULT_DEPTHWISE, time_depthwise: str = DEFAULT_TIME_DEPTHWISE,
+                     joint_loss: str = DEFAULT_JOINT_LOSS) -> ModelConfig:
     """ModelConfig for "{tiny,large,xl}-{rnnt,tdt,ctc,aed}"; vocab_size overrides the builder's;
     joint_chunk_size (transducers) computes the joint and loss over chunks of that many utterances;
     depthwise, time_depthwise: what runs the subsampling's and the convolution modules' depthwise
-    convolutions (see :func:`workbench.models.encoder.depthwise_backend`)."""
+    convolutions (see :func:`workbench.models.encoder.depthwise_backend`); joint_loss (transducers):
+    "materialized" or "fused" (:mod:`workbench.models.fused_joint_loss`)."""
     size, _, head = name.partition("-")
     if size not in BUILDERS or head not in HEADS:
         raise ValueError(f"model name: expected '{{{','.join(SIZES)}}}-{{{','.join(HEADS)}}}', got {name!r}")
     builder = BUILDERS[size]
     config = builder(head) if vocab_size is None else builder(head, vocab_size=vocab_size)
     return dataclasses.replace(config, joint_chunk_size=joint_chunk_size, depthwise=depthwise,
-                               time_depthwise=time_depthwise)
+                               time_depthwise=time_depthwise, joint_loss=joint_loss)

@@ -102,11 +102,17 @@ def rnnt_loss_reference(logits: torch.Tensor, targets: torch.Tensor, logit_lengt
     logit_lse = logits.to(dtype).logsumexp(dim=-1)  # [B, T, U + 1]
     blank_logp = logits[..., blank].to(dtype) - logit_lse
     label_logp = _gather_labels(logits, targets).to(dtype) - logit_lse[:, :, :-1]
+    return _reduce(-rnnt_log_likelihood(blank_logp, label_logp, logit_lengths, target_lengths), reduction)
+
+
+def rnnt_log_likelihood(blank_logp: torch.Tensor, label_logp: torch.Tensor, logit_lengths: torch.Tensor,
+                        target_lengths: torch.Tensor, *, kernel: bool = False) -> torch.Tensor:
+    """RNN-T log P [B] from each node's blank log-prob [B, T, U + 1] and next-label log-prob [B, T, U]
+    (all a loss needs of the joint: :mod:`fused_joint_loss` computes them without the logits); ``kernel``: as
+    in :func:`lattice_log_likelihood`."""
     label_weight = F.pad(label_logp, (0, 1), value=LOG_ZERO)  # nothing to emit once u == U
-    log_likelihood = lattice_log_likelihood(blank_logp[None], label_weight[None], blank_durations=[1],
-                                            label_durations=[0], logit_lengths=logit_lengths,
-                                            target_lengths=target_lengths)
-    return _reduce(-log_likelihood, reduction)
+    return lattice_log_likelihood(blank_logp[None], label_weight[None], blank_durations=[1], label_durations=[0],
+                                  logit_lengths=logit_lengths, target_lengths=target_lengths, kernel=kernel)
 
 
 def tdt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
@@ -144,20 +150,31 @@ def tdt_loss_reference(logits: torch.Tensor, targets: torch.Tensor, logit_length
     duration_logp = logits[..., num_token_classes:].to(dtype).log_softmax(dim=-1)  # [B, T, U + 1, D]
     blank_logp = token_logits[..., blank].to(dtype) - token_lse - sigma
     label_logp = _gather_labels(token_logits, targets).to(dtype) - token_lse[:, :, :-1] - sigma
+    log_likelihood = tdt_log_likelihood(blank_logp, label_logp, duration_logp, durations, logit_lengths,
+                                        target_lengths)
+    return _reduce(-log_likelihood, reduction)
+
+
+def tdt_log_likelihood(blank_logp: torch.Tensor, label_logp: torch.Tensor, duration_logp: torch.Tensor,
+                       durations: Sequence[int], logit_lengths: torch.Tensor,
+                       target_lengths: torch.Tensor, *, kernel: bool = False) -> torch.Tensor:
+    """TDT log P [B] from each node's blank token log-prob [B, T, U + 1], next-label token log-prob
+    [B, T, U] (sigma already taken off both) and duration log-probs [B, T, U + 1, len(durations)]; ``kernel``:
+    as in :func:`lattice_log_likelihood`."""
     blank_durations = [d for d in durations if d > 0]
     blank_weight = torch.stack([blank_logp + duration_logp[..., i]
                                 for i, d in enumerate(durations) if d > 0])
     label_weight = torch.stack([F.pad(label_logp + duration_logp[:, :, :-1, i], (0, 1), value=LOG_ZERO)
                                 for i in range(len(durations))])
-    log_likelihood = lattice_log_likelihood(blank_weight, label_weight, blank_durations=blank_durations,
-                                            label_durations=durations, logit_lengths=logit_lengths,
-                                            target_lengths=target_lengths)
-    return _reduce(-log_likelihood, reduction)
+    return lattice_log_likelihood(blank_weight, label_weight, blank_durations=blank_durations,
+                                  label_durations=durations, logit_lengths=logit_lengths,
+                                  target_lengths=target_lengths, kernel=kernel)
 
 
 def lattice_log_likelihood(blank_weight: torch.Tensor, label_weight: torch.Tensor, *,
                            blank_durations: Sequence[int], label_durations: Sequence[int],
-                           logit_lengths: torch.Tensor, target_lengths: torch.Tensor) -> torch.Tensor:
+                           logit_lengths: torch.Tensor, target_lengths: torch.Tensor,
+                           kernel: bool = False) -> torch.Tensor:
     """log P(targets | audio) [B] summed over every alignment of a transducer lattice.
 
     blank_weight [len(blank_durations), B, T, U + 1]: log-weight of a blank with that duration at
@@ -168,11 +185,13 @@ def lattice_log_likelihood(blank_weight: torch.Tensor, label_weight: torch.Tenso
     derivatives only (``create_graph=True`` and ``torch.func`` transforms raise). Its absolute fp32 error
     grows in proportion to |log P| (alpha + beta - log P cancels large terms). An utterance with no
     alignment (e.g. TDT durations that cannot sum to its length) gets log P near
-    LOG_ZERO and a zero gradient.
+    LOG_ZERO and a zero gradient. ``kernel``: fp32 weights on CUDA run as the Triton lattice kernel (alpha, beta
+    and log P in one launch) where triton imports; else (and by default) the diagonal loop here.
     """
     dtype = _compute_dtype(blank_weight)
-    log_likelihood, _ = _LatticeLogLikelihood.apply(blank_weight.to(dtype), label_weight.to(dtype), tuple(blank_durations),
-                                                    tuple(label_durations), logit_lengths, target_lengths)
+    log_likelihood, *_ = _LatticeLogLikelihood.apply(blank_weight.to(dtype), label_weight.to(dtype),
+                                                     tuple(blank_durations), tuple(label_durations), logit_lengths,
+                                                     target_lengths, kernel)
     return log_likelihood
 
 
@@ -181,31 +200,37 @@ class _LatticeLogLikelihood(torch.autograd.Function):
     (t, u), its posterior exp(alpha(t, u) + w + beta(destination) - log P). First derivatives only."""
 
     @staticmethod
-    def forward(blank_weight, label_weight, blank_durations, label_durations, logit_lengths, target_lengths):
+    def forward(blank_weight, label_weight, blank_durations, label_durations, logit_lengths, target_lengths, kernel):
         lattice = _Lattice(blank_weight, label_weight, blank_durations, label_durations, logit_lengths,
                            target_lengths)
+        if kernel and _lattice_kernel_runs(blank_weight):  # beta now too, by the same launch, when backward will run
+            want_beta = blank_weight.requires_grad or label_weight.requires_grad
+            log_likelihood, alpha, beta = lattice.kernel(want_beta)
+            return log_likelihood, alpha, beta if want_beta else alpha[:0]
         alpha = lattice.alphas()
-        return lattice.finals(alpha), alpha
+        return lattice.finals(alpha), alpha, alpha[:0]
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        blank_weight, label_weight, blank_durations, label_durations, logit_lengths, target_lengths = inputs
-        log_likelihood, alpha = output
+        blank_weight, label_weight, blank_durations, label_durations, logit_lengths, target_lengths, _ = inputs
+        log_likelihood, alpha, beta = output
         ctx.durations = (blank_durations, label_durations)
-        ctx.mark_non_differentiable(alpha)
-        ctx.save_for_backward(blank_weight, label_weight, logit_lengths, target_lengths, alpha, log_likelihood)
+        ctx.mark_non_differentiable(alpha, beta)
+        ctx.save_for_backward(blank_weight, label_weight, logit_lengths, target_lengths, alpha, beta, log_likelihood)
 
     @staticmethod
-    def backward(ctx, grad_output, _grad_alpha):
+    def backward(ctx, grad_output, _grad_alpha, _grad_beta):
         if torch.is_grad_enabled():  # create_graph=True: a Hessian would silently miss the lattice's own term
             raise RuntimeError("transducer losses: second derivatives are not supported (the gradient is computed "
                                "analytically); use create_graph=False")
-        blank_weight, label_weight, logit_lengths, target_lengths, alpha, log_likelihood = ctx.saved_tensors
+        blank_weight, label_weight, logit_lengths, target_lengths, alpha, beta, log_likelihood = ctx.saved_tensors
         lattice = _Lattice(blank_weight, label_weight, *ctx.durations, logit_lengths, target_lengths)
         final_masks = lattice.final_masks()
-        grad_blank, grad_label = lattice.gradients(alpha, lattice.betas(final_masks), log_likelihood, final_masks)
+        if not beta.numel():
+            beta = lattice.betas(final_masks)
+        grad_blank, grad_label = lattice.gradients(alpha, beta, log_likelihood, final_masks)
         scale = grad_output[None, :, None, None]
-        return grad_blank * scale, grad_label * scale, None, None, None, None
+        return grad_blank * scale, grad_label * scale, None, None, None, None, None
 
 
 class _Lattice:
@@ -219,6 +244,20 @@ class _Lattice:
         self.blank_durations, self.label_durations = blank_durations, label_durations
         self.num_diagonals = self.num_frames + self.num_cols - 1
         self.u_end, self.t_end = target_lengths.long().to(self.device), logit_lengths.long().to(self.device)
+
+    def kernel(self, want_beta: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(log P, alpha, beta or None) by the Triton lattice kernel (fp32 weights on CUDA): one slot per
+        label duration, the blanks' in the first slots (duration 0: no blank edge)."""
+        from workbench.models.losses_triton import lattice_kernel
+
+        num_slots = max(len(self.blank_durations), len(self.label_durations))
+        weights = torch.full((self.batch, 2, num_slots, self.num_diagonals, self.num_cols), LOG_ZERO,
+                             device=self.device)
+        weights[:, 0, :len(self.blank_durations)] = self.blank_skewed.transpose(0, 1)
+        weights[:, 1, :len(self.label_durations)] = self.label_skewed.transpose(0, 1)
+        pad = [0] * (num_slots - len(self.blank_durations))
+        return lattice_kernel(weights, list(self.blank_durations) + pad, list(self.label_durations) + [0] * (
+            num_slots - len(self.label_durations)), self.t_end, self.u_end, want_beta)
 
     def alphas(self) -> torch.Tensor:
         """alpha [B, diagonals, U + 1]: log-sum over partial alignments reaching each node."""
@@ -307,6 +346,20 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *,
     target_log_prob = log_probs.gather(-1, targets.masked_fill(~counted, 0)[..., None])[..., 0]
     per_token = -(1.0 - smoothing) * target_log_prob - smoothing * log_probs.mean(-1)
     return torch.where(counted, per_token, 0.0).sum() / counted.sum()
+
+
+def _lattice_kernel_runs(weights: torch.Tensor) -> bool:
+    """Whether the lattice of these fp32 edge weights runs as the Triton lattice kernel (real CUDA tensors and
+    triton importable), else as the diagonal loop here."""
+    if weights.device.type != "cuda" or weights.dtype != torch.float32 or _is_fake(weights):
+        return False
+    return triton_unavailable_reason(weights.device, kernels_module="workbench.models.losses_triton") is None
+
+
+def _is_fake(x: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(x)
 
 
 def _skew(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -549,6 +549,28 @@ def tdt_loss_triton(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: 
     return _reduce(losses, reduction)
 
 
+def lattice_kernel(weights: torch.Tensor, blank_durations: Sequence[int], label_durations: Sequence[int],
+                   logit_lengths: torch.Tensor, target_lengths: torch.Tensor, want_beta: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The lattice kernel alone on edge weights the caller made: weights [B, 2 (blank, label), slots, T + U, U + 1]
+    fp32 by anti-diagonal (slot i: a blank of ``blank_durations[i]`` frames, 0 for none, and a label of
+    ``label_durations[i]``) -> (log P [B], alpha, beta or None), alpha and beta [B, T + U, U + 1] fp32 with
+    LOG_ZERO at the nodes off each utterance's lattice."""
+    batch, _, num_slots, num_diagonals, num_cols = weights.shape
+    edges = _edge_tensor((tuple(blank_durations), tuple(label_durations)), weights.device)
+    logit_lengths, target_lengths = (t.to(device=weights.device, dtype=torch.int64).contiguous()
+                                     for t in (logit_lengths, target_lengths))
+    alpha = torch.full((batch, num_diagonals, num_cols), LOG_ZERO, device=weights.device)
+    beta = torch.full_like(alpha, LOG_ZERO) if want_beta else alpha
+    log_likelihood = torch.empty(batch, device=weights.device)
+    block_s = triton.next_power_of_2(num_slots)
+    block_u = min(triton.next_power_of_2(num_cols), _MAX_BLOCK_U)
+    with device_guard(weights.device):
+        _lattice_kernel[(batch, 2 if want_beta else 1)](
+            weights.contiguous(), alpha, beta, log_likelihood, logit_lengths, target_lengths, edges, num_diagonals,
+            num_cols, NS=num_slots, BLOCK_S=block_s, BLOCK_U=block_u, num_warps=_lattice_warps(block_u, block_s))
+    return log_likelihood, alpha, beta if want_beta else None
+
 
 def _wants_grad(logits: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and logits.requires_grad

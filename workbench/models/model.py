@@ -13,8 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.models.aed import TransformerDecoder
-from workbench.models.config import DEFAULT_DEPTHWISE, DEFAULT_TIME_DEPTHWISE, ModelConfig, config_from_name
+from workbench.models.config import (DEFAULT_DEPTHWISE, DEFAULT_JOINT_LOSS, DEFAULT_TIME_DEPTHWISE, ModelConfig,
+                                     config_from_name)
 from workbench.models.encoder import Encoder, depthwise_backend
+from workbench.models.fused_joint_loss import fused_joint_loss
 from workbench.models.losses import label_smoothed_cross_entropy, rnnt_loss, tdt_loss
 from workbench.models.transducer import Joint, Predictor, chunked_joint_loss
 
@@ -68,7 +70,10 @@ class ASRModel(nn.Module):
             pred = self.predictor(tokens)
             chunk = self.config.joint_chunk_size
             nll_of = self._transducer_nll(tokens, enc_lens, token_lens)
-            if chunk and chunk < tokens.shape[0]:
+            if self.config.joint_loss == "fused":  # the logits are never built
+                nll = fused_joint_loss(self.joint, enc, pred, tokens, enc_lens, token_lens, blank=self.blank_id,
+                                       durations=self.durations, reduction="sum", check="device")
+            elif chunk and chunk < tokens.shape[0]:
                 nll = chunked_joint_loss(self.joint, enc, pred, nll_of, chunk, padded=True)
             else:  # logits [B, T, U + 1, V + 1 (+ D)], padded to an aligned width
                 nll = nll_of(self.joint(enc, pred, padded=True), slice(None))
@@ -145,13 +150,15 @@ class ASRModel(nn.Module):
 
 
 def build_model(name: str, *, vocab_size: int | None = None, joint_chunk_size: int = 0,
-                depthwise: str = DEFAULT_DEPTHWISE, time_depthwise: str = DEFAULT_TIME_DEPTHWISE) -> ASRModel:
+                depthwise: str = DEFAULT_DEPTHWISE, time_depthwise: str = DEFAULT_TIME_DEPTHWISE,
+                joint_loss: str = DEFAULT_JOINT_LOSS) -> ASRModel:
     """"{tiny,large,xl}-{rnnt,tdt,ctc,aed}" -> ASRModel on the current default device (use
     ``with torch.device("meta"):`` to count parameters without allocating); ``depthwise``: see
     :class:`workbench.models.encoder.Subsampling`; ``time_depthwise``: see
-    :class:`workbench.models.encoder.ConvolutionModule`."""
+    :class:`workbench.models.encoder.ConvolutionModule`; ``joint_loss``: "materialized" or "fused"
+    (transducers: :mod:`workbench.models.fused_joint_loss`)."""
     return ASRModel(config_from_name(name, vocab_size=vocab_size, joint_chunk_size=joint_chunk_size,
-                                     depthwise=depthwise, time_depthwise=time_depthwise))
+                                     depthwise=depthwise, time_depthwise=time_depthwise, joint_loss=joint_loss))
 
 
 def compile_encoder_layers(model: ASRModel, *, backend: str = "inductor") -> ASRModel:

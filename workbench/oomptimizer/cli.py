@@ -12,7 +12,7 @@ from pathlib import Path
 from workbench.atomic import check_writable
 from workbench.bucketing.profile import load_profile, save_profile
 from workbench.memory import configure_allocator
-from workbench.models.config import config_from_name
+from workbench.models.config import DEFAULT_JOINT_LOSS, JOINT_LOSSES, check_joint_loss, config_from_name
 from workbench.units import GiB
 
 
@@ -62,6 +62,10 @@ def register(sub) -> None:
     p.add_argument("--joint-chunk-size", type=int, default=0,
                    help="transducers: probe with the joint and loss over chunks of this many utterances, >= 0 "
                         "(0: off); train with the same value (default 0)")
+    p.add_argument("--loss", choices=JOINT_LOSSES, default=DEFAULT_JOINT_LOSS,
+                   help="transducers: probe with the joint's logits built ('materialized') or with the fused joint "
+                        "and loss that never builds them ('fused'); train with the same value; recorded as "
+                        f"metadata.joint_loss (default {DEFAULT_JOINT_LOSS})")
     p.add_argument("--compile", action="store_true",
                    help="probe with each encoder block compiled by torch.compile (as `workbench train --compile` "
                         "trains); recorded as metadata.compile")
@@ -110,6 +114,12 @@ def check_options(args) -> None:
         if head in ("ctc", "aed"):
             raise ValueError(f"--joint-chunk-size: applies to transducers (rnnt, tdt) only, not to --model "
                              f"{args.model}")
+    if args.loss != DEFAULT_JOINT_LOSS or args.joint_chunk_size:
+        try:
+            head = config_from_name(args.model).head
+        except ValueError:  # a model we did not write
+            head = None
+        check_joint_loss(args.loss, head, args.model, args.joint_chunk_size)
 
 
 def check_plan_options(args) -> None:
@@ -222,7 +232,7 @@ def _build_for_search(args, bins):
                     dtype=DTYPES[args.dtype])
     else:
         with device:  # built on the GPU: an xl model skips host init
-            model = build_model(args.model, joint_chunk_size=args.joint_chunk_size)
+            model = build_model(args.model, joint_chunk_size=args.joint_chunk_size, joint_loss=args.loss)
     if args.compile:
         compile_encoder_layers(model)  # the probes measure the compiled step (the first one compiles)
     return model
@@ -263,7 +273,8 @@ def run_plan(args, bins, bins_path: Path) -> int:
     fake_mode = new_fake_mode()
     spec = user_model_spec(args.model)
     model = (build_fake_user_model(args.model, fake_mode) if spec is not None else
-             build_fake_reference_model(args.model, fake_mode, joint_chunk_size=args.joint_chunk_size))
+             build_fake_reference_model(args.model, fake_mode, joint_chunk_size=args.joint_chunk_size,
+                                        joint_loss=args.loss))
     print(f"oomptimize --plan {args.model}: {bins.num_buckets} buckets, {args.strategy}, {args.dtype}, "
           f"{args.gpu_memory} ({args.gpu_memory_bytes / GiB:.2f} GiB) x {args.memory_fraction} - margin "
           f"{args.plan_margin_bytes / GiB:.2f} GiB; a fake trace of the GPU's path")

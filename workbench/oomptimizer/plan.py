@@ -274,13 +274,14 @@ def traced_path(cuda_kernels: bool = True) -> str:
     return f"torch ops on a fake CPU device (CPU autocast list, torch kernels, no Triton: {problem})"
 
 
-def build_fake_reference_model(name: str, fake_mode: FakeTensorMode, *, joint_chunk_size: int = 0):
+def build_fake_reference_model(name: str, fake_mode: FakeTensorMode, *, joint_chunk_size: int = 0,
+                               joint_loss: str = "materialized"):
     """A reference model (e.g. large-rnnt) whose weights are fake (no memory); its kernels are picked per
     step ("auto"), so a :class:`StepTracer` traces those CUDA would run."""
     from workbench.models import build_model
 
     with fake_mode:
-        return build_model(name, joint_chunk_size=joint_chunk_size)
+        return build_model(name, joint_chunk_size=joint_chunk_size, joint_loss=joint_loss)
 
 
 def build_fake_user_model(spec: str, fake_mode: FakeTensorMode):
@@ -437,6 +438,7 @@ def plan_profile(model: torch.nn.Module, fake_mode: FakeTensorMode, model_name: 
             "memory_fraction": float(memory_fraction), "torch": str(torch.__version__),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "strategy": strategy,
             "ddp": bool(ddp), "joint_chunk_size": int(getattr(getattr(model, "config", None), "joint_chunk_size", 0)),
+            "joint_loss": str(getattr(getattr(model, "config", None), "joint_loss", "materialized")),
             "compile": False, "world_size": 1, "probes": result.num_probes,
             "search_seconds": round(result.seconds, 2), "budget_bytes": int(probe.budget_bytes),
             "unmerged_buckets": len(profile_buckets(bins)), "planned": True,

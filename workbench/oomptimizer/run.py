@@ -91,6 +91,7 @@ def oomptimize(model: torch.nn.Module, model_name: str, bins: BucketProfile, *, 
         raise RuntimeError(f"probes left {leftover} bytes allocated (baseline {probe.baseline_bytes})")
     meta = gpu_metadata(model_name, dtype, memory_fraction, strategy=strategy, ddp=bool(ddp or world > 1),
                         joint_chunk_size=int(getattr(getattr(model, "config", None), "joint_chunk_size", 0)),
+                        joint_loss=str(getattr(getattr(model, "config", None), "joint_loss", "materialized")),
                         compile=compiled,
                         world_size=world, probes=result.num_probes, search_seconds=round(result.seconds, 2),
                         budget_bytes=int(probe.budget_bytes), unmerged_buckets=len(buckets),

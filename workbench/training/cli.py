@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from workbench.models.config import DEFAULT_JOINT_LOSS, JOINT_LOSSES
 from workbench.options import DROP_NOTICE_SHARE
 
 
@@ -101,6 +102,10 @@ def register(subparsers) -> None:
     p.add_argument("--joint-chunk-size", type=int,
                    help="transducers: joint and loss over chunks of this many utterances, never the whole "
                         "[B, T, U+1, V] joint at once (0: off; use the value the profile was made with) (default 0)")
+    p.add_argument("--loss", choices=JOINT_LOSSES,
+                   help="transducers: 'materialized' builds the joint's [B, T, U+1, V] logits, then the loss; "
+                        "'fused' computes joint and loss in tiles and never builds them (same loss and gradients); "
+                        f"use the value the profile was made with (default {DEFAULT_JOINT_LOSS})")
     p.add_argument("--compile", action="store_true", default=None,
                    help="torch.compile each encoder block (dynamic shapes, compiled on the first step); give it "
                         "a profile made with `workbench oomptimize --compile`")

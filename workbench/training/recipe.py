@@ -76,7 +76,7 @@ from workbench.data.tokenizer import load_tokenizer, tokenized_cut_arrays
 from workbench.memory import configure_allocator
 from workbench.memory.oom import is_oom_error
 from workbench.training.collate import CutBatchDataset, cut_has_audio, cut_token_count
-from workbench.models.config import ModelConfig, config_from_name
+from workbench.models.config import DEFAULT_JOINT_LOSS, ModelConfig, check_joint_loss, config_from_name
 from workbench.training.epochs import EpochBatchDataset, EpochBatches
 from workbench.training.distributed import (Ranks, destroy_process_group, gather_objects, init_process_group,
                                           ranks_from_env, sum_over_ranks, weights_digest)
@@ -119,6 +119,7 @@ class TrainConfig:
     strict: bool = False             # error (not a warning) when more than 1 % of the corpus fits no bucket
     log_cut_ids: bool = False        # each log record lists the cut ids of every rank's batch
     joint_chunk_size: int = 0        # transducers: joint + loss over chunks of this many utterances (0: whole)
+    loss: str = DEFAULT_JOINT_LOSS   # transducers: materialized (the joint's logits, then the loss) | fused
     max_seconds: float = 0.0         # stop launching steps after this many wall seconds of training (0: no limit)
     compile: bool = False            # torch.compile each encoder block (dynamic shapes); use a profile made with it
 
@@ -171,6 +172,7 @@ def check_config(config: TrainConfig) -> None:
     head = config_from_name(config.model).head  # a wrong --model is one line now, not after the corpus is read
     if config.joint_chunk_size and head not in ("rnnt", "tdt"):
         raise ValueError(f"--joint-chunk-size: applies to transducers (rnnt, tdt) only, not to --model {config.model}")
+    check_joint_loss(config.loss, head, config.model, config.joint_chunk_size)
     for name in ("model.pt", "train_log.jsonl", "train_summary.json", *([STATE_FILE] if config.save_every else [])):
         check_writable(Path(config.out_dir) / name)  # refused now, not after hours of training
 
@@ -242,7 +244,7 @@ def check_profile_for_run(profile: BucketProfile, path: str, config: TrainConfig
         raise ValueError(f"--profile {path}: no 'bucket_batch_size': run `workbench oomptimize --bins {path}` "
                          "first, or set one batch size per bucket")
     run = {"model": config.model, "dtype": {"bf16": "bfloat16", "fp32": "float32"}[config.dtype],
-           "joint_chunk_size": config.joint_chunk_size, "compile": config.compile}
+           "joint_chunk_size": config.joint_chunk_size, "joint_loss": config.loss, "compile": config.compile}
     if device.type == "cuda":
         run["gpu"] = torch.cuda.get_device_name(device)
     warnings = [f"--profile {path}: metadata.{name} is {meta[name]!r} but this run has {value!r}; its batch "
@@ -379,7 +381,7 @@ def start_run(config: TrainConfig, ranks: Ranks, device: torch.device, tokenizer
               profile: BucketProfile | None) -> Run:
     torch.manual_seed(config.seed)
     model = build_model(config.model, vocab_size=tokenizer.vocab_size(),
-                        joint_chunk_size=config.joint_chunk_size).to(device)
+                        joint_chunk_size=config.joint_chunk_size, joint_loss=config.loss).to(device)
     if config.compile:
         compile_encoder_layers(model)
         log.info("encoder blocks compiled with torch.compile (dynamic shapes; compiling on the first step)")

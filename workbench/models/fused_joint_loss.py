@@ -1,0 +1,218 @@
+"""Transducer joint + loss that never builds the [B, T, U + 1, outputs] logits.
+
+The RNN-T and TDT lattices read four things of a node (b, t, u)'s joint output z = W relu(enc_t + pred_u) + b:
+the log-sum-exp of its token logits, its blank logit, the logit of the next label y_{u+1} and (TDT) its few
+duration logits. :class:`_NodeLogits` computes them tile by tile (a tile: some utterances x some frames x
+all U + 1 label positions), so at most one tile of logits exists at a time, and keeps O(B x T x U) values.
+The loss is then the usual lattice on those (:func:`losses.rnnt_log_likelihood`,
+:func:`losses.tdt_log_likelihood`), whose gradient comes back as d/d lse, d/d blank logit, d/d label logit
+and d/d duration logits per node. Backward recomputes each tile's logits and forms
+
+    dz = softmax(z_tokens) x g_lse + onehot(blank) x g_blank + onehot(y_{u+1}) x g_label (+ g_durations)
+
+then dh = dz W, d pre-activation = dh where enc + pred > 0, and dW = dz^T h, db = sum of dz, summed over tiles.
+The result equals the materialized path (the joint's logits, then :func:`losses.rnnt_loss` or ``tdt_loss``)
+up to rounding: the logits are rounded to the computation dtype before the fp32 (fp64 for fp64 inputs)
+log-sum-exp exactly as the materialized logits are.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from workbench.models.loss_inputs import check_durations, check_inputs, check_num_classes, reduce_losses
+from workbench.models.losses import rnnt_log_likelihood, tdt_log_likelihood
+
+MAX_TILE_ELEMENTS = 1 << 25  # joint outputs per tile (a tile's logits, fp32: 128 MiB)
+ALIGNMENT = 8  # the output layer's rows are padded to a multiple of this in the GEMMs (cuBLAS's fast kernels)
+
+
+def fused_joint_loss(joint, enc: torch.Tensor, pred: torch.Tensor, targets: torch.Tensor,
+                     logit_lengths: torch.Tensor, target_lengths: torch.Tensor, *, blank: int,
+                     durations: Sequence[int] | None = None, sigma: float = 0.0, reduction: str = "mean",
+                     check: str = "host", max_tile_elements: int = MAX_TILE_ELEMENTS) -> torch.Tensor:
+    """RNN-T (``durations=None``) or TDT loss of ``joint`` on enc [B, T, D] and pred [B, U + 1, H], without the
+    logits: the value and gradients of ``rnnt_loss(joint(enc, pred), ...)`` (``tdt_loss``).
+
+    ``joint`` follows the decoding protocol and declares ``activation_and_output() -> ("relu", out)``, its
+    output layer ``out`` (an nn.Linear of V + 1 (+ len(durations)) outputs). targets [B, U], lengths [B]; blank,
+    sigma, reduction and check as in :func:`losses.rnnt_loss` / ``tdt_loss``. Under autocast the output layer
+    runs in the autocast dtype. max_tile_elements: joint outputs per tile (>= one node's).
+    """
+    activation, out = joint.activation_and_output()
+    if activation != "relu":
+        raise ValueError(f"joint: the fused loss takes out(relu(enc + pred)), got activation {activation!r}")
+    return fused_projected_joint_loss(joint.project_encoder(enc), joint.project_predictor(pred), out.weight,
+                                      out.bias, targets, logit_lengths, target_lengths, blank=blank,
+                                      durations=durations, sigma=sigma, reduction=reduction, check=check,
+                                      max_tile_elements=max_tile_elements)
+
+
+def fused_projected_joint_loss(enc_proj: torch.Tensor, pred_proj: torch.Tensor, weight: torch.Tensor,
+                               bias: torch.Tensor | None, targets: torch.Tensor, logit_lengths: torch.Tensor,
+                               target_lengths: torch.Tensor, *, blank: int, durations: Sequence[int] | None = None,
+                               sigma: float = 0.0, reduction: str = "mean", check: str = "host",
+                               max_tile_elements: int = MAX_TILE_ELEMENTS) -> torch.Tensor:
+    """:func:`fused_joint_loss` on the projections: enc_proj [B, T, J], pred_proj [B, U + 1, J], the output
+    layer weight [outputs, J] and bias [outputs] (or None); the logits would be
+    ``F.linear(relu(enc_proj[:, :, None] + pred_proj[:, None]), weight, bias)``."""
+    batch, num_frames, _ = enc_proj.shape
+    num_cols = pred_proj.shape[1]
+    num_outputs = weight.shape[0]
+    shape_only = torch.empty(batch, num_frames, num_cols, num_outputs, device="meta")  # what the checks read
+    if durations is None:
+        num_tokens = check_num_classes(shape_only, None)
+    else:
+        durations, num_tokens = check_durations(shape_only, durations)
+    blank = check_inputs(shape_only, targets, logit_lengths, target_lengths, blank, num_tokens, check)
+    if max_tile_elements < 1:
+        raise ValueError(f"max_tile_elements: need >= 1, got {max_tile_elements}")
+    dtype = _joint_dtype(enc_proj)
+    enc_proj, pred_proj, weight = enc_proj.to(dtype), pred_proj.to(dtype), weight.to(dtype)
+    bias = None if bias is None else bias.to(dtype)
+    targets = targets.to(enc_proj.device, torch.int64).clamp(0, num_tokens - 1)  # padding: any column will do
+    lse, blank_logit, label_logit, duration_logits = _NodeLogits.apply(
+        enc_proj, pred_proj, weight, bias, targets, blank, num_tokens, max_tile_elements)
+    blank_logp = blank_logit - lse - sigma
+    label_logp = label_logit - lse[:, :, :-1] - sigma
+    if durations is None:
+        log_likelihood = rnnt_log_likelihood(blank_logp, label_logp, logit_lengths, target_lengths, kernel=True)
+    else:
+        log_likelihood = tdt_log_likelihood(blank_logp, label_logp, duration_logits.log_softmax(-1), durations,
+                                            logit_lengths, target_lengths, kernel=True)
+    return reduce_losses(-log_likelihood, reduction)
+
+
+def _joint_dtype(enc_proj: torch.Tensor) -> torch.dtype:
+    """The output layer's dtype: the autocast dtype where autocast is on, else the projections'."""
+    device_type = enc_proj.device.type
+    if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return enc_proj.dtype
+
+
+def tile_shape(batch: int, num_frames: int, num_cols: int, width: int, max_elements: int) -> tuple[int, int]:
+    """(utterances, frames) per tile so that a tile's [b, t, U + 1, width] outputs stay within max_elements
+    (all frames of several utterances, else some frames of one; at least one frame)."""
+    per_frame = num_cols * width
+    per_utterance = num_frames * per_frame
+    if per_utterance <= max_elements:
+        return max(1, min(batch, max_elements // per_utterance)), num_frames
+    return 1, max(1, min(num_frames, max_elements // per_frame))
+
+
+class _NodeLogits(torch.autograd.Function):
+    """(enc_proj [B, T, J], pred_proj [B, U + 1, J], weight [C, J], bias [C] | None, targets [B, U] in range)
+    -> lse [B, T, U + 1] of the first ``num_tokens`` logits, blank logit [B, T, U + 1], next-label logit
+    [B, T, U] and the logits after the tokens [B, T, U + 1, C - num_tokens], in fp32 (fp64 for fp64 inputs)."""
+
+    @staticmethod
+    def forward(ctx, enc_proj, pred_proj, weight, bias, targets, blank, num_tokens, max_tile_elements):
+        batch, num_frames, _ = enc_proj.shape
+        num_cols = pred_proj.shape[1]
+        stat_dtype = torch.float64 if enc_proj.dtype == torch.float64 else torch.float32
+        padded_weight, padded_bias = _padded_output_layer(weight, bias)
+        small = dict(device=enc_proj.device, dtype=stat_dtype)
+        lse = torch.empty(batch, num_frames, num_cols, **small)
+        blank_logit = torch.empty(batch, num_frames, num_cols, **small)
+        label_logit = torch.empty(batch, num_frames, num_cols - 1, **small)
+        rest = torch.empty(batch, num_frames, num_cols, weight.shape[0] - num_tokens, **small)
+        tiles = _tiles(batch, num_frames, num_cols, padded_weight.shape[0], max_tile_elements)
+        with _no_autocast(enc_proj):
+            for rows, frames in tiles:
+                _, z = _tile_logits(enc_proj[rows, frames], pred_proj[rows], padded_weight, padded_bias)
+                z = z[..., :weight.shape[0]].to(stat_dtype)
+                lse[rows, frames] = z[..., :num_tokens].logsumexp(-1)
+                blank_logit[rows, frames] = z[..., blank]
+                label_logit[rows, frames] = _gather_labels(z, targets[rows])
+                rest[rows, frames] = z[..., num_tokens:]
+        ctx.save_for_backward(enc_proj, pred_proj, weight, bias, targets, lse)
+        ctx.sizes = (blank, num_tokens, max_tile_elements)
+        return lse, blank_logit, label_logit, rest
+
+    @staticmethod
+    def backward(ctx, g_lse, g_blank, g_label, g_rest):
+        enc_proj, pred_proj, weight, bias, targets, lse = ctx.saved_tensors
+        blank, num_tokens, max_tile_elements = ctx.sizes
+        batch, num_frames, _ = enc_proj.shape
+        num_cols = pred_proj.shape[1]
+        num_outputs = weight.shape[0]
+        stat_dtype = lse.dtype
+        node_shape = tuple(lse.shape)
+        g_lse, g_blank, g_label, g_rest = (
+            torch.zeros(shape, device=lse.device, dtype=stat_dtype) if g is None else g.to(stat_dtype)
+            for g, shape in ((g_lse, node_shape), (g_blank, node_shape), (g_label, node_shape[:2] + (num_cols - 1,)),
+                             (g_rest, node_shape + (num_outputs - num_tokens,))))
+        padded_weight, padded_bias = _padded_output_layer(weight, bias)
+        grad_enc = torch.zeros_like(enc_proj)
+        grad_pred = torch.zeros(pred_proj.shape, device=pred_proj.device, dtype=stat_dtype)
+        grad_weight = torch.zeros(padded_weight.shape, device=weight.device, dtype=stat_dtype)
+        grad_bias = torch.zeros(padded_weight.shape[0], device=weight.device, dtype=stat_dtype)
+        tiles = _tiles(batch, num_frames, num_cols, padded_weight.shape[0], max_tile_elements)
+        with _no_autocast(enc_proj):
+            for rows, frames in tiles:
+                pre, z = _tile_logits(enc_proj[rows, frames], pred_proj[rows], padded_weight, padded_bias)
+                dz = torch.zeros(z.shape, device=z.device, dtype=stat_dtype)
+                tokens = z[..., :num_tokens].to(stat_dtype)
+                dz[..., :num_tokens] = torch.exp(tokens - lse[rows, frames, :, None]) * g_lse[rows, frames, :, None]
+                del tokens
+                dz[..., blank] += g_blank[rows, frames]
+                num_labels = num_cols - 1
+                index = targets[rows][:, None, :, None].expand(*dz.shape[:2], num_labels, 1)
+                dz[:, :, :num_labels].scatter_add_(-1, index, g_label[rows, frames, :, None])
+                dz[..., num_tokens:num_outputs] = g_rest[rows, frames]
+                dz = dz.to(z.dtype)  # the materialized logits' gradient has their dtype
+                del z
+                h = torch.relu(pre)
+                dz_rows, h_rows = dz.reshape(-1, dz.shape[-1]), h.reshape(-1, h.shape[-1])
+                grad_weight += (dz_rows.T @ h_rows).to(stat_dtype)
+                grad_bias += dz_rows.sum(0, dtype=stat_dtype)
+                del h, h_rows
+                dpre = (dz @ padded_weight).masked_fill_(pre <= 0, 0)
+                del dz, dz_rows, pre
+                grad_enc[rows, frames] = dpre.sum(2)
+                grad_pred[rows] += dpre.sum(1, dtype=stat_dtype)
+                del dpre
+        grad_weight = grad_weight[:num_outputs].to(weight.dtype)
+        grad_bias = None if bias is None else grad_bias[:num_outputs].to(bias.dtype)
+        return grad_enc, grad_pred.to(pred_proj.dtype), grad_weight, grad_bias, None, None, None, None
+
+
+def _tiles(batch, num_frames, num_cols, width, max_elements) -> list[tuple[slice, slice]]:
+    """(utterance slice, frame slice) of each tile, in order (:func:`tile_shape`)."""
+    rows, frames = tile_shape(batch, num_frames, num_cols, width, max_elements)
+    return [(slice(b, b + rows), slice(t, t + frames)) for b in range(0, batch, rows)
+            for t in range(0, num_frames, frames)]
+
+
+def _padded_output_layer(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """weight [C, J] and bias [C] with zero rows up to a multiple of ALIGNMENT (the outputs after C are
+    never read)."""
+    extra = -weight.shape[0] % ALIGNMENT
+    if not extra:
+        return weight, bias
+    return F.pad(weight, (0, 0, 0, extra)), None if bias is None else F.pad(bias, (0, extra))
+
+
+def _tile_logits(enc_tile: torch.Tensor, pred_rows: torch.Tensor, weight: torch.Tensor,
+                 bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """enc_tile [b, t, J], pred_rows [b, U + 1, J] -> (pre-activation [b, t, U + 1, J], logits
+    [b, t, U + 1, C]) in the inputs' dtype."""
+    pre = enc_tile[:, :, None, :] + pred_rows[:, None, :, :]
+    return pre, F.linear(torch.relu(pre), weight, bias)
+
+
+def _gather_labels(z: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """z[b, t, u, targets[b, u]] for u < U -> [b, t, U]."""
+    num_labels = targets.shape[1]
+    index = targets[:, None, :, None].expand(z.shape[0], z.shape[1], num_labels, 1)
+    return z[:, :, :num_labels].gather(-1, index).squeeze(-1)
+
+
+def _no_autocast(x: torch.Tensor):
+    """Autocast off on x's device (the dtypes are chosen before the tiles run)."""
+    device_type = x.device.type if x.device.type in ("cpu", "cuda") else "cpu"
+    return torch.autocast(device_type, enabled=False)
