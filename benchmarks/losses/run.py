@@ -10,7 +10,8 @@ In one run on one GPU, forward + backward (the gradient w.r.t. the logits), voca
 3. our RNN-T loss with one lattice node per program of its per-node kernels against its default tile of
    nodes (and 2, 4, 8 nodes), timed in turn on the same logits: fp32 at B=16, T=188, U=120 and bf16 at
    B=24, T=500, U=499 (40 s of large-rnnt frames);
-4. large-rnnt training steps (bf16, B=64 of 15 s, 120 tokens) with the joint whole and in chunks;
+4. large-rnnt training steps (bf16, B=64 of 15 s, 120 tokens) with the joint whole, in chunks, and fused with
+   the loss (the logits never built: ``joint_loss="fused"``);
 5. B=128, T=188, U=120 (2.98e9 logits, past 2**31): ours here, then torchaudio last, in a subprocess
    (its illegal memory access would poison this process's CUDA context).
 Writes <out>/losses.json; exits 1 when ours fails or disagrees with torchaudio (targets are reported, not
@@ -37,13 +38,14 @@ VOCAB = 1024
 COMPARE_SHAPES = [[16, 188, 120, VOCAB], [64, 70, 69, VOCAB]]  # [B, T, U, V]
 LARGE_SHAPE = [128, 188, 120, VOCAB]
 CHUNKED_STEP = ("large-rnnt", 64, 15.0, 120)  # model, batch, seconds, tokens
-CHUNK_SIZES = [0, 16, 8]
+# (joint_loss, joint_chunk_size) of each training step: the joint whole, in chunks, and fused with the loss
+STEP_SETTINGS = [("materialized", 0), ("materialized", 16), ("materialized", 8), ("fused", 0)]
 ROWS_SHAPES = [([16, 188, 120, VOCAB], torch.float32), ([24, 500, 499, VOCAB], torch.bfloat16)]
 SMOKE_COMPARE_SHAPES = [[2, 6, 3, 8], [3, 4, 2, 8]]
 SMOKE_ROWS_SHAPES = [([2, 6, 3, 8], torch.float32), ([3, 5, 4, 8], torch.bfloat16)]
 SMOKE_LARGE_SHAPE = [2, 5, 3, 8]
 SMOKE_CHUNKED_STEP = ("tiny-rnnt", 4, 1.0, 8)
-SMOKE_CHUNK_SIZES = [0, 2]
+SMOKE_STEP_SETTINGS = [("materialized", 0), ("materialized", 2), ("fused", 0)]
 PARTS = ("compare", "tdt", "rows", "chunked", "large")
 
 
@@ -85,8 +87,9 @@ def agreement(shape: list[int], inputs) -> Agreement:
                      agree=rel < 1e-4 and our_error <= max(their_error, 1e-3))
 
 
-def chunked_steps(record: LossesRecord, step_shape, chunk_sizes, device, *, smoke: bool) -> None:
-    """Training steps of one transducer model with each joint chunk size (0: whole), on one batch."""
+def chunked_steps(record: LossesRecord, step_shape, settings, device, *, smoke: bool) -> None:
+    """Training steps of one transducer model on one batch, for each (joint_loss, joint_chunk_size) of
+    ``settings`` (chunk size 0: the whole batch)."""
     from workbench.memory.oom import is_oom_error, release_memory
     from workbench.models import build_model
 
@@ -95,10 +98,10 @@ def chunked_steps(record: LossesRecord, step_shape, chunk_sizes, device, *, smok
     with device:
         model = build_model(name)
     batch = model.make_batch(batch_size, seconds, tokens, device)
-    for chunk in chunk_sizes:
+    for joint_loss, chunk in settings:
         step = ChunkedStep(model=name, batch_size=batch_size, duration_s=seconds, num_tokens=tokens,
-                           dtype=dtype_name, joint_chunk_size=chunk)
-        model.config.joint_chunk_size = chunk
+                           dtype=dtype_name, joint_chunk_size=chunk, joint_loss=joint_loss)
+        model.config.joint_chunk_size, model.config.joint_loss = chunk, joint_loss
         losses = []
 
         def train_step():
@@ -115,7 +118,7 @@ def chunked_steps(record: LossesRecord, step_shape, chunk_sizes, device, *, smok
         except Exception as e:  # noqa: BLE001 - an OOM is a figure; anything else a failure
             step.error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
             if not is_oom_error(e):
-                record.failures.append(f"{name} joint_chunk_size={chunk}: {step.error}")
+                record.failures.append(f"{name} {joint_loss} joint_chunk_size={chunk}: {step.error}")
         record.chunked.append(step)
     model.zero_grad(set_to_none=True)
     model = batch = None  # free the GPU memory before the next part
@@ -163,8 +166,8 @@ def rows_part(record: LossesRecord, args, device) -> None:
 
 
 def chunked_part(record: LossesRecord, args, device) -> None:
-    """4. training steps with the joint whole and in chunks."""
-    chunked_steps(record, _pick(args, SMOKE_CHUNKED_STEP, CHUNKED_STEP), _pick(args, SMOKE_CHUNK_SIZES, CHUNK_SIZES),
+    """4. training steps with the joint whole, in chunks and fused with the loss."""
+    chunked_steps(record, _pick(args, SMOKE_CHUNKED_STEP, CHUNKED_STEP), _pick(args, SMOKE_STEP_SETTINGS, STEP_SETTINGS),
                   device, smoke=args.smoke)
 
 
@@ -222,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                   "rows_shapes": [[shape, str(dtype).removeprefix("torch.")]
                                   for shape, dtype in _pick(args, SMOKE_ROWS_SHAPES, ROWS_SHAPES)],
                   "chunked_step": _pick(args, SMOKE_CHUNKED_STEP, CHUNKED_STEP),
-                  "chunk_sizes": _pick(args, SMOKE_CHUNK_SIZES, CHUNK_SIZES)}
+                  "step_settings": _pick(args, SMOKE_STEP_SETTINGS, STEP_SETTINGS)}
     record = LossesRecord(smoke=args.smoke, failures=run.failures)  # one list: the parts' and the record's
     with cpu_smoke_torch(args.smoke and device.type == "cpu"):
         for part, measure_part in MEASURE_PART.items():

@@ -31,12 +31,14 @@ def test_losses_bench_smoke(tmp_path, capsys, two_threads):
     assert len(theirs) == len(run.SMOKE_COMPARE_SHAPES) + 1 and theirs[-1]["in_subprocess"] is True
     assert theirs[-1]["shape"] == run.SMOKE_LARGE_SHAPE
     steps = fig["chunked"]
-    assert [s["joint_chunk_size"] for s in steps] == run.SMOKE_CHUNK_SIZES
+    assert [(s["joint_loss"], s["joint_chunk_size"]) for s in steps] == [tuple(x) for x in run.SMOKE_STEP_SETTINGS]
     assert all(s["error"] is None for s in steps)
-    assert steps[0]["loss"] == pytest.approx(steps[1]["loss"], rel=1e-5)  # chunks do not change the loss
+    for step in steps[1:]:  # neither chunks nor the fused joint and loss change the loss
+        assert step["loss"] == pytest.approx(steps[0]["loss"], rel=1e-5)
     assert len(fig["ratios"]["chunked_over_whole"]) == 1 and len(fig["ratios"]["tdt_over_rnnt"]) == 2
+    assert len(fig["ratios"]["fused_over_whole"]) == 1
     out = capsys.readouterr().out
-    assert "ours rnnt" in out and "joint_chunk_size=2" in out
+    assert "ours rnnt" in out and "joint_chunk_size=2" in out and "joint_loss=fused" in out
 
 
 def test_losses_bench_smoke_refuses_the_results_folder():

@@ -50,6 +50,7 @@ class ChunkedStep:
     num_tokens: int
     dtype: str
     joint_chunk_size: int                # 0: the whole batch's joint at once
+    joint_loss: str = "materialized"     # "fused": the joint's output layer and the loss in tiles, no logits
     step_s: dict | None = None
     peak_bytes: int | None = None        # max_memory_allocated over the steps (None off a GPU)
     loss: float | None = None
@@ -103,8 +104,9 @@ def _median_of(summary: dict | None) -> float | None:
 
 
 def ratios(figures: dict) -> dict:
-    """Per shape: ours/torchaudio time and memory, TDT/RNN-T time; per chunk size: memory and time against
-    the unchunked step. None where a side did not run or memory was not measured."""
+    """Per shape: ours/torchaudio time and memory, TDT/RNN-T time; per chunk size, and for the fused joint
+    and loss: memory and time against the unchunked step. None where a side did not run or memory was not
+    measured."""
     out: dict = {"ours_over_torchaudio": [], "tdt_over_rnnt": [], "chunked_over_whole": []}
     for run in (r for r in figures["runs"] if r["impl"] == "ours-rnnt" and r["dtype"] == "float32"):
         shape = run["shape"]
@@ -116,11 +118,15 @@ def ratios(figures: dict) -> dict:
         tdt = _run(figures, "ours-tdt", shape)
         if tdt is not None:
             out["tdt_over_rnnt"].append({"shape": shape, "time": _ratio(_median(tdt), _median(run))})
-    whole = {(s["model"], s["batch_size"], s["dtype"]): s for s in figures["chunked"] if s["joint_chunk_size"] == 0}
-    for step in (s for s in figures["chunked"] if s["joint_chunk_size"] > 0):
+    def fused(step: dict) -> bool:
+        return step.get("joint_loss") == "fused"
+    whole = {(s["model"], s["batch_size"], s["dtype"]): s for s in figures["chunked"]
+             if s["joint_chunk_size"] == 0 and not fused(s)}
+    for step in (s for s in figures["chunked"] if s["joint_chunk_size"] > 0 or fused(s)):
         base = whole.get((step["model"], step["batch_size"], step["dtype"]))
         if base is not None:
-            out["chunked_over_whole"].append({
+            key = "fused_over_whole" if fused(step) else "chunked_over_whole"
+            out.setdefault(key, []).append({
                 "model": step["model"], "batch_size": step["batch_size"], "joint_chunk_size": step["joint_chunk_size"],
                 "time": _ratio(_median_of(step["step_s"]), _median_of(base["step_s"])),
                 "peak_memory": _ratio(step["peak_bytes"], base["peak_bytes"])})
@@ -163,6 +169,11 @@ def _gib(x: int | None) -> str:
     return "-" if x is None else f"{x / 2**30:.2f} GiB"
 
 
+def _step_setting(step: dict) -> str:
+    fused = " joint_loss=fused" if step.get("joint_loss") == "fused" else ""
+    return f"joint_chunk_size={step['joint_chunk_size']}{fused}"
+
+
 def _step_result(step: dict) -> str:
     if step["error"]:
         return f"failed ({step['error'][:60]})"
@@ -185,7 +196,7 @@ def summary_lines(figures: dict) -> list[str]:
                    + f" (agree: {a['agree']})")
     for step in figures["chunked"]:
         out.append(f"- {step['model']} {step['dtype']} B={step['batch_size']} {step['duration_s']:g} s "
-                   f"U={step['num_tokens']} joint_chunk_size={step['joint_chunk_size']}: {_step_result(step)}")
+                   f"U={step['num_tokens']} {_step_setting(step)}: {_step_result(step)}")
     out += [f"- {rows_line(c)}" for c in figures.get("rows", [])]  # absent when the rows part did not run
     out.append(f"- targets: {figures['targets']}")
     out.append(f"- failures: {figures['failures'] or 'none'}")
@@ -234,6 +245,5 @@ def table(figures: dict) -> str:
     lines += [kernel_line(run) for run in figures["runs"] if run.get("kernels") and run["kernels"].get("top")]
     lines += [rows_line(c) for c in figures.get("rows", [])]
     for step in figures["chunked"]:
-        lines.append(f"{step['model']} B={step['batch_size']} joint_chunk_size={step['joint_chunk_size']}: "
-                     f"{_step_result(step)}")
+        lines.append(f"{step['model']} B={step['batch_size']} {_step_setting(step)}: {_step_result(step)}")
     return "\n".join(lines)
