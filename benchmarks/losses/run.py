@@ -214,10 +214,15 @@ def _add_run_errors(record: LossesRecord) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__, parts=PARTS)
     parser.add_argument("--repeat", type=int, default=10, help="timed repeats per loss run")
+    parser.add_argument("--name", default="losses", help="the record: <out>/<name>.json, losses or losses_<suffix> "
+                        "(default losses)")
     what = ("transducer losses: ours (Triton) vs torchaudio rnnt_loss, TDT vs RNN-T, one node per program vs "
             "tiles of nodes, chunked joint in a training step")
     run = start(parser, argv, name="losses", what=what)
     args, device = run.args, bench_device()
+    if args.name != "losses" and not args.name.startswith("losses_"):
+        parser.error(f"--name: must be losses or losses_<suffix>, got {args.name!r}")
+    run.name = args.name
     if args.smoke and device.type != "cuda":
         run.what = "SMOKE RUN (CPU, pure-PyTorch loss; no figure is a GPU measurement): " + what
     run.params = {"vocab": VOCAB, "compare_shapes": _pick(args, SMOKE_COMPARE_SHAPES, COMPARE_SHAPES),
