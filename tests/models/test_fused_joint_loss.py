@@ -248,3 +248,101 @@ def test_the_lattice_kernel_on_node_log_probs_equals_the_diagonal_loop(monkeypat
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def _triton_against_torch(params, lengths, kwargs, tile, rtol=1e-5, atol=1e-5):
+    if triton is None:
+        pytest.skip("triton is not installed")
+    runs = {}
+    for backend in ("torch", "triton"):
+        runs[backend] = _value_and_grads(
+            lambda *a, **k: fused_projected_joint_loss(*a, max_tile_elements=tile, backend=backend, **k),
+            params, lengths, kwargs)
+    (want, want_grads), (got, got_grads) = runs["torch"], runs["triton"]
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+    for g, w in zip(got_grads, want_grads):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=rtol, atol=atol * max(1.0, w.abs().max().item()))
+
+
+@pytest.mark.parametrize("tile", [1, 300, 1 << 20])  # one node a tile; tiles of some frames; one tile
+@pytest.mark.parametrize("blank,bias", [(-1, True), (0, False)])
+def test_the_triton_kernels_equal_the_torch_ops_for_rnnt(tile, blank, bias):
+    """Under Triton's interpreter (on a GPU, the compiled kernels): vocabulary blocks that loop (40 tokens,
+    32 a block), a hidden width that is no multiple of the GEMM's block, tiles that start mid-utterance."""
+    vocab = 40
+    params, lengths = _inputs(3, 5, 4, 19, vocab + 1, vocab, dtype=torch.float32, seed=4, bias=bias)
+    if blank == 0:
+        lengths[0].add_(1).clamp_(max=vocab)
+    _triton_against_torch(params, lengths, dict(blank=blank, reduction="none"), tile)
+
+
+@pytest.mark.parametrize("durations,sigma", [([0, 1, 2, 3], 0.0), ([2, 0, 1], 0.05)])
+def test_the_triton_kernels_equal_the_torch_ops_for_tdt(durations, sigma):
+    vocab = 35
+    params, lengths = _inputs(2, 6, 3, 9, vocab + 1 + len(durations), vocab, dtype=torch.float32, seed=5)
+    _triton_against_torch(params, lengths, dict(blank=vocab, durations=durations, sigma=sigma, reduction="sum"), 90)
+
+
+def test_the_triton_kernels_in_bf16_round_the_logits_as_the_torch_ops_do():
+    vocab = 33
+    params, lengths = _inputs(2, 4, 3, 16, vocab + 1, vocab, dtype=torch.float32, seed=6)
+    params = [p.detach().to(torch.bfloat16).requires_grad_() for p in params]
+    _triton_against_torch(params, lengths, dict(blank=vocab, reduction="none"), 1 << 20, rtol=2e-2, atol=2e-2)
+
+
+def test_a_fake_trace_takes_the_kernels_custom_ops(monkeypatch):
+    """The OOMptimizer's plan traces the step with fake CPU tensors as on CUDA: the fused loss goes through
+    the kernels' custom ops (their fake implementations), forward and backward, and the plan predicts less
+    memory for it than for the materialized joint."""
+    from workbench.models import fused_joint_triton
+    from workbench.oomptimizer.plan import StepTracer, build_fake_reference_model, new_fake_mode
+
+    if triton is None:
+        pytest.skip("triton is not installed")
+    calls = []
+    for name in ("fused_joint_node_stats", "fused_joint_output_grad"):
+        op = getattr(fused_joint_triton, name)
+        monkeypatch.setattr(fused_joint_triton, name, lambda *a, _op=op, _name=name: calls.append(_name) or _op(*a))
+    peaks = {}
+    for joint_loss in ("materialized", "fused"):
+        fake_mode = new_fake_mode()
+        tracer = StepTracer(build_fake_reference_model("large-rnnt", fake_mode, joint_loss=joint_loss), fake_mode)
+        peaks[joint_loss] = tracer.trace((15.0, 120), 64).peak_allocated_bytes
+    assert {"fused_joint_node_stats", "fused_joint_output_grad"} <= set(calls)
+    assert peaks["fused"] < peaks["materialized"], peaks
+
+
+COMPILE_FOR_H200 = """
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+import torch
+from workbench.models import fused_joint_triton as F
+
+for dtype in ("fp32", "bf16"):
+    block_m, block_n, block_k, _ = F._blocks(torch.device("cuda"), getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[dtype]))
+    constants = dict(HAS_BIAS=True, IEEE=dtype == "fp32", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+    for kernel in (F._node_stats_kernel, F._output_grad_kernel):
+        signature, constexprs = {}, {}
+        for name, param in zip(kernel.arg_names, kernel.params):
+            if param.is_constexpr:
+                signature[name], constexprs[name] = "constexpr", constants[name]
+            elif name in ("enc_ptr", "pred_ptr", "w_ptr", "bias_ptr", "dz_ptr"):
+                signature[name] = "*" + dtype
+            elif name.endswith("_ptr"):
+                signature[name] = "*i64" if name == "targets_ptr" else "*fp32"
+            else:
+                signature[name] = "i64" if name in ("START", "NODES") else "i32"
+        compiled = compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                           target=GPUTarget("cuda", 90, 32))
+        assert compiled.asm["cubin"], kernel.__name__
+        print(kernel.__name__, dtype, "compiled")
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU run compiles them for real")
+def test_the_fused_kernels_compile_for_an_h200_without_one(compile_without_interpreter):
+    """The interpreter accepts code the compiler may not: both kernels to a cubin for sm_90, fp32 and bf16."""
+    if triton is None:
+        pytest.skip("triton is not installed")
+    assert compile_without_interpreter(COMPILE_FOR_H200).count("compiled") == 4

@@ -14,6 +14,10 @@ then dh = dz W, d pre-activation = dh where enc + pred > 0, and dW = dz^T h, db 
 The result equals the materialized path (the joint's logits, then :func:`losses.rnnt_loss` or ``tdt_loss``)
 up to rounding: the logits are rounded to the computation dtype before the fp32 (fp64 for fp64 inputs)
 log-sum-exp exactly as the materialized logits are.
+
+On CUDA (``backend="auto"``) the per-node passes are Triton kernels (:mod:`fused_joint_triton`): forward
+makes the node statistics of all nodes in one launch without writing any logits, and backward writes each
+tile's dz directly; elsewhere, and for fp64, they are PyTorch ops on each tile's logits.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.models.loss_inputs import check_durations, check_inputs, check_num_classes, reduce_losses
-from workbench.models.losses import rnnt_log_likelihood, tdt_log_likelihood
+from workbench.models.losses import loss_backend, rnnt_log_likelihood, tdt_log_likelihood
 
 MAX_TILE_ELEMENTS = 1 << 25  # joint outputs per tile (a tile's logits, fp32: 128 MiB)
 ALIGNMENT = 8  # the output layer's rows are padded to a multiple of this in the GEMMs (cuBLAS's fast kernels)
@@ -33,14 +37,16 @@ ALIGNMENT = 8  # the output layer's rows are padded to a multiple of this in the
 def fused_joint_loss(joint, enc: torch.Tensor, pred: torch.Tensor, targets: torch.Tensor,
                      logit_lengths: torch.Tensor, target_lengths: torch.Tensor, *, blank: int,
                      durations: Sequence[int] | None = None, sigma: float = 0.0, reduction: str = "mean",
-                     check: str = "host", max_tile_elements: int = MAX_TILE_ELEMENTS) -> torch.Tensor:
+                     check: str = "host", max_tile_elements: int = MAX_TILE_ELEMENTS,
+                     backend: str = "auto") -> torch.Tensor:
     """RNN-T (``durations=None``) or TDT loss of ``joint`` on enc [B, T, D] and pred [B, U + 1, H], without the
     logits: the value and gradients of ``rnnt_loss(joint(enc, pred), ...)`` (``tdt_loss``).
 
     ``joint`` follows the decoding protocol and declares ``activation_and_output() -> ("relu", out)``, its
     output layer ``out`` (an nn.Linear of V + 1 (+ len(durations)) outputs). targets [B, U], lengths [B]; blank,
     sigma, reduction and check as in :func:`losses.rnnt_loss` / ``tdt_loss``. Under autocast the output layer
-    runs in the autocast dtype. max_tile_elements: joint outputs per tile (>= one node's).
+    runs in the autocast dtype. max_tile_elements: joint outputs per tile (>= one node's). backend: "auto"
+    (the Triton kernels on CUDA for fp32, bf16 and fp16), "triton" or "torch", as :func:`losses.loss_backend`.
     """
     activation, out = joint.activation_and_output()
     if activation != "relu":
@@ -48,14 +54,14 @@ def fused_joint_loss(joint, enc: torch.Tensor, pred: torch.Tensor, targets: torc
     return fused_projected_joint_loss(joint.project_encoder(enc), joint.project_predictor(pred), out.weight,
                                       out.bias, targets, logit_lengths, target_lengths, blank=blank,
                                       durations=durations, sigma=sigma, reduction=reduction, check=check,
-                                      max_tile_elements=max_tile_elements)
+                                      max_tile_elements=max_tile_elements, backend=backend)
 
 
 def fused_projected_joint_loss(enc_proj: torch.Tensor, pred_proj: torch.Tensor, weight: torch.Tensor,
                                bias: torch.Tensor | None, targets: torch.Tensor, logit_lengths: torch.Tensor,
                                target_lengths: torch.Tensor, *, blank: int, durations: Sequence[int] | None = None,
                                sigma: float = 0.0, reduction: str = "mean", check: str = "host",
-                               max_tile_elements: int = MAX_TILE_ELEMENTS) -> torch.Tensor:
+                               max_tile_elements: int = MAX_TILE_ELEMENTS, backend: str = "auto") -> torch.Tensor:
     """:func:`fused_joint_loss` on the projections: enc_proj [B, T, J], pred_proj [B, U + 1, J], the output
     layer weight [outputs, J] and bias [outputs] (or None); the logits would be
     ``F.linear(relu(enc_proj[:, :, None] + pred_proj[:, None]), weight, bias)``."""
@@ -74,8 +80,10 @@ def fused_projected_joint_loss(enc_proj: torch.Tensor, pred_proj: torch.Tensor, 
     enc_proj, pred_proj, weight = enc_proj.to(dtype), pred_proj.to(dtype), weight.to(dtype)
     bias = None if bias is None else bias.to(dtype)
     targets = targets.to(enc_proj.device, torch.int64).clamp(0, num_tokens - 1)  # padding: any column will do
+    use_triton = dtype != torch.float64 and loss_backend(
+        enc_proj, backend, kernels_module="workbench.models.fused_joint_triton")[0] == "triton"
     lse, blank_logit, label_logit, duration_logits = _NodeLogits.apply(
-        enc_proj, pred_proj, weight, bias, targets, blank, num_tokens, max_tile_elements)
+        enc_proj, pred_proj, weight, bias, targets, blank, num_tokens, max_tile_elements, use_triton)
     blank_logp = blank_logit - lse - sigma
     label_logp = label_logit - lse[:, :, :-1] - sigma
     if durations is None:
@@ -110,33 +118,21 @@ class _NodeLogits(torch.autograd.Function):
     [B, T, U] and the logits after the tokens [B, T, U + 1, C - num_tokens], in fp32 (fp64 for fp64 inputs)."""
 
     @staticmethod
-    def forward(ctx, enc_proj, pred_proj, weight, bias, targets, blank, num_tokens, max_tile_elements):
-        batch, num_frames, _ = enc_proj.shape
-        num_cols = pred_proj.shape[1]
-        stat_dtype = torch.float64 if enc_proj.dtype == torch.float64 else torch.float32
-        padded_weight, padded_bias = _padded_output_layer(weight, bias)
-        small = dict(device=enc_proj.device, dtype=stat_dtype)
-        lse = torch.empty(batch, num_frames, num_cols, **small)
-        blank_logit = torch.empty(batch, num_frames, num_cols, **small)
-        label_logit = torch.empty(batch, num_frames, num_cols - 1, **small)
-        rest = torch.empty(batch, num_frames, num_cols, weight.shape[0] - num_tokens, **small)
-        tiles = _tiles(batch, num_frames, num_cols, padded_weight.shape[0], max_tile_elements)
-        with _no_autocast(enc_proj):
-            for rows, frames in tiles:
-                _, z = _tile_logits(enc_proj[rows, frames], pred_proj[rows], padded_weight, padded_bias)
-                z = z[..., :weight.shape[0]].to(stat_dtype)
-                lse[rows, frames] = z[..., :num_tokens].logsumexp(-1)
-                blank_logit[rows, frames] = z[..., blank]
-                label_logit[rows, frames] = _gather_labels(z, targets[rows])
-                rest[rows, frames] = z[..., num_tokens:]
-        ctx.save_for_backward(enc_proj, pred_proj, weight, bias, targets, lse)
-        ctx.sizes = (blank, num_tokens, max_tile_elements)
-        return lse, blank_logit, label_logit, rest
+    def forward(ctx, enc_proj, pred_proj, weight, bias, targets, blank, num_tokens, max_tile_elements, use_triton):
+        ctx.sizes = (blank, num_tokens, max_tile_elements, use_triton)
+        if use_triton:
+            from workbench.models.fused_joint_triton import fused_joint_node_stats
+            stats = fused_joint_node_stats(*_contiguous(enc_proj, pred_proj, weight, bias, targets), blank,
+                                           num_tokens)
+        else:
+            stats = _node_stats(enc_proj, pred_proj, weight, bias, targets, blank, num_tokens, max_tile_elements)
+        ctx.save_for_backward(enc_proj, pred_proj, weight, bias, targets, stats[0])
+        return stats
 
     @staticmethod
     def backward(ctx, g_lse, g_blank, g_label, g_rest):
         enc_proj, pred_proj, weight, bias, targets, lse = ctx.saved_tensors
-        blank, num_tokens, max_tile_elements = ctx.sizes
+        blank, num_tokens, max_tile_elements, use_triton = ctx.sizes
         batch, num_frames, _ = enc_proj.shape
         num_cols = pred_proj.shape[1]
         num_outputs = weight.shape[0]
@@ -152,20 +148,19 @@ class _NodeLogits(torch.autograd.Function):
         grad_weight = torch.zeros(padded_weight.shape, device=weight.device, dtype=stat_dtype)
         grad_bias = torch.zeros(padded_weight.shape[0], device=weight.device, dtype=stat_dtype)
         tiles = _tiles(batch, num_frames, num_cols, padded_weight.shape[0], max_tile_elements)
+        grads = (lse, g_lse, g_blank, g_label, g_rest)
+        if use_triton:
+            inputs = _contiguous(enc_proj, pred_proj, weight, bias, targets)
+            grads = _contiguous(*grads)
         with _no_autocast(enc_proj):
             for rows, frames in tiles:
-                pre, z = _tile_logits(enc_proj[rows, frames], pred_proj[rows], padded_weight, padded_bias)
-                dz = torch.zeros(z.shape, device=z.device, dtype=stat_dtype)
-                tokens = z[..., :num_tokens].to(stat_dtype)
-                dz[..., :num_tokens] = torch.exp(tokens - lse[rows, frames, :, None]) * g_lse[rows, frames, :, None]
-                del tokens
-                dz[..., blank] += g_blank[rows, frames]
-                num_labels = num_cols - 1
-                index = targets[rows][:, None, :, None].expand(*dz.shape[:2], num_labels, 1)
-                dz[:, :, :num_labels].scatter_add_(-1, index, g_label[rows, frames, :, None])
-                dz[..., num_tokens:num_outputs] = g_rest[rows, frames]
-                dz = dz.to(z.dtype)  # the materialized logits' gradient has their dtype
-                del z
+                pre = enc_proj[rows, frames][:, :, None, :] + pred_proj[rows][:, None, :, :]
+                if use_triton:
+                    dz = _triton_tile_output_grad(inputs, grads, blank, num_tokens, rows, frames, pre.shape,
+                                                  padded_weight.shape[0])
+                else:
+                    dz = _tile_output_grad(pre, padded_weight, padded_bias, targets[rows], grads, rows, frames,
+                                           blank, num_tokens, num_outputs)
                 h = torch.relu(pre)
                 dz_rows, h_rows = dz.reshape(-1, dz.shape[-1]), h.reshape(-1, h.shape[-1])
                 grad_weight += (dz_rows.T @ h_rows).to(stat_dtype)
@@ -178,7 +173,60 @@ class _NodeLogits(torch.autograd.Function):
                 del dpre
         grad_weight = grad_weight[:num_outputs].to(weight.dtype)
         grad_bias = None if bias is None else grad_bias[:num_outputs].to(bias.dtype)
-        return grad_enc, grad_pred.to(pred_proj.dtype), grad_weight, grad_bias, None, None, None, None
+        return grad_enc, grad_pred.to(pred_proj.dtype), grad_weight, grad_bias, None, None, None, None, None
+
+
+def _node_stats(enc_proj, pred_proj, weight, bias, targets, blank, num_tokens, max_tile_elements):
+    """:class:`_NodeLogits`'s outputs by PyTorch ops on each tile's logits."""
+    batch, num_frames, _ = enc_proj.shape
+    num_cols = pred_proj.shape[1]
+    stat_dtype = torch.float64 if enc_proj.dtype == torch.float64 else torch.float32
+    padded_weight, padded_bias = _padded_output_layer(weight, bias)
+    small = dict(device=enc_proj.device, dtype=stat_dtype)
+    lse = torch.empty(batch, num_frames, num_cols, **small)
+    blank_logit = torch.empty(batch, num_frames, num_cols, **small)
+    label_logit = torch.empty(batch, num_frames, num_cols - 1, **small)
+    rest = torch.empty(batch, num_frames, num_cols, weight.shape[0] - num_tokens, **small)
+    tiles = _tiles(batch, num_frames, num_cols, padded_weight.shape[0], max_tile_elements)
+    with _no_autocast(enc_proj):
+        for rows, frames in tiles:
+            _, z = _tile_logits(enc_proj[rows, frames], pred_proj[rows], padded_weight, padded_bias)
+            z = z[..., :weight.shape[0]].to(stat_dtype)
+            lse[rows, frames] = z[..., :num_tokens].logsumexp(-1)
+            blank_logit[rows, frames] = z[..., blank]
+            label_logit[rows, frames] = _gather_labels(z, targets[rows])
+            rest[rows, frames] = z[..., num_tokens:]
+    return lse, blank_logit, label_logit, rest
+
+
+def _contiguous(*tensors):
+    return tuple(None if x is None else x.contiguous() for x in tensors)
+
+
+def _tile_output_grad(pre, padded_weight, padded_bias, targets, grads, rows, frames, blank, num_tokens,
+                      num_outputs) -> torch.Tensor:
+    """d loss / d logits [b, t, U + 1, C_pad] of one tile, in the joint's dtype, from its pre-activations."""
+    lse, g_lse, g_blank, g_label, g_rest = (g[rows, frames] for g in grads)
+    z = F.linear(torch.relu(pre), padded_weight, padded_bias)
+    dz = torch.zeros(z.shape, device=z.device, dtype=lse.dtype)
+    dz[..., :num_tokens] = torch.exp(z[..., :num_tokens].to(lse.dtype) - lse[..., None]) * g_lse[..., None]
+    dz[..., blank] += g_blank
+    num_labels = pre.shape[2] - 1
+    index = targets[:, None, :, None].expand(*dz.shape[:2], num_labels, 1)
+    dz[:, :, :num_labels].scatter_add_(-1, index, g_label[..., None])
+    dz[..., num_tokens:num_outputs] = g_rest
+    return dz.to(z.dtype)  # the materialized logits' gradient has their dtype
+
+
+def _triton_tile_output_grad(inputs, grads, blank, num_tokens, rows, frames, tile_shape_, padded_width):
+    """:func:`_tile_output_grad` by the Triton kernel, from the inputs and the node gradients of all nodes."""
+    from workbench.models.fused_joint_triton import fused_joint_output_grad
+    enc_proj = inputs[0]
+    num_frames, num_cols = enc_proj.shape[1], inputs[1].shape[1]
+    start = (rows.start * num_frames + frames.start) * num_cols
+    num_nodes = tile_shape_[0] * tile_shape_[1] * num_cols
+    dz = fused_joint_output_grad(*inputs, *grads, blank, num_tokens, start, num_nodes, padded_width)
+    return dz.view(*tile_shape_[:3], padded_width)
 
 
 def _tiles(batch, num_frames, num_cols, width, max_elements) -> list[tuple[slice, slice]]:

@@ -41,17 +41,19 @@ from workbench.triton_support import kernel_device_type, triton_unavailable_reas
 BACKENDS = ("auto", "triton", "torch")
 
 
-def loss_backend(logits: torch.Tensor, backend: str = "auto") -> tuple[str, str]:
+def loss_backend(logits: torch.Tensor, backend: str = "auto", *,
+                 kernels_module: str = "workbench.models.losses_triton") -> tuple[str, str]:
     """Which implementation a transducer loss runs on these logits ("triton" or "torch") and a one-line
     reason, for logs. "auto": Triton for CUDA logits when it imports, else the pure-PyTorch reference (fake CPU
-    logits inside ``kernels_as_on_cuda()`` count as CUDA ones: :func:`~workbench.triton_support.kernel_device_type`)."""
+    logits inside ``kernels_as_on_cuda()`` count as CUDA ones: :func:`~workbench.triton_support.kernel_device_type`).
+    kernels_module: the module of the kernels that would run (it must import too)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     if backend == "torch":
         return "torch", "torch: asked for the pure-PyTorch reference"
     if backend == "auto" and kernel_device_type(logits.device) != "cuda":  # decided without importing triton
         return "torch", f"torch: logits on {logits.device.type} (the Triton kernels run on CUDA)"
-    problem = triton_unavailable_reason(logits.device, kernels_module="workbench.models.losses_triton")
+    problem = triton_unavailable_reason(logits.device, kernels_module=kernels_module)
     if backend == "triton":
         if problem:
             raise ValueError(f"backend='triton': {problem}")

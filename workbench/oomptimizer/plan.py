@@ -55,7 +55,7 @@ SMALL_BLOCK_LIMIT = 1 * MiB  # bytes: blocks up to this size come from the small
 PAGE_BYTES = 2 * MiB  # bytes: small-pool segments, and the pages expandable segments grow by
 DEFAULT_MARGIN_BYTES = 1 * GiB  # bytes kept free for cuBLAS/cuDNN workspaces and fragmentation
 KERNEL_MODULES = ("workbench.models.losses_triton", "workbench.models.depthwise_triton",
-                  "workbench.models.time_conv_triton")  # the Triton kernels a reference model's step may run
+                  "workbench.models.time_conv_triton", "workbench.models.fused_joint_triton")  # the Triton kernels a reference model's step may run
 
 # torch.cuda.get_device_properties(...).total_memory of each GPU, in bytes (0.01 GiB as torch's out-of-memory
 # messages print it); calibrate against the GPU where one is at hand.
@@ -269,8 +269,8 @@ def traced_path(cuda_kernels: bool = True) -> str:
     problem = next(filter(None, (triton_unavailable_reason("cuda", kernels_module=m) for m in KERNEL_MODULES)),
                    None) if cuda_kernels else "the CPU's choice"
     if problem is None:
-        return ("torch ops on a fake CPU device, kernels as on CUDA (Triton losses and depthwise convolutions "
-                "by their custom ops' fakes, flash and memory-efficient attention; CPU autocast list)")
+        return ("torch ops on a fake CPU device, kernels as on CUDA (Triton losses, fused joint + loss and "
+                "depthwise convolutions by their custom ops' fakes, flash and memory-efficient attention; CPU autocast list)")
     return f"torch ops on a fake CPU device (CPU autocast list, torch kernels, no Triton: {problem})"
 
 
