@@ -68,3 +68,24 @@ def test_replay_of_a_missing_record_is_one_line(tmp_path, capsys):
     assert replay.main([str(tmp_path / "nope.json"), "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().out.strip() == f"plan replay: error: no such record: {tmp_path / 'nope.json'}"
     assert not (tmp_path / "plan_replay.json").exists()
+
+
+def test_the_joint_loss_plan_compares_the_fused_loss_with_the_materialized_one(tmp_path):
+    from benchmarks.plan_calibration import joint_loss
+
+    assert joint_loss.main(["--smoke", "--out", str(tmp_path)]) == 0
+    figures = json.loads((tmp_path / "plan_joint_loss.json").read_text())["figures"]
+    entry = figures["models"]["tiny-rnnt"]
+    assert len(entry["fused"]["sizes"]) == len(entry["materialized"]["sizes"]) == 2
+    assert entry["size_ratio"] == [f / m for f, m in zip(entry["fused"]["sizes"], entry["materialized"]["sizes"])]
+    assert entry["step_peak_ratio"] == entry["fused"]["step_peak_bytes"] / entry["materialized"]["step_peak_bytes"]
+    assert record.joint_loss_summary_lines(figures)[0].startswith("- tiny-rnnt: planned batch sizes fused")
+
+
+def test_the_joint_loss_plan_refuses_an_unknown_gpu(tmp_path, capsys):
+    from benchmarks.plan_calibration import joint_loss
+
+    with pytest.raises(SystemExit) as exit_:
+        joint_loss.main(["--smoke", "--gpu-memory", "a40", "--out", str(tmp_path)])
+    assert exit_.value.code == 2 and "not a GPU we know" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

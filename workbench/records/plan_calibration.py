@@ -44,3 +44,18 @@ def replay_summary_lines(figures: Mapping[str, Any]) -> list[str]:
                      f"{from_plan['recorded_probes_per_bucket']:.2f}, with the search of the record's commit)")
         lines.append(line)
     return lines
+
+
+JOINT_LOSS_NAME = "plan_joint_loss"
+
+
+def joint_loss_summary_lines(figures: Mapping[str, Any]) -> list[str]:
+    """The plan_joint_loss record's lines: per transducer, planned sizes fused / materialized and the step peaks."""
+    lines = []
+    for name, entry in figures["models"].items():
+        ratios = entry["size_ratio"]
+        peaks = [entry[joint_loss]["step_peak_bytes"] / 2**30 for joint_loss in ("materialized", "fused")]
+        lines.append(f"- {name}: planned batch sizes fused / materialized {min(ratios):.2f}-{max(ratios):.2f}x over "
+                     f"{len(ratios)} buckets; one step's planned peak {peaks[0]:.2f} -> {peaks[1]:.2f} GiB "
+                     f"({entry['step_peak_ratio']:.2f}x; planned on the CPU, not measured)")
+    return lines
