@@ -294,7 +294,7 @@ def test_the_triton_kernels_in_bf16_round_the_logits_as_the_torch_ops_do():
 def test_a_fake_trace_takes_the_kernels_custom_ops(monkeypatch):
     """The OOMptimizer's plan traces the step with fake CPU tensors as on CUDA: the fused loss goes through
     the kernels' custom ops (their fake implementations), forward and backward, and the plan predicts less
-    memory for it than for the materialized joint."""
+    memory for it than for the materialized joint (large-rnnt, B=64 x 15 s, 120 tokens)."""
     from workbench.models import fused_joint_triton
     from workbench.oomptimizer.plan import StepTracer, build_fake_reference_model, new_fake_mode
 
@@ -310,7 +310,7 @@ def test_a_fake_trace_takes_the_kernels_custom_ops(monkeypatch):
         tracer = StepTracer(build_fake_reference_model("large-rnnt", fake_mode, joint_loss=joint_loss), fake_mode)
         peaks[joint_loss] = tracer.trace((15.0, 120), 64).peak_allocated_bytes
     assert {"fused_joint_node_stats", "fused_joint_output_grad"} <= set(calls)
-    assert peaks["fused"] < peaks["materialized"], peaks
+    assert peaks["fused"] < 0.7 * peaks["materialized"], peaks  # the logits, their gradient and the hidden units
 
 
 COMPILE_FOR_H200 = """

@@ -59,7 +59,9 @@ def test_tracker_counts_blocks_as_the_caching_allocator_rounds_them():
         del b, view
         assert tracker.allocated_bytes == 512
         d = torch.empty(0)  # no block for zero bytes
-        del c, d
+        shape_only = torch.empty(1 << 30, device="meta")  # no memory on any device
+        assert tracker.allocated_bytes == 512
+        del c, d, shape_only
     assert tracker.allocated_bytes == 0
     assert tracker.peak_allocated_bytes == 1024 + 3 * MiB
     assert tracker.peak_reserved_bytes == 2 * MiB + 4 * MiB  # one small-pool page, two large-pool pages

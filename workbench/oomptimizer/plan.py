@@ -136,6 +136,8 @@ class DeviceMemoryTracker(TorchDispatchMode):
         self.peak_reserved_bytes = reserved_bytes(self.small_bytes, self.large_bytes)
 
     def track(self, tensor: torch.Tensor) -> None:
+        if tensor.device.type == "meta":  # shape only, no memory on any device
+            return
         storage = tensor.untyped_storage()
         key = id(storage)
         if key in self._live and self._live[key][0]() is storage:
