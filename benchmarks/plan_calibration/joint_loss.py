@@ -40,7 +40,7 @@ def plan_model(name: str, buckets: list, args) -> dict:
                              "seconds": time.perf_counter() - t0}
         print(f"{name} {joint_loss}: sizes {profile.bucket_batch_size}, step peak {peak / 2**30:.2f} GiB", flush=True)
     sizes = zip(entry["fused"]["sizes"], entry["materialized"]["sizes"])
-    entry["size_ratio"] = [fused / materialized for fused, materialized in sizes]
+    entry["size_ratio"] = [fused / materialized if materialized else None for fused, materialized in sizes]
     entry["step_peak_ratio"] = entry["fused"]["step_peak_bytes"] / entry["materialized"]["step_peak_bytes"]
     return entry
 

@@ -1,7 +1,7 @@
 """The fused joint + loss equals the materialized one (the joint's logits, then rnnt_loss / tdt_loss) in value
 and in every gradient, and never holds a tensor the size of the logits."""
 
-from triton_interpreter import triton  # noqa: I001 - sets TRITON_INTERPRET before the kernels load
+from triton_interpreter import DEVICE, triton  # noqa: I001 - sets TRITON_INTERPRET before the kernels load
 
 import pytest
 import torch
@@ -102,6 +102,15 @@ def test_bad_inputs_are_named():
         fused_projected_joint_loss(*params, targets, logit_lengths + 5, target_lengths, blank=-1)
     with pytest.raises(ValueError, match="max_tile_elements"):
         fused_projected_joint_loss(*params, targets, logit_lengths, target_lengths, blank=-1, max_tile_elements=0)
+    with pytest.raises(ValueError, match="backend"):  # refused for fp64 too, which never runs the kernels
+        fused_projected_joint_loss(*params, targets, logit_lengths, target_lengths, blank=-1, backend="cuda")
+    enc, pred, weight, bias = params
+    with pytest.raises(ValueError, match="pred_proj: batch 1"):
+        fused_projected_joint_loss(enc, pred[:1], weight, bias, targets, logit_lengths, target_lengths, blank=-1)
+    with pytest.raises(ValueError, match="weight: last dim 3"):
+        fused_projected_joint_loss(enc, pred, weight[:, :3], bias, targets, logit_lengths, target_lengths, blank=-1)
+    with pytest.raises(ValueError, match="bias"):
+        fused_projected_joint_loss(enc, pred, weight, bias[:2], targets, logit_lengths, target_lengths, blank=-1)
 
 
 def test_tiles_cover_the_lattice_within_the_budget():
@@ -182,26 +191,33 @@ def test_the_fused_loss_is_a_transducer_option():
     check_joint_loss("materialized", "ctc", "tiny-ctc")
 
 
-def _cuda_inputs(batch, frames, labels, hidden, num_outputs, dtype, seed=0):
+def _cuda_inputs(batch, frames, labels, hidden, num_outputs, dtype, seed=0, vocab=None, bias=True):
+    """vocab: label ids are drawn from [0, vocab) (default: all outputs but the last)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     enc = torch.randn(batch, frames, hidden, device="cuda", generator=gen).to(dtype)
     pred = torch.randn(batch, labels + 1, hidden, device="cuda", generator=gen).to(dtype)
     weight = (torch.randn(num_outputs, hidden, device="cuda", generator=gen) / hidden ** 0.5).to(dtype)
-    bias = torch.randn(num_outputs, device="cuda", generator=gen).to(dtype)
-    targets = torch.randint(0, num_outputs - 1, (batch, labels), device="cuda", generator=gen)
+    b = torch.randn(num_outputs, device="cuda", generator=gen).to(dtype) if bias else None
+    targets = torch.randint(0, vocab or num_outputs - 1, (batch, labels), device="cuda", generator=gen)
     logit_lengths = torch.randint(frames // 2, frames + 1, (batch,), device="cuda", generator=gen)
     target_lengths = torch.randint(labels // 2, labels + 1, (batch,), device="cuda", generator=gen)
     logit_lengths[0], target_lengths[0] = frames, labels
-    return [x.requires_grad_() for x in (enc, pred, weight, bias)], (targets, logit_lengths, target_lengths)
+    return [x.requires_grad_() if x is not None else None for x in (enc, pred, weight, b)], \
+        (targets, logit_lengths, target_lengths)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("durations", [None, [0, 1, 2, 3, 4]])
-def test_cuda_equals_the_materialized_triton_loss(dtype, tolerance, durations):
+@pytest.mark.parametrize("blank_first,bias", [(False, True), (True, False)])
+def test_cuda_equals_the_materialized_triton_loss(dtype, tolerance, durations, blank_first, bias):
     vocab = 1024
-    params, lengths = _cuda_inputs(6, 40, 20, 64, vocab + 1 + len(durations or []), dtype)
-    kwargs = dict(blank=vocab, reduction="none") | ({} if durations is None else dict(durations=durations))
+    params, lengths = _cuda_inputs(6, 40, 20, 64, vocab + 1 + len(durations or []), dtype, vocab=vocab,
+                                   bias=bias)
+    blank = 0 if blank_first else vocab
+    if blank_first:
+        lengths[0].add_(1).clamp_(max=vocab)  # label ids 1..vocab
+    kwargs = dict(blank=blank, reduction="none") | ({} if durations is None else dict(durations=durations))
     want, want_grads = _value_and_grads(_materialized, params, lengths, kwargs)
     got, got_grads = _value_and_grads(
         lambda *a, **k: fused_projected_joint_loss(*a, max_tile_elements=1 << 20, **k), params, lengths, kwargs)
@@ -253,6 +269,10 @@ def test_the_lattice_kernel_on_node_log_probs_equals_the_diagonal_loop(monkeypat
 def _triton_against_torch(params, lengths, kwargs, tile, rtol=1e-5, atol=1e-5):
     if triton is None:
         pytest.skip("triton is not installed")
+    params = [p.detach().to(DEVICE).requires_grad_() if p is not None else None for p in params]
+    lengths = [x.to(DEVICE) for x in lengths]
+    if DEVICE == "cuda":  # compiled GEMMs sum in another order than numpy's
+        rtol, atol = max(rtol, 1e-4), max(atol, 1e-4)
     runs = {}
     for backend in ("torch", "triton"):
         runs[backend] = _value_and_grads(
@@ -265,10 +285,10 @@ def _triton_against_torch(params, lengths, kwargs, tile, rtol=1e-5, atol=1e-5):
         torch.testing.assert_close(g, w, rtol=rtol, atol=atol * max(1.0, w.abs().max().item()))
 
 
-@pytest.mark.parametrize("tile", [1, 300, 1 << 20])  # one node a tile; tiles of some frames; one tile
+@pytest.mark.parametrize("tile", [1, 300, 1 << 20])  # one frame a tile; tiles of some frames; one tile
 @pytest.mark.parametrize("blank,bias", [(-1, True), (0, False)])
 def test_the_triton_kernels_equal_the_torch_ops_for_rnnt(tile, blank, bias):
-    """Under Triton's interpreter (on a GPU, the compiled kernels): vocabulary blocks that loop (40 tokens,
+    """On CUDA where there is one, else under Triton's interpreter: vocabulary blocks that loop (40 tokens,
     32 a block), a hidden width that is no multiple of the GEMM's block, tiles that start mid-utterance."""
     vocab = 40
     params, lengths = _inputs(3, 5, 4, 19, vocab + 1, vocab, dtype=torch.float32, seed=4, bias=bias)

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.models.loss_inputs import check_durations, check_inputs, check_num_classes, reduce_losses
-from workbench.models.losses import loss_backend, rnnt_log_likelihood, tdt_log_likelihood
+from workbench.models.losses import BACKENDS, loss_backend, rnnt_log_likelihood, tdt_log_likelihood
 
 MAX_TILE_ELEMENTS = 1 << 25  # joint outputs per tile (a tile's logits, fp32: 128 MiB)
 ALIGNMENT = 8  # the output layer's rows are padded to a multiple of this in the GEMMs (cuBLAS's fast kernels)
@@ -46,7 +46,7 @@ def fused_joint_loss(joint, enc: torch.Tensor, pred: torch.Tensor, targets: torc
     output layer ``out`` (an nn.Linear of V + 1 (+ len(durations)) outputs). targets [B, U], lengths [B]; blank,
     sigma, reduction and check as in :func:`losses.rnnt_loss` / ``tdt_loss``. Under autocast the output layer
     runs in the autocast dtype. max_tile_elements: joint outputs per tile (>= one node's). backend: "auto"
-    (the Triton kernels on CUDA for fp32, bf16 and fp16), "triton" or "torch", as :func:`losses.loss_backend`.
+    (the Triton kernels on CUDA for fp32 and bf16), "triton" or "torch", as :func:`losses.loss_backend`.
     """
     activation, out = joint.activation_and_output()
     if activation != "relu":
@@ -65,6 +65,9 @@ def fused_projected_joint_loss(enc_proj: torch.Tensor, pred_proj: torch.Tensor, 
     """:func:`fused_joint_loss` on the projections: enc_proj [B, T, J], pred_proj [B, U + 1, J], the output
     layer weight [outputs, J] and bias [outputs] (or None); the logits would be
     ``F.linear(relu(enc_proj[:, :, None] + pred_proj[:, None]), weight, bias)``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    _check_projection_shapes(enc_proj, pred_proj, weight, bias)
     batch, num_frames, _ = enc_proj.shape
     num_cols = pred_proj.shape[1]
     num_outputs = weight.shape[0]
@@ -92,6 +95,21 @@ def fused_projected_joint_loss(enc_proj: torch.Tensor, pred_proj: torch.Tensor, 
         log_likelihood = tdt_log_likelihood(blank_logp, label_logp, duration_logits.log_softmax(-1), durations,
                                             logit_lengths, target_lengths, kernel=True)
     return reduce_losses(-log_likelihood, reduction)
+
+
+def _check_projection_shapes(enc_proj, pred_proj, weight, bias) -> None:
+    """A ValueError naming the input whose shape disagrees with enc_proj [B, T, J]."""
+    if enc_proj.dim() != 3 or pred_proj.dim() != 3 or weight.dim() != 2:
+        raise ValueError(f"enc_proj [B, T, J], pred_proj [B, U + 1, J], weight [outputs, J]: got "
+                         f"{list(enc_proj.shape)}, {list(pred_proj.shape)}, {list(weight.shape)}")
+    batch, _, width = enc_proj.shape
+    if pred_proj.shape[0] != batch:
+        raise ValueError(f"pred_proj: batch {pred_proj.shape[0]}, enc_proj's is {batch}")
+    for name, got in (("pred_proj", pred_proj.shape[-1]), ("weight", weight.shape[-1])):
+        if got != width:
+            raise ValueError(f"{name}: last dim {got}, enc_proj's J is {width}")
+    if bias is not None and bias.shape != weight.shape[:1]:
+        raise ValueError(f"bias: shape {list(bias.shape)}, expected [{weight.shape[0]}] (weight's outputs)")
 
 
 def _joint_dtype(enc_proj: torch.Tensor) -> torch.dtype:

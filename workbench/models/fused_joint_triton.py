@@ -13,8 +13,8 @@ so neither the [B, T, U + 1, J] activations nor the [B, T, U + 1, C] logits are 
    written once in the joint's dtype into the tile's [nodes, C_pad] buffer for the two GEMMs that follow.
 
 The logits are rounded to the joint's dtype before the fp32 arithmetic, as the materialized logits are;
-fp32 GEMMs run in IEEE fp32 (no TF32), as torch's matmuls do by default; bf16 and fp16 ones on the tensor
-cores with fp32 accumulation. Every offset is 64-bit. Both run
+fp32 GEMMs run in IEEE fp32 (no TF32), as torch's matmuls do by default; bf16 ones on the tensor cores
+with fp32 accumulation. Every offset is 64-bit. Both run
 inside torch custom ops (``workbench::fused_joint_node_stats``, ``workbench::fused_joint_output_grad``)
 whose fake implementations give a fake trace (the OOMptimizer's plan) their outputs. On a CPU the kernels
 run only under Triton's interpreter.
