@@ -30,6 +30,7 @@ import torch
 
 from workbench.records.losses import Agreement, ChunkedStep, LossesRecord, LossRun, table
 from benchmarks.losses.worker import compare_rows, loss_function, loss_inputs, measure
+from benchmarks.profiling import profile_call, top_kernels
 from benchmarks.harness import Run, bench_device, bench_parser, cpu_smoke_torch, start
 from workbench.records.results import REPO_ROOT
 from workbench.timing import timer_for
@@ -115,6 +116,9 @@ def chunked_steps(record: LossesRecord, step_shape, settings, device, *, smoke: 
             step.step_s = timer_for(device)(train_step, repeat=2 if smoke else 3, warmup=1)
             step.peak_bytes = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
             step.loss = float(losses[-1])
+            step.kernels = top_kernels(profile_call(train_step, device)[1], device.type, top=8)
+            print(f"{name} {joint_loss} joint_chunk_size={chunk} top kernels: " + "; ".join(
+                f"{k['name'][:60]} {k['share']:.0%}" for k in step.kernels["top"]), flush=True)
         except Exception as e:  # noqa: BLE001 - an OOM is a figure; anything else a failure
             step.error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
             if not is_oom_error(e):

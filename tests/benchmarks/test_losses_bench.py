@@ -33,6 +33,9 @@ def test_losses_bench_smoke(tmp_path, capsys, two_threads):
     steps = fig["chunked"]
     assert [(s["joint_loss"], s["joint_chunk_size"]) for s in steps] == [tuple(x) for x in run.SMOKE_STEP_SETTINGS]
     assert all(s["error"] is None for s in steps)
+    for s in steps:  # one more step profiled: its activities ranked, shares of their summed time
+        assert s["kernels"]["top"] and s["kernels"]["total_s"] > 0
+        assert 0 < sum(k["share"] for k in s["kernels"]["top"]) <= 1 + 1e-9
     for step in steps[1:]:  # neither chunks nor the fused joint and loss change the loss
         assert step["loss"] == pytest.approx(steps[0]["loss"], rel=1e-5)
     assert len(fig["ratios"]["chunked_over_whole"]) == 1 and len(fig["ratios"]["tdt_over_rnnt"]) == 2

@@ -55,6 +55,7 @@ class ChunkedStep:
     peak_bytes: int | None = None        # max_memory_allocated over the steps (None off a GPU)
     loss: float | None = None
     error: str | None = None
+    kernels: dict | None = None          # one more step profiled: benchmarks.profiling.top_kernels's ranking
 
 
 @dataclass
