@@ -16,8 +16,9 @@ The logits are rounded to the joint's dtype before the fp32 arithmetic, as the m
 fp32 GEMMs run in IEEE fp32 (no TF32), as torch's matmuls do by default; bf16 ones on the tensor cores
 with fp32 accumulation. Every offset is 64-bit. Both run
 inside torch custom ops (``workbench::fused_joint_node_stats``, ``workbench::fused_joint_output_grad``)
-whose fake implementations give a fake trace (the OOMptimizer's plan) their outputs. On a CPU the kernels
-run only under Triton's interpreter.
+whose fake implementations give a fake trace (the OOMptimizer's plan) their outputs. On CUDA each kernel's
+blocks are autotuned among :data:`CUDA_CONFIGS` on its first launch for a (J, C, bias, dtype); on a CPU the
+kernels run only under Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ _SHAPE_ARGS = ["NODES", "START", "T", "U1", "U"]  # change with every batch: one
 
 
 def _blocks(device: torch.device, dtype: torch.dtype) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps): tensor-core tiles on CUDA, small ones for the CPU interpreter."""
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps): tensor-core tiles on CUDA (what the compile check builds; runs pick
+    theirs among :data:`CUDA_CONFIGS`), small ones for the CPU interpreter."""
     if device.type != "cuda":
         return 16, 32, 16, 4
     return (64, 128, 64, 8) if dtype != torch.float32 else (64, 64, 32, 4)
@@ -143,12 +145,36 @@ def _output_grad_kernel(enc_ptr, pred_ptr, w_ptr, bias_ptr, targets_ptr, lse_ptr
                  mask=row_ok[:, None] & (cols[None, :] < C_PAD))
 
 
-def _launch_args(enc_proj, weight, bias):
-    block_m, block_n, block_k, warps = _blocks(enc_proj.device, enc_proj.dtype)
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) tried on CUDA, once per (J, C, bias, dtype class); those that
+# do not fit the GPU's shared memory or registers are skipped by the autotuner
+CUDA_CONFIGS = [(64, 128, 64, 8, 3), (128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 64, 64, 4, 4),
+                (128, 256, 64, 8, 3), (64, 256, 64, 8, 3), (64, 64, 32, 4, 3), (32, 128, 64, 4, 4)]
+_TUNE_KEY = ["J", "C", "HAS_BIAS", "IEEE"]
+
+
+def _autotuned(kernel):
+    configs = [triton.Config(dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k), num_warps=w, num_stages=st)
+               for m, n, k, w, st in CUDA_CONFIGS]
+    return triton.autotune(configs, key=_TUNE_KEY)(kernel)
+
+
+_KERNELS = {"node_stats": _node_stats_kernel, "output_grad": _output_grad_kernel}
+_TUNED = {name: _autotuned(kernel) for name, kernel in _KERNELS.items()}
+
+
+def _launch(name: str, nodes: int, enc_proj, pred_proj, weight, bias, *rest) -> None:
+    """Kernel ``name`` over ``nodes`` nodes: on CUDA its autotuned twin picks the blocks; elsewhere (Triton's
+    interpreter) the small fixed blocks of :func:`_blocks`."""
     ieee = enc_proj.dtype == torch.float32 or enc_proj.device.type != "cuda"
-    constants = dict(HAS_BIAS=bias is not None, IEEE=ieee, BLOCK_M=block_m,
-                     BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
-    return block_m, (weight if bias is None else bias), constants
+    args = (enc_proj, pred_proj, weight, weight if bias is None else bias, *rest)
+    constants = dict(HAS_BIAS=bias is not None, IEEE=ieee)
+    with device_guard(enc_proj.device):
+        if enc_proj.device.type == "cuda":
+            _TUNED[name][lambda meta: (triton.cdiv(nodes, meta["BLOCK_M"]),)](*args, **constants)
+            return
+        block_m, block_n, block_k, warps = _blocks(enc_proj.device, enc_proj.dtype)
+        _KERNELS[name][(triton.cdiv(nodes, block_m),)](*args, **constants, BLOCK_M=block_m, BLOCK_N=block_n,
+                                                       BLOCK_K=block_k, num_warps=warps)
 
 
 @torch.library.custom_op("workbench::fused_joint_node_stats", mutates_args=())
@@ -164,11 +190,8 @@ def fused_joint_node_stats(enc_proj: torch.Tensor, pred_proj: torch.Tensor, weig
     nodes = batch * num_frames * num_cols
     if nodes == 0:
         return lse, blank_logit, label_logit, rest
-    block_m, bias_arg, constants = _launch_args(enc_proj, weight, bias)
-    with device_guard(enc_proj.device):
-        _node_stats_kernel[(triton.cdiv(nodes, block_m),)](
-            enc_proj, pred_proj, weight, bias_arg, targets, lse, blank_logit, label_logit, rest, nodes, num_frames,
-            num_cols, num_cols - 1, width, num_outputs, num_tokens, blank, **constants)
+    _launch("node_stats", nodes, enc_proj, pred_proj, weight, bias, targets, lse, blank_logit, label_logit, rest,
+            nodes, num_frames, num_cols, num_cols - 1, width, num_outputs, num_tokens, blank)
     return lse, blank_logit, label_logit, rest
 
 
@@ -198,12 +221,9 @@ def fused_joint_output_grad(enc_proj: torch.Tensor, pred_proj: torch.Tensor, wei
         return dz
     _, num_frames, width = enc_proj.shape
     num_cols, num_outputs = pred_proj.shape[1], weight.shape[0]
-    block_m, bias_arg, constants = _launch_args(enc_proj, weight, bias)
-    with device_guard(enc_proj.device):
-        _output_grad_kernel[(triton.cdiv(num_nodes, block_m),)](
-            enc_proj, pred_proj, weight, bias_arg, targets, lse, g_lse, g_blank, g_label, g_rest, dz, start,
-            num_nodes, num_frames, num_cols, num_cols - 1, width, num_outputs, padded_width, num_tokens, blank,
-            **constants)
+    _launch("output_grad", num_nodes, enc_proj, pred_proj, weight, bias, targets, lse, g_lse, g_blank, g_label,
+            g_rest, dz, start, num_nodes, num_frames, num_cols, num_cols - 1, width, num_outputs, padded_width,
+            num_tokens, blank)
     return dz
 
 
