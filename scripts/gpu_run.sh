@@ -5,7 +5,7 @@
 #   bash scripts/gpu_run.sh --parallel "STAGES" "STAGES" ...  each group on its own GPU (0, 1, ...), at once
 #
 # stages: flow, tests, tests-allocator (below) and the benches' stages of benchmarks/stages.toml (one row
-# each: its command, time limit, record and budget; their environment: BYO_ARGS, CALIBRATION_ARGS,
+# each: its command, time limit, record and budget; their environment: BYO_ARGS, CALIBRATION_ARGS, THROUGHPUT_ARGS,
 # CHUNKED_BUCKETS; SKIP_BEFORE=1 skips a stage's first step, e.g. byo-models' adapter tests, whose output
 # goes to $OUT/<stage>_before.log). A stage marked `nemo` (decoding-nemo: ours against NeMo
 # 3.0.0's greedy decoders on NeMo's modules, same process) needs NeMo's wheels in .whl-nemo (make gpu-bundle;

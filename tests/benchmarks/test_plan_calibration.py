@@ -64,6 +64,23 @@ def test_replay_traces_every_measured_probe_and_replays_the_searches(tmp_path):
     assert line.startswith("- tiny-rnnt (plan_calibration.json): traced peaks ") and "from it (recorded" in line
 
 
+def test_the_search_from_the_plan_needs_at_most_1_3_probes_per_bucket_on_the_recorded_gpu_peaks():
+    """The committed H200 calibration, replayed: every model's search from its plan against the lines its
+    measured probes fit, within the issue's 1.3 probes per bucket, no size above what the replay lets fit."""
+    path = replay.RESULTS_DIR / "plan_calibration.json"
+    record_ = json.loads(path.read_text())
+    figures = record_["figures"]
+    budget = record_["params"].get("memory_fraction", 0.9) * record_["device"]["gpu_memory_bytes"]
+    replayed = {name: replay.replayed_searches(entry, figures["buckets"], budget)
+                for name, entry in figures["models"].items() if "from_plan" in entry}
+    assert len(replayed) >= 3, sorted(replayed)
+    for name, searches in replayed.items():
+        assert searches["from_plan"]["probes_per_bucket"] <= 1.3, (name, searches)
+        assert searches["from_plan"]["probes_per_bucket"] < searches["search"]["probes_per_bucket"], name
+        for planned, searched in zip(searches["from_plan"]["sizes"], searches["search"]["sizes"]):
+            assert abs(planned - searched) <= 0.05 * max(planned, searched) + 1, (name, searches)
+
+
 def test_replay_of_a_missing_record_is_one_line(tmp_path, capsys):
     assert replay.main([str(tmp_path / "nope.json"), "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().out.strip() == f"plan replay: error: no such record: {tmp_path / 'nope.json'}"

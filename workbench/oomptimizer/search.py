@@ -332,7 +332,7 @@ class _SearchState:
         """Measured over planned per-item cost expected at bucket i. A plan's error varies with the bucket's
         shape (a decoder's share grows with the tokens per second): from three measured buckets on, a
         least-squares line in (1, log duration, tokens per second), kept within the measured ratios; with
-        fewer, the ratio of the nearest measured bucket in (log duration, tokens per second)."""
+        fewer, their mean (two buckets cannot tell a shape's trend from noise)."""
         known = [k for k, cost in fit.per_item_bytes.items() if cost > 0 and self.prior.per_item_bytes[k]]
         if not known or not fit.base_known:
             return 1.0
@@ -343,8 +343,7 @@ class _SearchState:
             duration, tokens = self.buckets[k]
             return [1.0, math.log(duration), tokens / duration / top_rate]
         if len(known) < 3:
-            distances = [sum((a - b) ** 2 for a, b in zip(features(k), features(i))) for k in known]
-            return float(ratios[int(np.argmin(distances))])
+            return float(ratios.mean())
         weights, *_ = np.linalg.lstsq(np.array([features(k) for k in known]), ratios, rcond=None)
         return float(np.clip(np.array(features(i)) @ weights, ratios.min(), ratios.max()))
 
