@@ -289,7 +289,7 @@ def _triton_against_torch(params, lengths, kwargs, tile, rtol=1e-5, atol=1e-5):
 @pytest.mark.parametrize("blank,bias", [(-1, True), (0, False)])
 def test_the_triton_kernels_equal_the_torch_ops_for_rnnt(tile, blank, bias):
     """On CUDA where there is one, else under Triton's interpreter: vocabulary blocks that loop (40 tokens,
-    32 a block), a hidden width that is no multiple of the GEMM's block, tiles that start mid-utterance."""
+    32 a block on the CPU), tiles that start mid-utterance."""
     vocab = 40
     params, lengths = _inputs(3, 5, 4, 19, vocab + 1, vocab, dtype=torch.float32, seed=4, bias=bias)
     if blank == 0:
@@ -321,7 +321,7 @@ def test_a_fake_trace_takes_the_kernels_custom_ops(monkeypatch):
     if triton is None:
         pytest.skip("triton is not installed")
     calls = []
-    for name in ("fused_joint_node_stats", "fused_joint_output_grad"):
+    for name in ("fused_joint_logits_stats", "fused_joint_logits_grad"):
         op = getattr(fused_joint_triton, name)
         monkeypatch.setattr(fused_joint_triton, name, lambda *a, _op=op, _name=name: calls.append(_name) or _op(*a))
     peaks = {}
@@ -329,7 +329,7 @@ def test_a_fake_trace_takes_the_kernels_custom_ops(monkeypatch):
         fake_mode = new_fake_mode()
         tracer = StepTracer(build_fake_reference_model("large-rnnt", fake_mode, joint_loss=joint_loss), fake_mode)
         peaks[joint_loss] = tracer.trace((15.0, 120), 64).peak_allocated_bytes
-    assert {"fused_joint_node_stats", "fused_joint_output_grad"} <= set(calls)
+    assert {"fused_joint_logits_stats", "fused_joint_logits_grad"} <= set(calls)
     assert peaks["fused"] < 0.7 * peaks["materialized"], peaks  # the logits, their gradient and the hidden units
 
 
@@ -339,15 +339,14 @@ from triton.compiler import ASTSource, compile
 import torch
 from workbench.models import fused_joint_triton as F
 
+block_m, block_n, _ = F._BLOCKS["cuda"]
 for dtype in ("fp32", "bf16"):
-    block_m, block_n, block_k, _ = F._blocks(torch.device("cuda"), getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[dtype]))
-    constants = dict(HAS_BIAS=True, IEEE=dtype == "fp32", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
-    for kernel in (F._node_stats_kernel, F._output_grad_kernel):
+    for kernel in (F._logits_stats_kernel, F._logits_grad_kernel):
         signature, constexprs = {}, {}
         for name, param in zip(kernel.arg_names, kernel.params):
             if param.is_constexpr:
-                signature[name], constexprs[name] = "constexpr", constants[name]
-            elif name in ("enc_ptr", "pred_ptr", "w_ptr", "bias_ptr", "dz_ptr"):
+                signature[name], constexprs[name] = "constexpr", dict(BLOCK_M=block_m, BLOCK_N=block_n)[name]
+            elif name == "z_ptr":
                 signature[name] = "*" + dtype
             elif name.endswith("_ptr"):
                 signature[name] = "*i64" if name == "targets_ptr" else "*fp32"

@@ -15,9 +15,10 @@ The result equals the materialized path (the joint's logits, then :func:`losses.
 up to rounding: the logits are rounded to the computation dtype before the fp32 (fp64 for fp64 inputs)
 log-sum-exp exactly as the materialized logits are.
 
-On CUDA (``backend="auto"``) the per-node passes are Triton kernels (:mod:`fused_joint_triton`): forward
-makes the node statistics of all nodes in one launch without writing any logits, and backward writes each
-tile's dz directly; elsewhere, and for fp64, they are PyTorch ops on each tile's logits.
+On CUDA (``backend="auto"``) each tile's logits come from one GEMM on its hidden activations, as the
+materialized path makes them, and Triton kernels (:mod:`fused_joint_triton`) read them once: forward for the
+node statistics, backward to turn them into dz in place; elsewhere, and for fp64, PyTorch ops do the same
+on each tile's logits.
 """
 
 from __future__ import annotations
@@ -138,12 +139,8 @@ class _NodeLogits(torch.autograd.Function):
     @staticmethod
     def forward(ctx, enc_proj, pred_proj, weight, bias, targets, blank, num_tokens, max_tile_elements, use_triton):
         ctx.sizes = (blank, num_tokens, max_tile_elements, use_triton)
-        if use_triton:
-            from workbench.models.fused_joint_triton import fused_joint_node_stats
-            stats = fused_joint_node_stats(*_contiguous(enc_proj, pred_proj, weight, bias, targets), blank,
-                                           num_tokens)
-        else:
-            stats = _node_stats(enc_proj, pred_proj, weight, bias, targets, blank, num_tokens, max_tile_elements)
+        stats = _node_stats(enc_proj, pred_proj, weight, bias, targets, blank, num_tokens, max_tile_elements,
+                            use_triton)
         ctx.save_for_backward(enc_proj, pred_proj, weight, bias, targets, stats[0])
         return stats
 
@@ -168,19 +165,21 @@ class _NodeLogits(torch.autograd.Function):
         tiles = _tiles(batch, num_frames, num_cols, padded_weight.shape[0], max_tile_elements)
         grads = (lse, g_lse, g_blank, g_label, g_rest)
         if use_triton:
-            inputs = _contiguous(enc_proj, pred_proj, weight, bias, targets)
-            grads = _contiguous(*grads)
+            targets, grads = targets.contiguous(), _contiguous(*grads)
         with _no_autocast(enc_proj):
             for rows, frames in tiles:
                 pre = enc_proj[rows, frames][:, :, None, :] + pred_proj[rows][:, None, :, :]
-                if use_triton:
-                    dz = _triton_tile_output_grad(inputs, grads, blank, num_tokens, rows, frames, pre.shape,
-                                                  padded_weight.shape[0])
-                else:
-                    dz = _tile_output_grad(pre, padded_weight, padded_bias, targets[rows], grads, rows, frames,
-                                           blank, num_tokens, num_outputs)
                 h = torch.relu(pre)
-                dz_rows, h_rows = dz.reshape(-1, dz.shape[-1]), h.reshape(-1, h.shape[-1])
+                h_rows = h.reshape(-1, h.shape[-1])
+                z_rows = F.linear(h_rows, padded_weight, padded_bias)  # the tile's logits, once more
+                if use_triton:
+                    dz_rows = _triton_tile_logits_grad(z_rows, targets, grads, blank, num_tokens, rows, frames,
+                                                       num_frames, num_cols)
+                else:
+                    dz_rows = _tile_logits_grad(z_rows.view(*pre.shape[:3], -1), targets[rows], grads, rows, frames,
+                                                blank, num_tokens, num_outputs).view(z_rows.shape)
+                del z_rows
+                dz = dz_rows.view(*pre.shape[:3], -1)
                 grad_weight += (dz_rows.T @ h_rows).to(stat_dtype)
                 grad_bias += dz_rows.sum(0, dtype=stat_dtype)
                 del h, h_rows
@@ -194,8 +193,9 @@ class _NodeLogits(torch.autograd.Function):
         return grad_enc, grad_pred.to(pred_proj.dtype), grad_weight, grad_bias, None, None, None, None, None
 
 
-def _node_stats(enc_proj, pred_proj, weight, bias, targets, blank, num_tokens, max_tile_elements):
-    """:class:`_NodeLogits`'s outputs by PyTorch ops on each tile's logits."""
+def _node_stats(enc_proj, pred_proj, weight, bias, targets, blank, num_tokens, max_tile_elements, use_triton):
+    """:class:`_NodeLogits`'s outputs, tile by tile: each tile's logits, then the Triton kernel or PyTorch ops
+    on them."""
     batch, num_frames, _ = enc_proj.shape
     num_cols = pred_proj.shape[1]
     stat_dtype = torch.float64 if enc_proj.dtype == torch.float64 else torch.float32
@@ -206,9 +206,17 @@ def _node_stats(enc_proj, pred_proj, weight, bias, targets, blank, num_tokens, m
     label_logit = torch.empty(batch, num_frames, num_cols - 1, **small)
     rest = torch.empty(batch, num_frames, num_cols, weight.shape[0] - num_tokens, **small)
     tiles = _tiles(batch, num_frames, num_cols, padded_weight.shape[0], max_tile_elements)
+    if use_triton:
+        from workbench.models.fused_joint_triton import fused_joint_logits_stats
+        targets = targets.contiguous()
     with _no_autocast(enc_proj):
         for rows, frames in tiles:
             _, z = _tile_logits(enc_proj[rows, frames], pred_proj[rows], padded_weight, padded_bias)
+            if use_triton:
+                start = (rows.start * num_frames + frames.start) * num_cols
+                fused_joint_logits_stats(z.view(-1, z.shape[-1]), targets, lse, blank_logit, label_logit, rest,
+                                         blank, num_tokens, start)
+                continue
             z = z[..., :weight.shape[0]].to(stat_dtype)
             lse[rows, frames] = z[..., :num_tokens].logsumexp(-1)
             blank_logit[rows, frames] = z[..., blank]
@@ -221,30 +229,25 @@ def _contiguous(*tensors):
     return tuple(None if x is None else x.contiguous() for x in tensors)
 
 
-def _tile_output_grad(pre, padded_weight, padded_bias, targets, grads, rows, frames, blank, num_tokens,
-                      num_outputs) -> torch.Tensor:
-    """d loss / d logits [b, t, U + 1, C_pad] of one tile, in the joint's dtype, from its pre-activations."""
+def _tile_logits_grad(z, targets, grads, rows, frames, blank, num_tokens, num_outputs) -> torch.Tensor:
+    """d loss / d logits [b, t, U + 1, C_pad] of one tile, in the logits' (the joint's) dtype, from its logits."""
     lse, g_lse, g_blank, g_label, g_rest = (g[rows, frames] for g in grads)
-    z = F.linear(torch.relu(pre), padded_weight, padded_bias)
     dz = torch.zeros(z.shape, device=z.device, dtype=lse.dtype)
     dz[..., :num_tokens] = torch.exp(z[..., :num_tokens].to(lse.dtype) - lse[..., None]) * g_lse[..., None]
     dz[..., blank] += g_blank
-    num_labels = pre.shape[2] - 1
+    num_labels = z.shape[2] - 1
     index = targets[:, None, :, None].expand(*dz.shape[:2], num_labels, 1)
     dz[:, :, :num_labels].scatter_add_(-1, index, g_label[..., None])
     dz[..., num_tokens:num_outputs] = g_rest
     return dz.to(z.dtype)  # the materialized logits' gradient has their dtype
 
 
-def _triton_tile_output_grad(inputs, grads, blank, num_tokens, rows, frames, tile_shape_, padded_width):
-    """:func:`_tile_output_grad` by the Triton kernel, from the inputs and the node gradients of all nodes."""
-    from workbench.models.fused_joint_triton import fused_joint_output_grad
-    enc_proj = inputs[0]
-    num_frames, num_cols = enc_proj.shape[1], inputs[1].shape[1]
+def _triton_tile_logits_grad(z_rows, targets, grads, blank, num_tokens, rows, frames, num_frames, num_cols):
+    """:func:`_tile_logits_grad` by the Triton kernel, in place on the tile's logits [nodes, C_pad]."""
+    from workbench.models.fused_joint_triton import fused_joint_logits_grad
     start = (rows.start * num_frames + frames.start) * num_cols
-    num_nodes = tile_shape_[0] * tile_shape_[1] * num_cols
-    dz = fused_joint_output_grad(*inputs, *grads, blank, num_tokens, start, num_nodes, padded_width)
-    return dz.view(*tile_shape_[:3], padded_width)
+    fused_joint_logits_grad(z_rows, targets, *grads, blank, num_tokens, start)
+    return z_rows
 
 
 def _tiles(batch, num_frames, num_cols, width, max_elements) -> list[tuple[slice, slice]]:
