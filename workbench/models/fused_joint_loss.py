@@ -32,7 +32,7 @@ from workbench.models.loss_inputs import check_durations, check_inputs, check_nu
 from workbench.models.losses import BACKENDS, loss_backend, rnnt_log_likelihood, tdt_log_likelihood
 
 MAX_TILE_ELEMENTS = 1 << 25  # joint outputs per tile (a tile's logits, fp32: 128 MiB)
-ALIGNMENT = 8  # the output layer's rows are padded to a multiple of this in the GEMMs (cuBLAS's fast kernels)
+ALIGNMENT = 16  # output rows padded to a multiple of this: Triton vectorizes a row stride it sees divisible by 16
 
 
 def fused_joint_loss(joint, enc: torch.Tensor, pred: torch.Tensor, targets: torch.Tensor,
