@@ -50,6 +50,18 @@ def test_a_plan_whose_error_follows_the_bucket_shape_is_corrected_per_bucket():
     assert result.probes_per_bucket <= 1.3, [p.batch_size for p in result.probes]
 
 
+def test_small_batch_sizes_aim_into_the_window_the_budget_proof_accepts():
+    """Batch sizes of 20-300 (a large model on a small GPU): the 2.5 % window below the largest size holds one
+    or two sizes, so a first probe aimed mid-window by rounding down would fall below it and cost a second."""
+    memory = SyntheticMemory(kind="linear", per_second=60e6, per_token=2e6, per_item=200e6)
+    buckets = demo_buckets(num_durations=8, max_duration=30.0)
+    prior = _plan(memory, buckets, cost_scale=0.95, base_bytes=memory.base_bytes, error=0.002)
+    result = search_batch_sizes(buckets, memory.probe, budget_bytes=memory.budget_bytes, prior=prior)
+    assert 20 <= min(result.batch_sizes) and max(result.batch_sizes) <= 300, result.batch_sizes
+    _check_sizes(result, memory, buckets)
+    assert result.probes_per_bucket <= 1.1, [(p.bucket_index, p.batch_size, p.oom) for p in result.probes]
+
+
 @pytest.mark.parametrize("error", [0.03, 0.1])
 def test_a_rough_plan_costs_probes_not_correctness(error):
     memory = SyntheticMemory(kind="quadratic")

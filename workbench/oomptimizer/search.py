@@ -468,7 +468,12 @@ class _SearchState:
             n = math.floor((low_b - self.base_guess(fit)) / predicted_cost)
             if first:
                 m = self.margin(i)
-                n = n if m * n < 1 else math.floor(n * (1 - m))
+                aimed = n if m * n < 1 else math.floor(n * (1 - m))
+                # a plan scaled by measured buckets aims into the budget proof's window below n + 1: no lower
+                # than its first size (at small n the window holds one or two sizes)
+                scaled_plan = self.prior is not None and m < PLAN_FIRST_MARGIN
+                accepted = math.ceil((n + 1) * (1 - self.proof_gap())) if scaled_plan else aimed
+                n = max(aimed, min(accepted, n))
         elif lower is None:
             n = self.start
         else:
