@@ -78,7 +78,8 @@ def test_ratios_and_targets_read_from_the_record():
     rec.chunked = [losses_record.ChunkedStep("large-rnnt", 64, 15.0, 120, "bfloat16", 0,
                                              step_s={"median": 0.3}, peak_bytes=40 * 2**30),
                    losses_record.ChunkedStep("large-rnnt", 64, 15.0, 120, "bfloat16", 8,
-                                             step_s={"median": 0.33}, peak_bytes=20 * 2**30)]
+                                             step_s={"median": 0.33}, peak_bytes=20 * 2**30,
+                                             kernels={"total_s": 0.165, "top": []})]
     fig = rec.to_figures()
     r = fig["ratios"]
     small_ratio = next(x for x in r["ours_over_torchaudio"] if x["shape"] == small)
@@ -92,7 +93,8 @@ def test_ratios_and_targets_read_from_the_record():
                               "torchaudio_past_2_31_elements": False}
     lines = losses_record.summary_lines(fig)
     assert any("torchaudio-rnnt float32 B=128" in line and "illegal memory access" in line for line in lines)
-    assert "joint_chunk_size=8: 330.0 ms, peak 20.00 GiB" in "\n".join(lines)
+    assert "joint_chunk_size=8: 330.0 ms, peak 20.00 GiB; GPU kernels 165.0 ms (50%)" in "\n".join(lines)
+    assert "joint_chunk_size=0: 300.0 ms, peak 40.00 GiB\n" in "\n".join(lines) + "\n"  # no profile, no share
     text = losses_record.table(fig)
     assert "16,188,120,1024" in text and "8.00 ms" in text and "0.67" in text and "kernels:" not in text
     fig["runs"][2]["kernels"] = {"total_s": 0.004, "top": [

@@ -178,7 +178,11 @@ def _step_setting(step: dict) -> str:
 def _step_result(step: dict) -> str:
     if step["error"]:
         return f"failed ({step['error'][:60]})"
-    return f"{step['step_s']['median'] * 1e3:.1f} ms, peak {_gib(step['peak_bytes'])}"
+    out = f"{step['step_s']['median'] * 1e3:.1f} ms, peak {_gib(step['peak_bytes'])}"
+    kernels = step.get("kernels") or {}
+    if kernels.get("total_s"):  # the profiled step's summed kernel time: what the GPU did of the wall time
+        out += f"; GPU kernels {kernels['total_s'] * 1e3:.1f} ms ({kernels['total_s'] / step['step_s']['median']:.0%})"
+    return out
 
 
 def summary_lines(figures: dict) -> list[str]:
