@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from workbench.models.fused_joint_loss import fused_joint_loss, fused_projected_joint_loss, tile_shape
+from workbench.models.fused_joint_loss import ALIGNMENT, fused_joint_loss, fused_projected_joint_loss, tile_shape
 from workbench.models.losses import rnnt_loss, tdt_loss
 from workbench.models.transducer import Joint
 
@@ -149,7 +149,7 @@ def test_no_tensor_the_size_of_the_logits(durations):
 
 
 def padded(width: int) -> int:
-    return -(-width // 8) * 8
+    return -(-width // ALIGNMENT) * ALIGNMENT
 
 
 def _model_loss_and_grads(model, batch, joint_loss, dtype=torch.float32):
@@ -285,7 +285,8 @@ def _triton_against_torch(params, lengths, kwargs, tile, rtol=1e-5, atol=1e-5):
         torch.testing.assert_close(g, w, rtol=rtol, atol=atol * max(1.0, w.abs().max().item()))
 
 
-@pytest.mark.parametrize("tile", [1, 300, 1 << 20])  # one frame a tile; tiles of some frames; one tile
+# 41 outputs padded to 48 x 5 label positions: 240 a frame. One frame a tile; two; two utterances; one tile
+@pytest.mark.parametrize("tile", [1, 500, 2400, 1 << 20])
 @pytest.mark.parametrize("blank,bias", [(-1, True), (0, False)])
 def test_the_triton_kernels_equal_the_torch_ops_for_rnnt(tile, blank, bias):
     """On CUDA where there is one, else under Triton's interpreter: vocabulary blocks that loop (40 tokens,
@@ -301,7 +302,25 @@ def test_the_triton_kernels_equal_the_torch_ops_for_rnnt(tile, blank, bias):
 def test_the_triton_kernels_equal_the_torch_ops_for_tdt(durations, sigma):
     vocab = 35
     params, lengths = _inputs(2, 6, 3, 9, vocab + 1 + len(durations), vocab, dtype=torch.float32, seed=5)
-    _triton_against_torch(params, lengths, dict(blank=vocab, durations=durations, sigma=sigma, reduction="sum"), 90)
+    _triton_against_torch(params, lengths, dict(blank=vocab, durations=durations, sigma=sigma, reduction="sum"),
+                          400)  # 40 outputs padded to 48 x 4 label positions: two frames a tile
+
+
+def test_strided_projections_give_what_contiguous_ones_give():
+    """Forward and backward make each tile's logits by the same call, so a strided enc_proj (say, a transposed
+    tensor) rounds them in bf16 as a contiguous one does, value and gradients alike."""
+    vocab = 30
+    params, lengths = _inputs(2, 6, 3, 16, vocab + 1, vocab, dtype=torch.float32, seed=7)
+    params = [p.detach().to(torch.bfloat16) for p in params]
+    strided = params[0].transpose(1, 2).contiguous().transpose(1, 2)
+    assert not strided.is_contiguous()
+    kwargs = dict(blank=vocab, reduction="none", backend="torch")
+    runs = [_value_and_grads(fused_projected_joint_loss, [enc.requires_grad_(), *(p.requires_grad_() for p in
+            params[1:])], lengths, kwargs) for enc in (params[0].clone(), strided)]
+    (want, want_grads), (got, got_grads) = runs
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
 def test_the_triton_kernels_in_bf16_round_the_logits_as_the_torch_ops_do():

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from workbench.models.loss_inputs import check_durations, check_inputs, check_num_classes, reduce_losses
 from workbench.models.losses import BACKENDS, loss_backend, rnnt_log_likelihood, tdt_log_likelihood
 
-MAX_TILE_ELEMENTS = 1 << 26  # joint outputs per tile (its logits, bf16: 128 MiB); fewer tiles, fewer launches
+MAX_TILE_ELEMENTS = 1 << 26  # joint outputs per tile (its logits: 128 MiB in bf16, besides [nodes, J] activations)
 ALIGNMENT = 16  # output rows padded to a multiple of this: Triton vectorizes a row stride it sees divisible by 16
 
 
@@ -168,10 +168,8 @@ class _NodeLogits(torch.autograd.Function):
             targets, grads = targets.contiguous(), _contiguous(*grads)
         with _no_autocast(enc_proj):
             for rows, frames in tiles:
-                pre = enc_proj[rows, frames][:, :, None, :] + pred_proj[rows][:, None, :, :]
-                h = torch.relu(pre)
-                h_rows = h.reshape(-1, h.shape[-1])
-                z_rows = F.linear(h_rows, padded_weight, padded_bias)  # the tile's logits, once more
+                pre, h_rows, z_rows = _tile_logits(enc_proj[rows, frames], pred_proj[rows], padded_weight,
+                                                   padded_bias)  # the tile's logits, once more
                 if use_triton:
                     dz_rows = _triton_tile_logits_grad(z_rows, targets, grads, blank, num_tokens, rows, frames,
                                                        num_frames, num_cols)
@@ -182,7 +180,7 @@ class _NodeLogits(torch.autograd.Function):
                 dz = dz_rows.view(*pre.shape[:3], -1)
                 grad_weight += (dz_rows.T @ h_rows).to(stat_dtype)
                 grad_bias += dz_rows.sum(0, dtype=stat_dtype)
-                del h, h_rows
+                del h_rows
                 dpre = (dz @ padded_weight).masked_fill_(pre <= 0, 0)
                 del dz, dz_rows, pre
                 grad_enc[rows, frames] = dpre.sum(2)
@@ -211,13 +209,14 @@ def _node_stats(enc_proj, pred_proj, weight, bias, targets, blank, num_tokens, m
         targets = targets.contiguous()
     with _no_autocast(enc_proj):
         for rows, frames in tiles:
-            _, z = _tile_logits(enc_proj[rows, frames], pred_proj[rows], padded_weight, padded_bias)
+            enc_tile = enc_proj[rows, frames]
+            _, _, z_rows = _tile_logits(enc_tile, pred_proj[rows], padded_weight, padded_bias)
             if use_triton:
                 start = (rows.start * num_frames + frames.start) * num_cols
-                fused_joint_logits_stats(z.view(-1, z.shape[-1]), targets, lse, blank_logit, label_logit, rest,
-                                         blank, num_tokens, start)
+                fused_joint_logits_stats(z_rows, targets, lse, blank_logit, label_logit, rest, blank, num_tokens,
+                                         start)
                 continue
-            z = z[..., :weight.shape[0]].to(stat_dtype)
+            z = z_rows.view(*enc_tile.shape[:2], num_cols, -1)[..., :weight.shape[0]].to(stat_dtype)
             lse[rows, frames] = z[..., :num_tokens].logsumexp(-1)
             blank_logit[rows, frames] = z[..., blank]
             label_logit[rows, frames] = _gather_labels(z, targets[rows])
@@ -267,11 +266,13 @@ def _padded_output_layer(weight: torch.Tensor, bias: torch.Tensor | None) -> tup
 
 
 def _tile_logits(enc_tile: torch.Tensor, pred_rows: torch.Tensor, weight: torch.Tensor,
-                 bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """enc_tile [b, t, J], pred_rows [b, U + 1, J] -> (pre-activation [b, t, U + 1, J], logits
-    [b, t, U + 1, C]) in the inputs' dtype."""
+                 bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """enc_tile [b, t, J], pred_rows [b, U + 1, J] -> (pre-activation [b, t, U + 1, J], hidden units
+    [b x t x (U + 1), J], logits [b x t x (U + 1), C]) in the inputs' dtype: one GEMM on rows, the same call in
+    forward and backward, so both round the logits alike."""
     pre = enc_tile[:, :, None, :] + pred_rows[:, None, :, :]
-    return pre, F.linear(torch.relu(pre), weight, bias)
+    h_rows = torch.relu(pre).reshape(-1, pre.shape[-1])
+    return pre, h_rows, F.linear(h_rows, weight, bias)
 
 
 def _gather_labels(z: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

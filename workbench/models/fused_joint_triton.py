@@ -114,6 +114,12 @@ def _blocks(x: torch.Tensor) -> tuple[int, int, int]:
     return _BLOCKS["cuda" if x.device.type == "cuda" else "cpu"]
 
 
+def _check_rows(logits: torch.Tensor) -> None:
+    """The kernels address row r of the logits at r x padded_width: they must be contiguous."""
+    if not logits.is_contiguous():
+        raise ValueError(f"logits: expected a contiguous [nodes, padded_width] tensor, got strides {logits.stride()}")
+
+
 @torch.library.custom_op("workbench::fused_joint_logits_stats",
                          mutates_args=("lse", "blank_logit", "label_logit", "rest"))
 def fused_joint_logits_stats(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
@@ -124,6 +130,7 @@ def fused_joint_logits_stats(logits: torch.Tensor, targets: torch.Tensor, lse: t
     first ``num_tokens`` logits, the blank logit [B, T, U + 1], the next label's logit [B, T, U] and the
     logits after the tokens [B, T, U + 1, C - num_tokens], all fp32; targets [B, U] int64 in range."""
     num_nodes, padded_width = logits.shape
+    _check_rows(logits)
     if num_nodes == 0:
         return
     _, num_frames, num_cols = lse.shape
@@ -149,6 +156,7 @@ def fused_joint_logits_grad(logits: torch.Tensor, targets: torch.Tensor, lse: to
     gradients g_* have the shapes of :func:`fused_joint_logits_stats`'s outputs, lse is its first; targets
     [B, U] int64 in range."""
     num_nodes, padded_width = logits.shape
+    _check_rows(logits)
     if num_nodes == 0:
         return
     batch, num_frames, num_cols = lse.shape

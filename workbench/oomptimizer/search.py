@@ -353,11 +353,14 @@ class _SearchState:
         one probe); with a plan alone, by its calibrated error; else by the shape model's recent errors
         (15 % before any)."""
         if self.prior is not None:
-            measured = any(r.bucket_index != i and not r.oom for r in self.records)
-            return self.proof_gap() / 2 if measured else PLAN_FIRST_MARGIN
+            return self.proof_gap() / 2 if self.plan_scaled(i) else PLAN_FIRST_MARGIN
         if not self.shape_errors:
             return 0.15
         return float(min(1.5 * np.median(self.shape_errors[-5:]), 0.3))
+
+    def plan_scaled(self, i: int) -> bool:
+        """Whether a plan's cost for bucket i is scaled by a measured bucket (another's probe fitted)."""
+        return self.prior is not None and any(r.bucket_index != i and not r.oom for r in self.records)
 
     def proof_gap(self) -> float:
         """How close below a predicted bound (relative) a fit is accepted without an OOM above it: half the
@@ -471,8 +474,7 @@ class _SearchState:
                 aimed = n if m * n < 1 else math.floor(n * (1 - m))
                 # a plan scaled by measured buckets aims into the budget proof's window below n + 1: no lower
                 # than its first size (at small n the window holds one or two sizes)
-                scaled_plan = self.prior is not None and m < PLAN_FIRST_MARGIN
-                accepted = math.ceil((n + 1) * (1 - self.proof_gap())) if scaled_plan else aimed
+                accepted = math.ceil((n + 1) * (1 - self.proof_gap())) if self.plan_scaled(i) else aimed
                 n = max(aimed, min(accepted, n))
         elif lower is None:
             n = self.start
