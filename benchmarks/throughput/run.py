@@ -25,8 +25,10 @@ Parts (each within one GPU call): ``prepare`` makes the corpus, the three profil
 probe stay loaded between the profiles and the baseline search, where the CLI would load the model each
 time), and finds the baseline's ``max_duration``; ``train`` trains each of ``--samplers`` once, each in a
 fresh process (``worker.py``: the allocator is chosen before CUDA starts, and no run inherits another's
-cached memory), for ``--train-s`` of wall time (cut so that every sampler fits ``--budget-s``), then reads
-two comparisons from those runs: the same wall time (every step of each run) and the same optimizer steps
+cached memory), for ``--train-s`` of wall time (cut so that every sampler fits ``--budget-s``; a call too short
+for all five trains some, ``--samplers``, and a later train call the rest: it keeps the earlier call's runs
+of samplers it does not train where both trained for the same seconds and steps), then reads two
+comparisons from those runs: the same wall time (every step of each run) and the same optimizer steps
 (the first k steps of each run, k = ``--steps`` or the fewest steps a run reached, if less). A run's first
 k steps draw the batches a run stopped at k would draw (same seed), so their speed, batch sizes and padding
 are that run's, and one run per sampler serves both; only the learning rate differs (training's cosine
@@ -54,6 +56,7 @@ import argparse
 import json
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +68,7 @@ from benchmarks.throughput.profiles import build_study_model, make_probe, make_p
 from benchmarks.throughput.settings import CORPUS_PRESETS, MODELS, device_memory_mib, say, trained_model
 from benchmarks.throughput.training import (STARTUP_S, add_mfu, same_steps, train_sampler, train_seconds,
                                             views)
-from workbench.records.results import RESULTS_DIR
+from workbench.records.results import RESULTS_DIR, git_commit
 from workbench.records.throughput import PROFILE_OF, SAMPLERS, checks, record_name, summary_lines
 
 PARTS = ("prepare", "train")
@@ -91,6 +94,7 @@ def prepare_part(run: Run) -> None:
 def train_part(run: Run) -> None:
     """Train every sampler of ``--samplers`` on the prepared corpus, each in its own process; both views are
     published after each one, the MFU once all have run."""
+    earlier = {view: run.figures.pop(view, None) for view in ("seconds", "steps")}
     prep = run.figures.get("prepare")
     if prep is None:
         raise ValueError("--parts train: no prepared profiles in the record; run --parts prepare first "
@@ -106,20 +110,43 @@ def train_part(run: Run) -> None:
     train_s = train_seconds(run, len(asked), MFU_RESERVE_S if not run.smoke else 0.0)
     run.figures["samplers"] = asked
     trained: dict[str, dict] = {}
+    call = {"git_commit": git_commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     for sampler in asked:
         if run.args.budget_s and run.seconds() + train_s + STARTUP_S + MFU_RESERVE_S > run.args.budget_s:
             run.failures.append(f"train: {sampler} not run (the budget of {run.args.budget_s:g} s was spent)")
             continue
         try:
-            trained[sampler] = train_sampler(run, prep, sampler, train_s)
+            trained[sampler] = {**train_sampler(run, prep, sampler, train_s), "call": call}
         except (RuntimeError, subprocess.TimeoutExpired) as e:  # the other samplers still train
             run.failures.append(f"train: {sampler}: {one_line(e)}")
             continue
-        publish(run, views(run.args, prep, trained), same_steps(run.args, trained), None, train_s, complete=False)
+        k = same_steps(run.args, trained)
+        publish(run, merged(views(run.args, prep, trained), earlier, asked, train_s, k), k, None, train_s,
+                complete=False)
     by_view = views(run.args, prep, trained)
     rate = matmul_flops_per_second(run.smoke)
     add_mfu(run.args, by_view, prep, rate["flops_per_s"])
-    publish(run, by_view, same_steps(run.args, trained), rate, train_s, complete=set(trained) == set(asked))
+    k = same_steps(run.args, trained)
+    by_view = merged(by_view, earlier, asked, train_s, k)
+    kept = [s for s in SAMPLERS if s not in asked and s in by_view["seconds"]]
+    if kept:
+        say(run, f"kept from an earlier call (same {train_s:g} s and {k} steps): {', '.join(kept)}")
+    run.figures["samplers"] = [s for s in SAMPLERS if s in asked or s in kept]
+    publish(run, by_view, k, rate, train_s, complete=set(trained) == set(asked))
+
+
+def merged(by_view: dict[str, dict[str, dict]], earlier: dict[str, dict | None], asked: list[str], train_s: float,
+           k: int) -> dict[str, dict[str, dict]]:
+    """``by_view`` with an earlier train call's runs of the samplers not asked now (a study trained over
+    several calls, e.g. ``--samplers baseline 1d 2d`` then ``--samplers 2d_equal 2d_plain_allocator``), kept
+    only where that call trained each sampler for the same wall seconds and read the same k steps, so every
+    run's figures cover the same window. Each run's ``call`` says which call trained it."""
+    seconds, steps = earlier.get("seconds") or {}, earlier.get("steps") or {}
+    if (seconds.get("budget") or {}).get("seconds") != train_s or (steps.get("budget") or {}).get("steps") != k:
+        return by_view
+    keep = [s for s in SAMPLERS if s not in asked and s in seconds.get("runs", {}) and s in steps.get("runs", {})]
+    return {"seconds": {**by_view["seconds"], **{s: seconds["runs"][s] for s in keep}},
+            "steps": {**by_view["steps"], **{s: steps["runs"][s] for s in keep}}}
 
 
 def release_device() -> None:
@@ -162,7 +189,7 @@ def earlier_figures(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     """The figures this run starts from: an earlier part's record (none under --smoke without --from),
     less its training results when this run prepares anew (they would be stale)."""
     previous = load_previous(args.previous, record_name(args.model)) if args.previous or not args.smoke else {}
-    if "prepare" in args.parts:
+    if "prepare" in args.parts:  # the earlier runs trained on profiles this run replaces
         return {k: v for k, v in previous.items() if k not in ("steps", "seconds", "complete", "samplers")}
     if "prepare" not in previous:
         parser.error("--parts train: no prepared profiles in the record; run --parts prepare first "
@@ -174,7 +201,8 @@ def earlier_figures(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     missing = sorted({PROFILE_OF[s] for s in args.samplers if s in PROFILE_OF} - set(previous["prepare"]["profiles"]))
     if missing:
         parser.error(f"--parts train: the record has no {', '.join(missing)} profile; run --parts prepare first")
-    return {k: v for k, v in previous.items() if k not in ("steps", "seconds", "complete", "samplers")}
+    # the earlier runs stay for the train part, which keeps those of samplers it does not train (``merged``)
+    return {k: v for k, v in previous.items() if k not in ("complete", "samplers")}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -113,10 +113,11 @@ def views(args: argparse.Namespace, prep: dict, trained: dict[str, dict]) -> dic
         # a record's peak is read once the next step is launched: record k-2's covers the first k steps
         first = {**t["summary"], "peak_allocated_bytes": records[max(0, k - 2)].get("peak_allocated_bytes")}
         out["seconds"][sampler] = {**run_figures(t["summary"], records, uppers, warmup=warmup), "ooms": len(ooms),
-                                   "settings": t["settings"], "allocator_settings": t.get("allocator")}
+                                   "settings": t["settings"], "allocator_settings": t.get("allocator"),
+                                   "call": t.get("call")}
         out["steps"][sampler] = {**run_figures(first, records[:k], uppers, warmup=warmup),
                                  "ooms": sum(step < k for step in ooms), "settings": t["settings"],
-                                 "allocator_settings": t.get("allocator")}
+                                 "allocator_settings": t.get("allocator"), "call": t.get("call")}
     return out
 
 

@@ -364,3 +364,53 @@ def test_a_sampler_whose_process_fails_is_recorded_and_the_others_still_train(mo
     runner.train_part(fake)
     assert fake.failures == ["train: 1d: RuntimeError: 1d: the training process exited with code 1: boom"]
     assert set(fake.figures["seconds"]["runs"]) == {"baseline", "2d"} and fake.figures["complete"] is False
+
+
+def _train_part_with_earlier_runs(monkeypatch, earlier_train_s, earlier_steps):
+    """train_part on a record whose earlier call trained 2d_equal and 2d_plain_allocator (for
+    ``earlier_train_s`` seconds, the first ``earlier_steps`` steps), asked now for baseline, 1d and 2d."""
+    import argparse
+    from types import SimpleNamespace
+
+    from benchmarks.throughput import run as runner
+
+    def train(run, prep, sampler, train_s):
+        return {"summary": {}, "records": _records([(2, 10.0, 0.5, 1.0, 0.1)] * 3), "settings": {}}
+
+    monkeypatch.setattr(runner, "device_memory_mib", lambda: None)
+    monkeypatch.setattr(runner, "make_corpus", lambda args: ({"cuts": "c", "tokenizer": "t"}, None))
+    monkeypatch.setattr(runner, "train_sampler", train)
+    monkeypatch.setattr(runner, "views", lambda args, prep, trained: {
+        view: {s: {"audio_seconds_per_second": 1.0, "call": t["call"]} for s, t in trained.items()}
+        for view in ("seconds", "steps")})
+    monkeypatch.setattr(runner, "matmul_flops_per_second", lambda smoke: {"flops_per_s": 1.0})
+    monkeypatch.setattr(runner, "add_mfu", lambda *a: None)
+    earlier_run = {"audio_seconds_per_second": 2.0, "call": {"git_commit": "earlier"}}
+    figures = {"prepare": {"corpus": {}, "baseline": {"pass": {"exceeding": 0}}},
+               "seconds": {"runs": {"2d": earlier_run, "2d_equal": earlier_run, "2d_plain_allocator": earlier_run},
+                           "budget": {"seconds": earlier_train_s}},
+               "steps": {"runs": {"2d": earlier_run, "2d_equal": earlier_run, "2d_plain_allocator": earlier_run},
+                         "budget": {"steps": earlier_steps}}}
+    fake = SimpleNamespace(figures=figures, failures=[], smoke=True, seconds=lambda: 0.0, save=lambda: None,
+                           params={}, args=argparse.Namespace(samplers=["baseline", "1d", "2d"], budget_s=0,
+                                                             train_s=5.0, steps=3))
+    runner.train_part(fake)
+    return fake.figures
+
+
+def test_a_later_train_call_keeps_the_earlier_runs_of_samplers_it_does_not_train(monkeypatch):
+    figures = _train_part_with_earlier_runs(monkeypatch, 5.0, 3)
+    assert figures["samplers"] == list(tp.SAMPLERS) and figures["complete"] is True
+    for view in ("seconds", "steps"):
+        runs = figures[view]["runs"]
+        assert runs["2d_equal"]["call"] == runs["2d_plain_allocator"]["call"] == {"git_commit": "earlier"}
+        assert runs["2d"]["call"]["git_commit"] != "earlier"  # trained now: this call's run replaces it
+        assert runs["baseline"]["call"] == runs["2d"]["call"]
+    assert tp.checks(figures)["every_sampler_trained"]
+
+
+@pytest.mark.parametrize("train_s, steps", [(4.0, 3), (5.0, 2)])
+def test_earlier_runs_of_another_window_are_not_kept(monkeypatch, train_s, steps):
+    figures = _train_part_with_earlier_runs(monkeypatch, train_s, steps)
+    assert figures["samplers"] == ["baseline", "1d", "2d"]
+    assert set(figures["seconds"]["runs"]) == set(figures["steps"]["runs"]) == {"baseline", "1d", "2d"}
