@@ -407,6 +407,10 @@ def test_a_later_train_call_keeps_the_earlier_runs_of_samplers_it_does_not_train
         assert runs["2d"]["call"]["git_commit"] != "earlier"  # trained now: this call's run replaces it
         assert runs["baseline"]["call"] == runs["2d"]["call"]
     assert tp.checks(figures)["every_sampler_trained"]
+    assert tp.calls_lines(figures) == [
+        "trained over several calls: lhotse max_duration, 1D profile, 2D profile at commit "
+        f"{figures['seconds']['runs']['2d']['call']['git_commit'][:12]} ({figures['seconds']['runs']['2d']['call']['date']}); "
+        "2D profile, equal buckets, 2D profile, plain allocator at commit earlier (?)"]
 
 
 @pytest.mark.parametrize("train_s, steps", [(4.0, 3), (5.0, 2)])
@@ -414,3 +418,4 @@ def test_earlier_runs_of_another_window_are_not_kept(monkeypatch, train_s, steps
     figures = _train_part_with_earlier_runs(monkeypatch, train_s, steps)
     assert figures["samplers"] == ["baseline", "1d", "2d"]
     assert set(figures["seconds"]["runs"]) == set(figures["steps"]["runs"]) == {"baseline", "1d", "2d"}
+    assert tp.calls_lines(figures) == []  # one call trained them all

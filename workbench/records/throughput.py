@@ -293,11 +293,25 @@ def summary_lines(figures: Mapping[str, Any]) -> list[str]:
                 f"matmul {p['matmul']['flops_per_s'] / 1e12:.3g} TFLOP/s {p['matmul']['dtype']}")
         lines.append(f"- same {'steps' if part == 'steps' else 'wall time'} ({budget} each; {rate}):")
         lines += [f"  - {LABELS[sampler]}: {sampler_state(f, part, sampler)}" for sampler in SAMPLERS]
+    lines += [f"- {line}" for line in calls_lines(f)]
     lines += [f"- allocator, {line}" for line in allocator_lines(f)]
     lines += [f"- {line}" for line in targets(f)]
     failures = f.get("failures", [])
     lines.append("- checks " + ("all passed" if not failures else f"FAILED: {', '.join(failures)}"))
     return lines
+
+
+def calls_lines(figures: Mapping[str, Any]) -> list[str]:
+    """One line naming the calls that trained the runs when there were several (ratios then cross calls of
+    the same seconds and steps); none when one call trained them all or the runs do not say."""
+    by_call: dict[str, list[str]] = {}
+    for sampler, run in figures.get("seconds", {}).get("runs", {}).items():
+        call = run.get("call") or {}
+        if call.get("git_commit"):
+            by_call.setdefault(f"commit {call['git_commit'][:12]} ({call.get('date', '?')})", []).append(LABELS[sampler])
+    if len(by_call) < 2:
+        return []
+    return ["trained over several calls: " + "; ".join(f"{', '.join(s)} at {c}" for c, s in by_call.items())]
 
 
 def allocator_lines(figures: Mapping[str, Any], part: str = "seconds") -> list[str]:
