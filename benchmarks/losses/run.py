@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -33,7 +34,7 @@ from benchmarks.losses.worker import compare_rows, loss_function, loss_inputs, m
 from benchmarks.profiling import profile_call, top_kernels
 from benchmarks.harness import Run, bench_device, bench_parser, cpu_smoke_torch, start
 from workbench.records.results import REPO_ROOT
-from workbench.timing import timer_for
+from workbench.timing import summarize, timer_for
 
 VOCAB = 1024
 COMPARE_SHAPES = [[16, 188, 120, VOCAB], [64, 70, 69, VOCAB]]  # [B, T, U, V]
@@ -114,6 +115,7 @@ def chunked_steps(record: LossesRecord, step_shape, settings, device, *, smoke: 
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             step.step_s = timer_for(device)(train_step, repeat=2 if smoke else 3, warmup=1)
+            step.host_s = host_seconds(train_step, device, repeat=2 if smoke else 3)
             step.peak_bytes = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
             step.loss = float(losses[-1])
             step.kernels = top_kernels(profile_call(train_step, device)[1], device.type, top=8)
@@ -127,6 +129,22 @@ def chunked_steps(record: LossesRecord, step_shape, settings, device, *, smoke: 
     model.zero_grad(set_to_none=True)
     model = batch = None  # free the GPU memory before the next part
     release_memory()
+
+
+def host_seconds(fn, device, repeat: int) -> dict[str, float]:
+    """Wall seconds until ``fn`` returns, the device idle before each call: the host's time to launch one
+    step. Near the step's time, the step is host-bound (the GPU waits for launches, or a call waits for the
+    GPU)."""
+    samples = []
+    for _ in range(repeat):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return summarize(samples)
 
 
 def torchaudio_in_subprocess(shape: list[int], repeat: int) -> LossRun:

@@ -35,6 +35,7 @@ def test_losses_bench_smoke(tmp_path, capsys, two_threads):
     assert all(s["error"] is None for s in steps)
     for s in steps:  # one more step profiled: its activities ranked, shares of their summed time
         assert s["kernels"]["top"] and s["kernels"]["total_s"] > 0
+        assert 0 < s["host_s"]["median"] and s["host_s"]["n"] == 2  # on a CPU the launch is the step
         assert 0 < sum(k["share"] for k in s["kernels"]["top"]) <= 1 + 1e-9
     for step in steps[1:]:  # neither chunks nor the fused joint and loss change the loss
         assert step["loss"] == pytest.approx(steps[0]["loss"], rel=1e-5)
@@ -79,7 +80,7 @@ def test_ratios_and_targets_read_from_the_record():
                                              step_s={"median": 0.3}, peak_bytes=40 * 2**30),
                    losses_record.ChunkedStep("large-rnnt", 64, 15.0, 120, "bfloat16", 8,
                                              step_s={"median": 0.33}, peak_bytes=20 * 2**30,
-                                             kernels={"total_s": 0.165, "top": []})]
+                                             kernels={"total_s": 0.165, "top": []}, host_s={"median": 0.32})]
     fig = rec.to_figures()
     r = fig["ratios"]
     small_ratio = next(x for x in r["ours_over_torchaudio"] if x["shape"] == small)
@@ -93,7 +94,8 @@ def test_ratios_and_targets_read_from_the_record():
                               "torchaudio_past_2_31_elements": False}
     lines = losses_record.summary_lines(fig)
     assert any("torchaudio-rnnt float32 B=128" in line and "illegal memory access" in line for line in lines)
-    assert "joint_chunk_size=8: 330.0 ms, peak 20.00 GiB; GPU kernels 165.0 ms (50%)" in "\n".join(lines)
+    assert "joint_chunk_size=8: 330.0 ms, peak 20.00 GiB; GPU kernels 165.0 ms (50%); host 320.0 ms to launch" \
+        in "\n".join(lines)
     assert "joint_chunk_size=0: 300.0 ms, peak 40.00 GiB\n" in "\n".join(lines) + "\n"  # no profile, no share
     text = losses_record.table(fig)
     assert "16,188,120,1024" in text and "8.00 ms" in text and "0.67" in text and "kernels:" not in text

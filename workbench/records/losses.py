@@ -52,6 +52,7 @@ class ChunkedStep:
     joint_chunk_size: int                # 0: the whole batch's joint at once
     joint_loss: str = "materialized"     # "fused": the joint's output layer and the loss in tiles, no logits
     step_s: dict | None = None
+    host_s: dict | None = None           # wall seconds until the step's call returns, the device idle before it
     peak_bytes: int | None = None        # max_memory_allocated over the steps (None off a GPU)
     loss: float | None = None
     error: str | None = None
@@ -182,6 +183,8 @@ def _step_result(step: dict) -> str:
     kernels = step.get("kernels") or {}
     if kernels.get("total_s"):  # the profiled step's summed kernel time: what the GPU did of the wall time
         out += f"; GPU kernels {kernels['total_s'] * 1e3:.1f} ms ({kernels['total_s'] / step['step_s']['median']:.0%})"
+    if step.get("host_s"):  # near the step's time: the host's launches (or a wait for the GPU) set the pace
+        out += f"; host {step['host_s']['median'] * 1e3:.1f} ms to launch"
     return out
 
 
