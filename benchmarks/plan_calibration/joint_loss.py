@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import time
 
-from benchmarks.byo_models.run import add_search_options, bench_buckets
-from benchmarks.harness import Run, bench_parser, start
+from benchmarks.byo_models.run import bench_buckets
+from benchmarks.harness import Run
+from benchmarks.plan_calibration import start_cpu_plan_run
 from workbench.bucketing import BucketProfile
-from workbench.oomptimizer.plan import (StepTracer, build_fake_reference_model, gpu_memory_bytes, new_fake_mode,
-                                        plan_profile)
+from workbench.oomptimizer.plan import StepTracer, build_fake_reference_model, new_fake_mode, plan_profile
 
 NAME = "plan_joint_loss"
 JOINT_LOSSES = ("materialized", "fused")
@@ -47,20 +47,10 @@ def plan_model(name: str, buckets: list, args) -> dict:
 
 def start_run(argv=None) -> Run:
     """The options parsed and checked (no GPU needed)."""
-    parser = bench_parser(__doc__)
-    parser.prog = "python -m benchmarks.plan_calibration.joint_loss"
-    parser.add_argument("--models", nargs="+", help="reference transducers (default: large-rnnt large-tdt; "
-                                                    "--smoke: tiny-rnnt)")
-    parser.add_argument("--gpu-memory", default="h200", help="the GPU planned for: a name or a size (default h200)")
-    add_search_options(parser)
-    run = start(parser, argv, name=NAME, needs_cuda=False,
-                what="Planned batch sizes per bucket and step peaks with the joint's logits materialized and with "
-                     "the joint and loss fused (CPU plan, not a measurement)")
-    try:
-        gpu_memory_bytes(run.args.gpu_memory)
-    except ValueError as e:
-        parser.error(str(e))
-    return run
+    return start_cpu_plan_run(argv, __doc__, "python -m benchmarks.plan_calibration.joint_loss", name=NAME,
+                              what="Planned batch sizes per bucket and step peaks with the joint's logits materialized "
+                                   "and with the joint and loss fused (CPU plan, not a measurement)",
+                              default_models="large-rnnt large-tdt; --smoke: tiny-rnnt", search_options=True)
 
 
 def main(argv=None) -> int:

@@ -107,3 +107,17 @@ def test_the_joint_loss_plan_refuses_an_unknown_gpu(tmp_path, capsys):
         joint_loss.main(["--smoke", "--gpu-memory", "a40", "--out", str(tmp_path)])
     assert exit_.value.code == 2 and "not a GPU we know" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_the_plan_speed_bench_times_a_plan_and_says_whether_it_is_within_two_minutes(tmp_path):
+    from benchmarks.plan_calibration import speed
+
+    assert speed.main(["--smoke", "--out", str(tmp_path)]) == 0
+    record_ = json.loads((tmp_path / "plan_speed.json").read_text())
+    entry = record_["figures"]["models"]["tiny-rnnt"]
+    assert record_["params"]["cpu_count"] >= 1 and len(record_["params"]["buckets"]) == 4
+    assert entry["traced_steps"] >= 4 and entry["traced_steps_per_bucket"] == entry["traced_steps"] / 4
+    assert 0 < entry["seconds"] and entry["within_target"] == (entry["seconds"] <= speed.TARGET_S)
+    line, = record.speed_summary_lines({"models": {"x": {**entry, "seconds": 150.2, "within_target": False}}})
+    assert line == (f"- x: {entry['traced_steps']} traced steps ({entry['traced_steps_per_bucket']:.2f} per bucket) "
+                    "in 150 s (target missed: at most 120 s)")

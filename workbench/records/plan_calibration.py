@@ -59,3 +59,10 @@ def joint_loss_summary_lines(figures: Mapping[str, Any]) -> list[str]:
                      f"{len(ratios)} buckets; one step's planned peak {peaks[0]:.2f} -> {peaks[1]:.2f} GiB "
                      f"({entry['step_peak_ratio']:.2f}x; planned on the CPU, not measured)")
     return lines
+
+
+def speed_summary_lines(figures: Mapping[str, Any]) -> list[str]:
+    """The plan_speed record's lines: per model, the plan's wall seconds on the CPU and its traced steps."""
+    return [f"- {name}: {entry['traced_steps']} traced steps ({entry['traced_steps_per_bucket']:.2f} per bucket) in "
+            f"{entry['seconds']:.0f} s{'' if entry['within_target'] else ' (target missed: at most 120 s)'}"
+            for name, entry in figures["models"].items()]
