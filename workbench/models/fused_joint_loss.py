@@ -212,9 +212,8 @@ def _node_stats(enc_proj, pred_proj, weight, bias, targets, blank, num_tokens, m
             enc_tile = enc_proj[rows, frames]
             _, _, z_rows = _tile_logits(enc_tile, pred_proj[rows], padded_weight, padded_bias)
             if use_triton:
-                start = (rows.start * num_frames + frames.start) * num_cols
                 fused_joint_logits_stats(z_rows, targets, lse, blank_logit, label_logit, rest, blank, num_tokens,
-                                         start)
+                                         _first_node(rows, frames, num_frames, num_cols))
                 continue
             z = z_rows.view(*enc_tile.shape[:2], num_cols, -1)[..., :weight.shape[0]].to(stat_dtype)
             lse[rows, frames] = z[..., :num_tokens].logsumexp(-1)
@@ -244,9 +243,13 @@ def _tile_logits_grad(z, targets, grads, rows, frames, blank, num_tokens, num_ou
 def _triton_tile_logits_grad(z_rows, targets, grads, blank, num_tokens, rows, frames, num_frames, num_cols):
     """:func:`_tile_logits_grad` by the Triton kernel, in place on the tile's logits [nodes, C_pad]."""
     from workbench.models.fused_joint_triton import fused_joint_logits_grad
-    start = (rows.start * num_frames + frames.start) * num_cols
-    fused_joint_logits_grad(z_rows, targets, *grads, blank, num_tokens, start)
+    fused_joint_logits_grad(z_rows, targets, *grads, blank, num_tokens, _first_node(rows, frames, num_frames, num_cols))
     return z_rows
+
+
+def _first_node(rows: slice, frames: slice, num_frames: int, num_cols: int) -> int:
+    """The flat [B, T, U + 1] index of a tile's first node (a tile's nodes are consecutive: :func:`tile_shape`)."""
+    return (rows.start * num_frames + frames.start) * num_cols
 
 
 def _tiles(batch, num_frames, num_cols, width, max_elements) -> list[tuple[slice, slice]]:
