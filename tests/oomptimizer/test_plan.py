@@ -100,6 +100,26 @@ def test_planned_search_returns_sizes_that_fit(tiny):
         probe((4.0, 40), int(result.batch_sizes[0] * 1.5))
 
 
+def test_a_plan_in_two_processes_finds_what_one_finds():
+    """Two forked searches over interleaved buckets: every bucket planned within the search's gap of the
+    one-process plan, every probe indexed into all buckets, one fit over all of them."""
+    bins = BucketProfile([[2.0, 10], [2.0, 20], [4.0, 20], [4.0, 40], [6.0, 30], [6.0, 60]])
+    plans = {}
+    for workers in (1, 2):
+        fake_mode = new_fake_mode()
+        model = build_fake_reference_model("tiny-rnnt", fake_mode)
+        plans[workers] = plan_profile(model, fake_mode, "tiny-rnnt", bins, gpu_memory="2GiB", merge=False,
+                                      workers=workers)
+    (one, _), (two, two_result) = plans[1], plans[2]
+    for a, b in zip(one.bucket_batch_size, two.bucket_batch_size):
+        assert abs(a - b) <= 0.05 * max(a, b) + 1, (one.bucket_batch_size, two.bucket_batch_size)
+    assert {r.bucket_index for r in two_result.probes} == set(range(6))
+    for i, size in enumerate(two_result.batch_sizes):  # each size is a probe of its own bucket that fitted
+        assert any(r.bucket_index == i and r.batch_size == size and not r.oom for r in two_result.probes)
+    assert sorted(two_result.fit.per_item_bytes) == list(range(6))
+    assert two.metadata["plan"]["per_item_bytes"] == [two_result.fit.per_item_bytes[i] for i in range(6)]
+
+
 class Untraceable(torch.nn.Module):
     """Keeps the model contract, but its step takes a shape from the data (unique values)."""
 

@@ -268,7 +268,7 @@ def run_plan(args, bins, bins_path: Path) -> int:
     from workbench.adapters import user_model_spec
     from workbench.models.model import DTYPES
     from workbench.oomptimizer.plan import (build_fake_reference_model, build_fake_user_model, new_fake_mode,
-                                            plan_profile)
+                                            plan_profile, plan_workers)
 
     fake_mode = new_fake_mode()
     spec = user_model_spec(args.model)
@@ -283,7 +283,7 @@ def run_plan(args, bins, bins_path: Path) -> int:
                                    memory_fraction=args.memory_fraction, margin_bytes=args.plan_margin_bytes,
                                    dtype=DTYPES[args.dtype], ddp=args.ddp, strategy=args.strategy,
                                    rel_gap=args.rel_gap, start_batch_size=args.start_batch_size,
-                                   merge=not args.no_merge)
+                                   merge=not args.no_merge, workers=plan_workers())
     print(f"planned: {result.num_probes} traced steps ({result.probes_per_bucket:.2f} per bucket) in "
           f"{time.perf_counter() - t0:.1f} s; {profile.num_buckets} buckets after merging")
     out = save_profile(args.out or bins_path, profile)

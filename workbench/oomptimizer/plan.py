@@ -37,6 +37,8 @@ feature encoder over raw audio) needs a larger margin, or a search on a GPU.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import os
 import re
 import weakref
 from dataclasses import dataclass, field
@@ -418,11 +420,14 @@ def plan_profile(model: torch.nn.Module, fake_mode: FakeTensorMode, model_name: 
                  memory_fraction: float = 0.9, margin_bytes: int = DEFAULT_MARGIN_BYTES,
                  dtype: torch.dtype = torch.bfloat16, ddp: bool = False, strategy: str = "predictive",
                  rel_gap: float = 0.05, start_batch_size: int = 32, merge: bool = True, on_probe=None,
-                 on_bucket=None, cuda_kernels: bool = True):
+                 on_bucket=None, cuda_kernels: bool = True, workers: int = 1):
     """Batch sizes for the buckets of ``bins`` on a GPU of ``gpu_memory`` (a name or a size), found by
     the same search as on a GPU against predicted peaks. Returns (profile, search result); the profile's
     metadata says it was planned, for which memory, with which fraction and margin, on which path
-    (``cuda_kernels``: see :class:`StepTracer`)."""
+    (``cuda_kernels``: see :class:`StepTracer`). ``workers`` > 1 (:func:`plan_workers`), with no callbacks
+    and at least two buckets each: the buckets are searched in that many forked processes, each taking every
+    ``workers``-th bucket from the largest, so that each sees every shape; a trace is single-threaded Python,
+    so the plan takes about 1 / workers of the time, for somewhat more traced steps."""
     import datetime as _dt
 
     from workbench.oomptimizer.run import profile_buckets, profile_with_batch_sizes
@@ -431,9 +436,14 @@ def plan_profile(model: torch.nn.Module, fake_mode: FakeTensorMode, model_name: 
     total = gpu_memory_bytes(gpu_memory)
     probe = PlannedProbe(model, fake_mode, total, memory_fraction=memory_fraction, margin_bytes=margin_bytes,
                          dtype=dtype, ddp_gradient_buckets=ddp, cuda_kernels=cuda_kernels)
-    result = search_batch_sizes(profile_buckets(bins), probe, budget_bytes=probe.budget_bytes, rel_gap=rel_gap,
-                                start_batch_size=start_batch_size, strategy=strategy, on_probe=on_probe,
-                                on_bucket=on_bucket)
+    options = dict(budget_bytes=probe.budget_bytes, rel_gap=rel_gap, start_batch_size=start_batch_size,
+                   strategy=strategy)
+    buckets = profile_buckets(bins)
+    if workers > 1 and len(buckets) >= 2 * workers and on_probe is None and on_bucket is None \
+            and "fork" in multiprocessing.get_all_start_methods():
+        result = _search_in_forks(probe, buckets, workers, options)
+    else:
+        result = search_batch_sizes(buckets, probe, on_probe=on_probe, on_bucket=on_bucket, **options)
     named = gpu_memory.strip().lower() in GPU_MEMORY_BYTES
     meta = {"model": model_name, "dtype": str(dtype).replace("torch.", ""),
             "gpu": gpu_memory.strip().lower() if named else None, "gpu_memory_bytes": int(total),
@@ -450,6 +460,58 @@ def plan_profile(model: torch.nn.Module, fake_mode: FakeTensorMode, model_name: 
                      **planned_lines(result)}}
     profile = profile_with_batch_sizes(bins, result, meta, "expandable_segments:True", merge=merge)
     return profile, result
+
+
+def plan_workers() -> int:
+    """Processes for a plan on this machine (``plan_profile(workers=)``): its cores, at most 4."""
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+_FORKED: tuple | None = None  # (probe, buckets, groups, search options): what the forked searches read
+
+
+def _search_in_forks(probe: "PlannedProbe", buckets: list, workers: int, options: dict):
+    """``search_batch_sizes`` over ``workers`` interleaved groups of buckets in forked processes (they inherit
+    the fake model: nothing is pickled but the results), merged into one SearchResult over all buckets: each
+    bucket's size and stop reason, every probe (indices into ``buckets``), one fit over all of them."""
+    import time
+
+    from workbench.oomptimizer.memory_model import fit_base_and_costs
+    from workbench.oomptimizer.search import SearchResult
+
+    global _FORKED
+    order = sorted(range(len(buckets)), key=lambda i: (buckets[i][0], buckets[i][1]), reverse=True)
+    groups = [order[w::workers] for w in range(workers)]
+    t0 = time.perf_counter()
+    _FORKED = (probe, buckets, groups, options)
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            parts = pool.map(_search_group, range(workers))
+    finally:
+        _FORKED = None
+    sizes, reasons, records = [None] * len(buckets), [""] * len(buckets), []
+    for group, (group_sizes, group_reasons, group_records, traces) in zip(groups, parts):
+        for j, i in enumerate(group):
+            sizes[i], reasons[i] = group_sizes[j], group_reasons[j]
+        records += group_records
+        probe.traces += traces
+    fit = fit_base_and_costs([(r.bucket_index, r.batch_size, r.peak_bytes) for r in records if not r.oom])
+    return SearchResult(buckets, sizes, records, options["strategy"], options["rel_gap"], options["budget_bytes"],
+                        time.perf_counter() - t0, fit if options["strategy"] == "predictive" else None, None, reasons)
+
+
+def _search_group(w: int):
+    """In a forked process: the search over group ``w`` of :data:`_FORKED` -> (sizes, stop reasons, probes with
+    indices into all buckets, traces)."""
+    import dataclasses
+
+    from workbench.oomptimizer.search import search_batch_sizes
+
+    probe, buckets, groups, options = _FORKED
+    group = groups[w]
+    result = search_batch_sizes([buckets[i] for i in group], probe, **options)
+    records = [dataclasses.replace(r, bucket_index=group[r.bucket_index]) for r in result.probes]
+    return result.batch_sizes, result.stop_reasons, records, probe.traces
 
 
 def planned_lines(result) -> dict:
