@@ -477,10 +477,10 @@ def _search_in_forks(probe: "PlannedProbe", buckets: list, workers: int, options
     import time
 
     from workbench.oomptimizer.memory_model import fit_base_and_costs
-    from workbench.oomptimizer.search import SearchResult
+    from workbench.oomptimizer.search import SearchResult, largest_first
 
     global _FORKED
-    order = sorted(range(len(buckets)), key=lambda i: (buckets[i][0], buckets[i][1]), reverse=True)
+    order = largest_first(buckets)
     groups = [order[w::workers] for w in range(workers)]
     t0 = time.perf_counter()
     _FORKED = (probe, buckets, groups, options)
@@ -496,8 +496,10 @@ def _search_in_forks(probe: "PlannedProbe", buckets: list, workers: int, options
         records += group_records
         probe.traces += traces
     fit = fit_base_and_costs([(r.bucket_index, r.batch_size, r.peak_bytes) for r in records if not r.oom])
-    return SearchResult(buckets, sizes, records, options["strategy"], options["rel_gap"], options["budget_bytes"],
-                        time.perf_counter() - t0, fit if options["strategy"] == "predictive" else None, None, reasons)
+    return SearchResult(buckets=buckets, batch_sizes=sizes, probes=records, strategy=options["strategy"],
+                        rel_gap=options["rel_gap"], budget_bytes=options["budget_bytes"],
+                        seconds=time.perf_counter() - t0, fit=fit if options["strategy"] == "predictive" else None,
+                        stop_reasons=reasons)
 
 
 def _search_group(w: int):

@@ -160,7 +160,7 @@ def search_batch_sizes(buckets, probe: Probe, *, budget_bytes: float | None = No
     state = _SearchState(buckets, probe, budget_bytes, rel_gap, int(start_batch_size), int(max_batch_size),
                          max_probes_per_bucket, on_probe, prior)
     t0 = time.perf_counter()
-    order = sorted(range(len(buckets)), key=lambda i: (buckets[i][0], buckets[i][1]), reverse=True)
+    order = largest_first(buckets)
     result: list[int | None] = [None] * len(buckets)
     reasons = [NOT_SEARCHED] * len(buckets)
     previous = int(start_batch_size)
@@ -178,6 +178,11 @@ def search_batch_sizes(buckets, probe: Probe, *, budget_bytes: float | None = No
     bounds = state.budget_bounds(fit) if fit is not None else None
     return SearchResult(buckets, result, state.records, strategy, rel_gap, budget_bytes,
                         time.perf_counter() - t0, fit, bounds, reasons)
+
+
+def largest_first(buckets) -> list[int]:
+    """The indices of ``buckets`` in the order the search takes them: longest duration first, then most tokens."""
+    return sorted(range(len(buckets)), key=lambda i: (buckets[i][0], buckets[i][1]), reverse=True)
 
 
 def _check_bucket(i: int, b) -> Bucket:
