@@ -12,7 +12,10 @@ In one run on one GPU, forward + backward (the gradient w.r.t. the logits), voca
    B=24, T=500, U=499 (40 s of large-rnnt frames);
 4. large-rnnt training steps (bf16, B=64 of 15 s, 120 tokens) with the joint whole, in chunks, and fused with
    the loss (the logits never built: ``joint_loss="fused"``);
-5. B=128, T=188, U=120 (2.98e9 logits, past 2**31): ours here, then torchaudio last, in a subprocess
+5. the joint and loss alone (:mod:`benchmarks.losses.joint`): logits then our loss, fused, and logits then
+   torchaudio's loss in fp32, on large-rnnt's encoder and predictor outputs at B=64 of 15 s (120 tokens) and
+   B=24 of 40 s (320 tokens, past 2**31 logits: no torchaudio);
+6. B=128, T=188, U=120 (2.98e9 logits, past 2**31): ours here, then torchaudio last, in a subprocess
    (its illegal memory access would poison this process's CUDA context).
 Writes <out>/losses.json; exits 1 when ours fails or disagrees with torchaudio (targets are reported, not
 enforced).
@@ -48,7 +51,9 @@ SMOKE_ROWS_SHAPES = [([2, 6, 3, 8], torch.float32), ([3, 5, 4, 8], torch.bfloat1
 SMOKE_LARGE_SHAPE = [2, 5, 3, 8]
 SMOKE_CHUNKED_STEP = ("tiny-rnnt", 4, 1.0, 8)
 SMOKE_STEP_SETTINGS = [("materialized", 0), ("materialized", 2), ("fused", 0)]
-PARTS = ("compare", "tdt", "rows", "chunked", "large")
+JOINT_SHAPES = [("large-rnnt", 64, 15.0, 120), ("large-rnnt", 24, 40.0, 320)]  # model, batch, seconds, tokens
+SMOKE_JOINT_SHAPES = [("tiny-rnnt", 3, 1.0, 6)]
+PARTS = ("compare", "tdt", "rows", "chunked", "joint", "large")
 
 
 def compare_with_torchaudio(record: LossesRecord, shape: list[int], device, repeat: int) -> None:
@@ -193,8 +198,20 @@ def chunked_part(record: LossesRecord, args, device) -> None:
                   device, smoke=args.smoke)
 
 
+def joint_part(record: LossesRecord, args, device) -> None:
+    """5. the joint and loss alone: materialized, fused and torchaudio's on the same inputs."""
+    from benchmarks.losses.joint import joint_loss_runs
+
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    for name, batch_size, seconds, tokens in _pick(args, SMOKE_JOINT_SHAPES, JOINT_SHAPES):
+        runs = joint_loss_runs(name, batch_size, seconds, tokens, device, dtype=dtype, repeat=min(_repeat(args), 5))
+        record.joint += runs
+        record.failures += [f"joint + loss {r.impl} B={r.batch_size} {r.duration_s:g} s: {r.error}" for r in runs
+                            if r.error and r.impl != "torchaudio" and "out of memory" not in r.error.lower()]
+
+
 def large_part(record: LossesRecord, args, device) -> None:
-    """5. past 2**31 logits: ours here, torchaudio last in a subprocess."""
+    """6. past 2**31 logits: ours here, torchaudio last in a subprocess."""
     large = _pick(args, SMOKE_LARGE_SHAPE, LARGE_SHAPE)
     record.runs.append(measure("ours-rnnt", large, device, repeat=min(_repeat(args), 3)))
     _release()
@@ -202,7 +219,7 @@ def large_part(record: LossesRecord, args, device) -> None:
 
 
 MEASURE_PART = {"compare": compare_part, "tdt": tdt_part, "rows": rows_part, "chunked": chunked_part,
-                "large": large_part}  # in the order they run: torchaudio's risky case last
+                "joint": joint_part, "large": large_part}  # in the order they run: torchaudio's risky case last
 
 
 def _pick(args, smoke_value, value):
@@ -252,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                   "rows_shapes": [[shape, str(dtype).removeprefix("torch.")]
                                   for shape, dtype in _pick(args, SMOKE_ROWS_SHAPES, ROWS_SHAPES)],
                   "chunked_step": _pick(args, SMOKE_CHUNKED_STEP, CHUNKED_STEP),
-                  "step_settings": _pick(args, SMOKE_STEP_SETTINGS, STEP_SETTINGS)}
+                  "step_settings": _pick(args, SMOKE_STEP_SETTINGS, STEP_SETTINGS),
+                  "joint_shapes": _pick(args, SMOKE_JOINT_SHAPES, JOINT_SHAPES)}
     record = LossesRecord(smoke=args.smoke, failures=run.failures)  # one list: the parts' and the record's
     with cpu_smoke_torch(args.smoke and device.type == "cpu"):
         for part, measure_part in MEASURE_PART.items():

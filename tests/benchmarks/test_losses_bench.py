@@ -41,6 +41,11 @@ def test_losses_bench_smoke(tmp_path, capsys, two_threads):
         assert step["loss"] == pytest.approx(steps[0]["loss"], rel=1e-5)
     assert len(fig["ratios"]["chunked_over_whole"]) == 1 and len(fig["ratios"]["tdt_over_rnnt"]) == 2
     assert len(fig["ratios"]["fused_over_whole"]) == 1
+    joint = fig["joint"]  # the joint + loss alone: materialized, fused, torchaudio (absent here: its error)
+    assert [r["impl"] for r in joint] == ["materialized", "fused", "torchaudio"]
+    for r in joint[:2]:
+        assert r["error"] is None and math.isfinite(r["loss"]) and r["loss"] > 0 and r["time_s"]["median"] > 0
+    assert joint[1]["loss"] == pytest.approx(joint[0]["loss"], rel=1e-5) and joint[1]["max_rel_grad_diff"] < 1e-4
     out = capsys.readouterr().out
     assert "ours rnnt" in out and "joint_chunk_size=2" in out and "joint_loss=fused" in out
 
@@ -91,7 +96,8 @@ def test_ratios_and_targets_read_from_the_record():
     assert r["chunked_over_whole"][0]["time"] == pytest.approx(1.1)
     assert fig["targets"] == {"rnnt_time_at_most_torchaudio": True, "rnnt_memory_at_most_torchaudio": True,
                               "tdt_within_1.3x_rnnt": False, "ours_past_2_31_elements": True,
-                              "torchaudio_past_2_31_elements": False}
+                              "torchaudio_past_2_31_elements": False, "fused_joint_memory_at_most_tenth": None,
+                              "fused_joint_time_at_most_half": None}
     lines = losses_record.summary_lines(fig)
     assert any("torchaudio-rnnt float32 B=128" in line and "illegal memory access" in line for line in lines)
     assert "joint_chunk_size=8: 330.0 ms, peak 20.00 GiB; GPU kernels 165.0 ms (50%); host 320.0 ms to launch" \
@@ -104,6 +110,35 @@ def test_ratios_and_targets_read_from_the_record():
         {"name": "_lattice_kernel", "self_s": 0.001, "share": 0.25, "calls": 1}]}
     assert ("ours-tdt float32 16,188,120,1024 kernels: _grad_kernel 3.000 ms (75%), _lattice_kernel 1.000 ms (25%)"
             in losses_record.table(fig).splitlines())
+
+
+def _joint(impl, ms, gib, error=None, batch_size=64):
+    return losses_record.JointLossRun(impl=impl, model="large-rnnt", batch_size=batch_size, duration_s=15.0,
+                                      num_tokens=120, frames=188, outputs=1025, logit_elements=1_490_000_000,
+                                      dtype="bfloat16", time_s=None if ms is None else {"median": ms / 1e3, "min": ms / 1e3,
+                                                                                         "max": ms / 1e3, "n": 1},
+                                      peak_above_inputs_bytes=None if gib is None else int(gib * 2**30), error=error)
+
+
+def test_joint_loss_ratios_and_targets_read_from_the_record():
+    rec = losses_record.LossesRecord(smoke=False)
+    rec.joint = [_joint("materialized", 40.0, 10.0), _joint("fused", 36.0, 0.8), _joint("torchaudio", 120.0, 24.0),
+                 _joint("materialized", 50.0, 12.0, batch_size=8), _joint("fused", None, None, "OutOfMemoryError: x",
+                                                                          batch_size=8)]
+    rec.joint[1].max_rel_loss_diff, rec.joint[1].max_rel_grad_diff = 2e-6, 3e-3
+    fig = rec.to_figures()
+    ratios = fig["ratios"]["joint_over_materialized"]
+    assert [(x["impl"], x["batch_size"]) for x in ratios] == [("fused", 64), ("torchaudio", 64)]  # the failed run: none
+    assert ratios[0]["time"] == pytest.approx(0.9) and ratios[0]["memory"] == pytest.approx(0.08)
+    assert ratios[1]["time"] == pytest.approx(3.0) and ratios[1]["memory"] == pytest.approx(2.4)
+    assert fig["targets"]["fused_joint_memory_at_most_tenth"] is True
+    assert fig["targets"]["fused_joint_time_at_most_half"] is False
+    text = "\n".join(losses_record.summary_lines(fig))
+    assert ("joint + loss fused large-rnnt bfloat16 B=64 15 s U=120 (1.49e+09 logits): 36.00 ms (36.00-36.00), "
+            "0.80 GiB above inputs; time 0.90x, memory 0.08x the materialized path's; loss differs by 2.0e-06 "
+            "(relative), gradients by 3.0e-03 of their largest") in text
+    assert "joint + loss fused large-rnnt bfloat16 B=8 15 s U=120 (1.49e+09 logits): OutOfMemoryError: x" in text
+    assert "joint + loss torchaudio" in losses_record.table(fig)
 
 
 def test_kernel_work_counts_the_bytes_and_steps_of_a_tiny_lattice():

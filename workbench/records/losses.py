@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 TDT_OVER_RNNT_LIMIT = 1.3  # the target: our TDT loss within 1.3x our RNN-T loss's time
+FUSED_JOINT_MEMORY_LIMIT = 0.1  # the targets: the fused joint + loss at most 1/10 of the materialized path's memory
+FUSED_JOINT_TIME_LIMIT = 0.5    # and at most half its time
 
 
 @dataclass
@@ -60,6 +62,27 @@ class ChunkedStep:
 
 
 @dataclass
+class JointLossRun:
+    """The joint and loss alone on a reference model's encoder and predictor outputs: forward + backward to
+    the gradients of those outputs and of the joint's weights."""
+    impl: str                            # materialized (logits, then our loss) | fused | torchaudio (fp32 logits)
+    model: str
+    batch_size: int
+    duration_s: float
+    num_tokens: int
+    frames: int                          # T, the encoder's frames
+    outputs: int                         # the joint's outputs (V + 1, plus durations)
+    logit_elements: int                  # B * T * (U + 1) * outputs: what the materialized path builds
+    dtype: str                           # the joint's (autocast) dtype
+    time_s: dict | None = None
+    peak_above_inputs_bytes: int | None = None  # None off a GPU
+    loss: float | None = None
+    max_rel_loss_diff: float | None = None   # against the materialized path's, on the same inputs
+    max_rel_grad_diff: float | None = None   # largest |difference| / largest |gradient| over enc, pred, weights
+    error: str | None = None
+
+
+@dataclass
 class RowsComparison:
     """Our RNN-T loss (forward + backward) with one lattice node per program of the per-node kernels against
     the tiles it takes by default, on the same logits, timed alternately in one run."""
@@ -81,6 +104,7 @@ class LossesRecord:
     agreements: list[Agreement] = field(default_factory=list)
     chunked: list[ChunkedStep] = field(default_factory=list)
     rows: list[RowsComparison] = field(default_factory=list)
+    joint: list[JointLossRun] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     wall_seconds: float = 0.0
 
@@ -132,6 +156,24 @@ def ratios(figures: dict) -> dict:
                 "model": step["model"], "batch_size": step["batch_size"], "joint_chunk_size": step["joint_chunk_size"],
                 "time": _ratio(_median_of(step["step_s"]), _median_of(base["step_s"])),
                 "peak_memory": _ratio(step["peak_bytes"], base["peak_bytes"])})
+    out["joint_over_materialized"] = joint_ratios(figures.get("joint", []))
+    return out
+
+
+def joint_ratios(runs: list[dict]) -> list[dict]:
+    """Per joint + loss shape, each other implementation's time and peak memory over the materialized path's."""
+    def key(run):
+        return run["model"], run["batch_size"], run["duration_s"], run["num_tokens"], run["dtype"]
+    base = {key(r): r for r in runs if r["impl"] == "materialized" and not r["error"]}
+    out = []
+    for run in runs:
+        ref = base.get(key(run))
+        if run["impl"] == "materialized" or ref is None or run["error"]:
+            continue
+        out.append({"impl": run["impl"], "model": run["model"], "batch_size": run["batch_size"],
+                    "duration_s": run["duration_s"], "num_tokens": run["num_tokens"],
+                    "time": _ratio(_median_of(run["time_s"]), _median_of(ref["time_s"])),
+                    "memory": _ratio(run["peak_above_inputs_bytes"], ref["peak_above_inputs_bytes"])})
     return out
 
 
@@ -148,6 +190,7 @@ def targets(figures: dict) -> dict:
         values = [v for v in values if v is not None]
         return None if not values else all(v <= limit for v in values)
 
+    fused = [x for x in r.get("joint_over_materialized", []) if x["impl"] == "fused"]
     large = [run for run in figures["runs"] if run["logit_elements"] > 2**31 and run["impl"] == "ours-rnnt"]
     large_theirs = [run for run in figures["runs"] if run["logit_elements"] > 2**31 and run["impl"] == "torchaudio-rnnt"]
     return {
@@ -157,6 +200,8 @@ def targets(figures: dict) -> dict:
         "ours_past_2_31_elements": (all(run["error"] is None for run in large) if large else None),
         "torchaudio_past_2_31_elements": (all(run["error"] is None for run in large_theirs) if large_theirs
                                           else None),
+        "fused_joint_memory_at_most_tenth": all_at_most([x["memory"] for x in fused], FUSED_JOINT_MEMORY_LIMIT),
+        "fused_joint_time_at_most_half": all_at_most([x["time"] for x in fused], FUSED_JOINT_TIME_LIMIT),
     }
 
 
@@ -206,6 +251,7 @@ def summary_lines(figures: dict) -> list[str]:
         out.append(f"- {step['model']} {step['dtype']} B={step['batch_size']} {step['duration_s']:g} s "
                    f"U={step['num_tokens']} {_step_setting(step)}: {_step_result(step)}")
     out += [f"- {rows_line(c)}" for c in figures.get("rows", [])]  # absent when the rows part did not run
+    out += [f"- {joint_line(run, figures)}" for run in figures.get("joint", [])]
     out.append(f"- targets: {figures['targets']}")
     out.append(f"- failures: {figures['failures'] or 'none'}")
     return out
@@ -225,6 +271,25 @@ def rows_line(comparison: dict) -> str:
     return (f"{head}: 1 row {_ms({'time_s': c['one_row_s']})}, {c['default_rows']} rows (default) "
             f"{_ms({'time_s': c['default_rows_s']})}, {c['default_rows']} rows / 1 row {ratio}"
             + (f"; other rows {', '.join(others)}" if others else "") + f" ({c['backend']})")
+
+
+def joint_line(run: dict, figures: dict) -> str:
+    """One joint + loss run: "joint + loss <impl> model B=.. s U=..: time, memory above inputs; ratios to the
+    materialized path; differences from it"."""
+    head = (f"joint + loss {run['impl']} {run['model']} {run['dtype']} B={run['batch_size']} {run['duration_s']:g} s "
+            f"U={run['num_tokens']} ({run['logit_elements']:.3g} logits)")
+    if run["error"]:
+        return f"{head}: {run['error'][:80]}"
+    out = f"{head}: {_ms(run)}, {_gib(run['peak_above_inputs_bytes'])} above inputs"
+    ratio = next((x for x in joint_ratios(figures.get("joint", [])) if x["impl"] == run["impl"]
+                  and (x["model"], x["batch_size"], x["duration_s"]) == (run["model"], run["batch_size"], run["duration_s"])), None)
+    if ratio:
+        parts = [f"{k} {ratio[k]:.2f}x" for k in ("time", "memory") if ratio[k] is not None]
+        out += f"; {', '.join(parts)} the materialized path's" if parts else ""
+    if run["max_rel_loss_diff"] is not None:
+        out += (f"; loss differs by {run['max_rel_loss_diff']:.1e} (relative), gradients by "
+                f"{run['max_rel_grad_diff']:.1e} of their largest")
+    return out
 
 
 def kernel_line(run: dict, top: int = 4) -> str:
@@ -254,4 +319,5 @@ def table(figures: dict) -> str:
     lines += [rows_line(c) for c in figures.get("rows", [])]
     for step in figures["chunked"]:
         lines.append(f"{step['model']} B={step['batch_size']} {_step_setting(step)}: {_step_result(step)}")
+    lines += [joint_line(run, figures) for run in figures.get("joint", [])]
     return "\n".join(lines)

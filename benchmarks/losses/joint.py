@@ -1,0 +1,112 @@
+"""The joint and loss alone, from the encoder's and predictor's outputs to the gradients of the joint's inputs
+and weights: the logits built then our Triton loss (materialized), the fused joint + loss (no logits), and
+the logits built then torchaudio's ``rnnt_loss`` on them in fp32 (it takes no bf16), on the same inputs.
+
+The inputs are a reference model's real encoder and predictor outputs for a bucket's worst-case batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.losses.worker import peak_above_inputs
+from workbench.records.losses import JointLossRun
+from workbench.timing import timer_for
+
+JOINT_IMPLS = ("materialized", "fused", "torchaudio")
+TORCHAUDIO_MAX_LOGITS = 2**31 - 1  # past it torchaudio's kernel can fail with an illegal memory access
+
+
+def joint_inputs(model, batch_size: int, seconds: float, tokens: int, device: torch.device, dtype: torch.dtype):
+    """(enc [B, T, D], pred [B, U + 1, H]) requiring grad, tokens, enc_lens, token_lens: the model's encoder
+    and predictor outputs for ``batch_size`` items of ``seconds`` and ``tokens`` labels."""
+    batch = model.make_batch(batch_size, seconds, tokens, device)
+    with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+        enc, enc_lens = model.encode(batch["audio"], batch["audio_lens"])
+        pred = model.predictor(batch["tokens"])
+    return (enc.detach().requires_grad_(), pred.detach().requires_grad_(), batch["tokens"], enc_lens,
+            batch["token_lens"])
+
+
+def joint_loss_function(impl: str, model, dtype: torch.dtype):
+    """(enc, pred, tokens, enc_lens, token_lens) -> summed loss of ``model``'s joint and loss by ``impl``."""
+    from workbench.models.fused_joint_loss import fused_joint_loss
+    from workbench.models.losses import rnnt_loss
+
+    joint, blank = model.joint, model.blank_id
+    autocast = dict(device_type=next(model.parameters()).device.type, dtype=dtype, enabled=dtype != torch.float32)
+
+    def materialized(enc, pred, tokens, enc_lens, token_lens):
+        with torch.autocast(**autocast):
+            logits = joint(enc, pred, padded=True)
+        return rnnt_loss(logits, tokens, enc_lens, token_lens, blank=blank, reduction="sum", check="device",
+                         num_classes=joint.num_outputs)
+
+    def fused(enc, pred, tokens, enc_lens, token_lens):
+        with torch.autocast(**autocast):
+            return fused_joint_loss(joint, enc, pred, tokens, enc_lens, token_lens, blank=blank, reduction="sum",
+                                    check="device")
+
+    def torchaudio(enc, pred, tokens, enc_lens, token_lens):
+        import torchaudio.functional as taf
+
+        with torch.autocast(**autocast):
+            logits = joint(enc, pred)
+        return taf.rnnt_loss(logits.float(), tokens.int(), enc_lens.int(), token_lens.int(), blank=blank,
+                             reduction="sum")
+
+    functions = {"materialized": materialized, "fused": fused, "torchaudio": torchaudio}
+    if impl not in functions:
+        raise ValueError(f"impl: expected one of {JOINT_IMPLS}, got {impl!r}")
+    return functions[impl]
+
+
+def joint_loss_runs(name: str, batch_size: int, seconds: float, tokens: int, device: torch.device, *,
+                    dtype: torch.dtype, repeat: int, impls=JOINT_IMPLS) -> list[JointLossRun]:
+    """Each of ``impls`` on the same inputs: time and peak memory of forward + backward, its loss, and (besides
+    the materialized path) its largest loss and gradient differences from the materialized path's."""
+    from workbench.memory.oom import release_memory
+    from workbench.models import build_model
+
+    with device:
+        model = build_model(name)
+    model.train()
+    inputs = joint_inputs(model, batch_size, seconds, tokens, device, dtype)
+    enc, pred = inputs[:2]
+    wrt = [enc, pred, *model.joint.parameters()]
+    num_outputs = model.joint.num_outputs
+    logits = batch_size * enc.shape[1] * pred.shape[1] * num_outputs
+    runs, reference = [], None
+    for impl in impls:
+        run = JointLossRun(impl=impl, model=name, batch_size=batch_size, duration_s=seconds, num_tokens=tokens,
+                           frames=int(enc.shape[1]), outputs=num_outputs, logit_elements=logits,
+                           dtype=str(dtype).removeprefix("torch."))
+        if impl == "torchaudio" and logits > TORCHAUDIO_MAX_LOGITS:
+            run.error = f"not run: {logits:.3g} logits, past torchaudio's 2**31"
+            runs.append(run)
+            continue
+        fn = joint_loss_function(impl, model, dtype)
+
+        def step():
+            loss = fn(*inputs)
+            return loss.detach(), torch.autograd.grad(loss, wrt)
+
+        try:
+            release_memory()
+            loss, grads = step()
+            run.loss = float(loss)
+            if impl == "materialized":
+                reference = (loss, grads)
+            elif reference is not None:
+                run.max_rel_loss_diff = float((loss - reference[0]).abs() / reference[0].abs().clamp_min(1e-6))
+                run.max_rel_grad_diff = max(float((g.float() - r.float()).abs().max() / r.float().abs().max().clamp_min(1e-12))
+                                            for g, r in zip(grads, reference[1]))
+            del loss, grads
+            run.peak_above_inputs_bytes = peak_above_inputs(step, device)
+            run.time_s = timer_for(device)(step, repeat=repeat, warmup=1)
+        except Exception as e:  # noqa: BLE001 - an OOM or torchaudio's failure is a figure
+            run.error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+        runs.append(run)
+    del model, inputs, enc, pred, wrt, reference
+    release_memory()
+    return runs
