@@ -25,7 +25,7 @@ from workbench.oomptimizer.plan import StepTracer, build_fake_reference_model, b
 from workbench.oomptimizer.search import PlannedPeaks, search_batch_sizes
 
 NAME = "plan_replay"
-DEFAULT_RECORDS = ("plan_calibration.json", "byo_models_rest.json")
+DEFAULT_RECORDS = ("plan_calibration.json", "plan_calibration_h100.json", "byo_models_rest.json")
 
 
 def measured_probes(entry: dict) -> list[tuple[int, int, float]]:

@@ -62,6 +62,20 @@ def test_small_batch_sizes_aim_into_the_window_the_budget_proof_accepts():
     assert result.probes_per_bucket <= 1.1, [(p.bucket_index, p.batch_size, p.oom) for p in result.probes]
 
 
+@pytest.mark.parametrize("cost_scale", [0.95, 1.0, 1.04])
+def test_the_first_bucket_takes_two_probes_with_the_plans_base(cost_scale):
+    """The first bucket has no measured bucket to scale the plan: its first probe keeps a margin below the plan,
+    and its second follows the line through that probe's peak and the plan's base (the line through zero
+    overestimates the cost by the base's share and stops short of the window the budget proof accepts)."""
+    memory = SyntheticMemory(kind="linear", base_bytes=12 * GiB, per_second=30e6, per_token=1e6, per_item=100e6)
+    buckets = demo_buckets(num_durations=8, max_duration=30.0)
+    prior = _plan(memory, buckets, cost_scale=cost_scale, base_bytes=memory.base_bytes * 0.97, error=0.0)
+    result = search_batch_sizes(buckets, memory.probe, budget_bytes=memory.budget_bytes, prior=prior)
+    first = [p for p in result.probes if p.bucket_index == result.probes[0].bucket_index]
+    assert len(first) == 2 and not any(p.oom for p in first), [(p.batch_size, p.oom) for p in first]
+    _check_sizes(result, memory, buckets)
+
+
 @pytest.mark.parametrize("error", [0.03, 0.1])
 def test_a_rough_plan_costs_probes_not_correctness(error):
     memory = SyntheticMemory(kind="quadratic")

@@ -380,7 +380,7 @@ class _SearchState:
             lower, lower_peak, upper = self.bracket(i)
             fit = self.fit()
             low_b, high_b = self.budget_bounds(fit)
-            own = fit.per_item_bytes.get(i)  # an overestimate while the base is not known
+            own = self.own_cost(i, fit, lower, lower_peak)
             if lower is not None and own and fit.base_known:
                 if lower >= self.max_bs:
                     return self.finish(i, lower, "max_batch_size")
@@ -407,6 +407,22 @@ class _SearchState:
                     self.shape_errors.append(abs(predicted_cost - now) / now)
                     predicted_cost = None
         return self.finish(i, self.bracket(i)[0], "exhausted")
+
+    def into_proof_window(self, n: int, depth: float) -> int:
+        """A size in the window the budget proof accepts below a predicted largest size ``n``, ``depth`` of
+        the way down it, but no lower than the window's first size (at small n it holds one or two sizes)."""
+        aimed = math.floor(n * (1 - self.proof_gap() * depth))
+        return max(aimed, min(math.ceil((n + 1) * (1 - self.proof_gap())), n))
+
+    def own_cost(self, i: int, fit: MemoryFit, lower: int | None, lower_peak: float | None) -> float | None:
+        """Bucket i's measured bytes per item, or None. Before the base is known the fit's line runs through
+        zero and overestimates it (the next probe would stop short of the budget): a plan's base, below the
+        peak of ``lower``, gives the line through that peak instead."""
+        own = fit.per_item_bytes.get(i)
+        if (own and not fit.base_known and self.prior is not None and lower
+                and 0 < self.prior.base_bytes < lower_peak):
+            return (lower_peak - self.prior.base_bytes) / lower
+        return own
 
     def base_guess(self, fit: MemoryFit) -> float:
         """Bytes that do not grow with the batch: the fit's once known, else the plan's (else 0)."""
@@ -461,6 +477,10 @@ class _SearchState:
             # Aim at the top of what the budget allows; without a known budget, at the middle of its bounds.
             target = high_b if (high_b - low_b) <= own else (low_b + high_b) / 2
             n = room(target)
+            if self.prior is not None:  # a plan's search aims into the budget proof's window, not at its edge:
+                # near its top, since this bucket's own line is measured (and the proof reads its peaks
+                # optimistically by their noise, which raises the bound it proves)
+                n = self.into_proof_window(n, depth=0.25)
             if sum(not r.oom for r in self.records if r.bucket_index == i) >= 2:
                 # Creeping up in small steps means the model is off here: step by half the gap at least.
                 n = max(n, lower + math.ceil(lower * self.rel_gap / 2))
@@ -476,11 +496,7 @@ class _SearchState:
             n = math.floor((low_b - self.base_guess(fit)) / predicted_cost)
             if first:
                 m = self.margin(i)
-                aimed = n if m * n < 1 else math.floor(n * (1 - m))
-                # a plan scaled by measured buckets aims into the budget proof's window below n + 1: no lower
-                # than its first size (at small n the window holds one or two sizes)
-                accepted = math.ceil((n + 1) * (1 - self.proof_gap())) if self.plan_scaled(i) else aimed
-                n = max(aimed, min(accepted, n))
+                n = self.into_proof_window(n, depth=0.5) if self.plan_scaled(i) else (n if m * n < 1 else math.floor(n * (1 - m)))
         elif lower is None:
             n = self.start
         else:
