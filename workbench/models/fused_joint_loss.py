@@ -10,15 +10,17 @@ and d/d duration logits per node. Backward recomputes each tile's logits and for
 
     dz = softmax(z_tokens) x g_lse + onehot(blank) x g_blank + onehot(y_{u+1}) x g_label (+ g_durations)
 
-then dh = dz W, d pre-activation = dh where enc + pred > 0, and dW = dz^T h, db = sum of dz, summed over tiles.
+then dh = dz W, d pre-activation = dh where h = relu(enc + pred) > 0 (summed over label positions for enc,
+over frames for pred), and dW = dz^T h, db = sum of dz, summed over tiles. The bias is one more column of
+the output layer, against a constant 1 in the hidden units, so one GEMM adds it and one gives dW and db.
 The result equals the materialized path (the joint's logits, then :func:`losses.rnnt_loss` or ``tdt_loss``)
 up to rounding: the logits are rounded to the computation dtype before the fp32 (fp64 for fp64 inputs)
 log-sum-exp exactly as the materialized logits are.
 
-On CUDA (``backend="auto"``) each tile's logits come from one GEMM on its hidden activations, as the
-materialized path makes them, and Triton kernels (:mod:`fused_joint_triton`) read them once: forward for the
-node statistics, backward to turn them into dz in place; elsewhere, and for fp64, PyTorch ops do the same
-on each tile's logits.
+On CUDA (``backend="auto"``) Triton kernels (:mod:`fused_joint_triton`) write each tile's hidden units in one
+pass, one cuBLAS GEMM makes its logits from them, and kernels read the logits once: forward for the node
+statistics, backward to turn them into dz in place; one more kernel reads dh and h once for the gradients
+of enc and pred. Elsewhere, and for fp64, PyTorch ops do the same.
 """
 
 from __future__ import annotations
@@ -157,38 +159,37 @@ class _NodeLogits(torch.autograd.Function):
             torch.zeros(shape, device=lse.device, dtype=stat_dtype) if g is None else g.to(stat_dtype)
             for g, shape in ((g_lse, node_shape), (g_blank, node_shape), (g_label, node_shape[:2] + (num_cols - 1,)),
                              (g_rest, node_shape + (num_outputs - num_tokens,))))
-        padded_weight, padded_bias = _padded_output_layer(weight, bias)
-        grad_enc = torch.zeros_like(enc_proj)
+        layer = _augmented_output_layer(weight, bias)
+        grad_enc = torch.zeros(enc_proj.shape, device=enc_proj.device, dtype=stat_dtype)
         grad_pred = torch.zeros(pred_proj.shape, device=pred_proj.device, dtype=stat_dtype)
-        grad_weight = torch.zeros(padded_weight.shape, device=weight.device, dtype=stat_dtype)
-        grad_bias = torch.zeros(padded_weight.shape[0], device=weight.device, dtype=stat_dtype)
-        tiles = _tiles(batch, num_frames, num_cols, padded_weight.shape[0], max_tile_elements)
+        grad_layer = torch.zeros(layer.shape, device=weight.device, dtype=stat_dtype)
+        tiles = _tiles(batch, num_frames, num_cols, layer.shape[0], max_tile_elements)
         grads = (lse, g_lse, g_blank, g_label, g_rest)
         if use_triton:
             targets, grads = targets.contiguous(), _contiguous(*grads)
+        has_bias = bias is not None
         with _no_autocast(enc_proj):
             for rows, frames in tiles:
-                pre, h_rows, z_rows = _tile_logits(enc_proj[rows, frames], pred_proj[rows], padded_weight,
-                                                   padded_bias)  # the tile's logits, once more
+                # the tile's hidden units and logits, once more
+                h_rows, z_rows = _tile_logits(enc_proj[rows, frames], pred_proj[rows], layer, has_bias, use_triton)
                 if use_triton:
                     dz_rows = _triton_tile_logits_grad(z_rows, targets, grads, blank, num_tokens, rows, frames,
                                                        num_frames, num_cols)
                 else:
-                    dz_rows = _tile_logits_grad(z_rows.view(*pre.shape[:3], -1), targets[rows], grads, rows, frames,
-                                                blank, num_tokens, num_outputs).view(z_rows.shape)
+                    z_shape = (*grad_enc[rows, frames].shape[:2], num_cols, -1)
+                    dz_rows = _tile_logits_grad(z_rows.view(z_shape), targets[rows], grads, rows, frames, blank,
+                                                num_tokens, num_outputs).view(z_rows.shape)
                 del z_rows
-                dz = dz_rows.view(*pre.shape[:3], -1)
-                grad_weight += (dz_rows.T @ h_rows).to(stat_dtype)
-                grad_bias += dz_rows.sum(0, dtype=stat_dtype)
-                del h_rows
-                dpre = (dz @ padded_weight).masked_fill_(pre <= 0, 0)
-                del dz, dz_rows, pre
-                grad_enc[rows, frames] = dpre.sum(2)
-                grad_pred[rows] += dpre.sum(1, dtype=stat_dtype)
-                del dpre
-        grad_weight = grad_weight[:num_outputs].to(weight.dtype)
-        grad_bias = None if bias is None else grad_bias[:num_outputs].to(bias.dtype)
-        return grad_enc, grad_pred.to(pred_proj.dtype), grad_weight, grad_bias, None, None, None, None, None
+                grad_layer += (dz_rows.T @ h_rows).to(stat_dtype)  # the weights' and (column J) the bias's
+                dh_rows = dz_rows @ layer
+                del dz_rows
+                _tile_hidden_grad(dh_rows, h_rows, grad_enc, grad_pred, rows, frames, use_triton)
+                del dh_rows, h_rows
+        width = weight.shape[1]
+        grad_weight = grad_layer[:num_outputs, :width].to(weight.dtype)
+        grad_bias = None if bias is None else grad_layer[:num_outputs, width].to(bias.dtype)
+        return (grad_enc.to(enc_proj.dtype), grad_pred.to(pred_proj.dtype), grad_weight, grad_bias, None, None, None,
+                None, None)
 
 
 def _node_stats(enc_proj, pred_proj, weight, bias, targets, blank, num_tokens, max_tile_elements, use_triton):
@@ -197,20 +198,20 @@ def _node_stats(enc_proj, pred_proj, weight, bias, targets, blank, num_tokens, m
     batch, num_frames, _ = enc_proj.shape
     num_cols = pred_proj.shape[1]
     stat_dtype = torch.float64 if enc_proj.dtype == torch.float64 else torch.float32
-    padded_weight, padded_bias = _padded_output_layer(weight, bias)
+    layer = _augmented_output_layer(weight, bias)
     small = dict(device=enc_proj.device, dtype=stat_dtype)
     lse = torch.empty(batch, num_frames, num_cols, **small)
     blank_logit = torch.empty(batch, num_frames, num_cols, **small)
     label_logit = torch.empty(batch, num_frames, num_cols - 1, **small)
     rest = torch.empty(batch, num_frames, num_cols, weight.shape[0] - num_tokens, **small)
-    tiles = _tiles(batch, num_frames, num_cols, padded_weight.shape[0], max_tile_elements)
+    tiles = _tiles(batch, num_frames, num_cols, layer.shape[0], max_tile_elements)
     if use_triton:
         from workbench.models.fused_joint_triton import fused_joint_logits_stats
         targets = targets.contiguous()
     with _no_autocast(enc_proj):
         for rows, frames in tiles:
             enc_tile = enc_proj[rows, frames]
-            _, _, z_rows = _tile_logits(enc_tile, pred_proj[rows], padded_weight, padded_bias)
+            _, z_rows = _tile_logits(enc_tile, pred_proj[rows], layer, bias is not None, use_triton)
             if use_triton:
                 fused_joint_logits_stats(z_rows, targets, lse, blank_logit, label_logit, rest, blank, num_tokens,
                                          _first_node(rows, frames, num_frames, num_cols))
@@ -259,23 +260,58 @@ def _tiles(batch, num_frames, num_cols, width, max_elements) -> list[tuple[slice
             for t in range(0, num_frames, frames)]
 
 
-def _padded_output_layer(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """weight [C, J] and bias [C] with zero rows up to a multiple of ALIGNMENT (the outputs after C are
-    never read)."""
-    extra = -weight.shape[0] % ALIGNMENT
-    if not extra:
-        return weight, bias
-    return F.pad(weight, (0, 0, 0, extra)), None if bias is None else F.pad(bias, (0, extra))
+def _augmented_output_layer(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The output layer as one matrix [C_pad, width]: weight [C, J] in the first J columns, the bias [C] (if
+    any) in column J, where the hidden units hold a constant 1 (so one GEMM adds it, and one GEMM gives the
+    gradients of both), zero rows and columns up to multiples of ALIGNMENT (the outputs after C are never
+    read)."""
+    num_outputs, hidden_units = weight.shape
+    width = hidden_units + (bias is not None)
+    rows, width = num_outputs + -num_outputs % ALIGNMENT, width + -width % ALIGNMENT
+    if (rows, width) == tuple(weight.shape):
+        return weight.contiguous()
+    layer = weight.new_zeros(rows, width)
+    layer[:num_outputs, :hidden_units] = weight
+    if bias is not None:
+        layer[:num_outputs, hidden_units] = bias
+    return layer
 
 
-def _tile_logits(enc_tile: torch.Tensor, pred_rows: torch.Tensor, weight: torch.Tensor,
-                 bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """enc_tile [b, t, J], pred_rows [b, U + 1, J] -> (pre-activation [b, t, U + 1, J], hidden units
-    [b x t x (U + 1), J], logits [b x t x (U + 1), C]) in the inputs' dtype: one GEMM on rows, the same call in
-    forward and backward, so both round the logits alike."""
-    pre = enc_tile[:, :, None, :] + pred_rows[:, None, :, :]
-    h_rows = torch.relu(pre).reshape(-1, pre.shape[-1])
-    return pre, h_rows, F.linear(h_rows, weight, bias)
+def _tile_logits(enc_tile: torch.Tensor, pred_rows: torch.Tensor, layer: torch.Tensor, has_bias: bool,
+                 use_triton: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """enc_tile [b, t, J], pred_rows [b, U + 1, J] -> (hidden units [b x t x (U + 1), width] (relu(enc + pred),
+    then 1 in column J when ``has_bias``, then 0), logits [b x t x (U + 1), C_pad]) in the inputs' dtype: one
+    GEMM on rows, the same calls in forward and backward, so both round the logits alike."""
+    num_nodes = enc_tile.shape[0] * enc_tile.shape[1] * pred_rows.shape[1]
+    h_rows = torch.empty(num_nodes, layer.shape[1], device=enc_tile.device, dtype=enc_tile.dtype)
+    if use_triton:
+        from workbench.models.fused_joint_triton import fused_joint_hidden
+        fused_joint_hidden(enc_tile, pred_rows, h_rows, has_bias)
+    else:
+        hidden_units = enc_tile.shape[-1]
+        h = h_rows.view(*enc_tile.shape[:2], pred_rows.shape[1], -1)
+        torch.add(enc_tile[:, :, None, :], pred_rows[:, None, :, :], out=h[..., :hidden_units])
+        h[..., :hidden_units].relu_()
+        h[..., hidden_units:] = 0
+        if has_bias:
+            h[..., hidden_units] = 1
+    return h_rows, F.linear(h_rows, layer)
+
+
+def _tile_hidden_grad(dh_rows, h_rows, grad_enc, grad_pred, rows: slice, frames: slice, use_triton: bool) -> None:
+    """Add one tile's gradients of enc_proj and pred_proj to grad_enc [B, T, J] and grad_pred [B, U + 1, J]
+    (fp32, fp64 for fp64 inputs) from the gradient of its hidden units dh_rows and the units h_rows (both
+    [nodes, width]): d pre-activation = dh where h > 0, summed over label positions and over frames."""
+    tile_frames = grad_enc[rows, frames].shape[1]
+    if use_triton:
+        from workbench.models.fused_joint_triton import fused_joint_hidden_grad
+        fused_joint_hidden_grad(dh_rows, h_rows, grad_enc, grad_pred, rows.start, frames.start, tile_frames)
+        return
+    hidden_units = grad_enc.shape[-1]
+    shape = (-1, tile_frames, grad_pred.shape[1], h_rows.shape[1])
+    dpre = dh_rows.view(shape)[..., :hidden_units].masked_fill(h_rows.view(shape)[..., :hidden_units] == 0, 0)
+    grad_enc[rows, frames] += dpre.sum(2, dtype=grad_enc.dtype)
+    grad_pred[rows] += dpre.sum(1, dtype=grad_pred.dtype)
 
 
 def _gather_labels(z: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -13,9 +13,16 @@ time, in fp32:
    d loss / d z = softmax x g_lse + onehot(blank) x g_blank + onehot(y_{u+1}) x g_label (+ g_rest after the
    tokens), in the joint's dtype, for the two GEMMs that follow.
 
-Each is one read (and the second one write) of the tile. Every offset is 64-bit. Both run inside torch
-custom ops (``workbench::fused_joint_logits_stats``, ``workbench::fused_joint_logits_grad``) that write into
-the tensors they are given, so a fake trace (the OOMptimizer's plan) sees only the buffers the caller makes.
+3. ``_hidden_kernel`` (both passes): the tile's hidden units relu(enc_t + pred_u) [nodes, width] in one
+   write, with the constant 1 of the bias column, for the GEMM that makes the logits.
+4. ``_hidden_grad_kernel`` (backward): reads dh = dz W and h once; d pre-activation = dh where h > 0, summed
+   over a block of label positions into enc's gradient and over a block of frames into pred's (fp32 atomic
+   adds).
+
+Each is one read (and the second one write) of the tile. Every offset is 64-bit. Each runs inside a torch
+custom op (``workbench::fused_joint_logits_stats``, ``..._logits_grad``, ``..._hidden``, ``..._hidden_grad``)
+that writes into the tensors it is given, so a fake trace (the OOMptimizer's plan) sees only the buffers
+the caller makes.
 On a CPU the kernels run only under Triton's interpreter.
 """
 
@@ -171,4 +178,103 @@ def fused_joint_logits_grad(logits: torch.Tensor, targets: torch.Tensor, lse: to
 
 @fused_joint_logits_grad.register_fake
 def _(logits, targets, lse, g_lse, g_blank, g_label, g_rest, blank, num_tokens, start):
+    return None
+
+
+@triton.jit(do_not_specialize=["NODES", "NT", "U1"])
+def _hidden_kernel(enc_ptr, pred_ptr, h_ptr, NODES, NT, U1, J, WIDTH, enc_sb, enc_st, enc_sj, pred_sb, pred_su,
+                   pred_sj, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    local = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    row_ok = local < NODES
+    u = local % U1
+    bt = local // U1
+    t = bt % NT
+    b = bt // NT
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_j = row_ok[:, None] & (cols < J)[None, :]
+    enc = tl.load(enc_ptr + (b * enc_sb + t * enc_st)[:, None] + cols[None, :] * enc_sj, mask=in_j, other=0.0)
+    pred = tl.load(pred_ptr + (b * pred_sb + u * pred_su)[:, None] + cols[None, :] * pred_sj, mask=in_j, other=0.0)
+    h = tl.maximum(enc.to(tl.float32) + pred.to(tl.float32), 0.0)
+    if HAS_BIAS:
+        h = tl.where(cols[None, :] == J, 1.0, h)
+    tl.store(h_ptr + local[:, None] * WIDTH + cols[None, :], h.to(h_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & (cols < WIDTH)[None, :])
+
+
+@triton.jit(do_not_specialize=["FIRST_ROW", "FIRST_FRAME", "NT", "T", "U1"])
+def _hidden_grad_kernel(dh_ptr, h_ptr, grad_enc_ptr, grad_pred_ptr, FIRST_ROW, FIRST_FRAME, NT, T, U1, J, WIDTH,
+                        BLOCK_U: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_J: tl.constexpr):
+    u_blocks = tl.cdiv(U1, BLOCK_U)
+    local_b = tl.program_id(0) // u_blocks
+    us = (tl.program_id(0) % u_blocks) * BLOCK_U + tl.arange(0, BLOCK_U)
+    js = tl.program_id(2) * BLOCK_J + tl.arange(0, BLOCK_J)
+    ok = (us < U1)[:, None] & (js < J)[None, :]
+    b = (FIRST_ROW + local_b).to(tl.int64)
+    acc = tl.zeros((BLOCK_U, BLOCK_J), dtype=tl.float32)
+    for dt in range(0, BLOCK_T):
+        t = tl.program_id(1) * BLOCK_T + dt
+        here = ok & (t < NT)
+        nodes = (local_b.to(tl.int64) * NT + t) * U1 + us
+        at = nodes[:, None] * WIDTH + js[None, :]
+        dh = tl.load(dh_ptr + at, mask=here, other=0.0).to(tl.float32)
+        h = tl.load(h_ptr + at, mask=here, other=0.0)
+        g = tl.where(h > 0, dh, 0.0)
+        acc += g
+        tl.atomic_add(grad_enc_ptr + (b * T + FIRST_FRAME + t) * J + js, tl.sum(g, axis=0), mask=(js < J) & (t < NT))
+    tl.atomic_add(grad_pred_ptr + (b * U1 + us[:, None]) * J + js[None, :], acc, mask=ok)
+
+
+# (BLOCK_M, BLOCK_N, warps) of the hidden units' kernel and (BLOCK_U, BLOCK_T, BLOCK_J, warps) of their gradient's
+_HIDDEN_BLOCKS = {"cuda": (32, 128, 4), "cpu": (8, 16, 4)}
+_HIDDEN_GRAD_BLOCKS = {"cuda": (32, 16, 64, 4), "cpu": (4, 3, 8, 4)}
+
+
+@torch.library.custom_op("workbench::fused_joint_hidden", mutates_args=("hidden",))
+def fused_joint_hidden(enc_tile: torch.Tensor, pred_rows: torch.Tensor, hidden: torch.Tensor, has_bias: bool) -> None:
+    """Fill ``hidden`` [b x t x (U + 1), width] (contiguous) with relu(enc_tile[b, t] + pred_rows[b, u]) in its
+    first J columns (enc_tile [b, t, J], pred_rows [b, U + 1, J], any strides; the sum rounded to hidden's
+    dtype as PyTorch rounds it), 1 in column J when ``has_bias``, and 0 in the columns after."""
+    _check_rows(hidden)
+    num_nodes, width = hidden.shape
+    if num_nodes == 0:
+        return
+    _, num_frames, hidden_units = enc_tile.shape
+    block_m, block_n, warps = _HIDDEN_BLOCKS["cuda" if hidden.device.type == "cuda" else "cpu"]
+    grid = (triton.cdiv(num_nodes, block_m), triton.cdiv(width, block_n))
+    with device_guard(hidden.device):
+        _hidden_kernel[grid](enc_tile, pred_rows, hidden, num_nodes, num_frames, pred_rows.shape[1], hidden_units,
+                             width, *enc_tile.stride(), *pred_rows.stride(), HAS_BIAS=has_bias, BLOCK_M=block_m,
+                             BLOCK_N=block_n, num_warps=warps)
+
+
+@fused_joint_hidden.register_fake
+def _(enc_tile, pred_rows, hidden, has_bias):
+    return None
+
+
+@torch.library.custom_op("workbench::fused_joint_hidden_grad", mutates_args=("grad_enc", "grad_pred"))
+def fused_joint_hidden_grad(grad_hidden: torch.Tensor, hidden: torch.Tensor, grad_enc: torch.Tensor,
+                            grad_pred: torch.Tensor, first_row: int, first_frame: int, num_frames: int) -> None:
+    """Add one tile's gradient of the joint's inputs: with d pre-activation = grad_hidden where hidden > 0
+    (both [nodes, width], contiguous, the tile's nodes of utterances ``first_row`` .. and frames
+    ``first_frame`` .. ``first_frame + num_frames``), its sum over label positions to grad_enc [B, T, J] and
+    its sum over frames to grad_pred [B, U + 1, J] (both contiguous fp32; J columns of width are read)."""
+    _check_rows(grad_hidden)
+    _check_rows(hidden)
+    num_nodes, width = hidden.shape
+    if num_nodes == 0:
+        return
+    _, total_frames, hidden_units = grad_enc.shape
+    num_cols = grad_pred.shape[1]
+    rows = num_nodes // (num_frames * num_cols)
+    block_u, block_t, block_j, warps = _HIDDEN_GRAD_BLOCKS["cuda" if hidden.device.type == "cuda" else "cpu"]
+    grid = (rows * triton.cdiv(num_cols, block_u), triton.cdiv(num_frames, block_t), triton.cdiv(hidden_units, block_j))
+    with device_guard(hidden.device):
+        _hidden_grad_kernel[grid](grad_hidden, hidden, grad_enc, grad_pred, first_row, first_frame, num_frames,
+                                  total_frames, num_cols, hidden_units, width, BLOCK_U=block_u, BLOCK_T=block_t,
+                                  BLOCK_J=block_j, num_warps=warps)
+
+
+@fused_joint_hidden_grad.register_fake
+def _(grad_hidden, hidden, grad_enc, grad_pred, first_row, first_frame, num_frames):
     return None
