@@ -107,6 +107,6 @@ def joint_loss_runs(name: str, batch_size: int, seconds: float, tokens: int, dev
         except Exception as e:  # noqa: BLE001 - an OOM or torchaudio's failure is a figure
             run.error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
         runs.append(run)
-    del model, inputs, enc, pred, wrt, reference
+    model = inputs = enc = pred = wrt = reference = None  # the GPU memory back before the next shape
     release_memory()
     return runs
