@@ -61,6 +61,11 @@ def joint_loss_function(impl: str, model, dtype: torch.dtype):
     return functions[impl]
 
 
+def _relative_difference(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Largest |got - want| over the largest |want|."""
+    return float((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-12))
+
+
 def joint_loss_runs(name: str, batch_size: int, seconds: float, tokens: int, device: torch.device, *,
                     dtype: torch.dtype, repeat: int, impls=JOINT_IMPLS) -> list[JointLossRun]:
     """Each of ``impls`` on the same inputs: time and peak memory of forward + backward, its loss, and (besides
@@ -99,8 +104,7 @@ def joint_loss_runs(name: str, batch_size: int, seconds: float, tokens: int, dev
                 reference = (loss, grads)
             elif reference is not None:
                 run.max_rel_loss_diff = float((loss - reference[0]).abs() / reference[0].abs().clamp_min(1e-6))
-                run.max_rel_grad_diff = max(float((g.float() - r.float()).abs().max() / r.float().abs().max().clamp_min(1e-12))
-                                            for g, r in zip(grads, reference[1]))
+                run.max_rel_grad_diff = max(_relative_difference(g, r) for g, r in zip(grads, reference[1]))
             del loss, grads
             run.peak_above_inputs_bytes = peak_above_inputs(step, device)
             run.time_s = timer_for(device)(step, repeat=repeat, warmup=1)

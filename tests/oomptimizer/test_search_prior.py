@@ -76,6 +76,19 @@ def test_the_first_bucket_takes_two_probes_with_the_plans_base(cost_scale):
     _check_sizes(result, memory, buckets)
 
 
+def test_a_plan_base_near_the_first_peak_does_not_send_the_second_probe_far_too_high():
+    """A plan whose base is far too high (over 80 % of the first probe's peak) would give a per-item cost near
+    zero through that peak and a second probe far above the budget: the first bucket keeps the line through
+    zero then, and none of its probes runs out of memory."""
+    memory = SyntheticMemory(kind="linear", base_bytes=12 * GiB, per_second=30e6, per_token=1e6, per_item=100e6)
+    buckets = demo_buckets(num_durations=8, max_duration=30.0)
+    prior = _plan(memory, buckets, cost_scale=1.0, base_bytes=40 * GiB, error=0.0)  # first peak: 48 GiB
+    result = search_batch_sizes(buckets, memory.probe, budget_bytes=memory.budget_bytes, prior=prior)
+    first = [p for p in result.probes if p.bucket_index == result.probes[0].bucket_index]
+    assert not any(p.oom for p in first), [(p.batch_size, p.oom) for p in first]
+    _check_sizes(result, memory, buckets)
+
+
 @pytest.mark.parametrize("error", [0.03, 0.1])
 def test_a_rough_plan_costs_probes_not_correctness(error):
     memory = SyntheticMemory(kind="quadratic")

@@ -17,7 +17,7 @@ time, in fp32:
    write, with the constant 1 of the bias column, for the GEMM that makes the logits.
 4. ``_hidden_grad_kernel`` (backward): reads dh = dz W and h once; d pre-activation = dh where h > 0, summed
    over a block of label positions into enc's gradient and over a block of frames into pred's (fp32 atomic
-   adds).
+   adds, in any order: those two gradients are not bit-for-bit deterministic on CUDA).
 
 Each is one read (and the second one write) of the tile. Every offset is 64-bit. Each runs inside a torch
 custom op (``workbench::fused_joint_logits_stats``, ``..._logits_grad``, ``..._hidden``, ``..._hidden_grad``)
@@ -121,10 +121,10 @@ def _blocks(x: torch.Tensor) -> tuple[int, int, int]:
     return _BLOCKS["cuda" if x.device.type == "cuda" else "cpu"]
 
 
-def _check_rows(logits: torch.Tensor) -> None:
-    """The kernels address row r of the logits at r x padded_width: they must be contiguous."""
-    if not logits.is_contiguous():
-        raise ValueError(f"logits: expected a contiguous [nodes, padded_width] tensor, got strides {logits.stride()}")
+def _check_rows(rows: torch.Tensor, name: str = "logits") -> None:
+    """The kernels address row r of a tile's [nodes, width] tensor at r x width: it must be contiguous."""
+    if not rows.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous [nodes, width] tensor, got strides {rows.stride()}")
 
 
 @torch.library.custom_op("workbench::fused_joint_logits_stats",
@@ -192,12 +192,14 @@ def _hidden_kernel(enc_ptr, pred_ptr, h_ptr, NODES, NT, U1, J, WIDTH, enc_sb, en
     b = bt // NT
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     in_j = row_ok[:, None] & (cols < J)[None, :]
-    enc = tl.load(enc_ptr + (b * enc_sb + t * enc_st)[:, None] + cols[None, :] * enc_sj, mask=in_j, other=0.0)
-    pred = tl.load(pred_ptr + (b * pred_sb + u * pred_su)[:, None] + cols[None, :] * pred_sj, mask=in_j, other=0.0)
+    wide = cols.to(tl.int64)
+    enc = tl.load(enc_ptr + (b * enc_sb + t * enc_st)[:, None] + wide[None, :] * enc_sj, mask=in_j, other=0.0)
+    pred = tl.load(pred_ptr + (b * pred_sb + u * pred_su)[:, None] + wide[None, :] * pred_sj, mask=in_j, other=0.0)
     h = tl.maximum(enc.to(tl.float32) + pred.to(tl.float32), 0.0)
     if HAS_BIAS:
         h = tl.where(cols[None, :] == J, 1.0, h)
-    tl.store(h_ptr + local[:, None] * WIDTH + cols[None, :], h.to(h_ptr.dtype.element_ty),
+    h = h.to(h_ptr.dtype.element_ty, fp_downcast_rounding="rtne")  # as PyTorch rounds (the interpreter truncates)
+    tl.store(h_ptr + local[:, None] * WIDTH + cols[None, :], h,
              mask=row_ok[:, None] & (cols < WIDTH)[None, :])
 
 
@@ -234,7 +236,7 @@ def fused_joint_hidden(enc_tile: torch.Tensor, pred_rows: torch.Tensor, hidden: 
     """Fill ``hidden`` [b x t x (U + 1), width] (contiguous) with relu(enc_tile[b, t] + pred_rows[b, u]) in its
     first J columns (enc_tile [b, t, J], pred_rows [b, U + 1, J], any strides; the sum rounded to hidden's
     dtype as PyTorch rounds it), 1 in column J when ``has_bias``, and 0 in the columns after."""
-    _check_rows(hidden)
+    _check_rows(hidden, "hidden")
     num_nodes, width = hidden.shape
     if num_nodes == 0:
         return
@@ -259,8 +261,8 @@ def fused_joint_hidden_grad(grad_hidden: torch.Tensor, hidden: torch.Tensor, gra
     (both [nodes, width], contiguous, the tile's nodes of utterances ``first_row`` .. and frames
     ``first_frame`` .. ``first_frame + num_frames``), its sum over label positions to grad_enc [B, T, J] and
     its sum over frames to grad_pred [B, U + 1, J] (both contiguous fp32; J columns of width are read)."""
-    _check_rows(grad_hidden)
-    _check_rows(hidden)
+    _check_rows(grad_hidden, "grad_hidden")
+    _check_rows(hidden, "hidden")
     num_nodes, width = hidden.shape
     if num_nodes == 0:
         return

@@ -55,6 +55,7 @@ DEPARTURE_GAP_SHARE = 0.7
 # How far below a plan's predicted largest size the first probe of the first bucket aims: the plan's peaks
 # were within 6 % of the H200's measured ones for the models calibrated (benchmarks/results/plan_calibration.json).
 PLAN_FIRST_MARGIN = 0.08
+PLAN_BASE_SHARE = 0.8  # a plan's base is used for a bucket's first line only below this share of its peak
 
 
 @dataclass
@@ -416,11 +417,12 @@ class _SearchState:
 
     def own_cost(self, i: int, fit: MemoryFit, lower: int | None, lower_peak: float | None) -> float | None:
         """Bucket i's measured bytes per item, or None. Before the base is known the fit's line runs through
-        zero and overestimates it (the next probe would stop short of the budget): a plan's base, below the
-        peak of ``lower``, gives the line through that peak instead."""
+        zero and overestimates it (the next probe would stop short of the budget): a plan's base, clearly below
+        the peak of ``lower`` (a base near it would give a cost near zero and a probe far too large), gives the
+        line through that peak instead."""
         own = fit.per_item_bytes.get(i)
         if (own and not fit.base_known and self.prior is not None and lower
-                and 0 < self.prior.base_bytes < lower_peak):
+                and 0 < self.prior.base_bytes <= PLAN_BASE_SHARE * lower_peak):
             return (lower_peak - self.prior.base_bytes) / lower
         return own
 
@@ -496,7 +498,10 @@ class _SearchState:
             n = math.floor((low_b - self.base_guess(fit)) / predicted_cost)
             if first:
                 m = self.margin(i)
-                n = self.into_proof_window(n, depth=0.5) if self.plan_scaled(i) else (n if m * n < 1 else math.floor(n * (1 - m)))
+                if self.plan_scaled(i):
+                    n = self.into_proof_window(n, depth=0.5)
+                elif m * n >= 1:
+                    n = math.floor(n * (1 - m))
         elif lower is None:
             n = self.start
         else:

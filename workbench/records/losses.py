@@ -171,7 +171,7 @@ def joint_ratios(runs: list[dict]) -> list[dict]:
         if run["impl"] == "materialized" or ref is None or run["error"]:
             continue
         out.append({"impl": run["impl"], "model": run["model"], "batch_size": run["batch_size"],
-                    "duration_s": run["duration_s"], "num_tokens": run["num_tokens"],
+                    "duration_s": run["duration_s"], "num_tokens": run["num_tokens"], "dtype": run["dtype"],
                     "time": _ratio(_median_of(run["time_s"]), _median_of(ref["time_s"])),
                     "memory": _ratio(run["peak_above_inputs_bytes"], ref["peak_above_inputs_bytes"])})
     return out
@@ -281,8 +281,10 @@ def joint_line(run: dict, figures: dict) -> str:
     if run["error"]:
         return f"{head}: {run['error'][:80]}"
     out = f"{head}: {_ms(run)}, {_gib(run['peak_above_inputs_bytes'])} above inputs"
-    ratio = next((x for x in joint_ratios(figures.get("joint", [])) if x["impl"] == run["impl"]
-                  and (x["model"], x["batch_size"], x["duration_s"]) == (run["model"], run["batch_size"], run["duration_s"])), None)
+    def shape(x):
+        return x["model"], x["batch_size"], x["duration_s"], x["num_tokens"], x.get("dtype", run["dtype"])
+    ratio = next((x for x in joint_ratios(figures.get("joint", []))
+                  if x["impl"] == run["impl"] and shape(x) == shape(run)), None)
     if ratio:
         parts = [f"{k} {ratio[k]:.2f}x" for k in ("time", "memory") if ratio[k] is not None]
         out += f"; {', '.join(parts)} the materialized path's" if parts else ""
