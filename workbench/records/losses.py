@@ -283,7 +283,8 @@ def joint_line(run: dict, figures: dict) -> str:
     out = f"{head}: {_ms(run)}, {_gib(run['peak_above_inputs_bytes'])} above inputs"
     def shape(x):
         return x["model"], x["batch_size"], x["duration_s"], x["num_tokens"], x.get("dtype", run["dtype"])
-    ratio = next((x for x in joint_ratios(figures.get("joint", []))
+    computed = figures.get("ratios", {}).get("joint_over_materialized")  # absent in a record before the part
+    ratio = next((x for x in (computed if computed is not None else joint_ratios(figures.get("joint", [])))
                   if x["impl"] == run["impl"] and shape(x) == shape(run)), None)
     if ratio:
         parts = [f"{k} {ratio[k]:.2f}x" for k in ("time", "memory") if ratio[k] is not None]
