@@ -121,3 +121,23 @@ def test_the_plan_speed_bench_times_a_plan_and_says_whether_it_is_within_two_min
     line, = record.speed_summary_lines({"models": {"x": {**entry, "seconds": 150.2, "within_target": False}}})
     assert line == (f"- x: {entry['traced_steps']} traced steps ({entry['traced_steps_per_bucket']:.2f} per bucket) "
                     "in 150 s (target missed: at most 120 s)")
+
+
+def test_live_at_peak_keeps_the_allocations_alive_at_the_largest_total():
+    from benchmarks.plan_calibration.live_at_peak import live_at_peak
+
+    events = [("a", 100, "x"), ("b", 50, "y"), ("a", None, None), ("c", 120, "y"),
+              ("b", None, None), ("d", 10, "z")]
+    peak, lines = live_at_peak(events)
+    assert peak == 170  # b and c, after a was freed
+    assert lines == {"y": 170}
+
+
+def test_live_at_peak_groups_a_tiny_models_trace_by_model_line(tmp_path, capsys):
+    from benchmarks.plan_calibration.live_at_peak import main as live_main
+
+    assert live_main(["--model", "tiny-aed", "--buckets", "2:5", "--batch-size", "2", "--out", str(tmp_path)]) == 0
+    row = json.loads((tmp_path / "plan_live_at_peak.json").read_text())["figures"]["rows"][0]
+    traced = {line["line"]: line["trace_bytes"] for line in row["lines"]}
+    assert traced["state"] > 0 and any(k.startswith("models/") for k in traced)
+    assert sum(traced.values()) == row["trace_peak_bytes"]
