@@ -20,7 +20,7 @@ from benchmarks.harness import bench_parser, start, write_result
 from workbench.oomptimizer import plan as plan_module
 
 NAME = "plan_live_at_peak"
-MODEL_FILES = ("/workbench/models/", "/workbench/adapters/")
+MODEL_FILES = ("/workbench/models/", "/workbench/adapters/", "/transformers/")
 
 
 def model_line(frames) -> str:

@@ -213,6 +213,61 @@ def test_attention_is_traced_as_cuda_runs_it(cuda_kernels):
         assert peak > weights
 
 
+class NormDropoutLoss(torch.nn.Module):
+    """Keeps the model contract: a bf16 layer's output through a layer norm, dropout and a cross-entropy."""
+
+    def __init__(self, dropout: float = 0.1):
+        super().__init__()
+        self.layer, self.norm = torch.nn.Linear(256, 256), torch.nn.LayerNorm(256)
+        self.dropout = dropout
+
+    def make_batch(self, batch_size, duration_s, num_tokens, device):
+        return {"x": torch.randn(batch_size, 256, device=device),
+                "y": torch.randint(0, 256, (batch_size,), device=device)}
+
+    def training_step(self, batch, *, dtype=torch.float32):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            hidden = self.layer(batch["x"])
+            normed = self.norm(hidden)
+            dropped = torch.nn.functional.dropout(hidden, self.dropout, training=True)
+            self.seen = (normed.dtype, dropped.dtype)
+            loss = torch.nn.functional.cross_entropy(dropped + normed, batch["y"], label_smoothing=0.1)
+        loss.backward()
+        return loss.detach()
+
+
+def test_norms_dropout_and_cross_entropy_are_traced_as_cuda_autocast_runs_them():
+    """CUDA's autocast returns a layer norm of bf16 in float32 and its dropout keeps a one-byte mask; the CPU's
+    keeps bf16 and a bf16 noise tensor. With p = 0 dropout returns its input; else its bf16 output (two bytes an
+    element) lives at the peak beside the mask (one byte) or the noise (two)."""
+    fake_mode = new_fake_mode()
+    with fake_mode:
+        with_dropout, without = NormDropoutLoss(0.1), NormDropoutLoss(0.0)
+    rows = 4096
+    peaks = {}
+    for cuda_kernels in (True, False):
+        for name, model in (("dropout", with_dropout), ("none", without)):
+            tracer = StepTracer(model, fake_mode, dtype=torch.bfloat16, cuda_kernels=cuda_kernels)
+            peaks[cuda_kernels, name] = tracer.trace((1.0, 1), rows).peak_allocated_bytes
+            assert model.seen[0] == (torch.float32 if cuda_kernels else torch.bfloat16)
+    mask = peaks[True, "dropout"] - peaks[True, "none"]
+    noise = peaks[False, "dropout"] - peaks[False, "none"]
+    assert (mask, noise) == (3 * rows * 256, 4 * rows * 256)
+
+
+def test_cross_entropy_as_cuda_runs_it_has_torchs_value():
+    from workbench.oomptimizer.plan import _cross_entropy_as_on_cuda
+
+    torch.manual_seed(0)
+    logits, targets = torch.randn(7, 11, 3, dtype=torch.float64), torch.randint(0, 11, (7, 3))
+    targets[0, 0] = -100
+    weight = torch.rand(11, dtype=torch.float64)
+    for options in ({}, {"label_smoothing": 0.1}, {"weight": weight, "label_smoothing": 0.2},
+                    {"reduction": "sum", "label_smoothing": 0.1}, {"reduction": "none", "label_smoothing": 0.1}):
+        expected = torch.nn.functional.cross_entropy(logits, targets, **options)
+        torch.testing.assert_close(_cross_entropy_as_on_cuda(logits, targets, **options), expected)
+
+
 class ShapeFromTheHost(torch.nn.Module):
     """Keeps the model contract; its step takes a width from a value read back to the host."""
 

@@ -10,10 +10,12 @@ caching allocator rounds a block (512 bytes), and keeps the peak.
 What the trace can and cannot see:
 
 - It traces on a fake *CPU* device: a CPU build of torch cannot create fake CUDA tensors (its factory
-  functions need CUDA's device guard), so autocast follows the CPU's bf16 op list. Scaled-dot-product
-  attention takes CUDA's kernels (:class:`AttentionAsOnCuda`): flash attention without a mask, the
-  memory-efficient kernel with one, neither materializing the [B, H, Tq, Tk] weights that the CPU's math
-  path (and its dropout mask) would.
+  functions need CUDA's device guard), so autocast follows the CPU's bf16 op list, except where the two
+  devices keep different tensors for the backward (:class:`OpsAsOnCuda`): scaled-dot-product attention
+  takes CUDA's kernels (flash attention without a mask, the memory-efficient kernel with one, neither
+  materializing the [B, H, Tq, Tk] weights that the CPU's math path would); layer and group norm,
+  softmax and log-softmax of half-precision inputs return float32, and cross-entropy keeps its
+  log-probabilities in the logits' precision, as CUDA's autocast has them; dropout keeps a one-byte mask.
 - Kernels are picked as on CUDA (:func:`workbench.triton_support.kernels_as_on_cuda`): the reference models
   take the path that runs on the GPU, the Triton transducer loss and depthwise convolutions and the
   channels-last subsampling. The kernels are torch custom ops (``workbench::...``) whose fake implementations
@@ -30,8 +32,8 @@ What the trace can and cannot see:
 
 How close the traced peaks come to a GPU's measured ones: benchmarks/results/plan_calibration.json (from
 the H200) and plan_replay.json (each recorded probe traced again, ``python -m
-benchmarks.plan_calibration.replay``). A model whose trace falls short there (wav2vec2's convolutional
-feature encoder over raw audio) needs a larger margin, or a search on a GPU.
+benchmarks.plan_calibration.replay``). Where a model's trace and a GPU's peak part, ``python -m
+benchmarks.plan_calibration.live_at_peak`` on a GPU lists the tensors live at both peaks by model line.
 """
 
 from __future__ import annotations
@@ -224,17 +226,81 @@ class StepMemory:
     host_reads: int  # values read back to the host during the trace (answered, not computed)
 
 
-class AttentionAsOnCuda(TorchFunctionMode):
-    """``F.scaled_dot_product_attention`` as CUDA runs it, for fake CPU tensors: q, k, v (and a float mask) in
-    autocast's dtype when autocast is on (SDPA is on both devices' lower-precision lists), then flash attention
-    (half precision, no mask, head size a multiple of 8 up to 256) or the memory-efficient kernel. Both save
-    only the output and a float32 log-sum-exp per query for the backward, where the CPU's math path keeps the
-    [B, H, Tq, Tk] weights (and its dropout mask)."""
+class OpsAsOnCuda(TorchFunctionMode):
+    """The ops whose saved tensors differ between the CPU and CUDA, run as CUDA runs them, for fake CPU tensors:
+
+    - ``F.scaled_dot_product_attention``: q, k, v (and a float mask) in autocast's dtype when autocast is on
+      (SDPA is on both devices' lower-precision lists), then flash attention (half precision, no mask, head
+      size a multiple of 8 up to 256) or the memory-efficient kernel. Both save only the output and a float32
+      log-sum-exp per query for the backward, where the CPU's math path keeps the [B, H, Tq, Tk] weights (and
+      its dropout mask).
+    - CUDA autocast's float32 ops that the CPU's autocast leaves in half precision: layer and group norm take
+      a float32 copy of a half-precision input (which they save) and return float32; softmax and
+      log-softmax compute and return float32.
+    - Cross-entropy of half-precision logits as CUDA's autocast runs it: the log-softmax in the logits' dtype
+      (the op passes it), the NLL on autocast's float32 copy; the CPU's autocast casts the logits first, which
+      makes every [N, C] tensor of the loss and its backward float32.
+    - Dropout as CUDA's fused kernel: a one-byte mask per element, where the CPU's path keeps a noise tensor
+      of the input's dtype."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         if func is torch.nn.functional.scaled_dot_product_attention:
-            return _attention_as_on_cuda(*args, **(kwargs or {}))
-        return func(*args, **(kwargs or {}))
+            return _attention_as_on_cuda(*args, **kwargs)
+        if func in _FLOAT32_NORMS and _autocast_half(args[0]):  # input, weight and bias in float32
+            return func(*_half_to_float(args), **dict(zip(kwargs, _half_to_float(kwargs.values()))))
+        if func in _FLOAT32_SOFTMAX and len(args) <= 2 and kwargs.get("dtype") is None and _autocast_half(args[0]):
+            return func(*args, **{**kwargs, "dtype": torch.float32})
+        if func is torch.nn.functional.dropout:
+            return _dropout_as_on_cuda(*args, **kwargs)
+        if func is torch.nn.functional.cross_entropy and _autocast_half(args[0]):
+            return _cross_entropy_as_on_cuda(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+_FLOAT32_NORMS = (torch.nn.functional.layer_norm, torch.nn.functional.group_norm)
+_FLOAT32_SOFTMAX = (torch.nn.functional.softmax, torch.nn.functional.log_softmax, torch.softmax,
+                    torch.log_softmax, torch.Tensor.softmax, torch.Tensor.log_softmax)
+
+
+def _autocast_half(x) -> bool:
+    """x is a half-precision tensor under autocast (where CUDA's autocast would cast it to float32)."""
+    return (isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16)
+            and torch.is_autocast_enabled(x.device.type))
+
+
+def _half_to_float(values) -> list:
+    return [v.float() if isinstance(v, torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16) else v
+            for v in values]
+
+
+def _cross_entropy_as_on_cuda(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                              reduction="mean", label_smoothing=0.0):
+    """``F.cross_entropy`` of class indices as ATen composes it, with CUDA's autocast casts (see OpsAsOnCuda)."""
+    if size_average is not None or reduce is not None or target.is_floating_point():
+        return torch.nn.functional.cross_entropy(input, target, weight, size_average, ignore_index, reduce,
+                                                 reduction, label_smoothing)
+    class_dim = 0 if input.dim() == 1 else 1
+    log_probs = torch.log_softmax(input, class_dim, dtype=input.dtype)
+    loss = torch.nn.functional.nll_loss(log_probs, target, weight, ignore_index=ignore_index, reduction=reduction)
+    if label_smoothing <= 0:
+        return loss
+    ignored = target == ignore_index
+    class_shape = [-1 if d == class_dim else 1 for d in range(input.dim())]
+    weighted = log_probs if weight is None else log_probs * weight.view(class_shape)
+    smooth = (-weighted.sum(class_dim)).masked_fill(ignored, 0.0)
+    if reduction == "mean":
+        counted = (~ignored).sum() if weight is None else weight[target.masked_fill(ignored, 0)].masked_fill(ignored, 0).sum()
+        smooth = smooth.sum() / counted
+    elif reduction == "sum":
+        smooth = smooth.sum()
+    return (1 - label_smoothing) * loss + smooth * (label_smoothing / input.shape[class_dim])
+
+
+def _dropout_as_on_cuda(input, p=0.5, training=True, inplace=False):
+    if training and 0 < p < 1 and not inplace and input.numel() > 0:
+        return torch.ops.aten.native_dropout(input, p, True)[0]
+    return torch.nn.functional.dropout(input, p, training, inplace)
 
 
 def _attention_as_on_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -274,7 +340,8 @@ def traced_path(cuda_kernels: bool = True) -> str:
                    None) if cuda_kernels else "the CPU's choice"
     if problem is None:
         return ("torch ops on a fake CPU device, kernels as on CUDA (Triton losses, fused joint + loss and "
-                "depthwise convolutions by their custom ops' fakes, flash and memory-efficient attention; CPU autocast list)")
+                "depthwise convolutions by their custom ops' fakes, flash and memory-efficient attention, CUDA autocast's "
+                "float32 norms, softmax and cross-entropy, dropout's one-byte mask)")
     return f"torch ops on a fake CPU device (CPU autocast list, torch kernels, no Triton: {problem})"
 
 
@@ -343,7 +410,7 @@ class StepTracer:
         where = f"at {duration:g} s / {tokens} tokens, batch size {batch_size}"
         try:
             kernels = kernels_as_on_cuda() if self.cuda_kernels else contextlib.nullcontext()
-            attention = AttentionAsOnCuda() if self.cuda_kernels else contextlib.nullcontext()
+            attention = OpsAsOnCuda() if self.cuda_kernels else contextlib.nullcontext()
             with self.fake_mode, tracker, _naming_the_operation(tracker, where), kernels, attention:
                 self._track_state(tracker)
                 state_bytes = tracker.allocated_bytes
