@@ -40,8 +40,13 @@ def replay_summary_lines(figures: Mapping[str, Any]) -> list[str]:
             search, from_plan = entry["replayed"]["search"], entry["replayed"]["from_plan"]
             line += (f"; replayed against them, {search['probes_per_bucket']:.2f} probes per bucket without the "
                      f"plan (recorded {search['recorded_probes_per_bucket']:.2f}), "
-                     f"{from_plan['probes_per_bucket']:.2f} from it (recorded "
+                     f"{from_plan['probes_per_bucket']:.2f} from the record's plan (recorded "
                      f"{from_plan['recorded_probes_per_bucket']:.2f}, with the search of the record's commit)")
+            now = entry["replayed"].get("from_plan_now")
+            if now:
+                ratios = now["planned_over_searched"]
+                line += (f", {now['probes_per_bucket']:.2f} from the plan traced now (planned / searched "
+                         f"{min(ratios):.3f}-{max(ratios):.3f})")
         lines.append(line)
     return lines
 
