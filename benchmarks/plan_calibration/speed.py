@@ -32,7 +32,7 @@ def plan_seconds(name: str, buckets: list, gpu_memory: str) -> dict:
     seconds = time.perf_counter() - t0
     print(f"{name}: {len(buckets)} buckets planned in {seconds:.1f} s, {result.num_probes} traced steps", flush=True)
     return {"seconds": seconds, "traced_steps": result.num_probes,
-            "traced_steps_per_bucket": result.probes_per_bucket, "within_target": seconds <= TARGET_S}
+            "traced_steps_per_bucket": result.probes_per_bucket, "target_s": TARGET_S}
 
 
 def main(argv=None) -> int:
