@@ -6,7 +6,7 @@ trace (the same step on fake tensors), side by side.
         [--batch-size 8] [--out DIR]
 
 A line's bytes are those of its allocations live at the step's peak; allocations made by the backward
-(autograd's engine, no model line on the stack) are grouped as "backward". Writes plan_live_at_peak.json.
+are grouped as "backward". Reference models only. Writes plan_live_at_peak.json.
 """
 
 from __future__ import annotations
@@ -18,16 +18,24 @@ import torch
 
 from benchmarks.harness import bench_parser, start, write_result
 from workbench.oomptimizer import plan as plan_module
+from workbench.oomptimizer.plan import block_bytes
 
 NAME = "plan_live_at_peak"
+MAX_EVENTS = 2_000_000  # the allocator's history kept (a step of the reference models makes far fewer)
 MODEL_FILES = ("/workbench/models/", "/workbench/adapters/", "/transformers/")
 
 
 def model_line(frames) -> str:
-    """The innermost frame in the model's code as file:line function; "state" for the weights and AdamW's
-    state counted before the step; "backward" when no model line is on the stack."""
+    """The innermost frame in the model's code as file:line function (frames innermost first); "state" for the
+    weights and AdamW's state counted before the step; "backward" under autograd's engine (the CPU runs it on
+    the caller's thread, CUDA on its own, with no Python frames) or with no model line on the stack."""
     if any(name == "_track_state" for _, _, name in frames):
         return "state"
+    for filename, _, name in frames:
+        if "/torch/autograd/" in filename or name == "_engine_run_backward":
+            return "backward"
+        if any(part in filename for part in MODEL_FILES):
+            break
     for filename, line, name in frames:
         if any(part in filename for part in MODEL_FILES) and not filename.endswith("model.py"):
             return f"{filename.split('/workbench/')[-1]}:{line} {name}"
@@ -64,8 +72,9 @@ def live_at_peak(events) -> tuple[int, dict[str, int]]:
 
 
 def measured(model, bucket, batch_size) -> tuple[int, dict[str, int]]:
-    """The step on the GPU, AdamW's state made first (as the probe does), recorded by the allocator."""
-    device = torch.device("cuda")
+    """The step's forward and backward on the GPU, AdamW's state made first (as the probe does), recorded by the
+    allocator; sizes rounded to its 512-byte blocks."""
+    device = torch.device("cuda", torch.cuda.current_device())
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=0.0)
     for p in params:
@@ -74,20 +83,22 @@ def measured(model, bucket, batch_size) -> tuple[int, dict[str, int]]:
     optimizer.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
-    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+    torch.cuda.memory._record_memory_history(max_entries=MAX_EVENTS, stacks="python")
     batch = model.make_batch(batch_size, bucket[0], int(bucket[1]), device)
     model.training_step(batch, dtype=torch.bfloat16)
-    optimizer.step()
     torch.cuda.synchronize()
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
     del batch, optimizer
     model.zero_grad(set_to_none=True)
+    trace = snapshot["device_traces"][device.index]
+    if len(trace) >= MAX_EVENTS:
+        print(f"note: the allocator's history kept its last {MAX_EVENTS} events only; the peak may be missing")
     events = []
-    for e in snapshot["device_traces"][0]:
+    for e in trace:
         frames = [(f["filename"], f["line"], f["name"]) for f in e.get("frames", [])]  # innermost first
         if e["action"] == "alloc":
-            events.append((e["addr"], int(e["size"]), model_line(frames)))
+            events.append((e["addr"], block_bytes(int(e["size"])), model_line(frames)))
         elif e["action"] == "free_completed":
             events.append((e["addr"], None, None))
     peak, lines = live_at_peak(events)
@@ -112,7 +123,8 @@ class RecordingTracker(plan_module.DeviceMemoryTracker):
 
 
 def traced(name, bucket, batch_size) -> tuple[int, dict[str, int]]:
-    """The same step traced as the plan traces it (state counted before the step starts)."""
+    """The same step traced as the plan traces it (state counted before the step starts; the optimizer step,
+    which the plan adds from one trace, is not in the events)."""
     fake_mode = plan_module.new_fake_mode()
     model = plan_module.build_fake_reference_model(name, fake_mode)
     tracer = plan_module.StepTracer(model, fake_mode)

@@ -1,7 +1,7 @@
 """The plan against peaks a GPU measured, on the CPU: every probe of a record (plan_calibration.json,
 byo_models*.json) traced again and its predicted peak set beside the measured one; for a plan_calibration
 record, also the search replayed against those peaks, with and without the record's plan as its start, and
-from the plan traced now for that GPU's memory (the plan of this checkout; ``--no-replan`` skips it).
+from this checkout's plan for that GPU's memory (``--no-replan`` skips it).
 
 The replay's peaks: per bucket, the line base + n x cost fitted to the measured probes (one base for all
 buckets); a probe runs out of memory above the midpoint between the largest peak that fitted and the
@@ -80,7 +80,7 @@ def replayed_searches(entry: dict, buckets: list, budget_bytes: float, plan_now:
         return PlannedPeaks(lines["base_bytes"], lines["per_item_bytes"])
     priors = [("search", None), ("from_plan", prior_of(entry["plan"]["lines"]))]
     if plan_now is not None:
-        priors.append(("from_plan_now", prior_of(plan_now["lines"])))
+        priors.append(("from_checkout_plan", prior_of(plan_now["lines"])))
     out = {}
     for label, prior in priors:
         result = search_batch_sizes([tuple(b) for b in buckets], probe, budget_bytes=budget_bytes, prior=prior,
@@ -89,9 +89,9 @@ def replayed_searches(entry: dict, buckets: list, budget_bytes: float, plan_now:
         if label in entry:
             out[label]["recorded_probes_per_bucket"] = entry[label]["mean_probes_per_bucket"]
     if plan_now is not None:
-        out["from_plan_now"]["planned_sizes"] = list(plan_now["sizes"])
-        out["from_plan_now"]["planned_over_searched"] = [
-            round(p / s, 4) for p, s in zip(plan_now["sizes"], entry["search"]["sizes"])]
+        out["from_checkout_plan"]["planned_sizes"] = list(plan_now["sizes"])
+        out["from_checkout_plan"]["planned_over_searched"] = [
+            round(p / s, 4) if p and s else None for p, s in zip(plan_now["sizes"], entry["search"]["sizes"])]
     return out
 
 
@@ -120,7 +120,7 @@ def replay_record(path: Path, models: list[str] | None, replan: bool = True) -> 
 
 
 def plan_for_record(name: str, buckets: list, params: dict, budget_bytes: float) -> dict:
-    """The plan traced now with a calibration record's options, for its GPU's memory (``budget_bytes`` = memory
+    """This checkout's plan with a calibration record's options, for its GPU's memory (``budget_bytes`` = memory
     x fraction)."""
     from benchmarks.plan_calibration.run import make_plan
 
@@ -139,7 +139,7 @@ def start_run(argv=None) -> Run:
                                                    "in benchmarks/results)")
     parser.add_argument("--models", nargs="+", help="only these models of the records")
     parser.add_argument("--no-replan", dest="replan", action="store_false",
-                        help="skip the plans traced now (the search from them is not replayed)")
+                        help="skip this checkout's plans (the search from them is not replayed)")
     return start(parser, argv, name=NAME, needs_cuda=False,
                  what="Plan against measured peaks: every recorded GPU probe traced again on the CPU, and the search "
                       "from the plan replayed against the measured peaks")

@@ -60,13 +60,13 @@ def test_replay_traces_every_measured_probe_and_replays_the_searches(tmp_path):
     assert entry["replayed"]["search"]["sizes"] == recorded["search"]["sizes"]
     from_plan = entry["replayed"]["from_plan"]
     assert from_plan["recorded_probes_per_bucket"] == recorded["from_plan"]["mean_probes_per_bucket"]
-    now = entry["replayed"]["from_plan_now"]  # the smoke's plan traced again: the record's sizes
+    now = entry["replayed"]["from_checkout_plan"]  # the smoke's plan traced again: the record's sizes
     assert now["planned_sizes"] == recorded["plan"]["sizes"]
     assert now["planned_over_searched"] == [round(p / s, 4) for p, s in zip(now["planned_sizes"],
                                                                              recorded["search"]["sizes"])]
     line, = record.replay_summary_lines(figures)
     assert line.startswith("- tiny-rnnt (plan_calibration.json): traced peaks ") and "from the record's plan (recorded" in line
-    assert "from the plan traced now (planned / searched" in line
+    assert "from this checkout's plan (planned / searched" in line
 
 
 def test_the_search_from_the_plan_needs_at_most_1_3_probes_per_bucket_on_the_recorded_gpu_peaks():

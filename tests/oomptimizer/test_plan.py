@@ -214,11 +214,12 @@ def test_attention_is_traced_as_cuda_runs_it(cuda_kernels):
 
 
 class NormDropoutLoss(torch.nn.Module):
-    """Keeps the model contract: a bf16 layer's output through a layer norm, dropout and a cross-entropy."""
+    """Keeps the model contract: a bf16 layer's output through a layer norm, a softmax, dropout and a
+    cross-entropy of bf16 logits."""
 
-    def __init__(self, dropout: float = 0.1):
+    def __init__(self, dropout: float = 0.1, classes: int = 256):
         super().__init__()
-        self.layer, self.norm = torch.nn.Linear(256, 256), torch.nn.LayerNorm(256)
+        self.layer, self.norm = torch.nn.Linear(256, classes), torch.nn.LayerNorm(classes)  # classes: the width
         self.dropout = dropout
 
     def make_batch(self, batch_size, duration_s, num_tokens, device):
@@ -228,18 +229,19 @@ class NormDropoutLoss(torch.nn.Module):
     def training_step(self, batch, *, dtype=torch.float32):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
             hidden = self.layer(batch["x"])
-            normed = self.norm(hidden)
+            normed, probs = self.norm(hidden), hidden.softmax(-1)
             dropped = torch.nn.functional.dropout(hidden, self.dropout, training=True)
-            self.seen = (normed.dtype, dropped.dtype)
-            loss = torch.nn.functional.cross_entropy(dropped + normed, batch["y"], label_smoothing=0.1)
+            self.seen = (normed.dtype, probs.dtype)
+            loss = (torch.nn.functional.cross_entropy(dropped, batch["y"], label_smoothing=0.1)
+                    + normed.float().mean() + probs.float().mean())
         loss.backward()
         return loss.detach()
 
 
-def test_norms_dropout_and_cross_entropy_are_traced_as_cuda_autocast_runs_them():
-    """CUDA's autocast returns a layer norm of bf16 in float32 and its dropout keeps a one-byte mask; the CPU's
-    keeps bf16 and a bf16 noise tensor. With p = 0 dropout returns its input; else its bf16 output (two bytes an
-    element) lives at the peak beside the mask (one byte) or the noise (two)."""
+def test_norms_softmax_and_dropout_are_traced_as_cuda_autocast_runs_them():
+    """CUDA's autocast returns a layer norm and a softmax of bf16 in float32 and its dropout keeps a one-byte
+    mask; the CPU's keeps bf16 and a bf16 noise tensor. With p = 0 dropout returns its input; else its bf16
+    output (two bytes an element) lives at the peak beside the mask (one byte) or the noise (two)."""
     fake_mode = new_fake_mode()
     with fake_mode:
         with_dropout, without = NormDropoutLoss(0.1), NormDropoutLoss(0.0)
@@ -249,23 +251,71 @@ def test_norms_dropout_and_cross_entropy_are_traced_as_cuda_autocast_runs_them()
         for name, model in (("dropout", with_dropout), ("none", without)):
             tracer = StepTracer(model, fake_mode, dtype=torch.bfloat16, cuda_kernels=cuda_kernels)
             peaks[cuda_kernels, name] = tracer.trace((1.0, 1), rows).peak_allocated_bytes
-            assert model.seen[0] == (torch.float32 if cuda_kernels else torch.bfloat16)
+            assert model.seen == ((torch.float32,) * 2 if cuda_kernels else (torch.bfloat16,) * 2)
     mask = peaks[True, "dropout"] - peaks[True, "none"]
     noise = peaks[False, "dropout"] - peaks[False, "none"]
     assert (mask, noise) == (3 * rows * 256, 4 * rows * 256)
 
 
-def test_cross_entropy_as_cuda_runs_it_has_torchs_value():
+class LogitsLoss(NormDropoutLoss):
+    """A bf16 output layer of 50,000 classes and its cross-entropy, nothing else."""
+
+    def __init__(self):
+        super().__init__(0.0, classes=50_000)
+
+    def training_step(self, batch, *, dtype=torch.float32):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(self.layer(batch["x"]), batch["y"], label_smoothing=0.1)
+        loss.backward()
+        return loss.detach()
+
+
+def test_cross_entropy_of_bf16_logits_keeps_bf16_log_probabilities_as_on_cuda():
+    """CUDA's autocast runs cross-entropy's log-softmax in the logits' bf16 and the NLL on a float32 copy; the
+    CPU's casts the logits to float32 first. Logits of 50,000 classes dominate the step: the CUDA trace's peak
+    is at least 2 bytes a logit lower."""
+    fake_mode = new_fake_mode()
+    with fake_mode:
+        model = LogitsLoss()
+    rows = 512
+    peak = {cuda_kernels: StepTracer(model, fake_mode, dtype=torch.bfloat16, cuda_kernels=cuda_kernels)
+            .trace((1.0, 1), rows).peak_allocated_bytes for cuda_kernels in (True, False)}
+    assert peak[False] - peak[True] >= 2 * rows * 50_000
+
+
+def test_the_cuda_ops_leave_a_real_computation_as_it_is():
+    from workbench.oomptimizer.plan import OpsAsOnCuda
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16), OpsAsOnCuda():
+        normed = torch.nn.functional.layer_norm(x.bfloat16(), (8,))
+        probs = torch.softmax(input=x.bfloat16(), dim=-1)  # the tensor as a keyword
+    assert normed.dtype == probs.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("options", [{}, {"label_smoothing": 0.1}, {"weight": "w", "label_smoothing": 0.2},
+                                     {"reduction": "sum", "label_smoothing": 0.1},
+                                     {"reduction": "none", "label_smoothing": 0.1}, {"ignore_index": 3}])
+@pytest.mark.parametrize("shape", [(11,), (7, 11), (7, 11, 3)])
+def test_cross_entropy_as_cuda_runs_it_has_torchs_value(options, shape):
     from workbench.oomptimizer.plan import _cross_entropy_as_on_cuda
 
     torch.manual_seed(0)
-    logits, targets = torch.randn(7, 11, 3, dtype=torch.float64), torch.randint(0, 11, (7, 3))
-    targets[0, 0] = -100
-    weight = torch.rand(11, dtype=torch.float64)
-    for options in ({}, {"label_smoothing": 0.1}, {"weight": weight, "label_smoothing": 0.2},
-                    {"reduction": "sum", "label_smoothing": 0.1}, {"reduction": "none", "label_smoothing": 0.1}):
-        expected = torch.nn.functional.cross_entropy(logits, targets, **options)
-        torch.testing.assert_close(_cross_entropy_as_on_cuda(logits, targets, **options), expected)
+    logits = torch.randn(*shape, dtype=torch.float64)
+    targets = torch.randint(0, 11, shape[:1] + shape[2:] if len(shape) > 1 else ())
+    if targets.dim():
+        targets.view(-1)[0] = options.get("ignore_index", -100)
+    options = {k: torch.rand(11, dtype=torch.float64) if v == "w" else v for k, v in options.items()}
+    expected = torch.nn.functional.cross_entropy(logits, targets, **options)
+    torch.testing.assert_close(_cross_entropy_as_on_cuda(logits, targets, **options), expected)
+
+
+def test_cross_entropy_as_cuda_runs_it_refuses_what_torch_refuses():
+    from workbench.oomptimizer.plan import _cross_entropy_as_on_cuda
+
+    with pytest.raises(RuntimeError, match="label_smoothing"):
+        _cross_entropy_as_on_cuda(torch.randn(3, 5), torch.tensor([0, 1, 2]), label_smoothing=1.5)
 
 
 class ShapeFromTheHost(torch.nn.Module):

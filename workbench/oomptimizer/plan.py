@@ -46,7 +46,7 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, is_fake
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -247,18 +247,23 @@ class OpsAsOnCuda(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is torch.nn.functional.scaled_dot_product_attention:
             return _attention_as_on_cuda(*args, **kwargs)
-        if func in _FLOAT32_NORMS and _autocast_half(args[0]):  # input, weight and bias in float32
+        tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+        if not any(is_fake(t) for t in tensors):  # a real computation: as it is
+            return func(*args, **kwargs)
+        if func in _FLOAT32_NORMS and any(_autocast_half(t) for t in tensors):  # every floating argument float32
             return func(*_half_to_float(args), **dict(zip(kwargs, _half_to_float(kwargs.values()))))
-        if func in _FLOAT32_SOFTMAX and len(args) <= 2 and kwargs.get("dtype") is None and _autocast_half(args[0]):
+        if (func in _FLOAT32_SOFTMAX and len(args) <= 2 and kwargs.get("dtype") is None
+                and _autocast_half(tensors[0])):
             return func(*args, **{**kwargs, "dtype": torch.float32})
         if func is torch.nn.functional.dropout:
             return _dropout_as_on_cuda(*args, **kwargs)
-        if func is torch.nn.functional.cross_entropy and _autocast_half(args[0]):
+        if func is torch.nn.functional.cross_entropy and _autocast_half(tensors[0]):
             return _cross_entropy_as_on_cuda(*args, **kwargs)
         return func(*args, **kwargs)
 
 
-_FLOAT32_NORMS = (torch.nn.functional.layer_norm, torch.nn.functional.group_norm)
+_FLOAT32_NORMS = (torch.nn.functional.layer_norm, torch.nn.functional.group_norm, torch.layer_norm,
+                  torch.group_norm)
 _FLOAT32_SOFTMAX = (torch.nn.functional.softmax, torch.nn.functional.log_softmax, torch.softmax,
                     torch.log_softmax, torch.Tensor.softmax, torch.Tensor.log_softmax)
 
@@ -276,8 +281,10 @@ def _half_to_float(values) -> list:
 
 def _cross_entropy_as_on_cuda(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                               reduction="mean", label_smoothing=0.0):
-    """``F.cross_entropy`` of class indices as ATen composes it, with CUDA's autocast casts (see OpsAsOnCuda)."""
-    if size_average is not None or reduce is not None or target.is_floating_point():
+    """``F.cross_entropy`` of class indices as ATen composes it, with CUDA's autocast casts (see OpsAsOnCuda).
+    Probability targets take the CPU's path, whose float32 copy of the logits CUDA does not make (an
+    overestimate)."""
+    if size_average is not None or reduce is not None or target.is_floating_point() or not 0 <= label_smoothing <= 1:
         return torch.nn.functional.cross_entropy(input, target, weight, size_average, ignore_index, reduce,
                                                  reduction, label_smoothing)
     class_dim = 0 if input.dim() == 1 else 1
@@ -410,8 +417,8 @@ class StepTracer:
         where = f"at {duration:g} s / {tokens} tokens, batch size {batch_size}"
         try:
             kernels = kernels_as_on_cuda() if self.cuda_kernels else contextlib.nullcontext()
-            attention = OpsAsOnCuda() if self.cuda_kernels else contextlib.nullcontext()
-            with self.fake_mode, tracker, _naming_the_operation(tracker, where), kernels, attention:
+            cuda_ops = OpsAsOnCuda() if self.cuda_kernels else contextlib.nullcontext()
+            with self.fake_mode, tracker, _naming_the_operation(tracker, where), kernels, cuda_ops:
                 self._track_state(tracker)
                 state_bytes = tracker.allocated_bytes
                 tracker.reset_peak()

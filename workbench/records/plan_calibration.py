@@ -42,11 +42,11 @@ def replay_summary_lines(figures: Mapping[str, Any]) -> list[str]:
                      f"plan (recorded {search['recorded_probes_per_bucket']:.2f}), "
                      f"{from_plan['probes_per_bucket']:.2f} from the record's plan (recorded "
                      f"{from_plan['recorded_probes_per_bucket']:.2f}, with the search of the record's commit)")
-            now = entry["replayed"].get("from_plan_now")
-            if now:
-                ratios = now["planned_over_searched"]
-                line += (f", {now['probes_per_bucket']:.2f} from the plan traced now (planned / searched "
-                         f"{min(ratios):.3f}-{max(ratios):.3f})")
+            checkout = entry["replayed"].get("from_checkout_plan")
+            if checkout:
+                ratios = [r for r in checkout["planned_over_searched"] if r is not None]
+                line += (f", {checkout['probes_per_bucket']:.2f} from this checkout's plan" + (
+                    f" (planned / searched {min(ratios):.3f}-{max(ratios):.3f})" if ratios else ""))
         lines.append(line)
     return lines
 
