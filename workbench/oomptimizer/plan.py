@@ -247,6 +247,8 @@ class OpsAsOnCuda(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is torch.nn.functional.scaled_dot_product_attention:
             return _attention_as_on_cuda(*args, **kwargs)
+        if func not in _CUDA_AUTOCAST_OPS:
+            return func(*args, **kwargs)
         tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
         if not any(is_fake(t) for t in tensors):  # a real computation: as it is
             return func(*args, **kwargs)
@@ -262,21 +264,22 @@ class OpsAsOnCuda(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 _FLOAT32_NORMS = (torch.nn.functional.layer_norm, torch.nn.functional.group_norm, torch.layer_norm,
                   torch.group_norm)
 _FLOAT32_SOFTMAX = (torch.nn.functional.softmax, torch.nn.functional.log_softmax, torch.softmax,
                     torch.log_softmax, torch.Tensor.softmax, torch.Tensor.log_softmax)
+_CUDA_AUTOCAST_OPS = {*_FLOAT32_NORMS, *_FLOAT32_SOFTMAX, torch.nn.functional.dropout,
+                      torch.nn.functional.cross_entropy}
 
 
 def _autocast_half(x) -> bool:
     """x is a half-precision tensor under autocast (where CUDA's autocast would cast it to float32)."""
-    return (isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16)
-            and torch.is_autocast_enabled(x.device.type))
+    return isinstance(x, torch.Tensor) and x.dtype in HALF_DTYPES and torch.is_autocast_enabled(x.device.type)
 
 
 def _half_to_float(values) -> list:
-    return [v.float() if isinstance(v, torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16) else v
-            for v in values]
+    return [v.float() if isinstance(v, torch.Tensor) and v.dtype in HALF_DTYPES else v for v in values]
 
 
 def _cross_entropy_as_on_cuda(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
@@ -321,7 +324,7 @@ def _attention_as_on_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_c
         if attn_mask is not None and attn_mask.is_floating_point():
             attn_mask = attn_mask.to(dtype)
     head_size = query.shape[-1]
-    if (attn_mask is None and query.dtype in (torch.float16, torch.bfloat16) and head_size % 8 == 0
+    if (attn_mask is None and query.dtype in HALF_DTYPES and head_size % 8 == 0
             and head_size <= 256):
         return torch.ops.aten._scaled_dot_product_flash_attention(
             query, key, value, dropout_p, is_causal, False, scale=scale)[0]
