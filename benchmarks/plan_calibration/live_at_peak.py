@@ -106,20 +106,23 @@ def measured(model, bucket, batch_size) -> tuple[int, dict[str, int]]:
 
 
 class RecordingTracker(plan_module.DeviceMemoryTracker):
-    """The plan's tracker, also keeping every allocation and free in order with its model line."""
-    events: list = []
+    """The plan's tracker, also keeping every allocation and free in order (``events``) with its model line."""
+
+    def __init__(self):
+        super().__init__()
+        self.events: list = []
 
     def track(self, tensor):
-        storage = tensor.untyped_storage() if tensor.device.type != "meta" else None
-        known = storage is not None and id(storage) in self._live and self._live[id(storage)][0]() is storage
+        known = len(self._live)
         super().track(tensor)
-        if storage is not None and not known and id(storage) in self._live:
+        if len(self._live) > known:  # a storage not seen before
+            key = id(tensor.untyped_storage())
             frames = [(f.filename, f.lineno, f.name) for f in reversed(traceback.extract_stack())]
-            RecordingTracker.events.append((id(storage), self._live[id(storage)][1], model_line(frames)))
+            self.events.append((key, self._live[key][1], model_line(frames)))
 
     def _free(self, key):
         super()._free(key)
-        RecordingTracker.events.append((key, None, None))
+        self.events.append((key, None, None))
 
 
 def traced(name, bucket, batch_size) -> tuple[int, dict[str, int]]:
@@ -127,15 +130,9 @@ def traced(name, bucket, batch_size) -> tuple[int, dict[str, int]]:
     which the plan adds from one trace, is not in the events)."""
     fake_mode = plan_module.new_fake_mode()
     model = plan_module.build_fake_reference_model(name, fake_mode)
-    tracer = plan_module.StepTracer(model, fake_mode)
-    original = plan_module.DeviceMemoryTracker
-    plan_module.DeviceMemoryTracker = RecordingTracker
-    RecordingTracker.events = []
-    try:
-        memory = tracer.trace(bucket, batch_size)
-    finally:
-        plan_module.DeviceMemoryTracker = original
-    _, lines = live_at_peak(RecordingTracker.events)
+    tracker = RecordingTracker()
+    memory = plan_module.StepTracer(model, fake_mode).trace(bucket, batch_size, tracker=tracker)
+    _, lines = live_at_peak(tracker.events)
     return memory.peak_allocated_bytes, lines
 
 

@@ -148,3 +148,5 @@ def test_live_at_peak_groups_a_tiny_models_trace_by_model_line(tmp_path, capsys)
     traced = {line["line"]: line["trace_bytes"] for line in row["lines"]}
     assert traced["state"] > 0 and any(k.startswith("models/") for k in traced)
     assert sum(traced.values()) == row["trace_peak_bytes"]
+    line, = record.live_at_peak_summary_lines({"rows": [row]})
+    assert line.startswith("- 2 s / 5 tokens x 2: peak on the GPU 0.00 GiB, traced ") and f"{row['lines'][0]['line']} " in line

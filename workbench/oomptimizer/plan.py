@@ -411,11 +411,13 @@ class StepTracer:
         for tensor in tensors:
             tracker.track(tensor)
 
-    def trace(self, bucket: tuple[float, float], batch_size: int) -> StepMemory:
+    def trace(self, bucket: tuple[float, float], batch_size: int,
+              tracker: DeviceMemoryTracker | None = None) -> StepMemory:
         """Memory of one step on the worst-case batch of ``bucket`` (duration s, tokens); a
-        :class:`PlanError` names the operation that cannot be traced."""
+        :class:`PlanError` names the operation that cannot be traced. ``tracker``: a fresh one that counts
+        it (default a new :class:`DeviceMemoryTracker`)."""
         duration, tokens = float(bucket[0]), int(round(bucket[1]))
-        tracker = DeviceMemoryTracker()
+        tracker = DeviceMemoryTracker() if tracker is None else tracker
         batch = None
         where = f"at {duration:g} s / {tokens} tokens, batch size {batch_size}"
         try:

@@ -72,3 +72,17 @@ def speed_summary_lines(figures: Mapping[str, Any]) -> list[str]:
             f"{entry['seconds']:.0f} s" + ("" if entry["seconds"] <= entry["target_s"] else
                                           f" (target missed: at most {entry['target_s']:.0f} s)")
             for name, entry in figures["models"].items()]
+
+
+def live_at_peak_summary_lines(figures: Mapping[str, Any]) -> list[str]:
+    """The plan_live_at_peak record's lines: per bucket, the GPU's and the trace's peak and the three model lines
+    whose live bytes differ most."""
+    lines = []
+    for row in figures["rows"]:
+        gpu, trace = row["gpu_peak_bytes"] / 2**30, row["trace_peak_bytes"] / 2**30
+        apart = ", ".join(f"{line['line']} {line['gpu_bytes'] / 2**20:.0f} -> {line['trace_bytes'] / 2**20:.0f} MiB"
+                          for line in row["lines"][:3])
+        duration, tokens = row["bucket"]
+        lines.append(f"- {duration:g} s / {tokens:g} tokens x {row['batch_size']}: peak on the GPU {gpu:.2f} GiB, "
+                     f"traced {trace:.2f} GiB; lines most apart (GPU -> trace): {apart}")
+    return lines
