@@ -115,10 +115,12 @@ stage() {  # one stage by name: flow and the gpu tests here, the benches from be
     flow)             run_stage flow 420 env WORKBENCH_FLOW_OUT="$RESULTS" python3 -m pytest -q -s -m gpu \
                         -p no:cacheprovider tests/benchmarks/test_flow.py ;;
     tests)            # GPU_TESTS: the paths to run (default: every gpu test); GPU_TESTS_LIMIT: seconds. NeMo on the
-                      # path, so the NeMo-gated gpu tests (ours beside NeMo's decoders) run too
+                      # path, so the NeMo-gated gpu tests (ours beside NeMo's decoders) run too; every test's time
+                      # comes back in $OUT/test_times.tsv, also when the stage is cut (python3 -m
+                      # benchmarks.gpu_test_times sums it by file and packs the files into calls)
                       nemo_site
-                      run_stage tests "${GPU_TESTS_LIMIT:-150}" "${NEMO_ENV[@]}" \
-                        python3 -m pytest -q -m gpu -p no:cacheprovider \
+                      run_stage tests "${GPU_TESTS_LIMIT:-150}" env WORKBENCH_TEST_TIMES="$OUT/test_times.tsv" \
+                        "${NEMO_ENV[@]}" python3 -m pytest -q -m gpu -p no:cacheprovider \
                         --durations=5 --ignore=tests/benchmarks/test_flow.py ${GPU_TESTS:-tests} ;;
     tests-allocator)  run_stage tests_allocator 120 python3 -m pytest -q -p no:cacheprovider \
                         tests/memory/test_allocator_gpu.py tests/benchmarks/test_bench_smoke.py::test_allocator_bench_smoke ;;

@@ -53,6 +53,16 @@ LONGEST_FIRST = (
 )
 
 
+def pytest_runtest_logreport(report):
+    """With WORKBENCH_TEST_TIMES=FILE, each test's seconds (setup, call and teardown) are appended to FILE as
+    it ends, one "<file>\\t<seconds>\\t<outcome>" line per phase: a stage killed at its limit still leaves the
+    times of what ran (python3 -m benchmarks.gpu_test_times reads them)."""
+    path = os.environ.get("WORKBENCH_TEST_TIMES")
+    if path and "PYTEST_XDIST_WORKER" not in os.environ:  # under xdist the controller writes what workers report
+        with open(path, "a") as f:
+            f.write(f"{report.nodeid}\t{report.duration:.3f}\t{report.outcome}\n")
+
+
 def _longest_first_rank(item) -> int:
     nodeid = item.nodeid.split("[")[0]
     return LONGEST_FIRST.index(nodeid) if nodeid in LONGEST_FIRST else len(LONGEST_FIRST)
