@@ -311,11 +311,52 @@ def test_cross_entropy_as_cuda_runs_it_has_torchs_value(options, shape):
     torch.testing.assert_close(_cross_entropy_as_on_cuda(logits, targets, **options), expected)
 
 
+@pytest.mark.parametrize("options", [{}, {"label_smoothing": 0.1}, {"weight": "w", "label_smoothing": 0.2},
+                                     {"reduction": "sum", "weight": "w"}, {"reduction": "none", "label_smoothing": 0.1}])
+@pytest.mark.parametrize("shape", [(11,), (7, 11), (7, 11, 3)])
+def test_cross_entropy_of_probability_targets_as_cuda_runs_it_has_torchs_value(options, shape):
+    from workbench.oomptimizer.plan import _cross_entropy_as_on_cuda
+
+    torch.manual_seed(0)
+    logits = torch.randn(*shape, dtype=torch.float64)
+    targets = torch.softmax(torch.randn(*shape, dtype=torch.float64), 0 if len(shape) == 1 else 1)
+    options = {k: torch.rand(11, dtype=torch.float64) if v == "w" else v for k, v in options.items()}
+    expected = torch.nn.functional.cross_entropy(logits, targets, **options)
+    torch.testing.assert_close(_cross_entropy_as_on_cuda(logits, targets, **options), expected)
+
+
+class ProbabilityLogitsLoss(LogitsLoss):
+    """LogitsLoss against float32 probability targets (soft labels, as in distillation)."""
+
+    def training_step(self, batch, *, dtype=torch.float32):
+        soft = torch.nn.functional.one_hot(batch["y"], 50_000).float() * 0.9 + 0.1 / 50_000
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(self.layer(batch["x"]), soft)
+        loss.backward()
+        return loss.detach()
+
+
+def test_cross_entropy_of_probability_targets_keeps_bf16_log_probabilities_as_on_cuda():
+    """With probability targets CUDA's autocast casts nothing: the log-softmax stays in the logits' bf16 and only
+    its product with the float32 targets is float32; the CPU's makes a float32 copy of the logits first."""
+    fake_mode = new_fake_mode()
+    with fake_mode:
+        model = ProbabilityLogitsLoss()
+    rows = 512
+    peak = {cuda_kernels: StepTracer(model, fake_mode, dtype=torch.bfloat16, cuda_kernels=cuda_kernels)
+            .trace((1.0, 1), rows).peak_allocated_bytes for cuda_kernels in (True, False)}
+    assert peak[False] - peak[True] >= 4 * rows * 50_000  # at least the float32 copy
+
+
 def test_cross_entropy_as_cuda_runs_it_refuses_what_torch_refuses():
     from workbench.oomptimizer.plan import _cross_entropy_as_on_cuda
 
     with pytest.raises(RuntimeError, match="label_smoothing"):
         _cross_entropy_as_on_cuda(torch.randn(3, 5), torch.tensor([0, 1, 2]), label_smoothing=1.5)
+    with pytest.raises(ValueError, match="reduction"):
+        _cross_entropy_as_on_cuda(torch.randn(3, 5), torch.rand(3, 5), reduction="avg")
+    with pytest.raises(RuntimeError):  # probability targets of another shape than the logits
+        _cross_entropy_as_on_cuda(torch.randn(3, 5), torch.rand(3, 4))
 
 
 class ShapeFromTheHost(torch.nn.Module):

@@ -238,7 +238,8 @@ class OpsAsOnCuda(TorchFunctionMode):
       a float32 copy of a half-precision input (which they save) and return float32; softmax and
       log-softmax compute and return float32.
     - Cross-entropy of half-precision logits as CUDA's autocast runs it: the log-softmax in the logits' dtype
-      (the op passes it), the NLL on autocast's float32 copy; the CPU's autocast casts the logits first, which
+      (the op passes it), then the NLL of class indices on autocast's float32 copy, or the product with
+      probability targets in the dtype the two promote to; the CPU's autocast casts the logits first, which
       makes every [N, C] tensor of the loss and its backward float32.
     - Dropout as CUDA's fused kernel: a one-byte mask per element, where the CPU's path keeps a noise tensor
       of the input's dtype."""
@@ -284,14 +285,18 @@ def _half_to_float(values) -> list:
 
 def _cross_entropy_as_on_cuda(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                               reduction="mean", label_smoothing=0.0):
-    """``F.cross_entropy`` of class indices as ATen composes it, with CUDA's autocast casts (see OpsAsOnCuda).
-    Probability targets take the CPU's path, whose float32 copy of the logits CUDA does not make (an
-    overestimate)."""
-    if size_average is not None or reduce is not None or target.is_floating_point() or not 0 <= label_smoothing <= 1:
+    """``F.cross_entropy`` as ATen composes it, with CUDA's autocast casts (see OpsAsOnCuda): the log-softmax in
+    the logits' dtype, then the NLL of class indices (on a float32 copy, nll_loss being on autocast's float32
+    list) or the product with probability targets (in the dtype the two promote to)."""
+    if (size_average is not None or reduce is not None or not 0 <= label_smoothing <= 1
+            or reduction not in ("none", "mean", "sum")
+            or (target.is_floating_point() and target.shape != input.shape)):
         return torch.nn.functional.cross_entropy(input, target, weight, size_average, ignore_index, reduce,
                                                  reduction, label_smoothing)
     class_dim = 0 if input.dim() == 1 else 1
     log_probs = torch.log_softmax(input, class_dim, dtype=input.dtype)
+    if target.is_floating_point():
+        return _probability_cross_entropy(log_probs, target, weight, reduction, label_smoothing, class_dim)
     loss = torch.nn.functional.nll_loss(log_probs, target, weight, ignore_index=ignore_index, reduction=reduction)
     if label_smoothing <= 0:
         return loss
@@ -305,6 +310,21 @@ def _cross_entropy_as_on_cuda(input, target, weight=None, size_average=None, ign
     elif reduction == "sum":
         smooth = smooth.sum()
     return (1 - label_smoothing) * loss + smooth * (label_smoothing / input.shape[class_dim])
+
+
+def _probability_cross_entropy(log_probs, target, weight, reduction, label_smoothing, class_dim):
+    """The cross-entropy of probability targets from the log-probabilities, in ATen's order of operations."""
+    classes = log_probs.shape[class_dim]
+    if label_smoothing > 0:
+        target = target * (1 - label_smoothing) + label_smoothing / classes
+    product = log_probs * target
+    if weight is not None:
+        product = product * weight.view([-1 if d == class_dim else 1 for d in range(log_probs.dim())])
+    if reduction == "none":
+        return -product.sum(class_dim)
+    if reduction == "sum":
+        return -product.sum()
+    return -product.sum() / (log_probs.numel() / classes)
 
 
 def _dropout_as_on_cuda(input, p=0.5, training=True, inplace=False):
