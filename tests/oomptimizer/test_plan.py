@@ -270,16 +270,21 @@ class LogitsLoss(NormDropoutLoss):
         return loss.detach()
 
 
+def bf16_peaks_with_and_without_the_cuda_ops(model_class, rows: int) -> dict[bool, int]:
+    """{cuda_kernels: the traced bf16 step's peak in bytes} for ``rows`` items of a fresh ``model_class``."""
+    fake_mode = new_fake_mode()
+    with fake_mode:
+        model = model_class()
+    return {cuda_kernels: StepTracer(model, fake_mode, dtype=torch.bfloat16, cuda_kernels=cuda_kernels)
+            .trace((1.0, 1), rows).peak_allocated_bytes for cuda_kernels in (True, False)}
+
+
 def test_cross_entropy_of_bf16_logits_keeps_bf16_log_probabilities_as_on_cuda():
     """CUDA's autocast runs cross-entropy's log-softmax in the logits' bf16 and the NLL on a float32 copy; the
     CPU's casts the logits to float32 first. Logits of 50,000 classes dominate the step: the CUDA trace's peak
     is at least 2 bytes a logit lower."""
-    fake_mode = new_fake_mode()
-    with fake_mode:
-        model = LogitsLoss()
     rows = 512
-    peak = {cuda_kernels: StepTracer(model, fake_mode, dtype=torch.bfloat16, cuda_kernels=cuda_kernels)
-            .trace((1.0, 1), rows).peak_allocated_bytes for cuda_kernels in (True, False)}
+    peak = bf16_peaks_with_and_without_the_cuda_ops(LogitsLoss, rows)
     assert peak[False] - peak[True] >= 2 * rows * 50_000
 
 
@@ -339,12 +344,8 @@ class ProbabilityLogitsLoss(LogitsLoss):
 def test_cross_entropy_of_probability_targets_keeps_bf16_log_probabilities_as_on_cuda():
     """With probability targets CUDA's autocast casts nothing: the log-softmax stays in the logits' bf16 and only
     its product with the float32 targets is float32; the CPU's makes a float32 copy of the logits first."""
-    fake_mode = new_fake_mode()
-    with fake_mode:
-        model = ProbabilityLogitsLoss()
     rows = 512
-    peak = {cuda_kernels: StepTracer(model, fake_mode, dtype=torch.bfloat16, cuda_kernels=cuda_kernels)
-            .trace((1.0, 1), rows).peak_allocated_bytes for cuda_kernels in (True, False)}
+    peak = bf16_peaks_with_and_without_the_cuda_ops(ProbabilityLogitsLoss, rows)
     assert peak[False] - peak[True] >= 4 * rows * 50_000  # at least the float32 copy
 
 
