@@ -119,6 +119,7 @@ stage() {  # one stage by name: flow and the gpu tests here, the benches from be
                       # comes back in $OUT/test_times.tsv, also when the stage is cut (python3 -m
                       # benchmarks.gpu_test_times sums it by file and packs the files into calls)
                       nemo_site
+                      : > "$OUT/test_times.tsv"  # this call's times only (an OUT kept from a run before appends)
                       run_stage tests "${GPU_TESTS_LIMIT:-150}" env WORKBENCH_TEST_TIMES="$OUT/test_times.tsv" \
                         "${NEMO_ENV[@]}" python3 -m pytest -q -m gpu -p no:cacheprovider \
                         --durations=5 --ignore=tests/benchmarks/test_flow.py ${GPU_TESTS:-tests} ;;

@@ -54,13 +54,13 @@ LONGEST_FIRST = (
 
 
 def pytest_runtest_logreport(report):
-    """With WORKBENCH_TEST_TIMES=FILE, each test's seconds (setup, call and teardown) are appended to FILE as
-    it ends, one "<file>\\t<seconds>\\t<outcome>" line per phase: a stage killed at its limit still leaves the
-    times of what ran (python3 -m benchmarks.gpu_test_times reads them)."""
+    """With WORKBENCH_TEST_TIMES=FILE, each test phase's seconds are appended to FILE as it ends, one
+    "<node id>\\t<phase>\\t<seconds>\\t<outcome>" line each (phase: setup, call, teardown): a stage killed at its
+    limit still leaves the times of what ran (python3 -m benchmarks.gpu_test_times reads them)."""
     path = os.environ.get("WORKBENCH_TEST_TIMES")
     if path and "PYTEST_XDIST_WORKER" not in os.environ:  # under xdist the controller writes what workers report
         with open(path, "a") as f:
-            f.write(f"{report.nodeid}\t{report.duration:.3f}\t{report.outcome}\n")
+            f.write(f"{report.nodeid}\t{report.when}\t{report.duration:.3f}\t{report.outcome}\n")
 
 
 def _longest_first_rank(item) -> int:

@@ -4,19 +4,41 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks import gpu_test_times
 
-TIMES = ("tests/models/test_a.py::test_one\t0.5\tpassed\ntests/models/test_a.py::test_one\t30.0\tpassed\n"
-         "tests/models/test_a.py::test_two[x]\t9.5\tfailed\ntests/decoding/test_b.py::TestGraphs::test_three\t100.0\t"
-         "passed\ntests/test_c.py::test_four\t70.0\tskipped\n")
+
+def phases(node: str, *seconds: float, outcome: str = "passed") -> str:
+    return "".join(f"{node}\t{phase}\t{s}\t{outcome}\n" for phase, s in zip(gpu_test_times.PHASES, seconds))
+
+
+TIMES = (phases("tests/models/test_a.py::test_one", 0.5, 30.0, 0.0)
+         + phases("tests/models/test_a.py::test_two[x]", 0.0, 9.5, 0.0, outcome="failed")
+         + phases("tests/decoding/test_b.py::TestGraphs::test_three", 1.0, 99.0, 0.0)
+         + phases("tests/test_c.py::test_four", 70.0, 0.0, 0.0, outcome="skipped"))
 
 
 def test_times_are_summed_by_file_and_a_file_timed_twice_keeps_its_longest(tmp_path):
     first, second = tmp_path / "a.tsv", tmp_path / "b.tsv"
     first.write_text(TIMES)
-    second.write_text(TIMES.replace("\t100.0\t", "\t120.0\t").replace("\t70.0\t", "\t10.0\t"))
-    seconds = gpu_test_times.file_seconds([first, second])
-    assert seconds == {"tests/models/test_a.py": 40.0, "tests/decoding/test_b.py": 120.0, "tests/test_c.py": 70.0}
+    second.write_text(TIMES.replace("\t99.0\t", "\t119.0\t").replace("\t70.0\t", "\t10.0\t"))
+    times = gpu_test_times.file_times([first, second])
+    assert times.seconds == {"tests/models/test_a.py": 40.0, "tests/decoding/test_b.py": 120.0, "tests/test_c.py": 70.0}
+    assert times.cut == {}
+
+
+def test_a_file_cut_while_its_test_ran_is_no_whole_time_unless_another_run_timed_it(tmp_path):
+    cut = tmp_path / "cut.tsv"
+    cut.write_text(TIMES + "tests/test_d.py::test_five\tsetup\t2.0\tpassed\n"
+                   + "tests/test_c.py::test_six\tsetup\t1.0\tpassed\n")
+    times = gpu_test_times.file_times([cut])
+    assert times.cut == {"tests/test_d.py": 2.0, "tests/test_c.py": 71.0}
+    assert "tests/test_d.py" not in times.seconds and "tests/test_c.py" not in times.seconds
+    whole = tmp_path / "whole.tsv"
+    whole.write_text(phases("tests/test_c.py::test_four", 1.0, 2.0, 3.0))
+    times = gpu_test_times.file_times([cut, whole])
+    assert times.seconds["tests/test_c.py"] == 6.0 and "tests/test_c.py" not in times.cut
 
 
 def test_groups_keep_under_the_limit_and_a_slower_file_stands_alone():
@@ -34,16 +56,28 @@ def test_a_pytest_run_with_the_variable_set_leaves_every_phase_of_its_tests(tmp_
     env["WORKBENCH_TEST_TIMES"] = str(times)
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_palette.py"],
                    check=True, capture_output=True, cwd=gpu_test_times.REPO, env=env)
-    lines = times.read_text().splitlines()
-    assert lines and all(line.startswith("tests/test_palette.py::") for line in lines)
-    assert len(lines) % 3 == 0  # setup, call and teardown of each test
-    seconds = gpu_test_times.file_seconds([times])
-    assert list(seconds) == ["tests/test_palette.py"] and seconds["tests/test_palette.py"] > 0
+    rows = [line.split("\t") for line in times.read_text().splitlines()]
+    assert rows and all(node.startswith("tests/test_palette.py::") for node, *_ in rows)
+    nodes = {node for node, *_ in rows}
+    assert {(node, "setup") for node in nodes} | {(node, "teardown") for node in nodes} <= {(n, p) for n, p, *_ in rows}
+    result = gpu_test_times.file_times([times])
+    assert list(result.seconds) == ["tests/test_palette.py"] and result.seconds["tests/test_palette.py"] > 0
 
 
-def test_a_line_that_is_not_a_time_is_one_line_naming_it(tmp_path, capsys):
+@pytest.mark.parametrize("line", ["not a time", "tests/test_c.py::t\tcall\t1.0",
+                                  "tests/test_c.py::t\tcall\tnan\tpassed", "tests/test_c.py::t\tcall\t-1\tpassed",
+                                  "tests/test_c.py::t\trun\t1.0\tpassed"])
+def test_a_line_that_is_not_a_time_is_one_line_naming_it(tmp_path, capsys, line):
     bad = tmp_path / "times.tsv"
-    bad.write_text("tests/test_c.py::test_four\t1.0\tpassed\nnot a time\n")
+    bad.write_text(f"tests/test_c.py::test_four\tcall\t1.0\tpassed\n{line}\n")
     assert gpu_test_times.main([str(bad)]) == 2
-    assert capsys.readouterr().out.strip() == (f"gpu test times: error: {bad}:2: not a '<node id> TAB <seconds> "
-                                               "TAB <outcome>' line")
+    assert capsys.readouterr().err.strip() == (f"gpu test times: error: {bad}:2: not a '<node id> TAB <phase> TAB "
+                                               "<seconds> TAB <outcome>' line")
+
+
+def test_groups_of_no_seconds_are_refused(tmp_path, capsys):
+    times = tmp_path / "times.tsv"
+    times.write_text(TIMES)
+    with pytest.raises(SystemExit) as stop:
+        gpu_test_times.main([str(times), "--groups", "0"])
+    assert stop.value.code == 2 and "--groups 0: needs a number of seconds above 0" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """Planning without a GPU: the fake trace, its memory tracker, the planned search and `oomptimize --plan`."""
 
+import functools
 import os
 import resource
 import time
@@ -260,12 +261,14 @@ def test_norms_softmax_and_dropout_are_traced_as_cuda_autocast_runs_them():
 class LogitsLoss(NormDropoutLoss):
     """A bf16 output layer of 50,000 classes and its cross-entropy, nothing else."""
 
-    def __init__(self):
+    def __init__(self, smoothing: float = 0.0):
         super().__init__(0.0, classes=50_000)
+        self.smoothing = smoothing
 
     def training_step(self, batch, *, dtype=torch.float32):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(self.layer(batch["x"]), batch["y"], label_smoothing=0.1)
+            loss = torch.nn.functional.cross_entropy(self.layer(batch["x"]), batch["y"],
+                                                     label_smoothing=self.smoothing)
         loss.backward()
         return loss.detach()
 
@@ -282,10 +285,13 @@ def bf16_peaks_with_and_without_the_cuda_ops(model_class, rows: int) -> dict[boo
 def test_cross_entropy_of_bf16_logits_keeps_bf16_log_probabilities_as_on_cuda():
     """CUDA's autocast runs cross-entropy's log-softmax in the logits' bf16 and the NLL on a float32 copy; the
     CPU's casts the logits to float32 first. Logits of 50,000 classes dominate the step: the CUDA trace's peak
-    is at least 2 bytes a logit lower."""
+    is at least 2 bytes a logit lower. Label smoothing's sum over the classes runs in float32 on CUDA, and its
+    backward casts the gradient back: a bf16 [N, C] more."""
     rows = 512
-    peak = bf16_peaks_with_and_without_the_cuda_ops(LogitsLoss, rows)
-    assert peak[False] - peak[True] >= 2 * rows * 50_000
+    plain = bf16_peaks_with_and_without_the_cuda_ops(LogitsLoss, rows)
+    assert plain[False] - plain[True] >= 2 * rows * 50_000 - MiB  # less the [N] tensors' differences
+    smoothed = bf16_peaks_with_and_without_the_cuda_ops(functools.partial(LogitsLoss, 0.1), rows)
+    assert smoothed[True] - plain[True] >= 2 * rows * 50_000 - MiB
 
 
 def test_the_cuda_ops_leave_a_real_computation_as_it_is():
@@ -317,7 +323,8 @@ def test_cross_entropy_as_cuda_runs_it_has_torchs_value(options, shape):
 
 
 @pytest.mark.parametrize("options", [{}, {"label_smoothing": 0.1}, {"weight": "w", "label_smoothing": 0.2},
-                                     {"reduction": "sum", "weight": "w"}, {"reduction": "none", "label_smoothing": 0.1}])
+                                     {"reduction": "sum", "weight": "w"},
+                                     {"reduction": "none", "label_smoothing": 0.1}])
 @pytest.mark.parametrize("shape", [(11,), (7, 11), (7, 11, 3)])
 def test_cross_entropy_of_probability_targets_as_cuda_runs_it_has_torchs_value(options, shape):
     from workbench.oomptimizer.plan import _cross_entropy_as_on_cuda
@@ -356,8 +363,32 @@ def test_cross_entropy_as_cuda_runs_it_refuses_what_torch_refuses():
         _cross_entropy_as_on_cuda(torch.randn(3, 5), torch.tensor([0, 1, 2]), label_smoothing=1.5)
     with pytest.raises(ValueError, match="reduction"):
         _cross_entropy_as_on_cuda(torch.randn(3, 5), torch.rand(3, 5), reduction="avg")
-    with pytest.raises(RuntimeError):  # probability targets of another shape than the logits
-        _cross_entropy_as_on_cuda(torch.randn(3, 5), torch.rand(3, 4))
+    soft = torch.rand(3, 5)
+    for wrong in ({"target": torch.rand(3, 4)}, {"ignore_index": 0}, {"weight": torch.rand(1, 5)}):
+        options = {"target": soft, **wrong}
+        with pytest.raises(RuntimeError):
+            torch.nn.functional.cross_entropy(torch.randn(3, 5), **options)
+        with pytest.raises(RuntimeError):
+            _cross_entropy_as_on_cuda(torch.randn(3, 5), **options)
+
+
+def test_cross_entropy_of_no_classes_is_torchs_nan():
+    from workbench.oomptimizer.plan import _cross_entropy_as_on_cuda
+
+    for reduction in ("mean", "sum", "none"):
+        expected = torch.nn.functional.cross_entropy(torch.randn(4, 0), torch.rand(4, 0), reduction=reduction)
+        got = _cross_entropy_as_on_cuda(torch.randn(4, 0), torch.rand(4, 0), reduction=reduction)
+        torch.testing.assert_close(got, expected, equal_nan=True)
+
+
+def test_cross_entropy_sums_half_precision_in_float32_as_cuda_autocast_does():
+    from workbench.oomptimizer.plan import _cross_entropy_as_on_cuda
+
+    logits, soft = torch.randn(3, 5).bfloat16(), torch.softmax(torch.randn(3, 5), 1).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        per_row = _cross_entropy_as_on_cuda(logits, soft, reduction="none")
+        smoothed = _cross_entropy_as_on_cuda(logits, torch.tensor([0, 1, 2]), label_smoothing=0.1, reduction="none")
+    assert per_row.dtype == smoothed.dtype == torch.float32
 
 
 class ShapeFromTheHost(torch.nn.Module):

@@ -239,8 +239,8 @@ class OpsAsOnCuda(TorchFunctionMode):
       log-softmax compute and return float32.
     - Cross-entropy of half-precision logits as CUDA's autocast runs it: the log-softmax in the logits' dtype
       (the op passes it), then the NLL of class indices on autocast's float32 copy, or the product with
-      probability targets in the dtype the two promote to; the CPU's autocast casts the logits first, which
-      makes every [N, C] tensor of the loss and its backward float32.
+      probability targets in the dtype the two promote to, its sums of half precision in float32; the CPU's
+      autocast casts the logits first, which makes every [N, C] tensor of the loss and its backward float32.
     - Dropout as CUDA's fused kernel: a one-byte mask per element, where the CPU's path keeps a noise tensor
       of the input's dtype."""
 
@@ -287,13 +287,14 @@ def _cross_entropy_as_on_cuda(input, target, weight=None, size_average=None, ign
                               reduction="mean", label_smoothing=0.0):
     """``F.cross_entropy`` as ATen composes it, with CUDA's autocast casts (see OpsAsOnCuda): the log-softmax in
     the logits' dtype, then the NLL of class indices (on a float32 copy, nll_loss being on autocast's float32
-    list) or the product with probability targets (in the dtype the two promote to)."""
+    list) or the product with probability targets (in the dtype the two promote to); sums of half precision in
+    float32. What torch would refuse goes to torch, which says why."""
+    class_dim = 0 if input.dim() == 1 else 1
     if (size_average is not None or reduce is not None or not 0 <= label_smoothing <= 1
-            or reduction not in ("none", "mean", "sum")
-            or (target.is_floating_point() and target.shape != input.shape)):
+            or reduction not in ("none", "mean", "sum") or input.dim() == 0
+            or (target.is_floating_point() and not _probability_targets_fit(input, target, weight, ignore_index))):
         return torch.nn.functional.cross_entropy(input, target, weight, size_average, ignore_index, reduce,
                                                  reduction, label_smoothing)
-    class_dim = 0 if input.dim() == 1 else 1
     log_probs = torch.log_softmax(input, class_dim, dtype=input.dtype)
     if target.is_floating_point():
         return _probability_cross_entropy(log_probs, target, weight, reduction, label_smoothing, class_dim)
@@ -303,13 +304,27 @@ def _cross_entropy_as_on_cuda(input, target, weight=None, size_average=None, ign
     ignored = target == ignore_index
     class_shape = [-1 if d == class_dim else 1 for d in range(input.dim())]
     weighted = log_probs if weight is None else log_probs * weight.view(class_shape)
-    smooth = (-weighted.sum(class_dim)).masked_fill(ignored, 0.0)
+    smooth = (-_sum_as_on_cuda(weighted, class_dim)).masked_fill(ignored, 0.0)
     if reduction == "mean":
         counted = (~ignored).sum() if weight is None else weight[target.masked_fill(ignored, 0)].masked_fill(ignored, 0).sum()
         smooth = smooth.sum() / counted
     elif reduction == "sum":
         smooth = smooth.sum()
     return (1 - label_smoothing) * loss + smooth * (label_smoothing / input.shape[class_dim])
+
+
+def _probability_targets_fit(input, target, weight, ignore_index) -> bool:
+    """Probability targets that torch's cross-entropy takes: the logits' shape, some classes, no ignore_index and
+    a weight of one value per class."""
+    classes = input.shape[0 if input.dim() == 1 else 1]
+    return (target.shape == input.shape and classes > 0 and ignore_index < 0
+            and (weight is None or tuple(weight.shape) == (classes,)))
+
+
+def _sum_as_on_cuda(x: torch.Tensor, dim=None) -> torch.Tensor:
+    """A sum as CUDA's autocast runs it: in float32 for a half-precision input (sum is on its float32 list)."""
+    dtype = torch.float32 if _autocast_half(x) else None
+    return x.sum(dtype=dtype) if dim is None else x.sum(dim, dtype=dtype)
 
 
 def _probability_cross_entropy(log_probs, target, weight, reduction, label_smoothing, class_dim):
@@ -321,10 +336,10 @@ def _probability_cross_entropy(log_probs, target, weight, reduction, label_smoot
     if weight is not None:
         product = product * weight.view([-1 if d == class_dim else 1 for d in range(log_probs.dim())])
     if reduction == "none":
-        return -product.sum(class_dim)
+        return -_sum_as_on_cuda(product, class_dim)
     if reduction == "sum":
-        return -product.sum()
-    return -product.sum() / (log_probs.numel() / classes)
+        return -_sum_as_on_cuda(product)
+    return -_sum_as_on_cuda(product) / (log_probs.numel() / classes)
 
 
 def _dropout_as_on_cuda(input, p=0.5, training=True, inplace=False):
