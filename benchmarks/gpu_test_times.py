@@ -1,12 +1,13 @@
-"""The gpu tests' times that ``scripts/gpu_run.sh``'s tests stage leaves in $OUT/test_times.tsv (a line per test
-phase as it ends, so a stage cut at its limit leaves the times of what ran), summed by test file, and packed into
-groups that each fit one call beside the README flow.
+"""The gpu tests' times that ``scripts/gpu_run.sh``'s tests stage leaves in $OUT/test_times.tsv (a line as each
+test starts and one per phase as it ends, so a stage cut at its limit leaves the times of what ran), summed by
+test file, and packed into groups that each fit one call beside the README flow.
 
     python3 -m benchmarks.gpu_test_times test_times.tsv [more.tsv ...]        # seconds per file, slowest first
     python3 -m benchmarks.gpu_test_times test_times.tsv --groups 300          # GPU_TESTS lines of at most 300 s
 
 A file timed in several runs keeps its longest time. A file whose test was running when its stage was cut (a
-setup with no teardown) is "cut": its time is a lower bound, and it is packed into no group. ``--unmeasured``
+start with no teardown, or a crash: xdist's phase "???") is "cut": its time is a lower bound, and it is packed
+into no group unless another run timed it whole. ``--unmeasured``
 lists the gpu test files that no run timed whole (collected here with ``pytest --collect-only -m gpu``).
 """
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PHASES = ("setup", "call", "teardown")
+PHASES = ("start", "setup", "call", "teardown")  # "start": 0 s, written as the test starts
 
 
 @dataclass
@@ -44,11 +45,11 @@ def read_times(path: Path) -> tuple[dict[str, float], set[str]]:
             node, phase, duration = fields[0], fields[1], float(fields[2])
         except (IndexError, ValueError):
             duration, phase = math.nan, ""
-        if len(fields) != 4 or phase not in PHASES or not math.isfinite(duration) or duration < 0:
+        if len(fields) != 4 or not phase or not math.isfinite(duration) or duration < 0:
             raise ValueError(f"{path}:{number}: not a '<node id> TAB <phase> TAB <seconds> TAB <outcome>' line")
         name = node.split("::")[0]
         seconds[name] = seconds.get(name, 0.0) + duration
-        if phase == "setup":
+        if phase in ("start", "setup") or phase not in PHASES:  # another phase: a crash, which ends no test
             started.add(node)
         elif phase == "teardown":
             started.discard(node)
@@ -63,7 +64,8 @@ def file_times(paths: list[Path]) -> FileTimes:
         for name, s in seconds.items():
             table = out.cut if name in cut else out.seconds
             table[name] = max(table.get(name, 0.0), s)
-    out.cut = {name: s for name, s in out.cut.items() if name not in out.seconds}
+    for name in [n for n in out.cut if n in out.seconds]:  # timed whole elsewhere: the longer of the two
+        out.seconds[name] = max(out.seconds[name], out.cut.pop(name))
     return out
 
 

@@ -53,14 +53,22 @@ LONGEST_FIRST = (
 )
 
 
-def pytest_runtest_logreport(report):
-    """With WORKBENCH_TEST_TIMES=FILE, each test phase's seconds are appended to FILE as it ends, one
-    "<node id>\\t<phase>\\t<seconds>\\t<outcome>" line each (phase: setup, call, teardown): a stage killed at its
-    limit still leaves the times of what ran (python3 -m benchmarks.gpu_test_times reads them)."""
+def _write_test_time(nodeid: str, phase: str, seconds: float, outcome: str) -> None:
     path = os.environ.get("WORKBENCH_TEST_TIMES")
     if path and "PYTEST_XDIST_WORKER" not in os.environ:  # under xdist the controller writes what workers report
         with open(path, "a") as f:
-            f.write(f"{report.nodeid}\t{report.when}\t{report.duration:.3f}\t{report.outcome}\n")
+            f.write(f"{nodeid}\t{phase}\t{seconds:.3f}\t{outcome}\n")
+
+
+def pytest_runtest_logstart(nodeid, location):
+    """With WORKBENCH_TEST_TIMES=FILE, a "<node id>\\tstart\\t0\\t-" line as each test starts, then one per phase
+    (setup, call, teardown) as it ends with its seconds and outcome: a stage killed at its limit still leaves the
+    times of what ran, and the test it stopped in (python3 -m benchmarks.gpu_test_times reads them)."""
+    _write_test_time(nodeid, "start", 0.0, "-")
+
+
+def pytest_runtest_logreport(report):
+    _write_test_time(report.nodeid, report.when, report.duration, report.outcome)
 
 
 def _longest_first_rank(item) -> int:

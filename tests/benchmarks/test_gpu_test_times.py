@@ -10,7 +10,9 @@ from benchmarks import gpu_test_times
 
 
 def phases(node: str, *seconds: float, outcome: str = "passed") -> str:
-    return "".join(f"{node}\t{phase}\t{s}\t{outcome}\n" for phase, s in zip(gpu_test_times.PHASES, seconds))
+    """The lines of a test that started and ran ``seconds`` of setup, call and teardown (as many as given)."""
+    return f"{node}\tstart\t0.000\t-\n" + "".join(
+        f"{node}\t{phase}\t{s}\t{outcome}\n" for phase, s in zip(("setup", "call", "teardown"), seconds))
 
 
 TIMES = (phases("tests/models/test_a.py::test_one", 0.5, 30.0, 0.0)
@@ -30,15 +32,17 @@ def test_times_are_summed_by_file_and_a_file_timed_twice_keeps_its_longest(tmp_p
 
 def test_a_file_cut_while_its_test_ran_is_no_whole_time_unless_another_run_timed_it(tmp_path):
     cut = tmp_path / "cut.tsv"
-    cut.write_text(TIMES + "tests/test_d.py::test_five\tsetup\t2.0\tpassed\n"
-                   + "tests/test_c.py::test_six\tsetup\t1.0\tpassed\n")
+    cut.write_text(TIMES + phases("tests/test_d.py::test_five", 2.0)  # killed in its call
+                   + phases("tests/test_c.py::test_six")  # killed in its setup: started, no phase ended
+                   + "tests/test_e.py::test_seven\tstart\t0.000\t-\n"
+                   + "tests/test_e.py::test_seven\t???\t0.000\tfailed\n")  # xdist's report of a crashed worker
     times = gpu_test_times.file_times([cut])
-    assert times.cut == {"tests/test_d.py": 2.0, "tests/test_c.py": 71.0}
-    assert "tests/test_d.py" not in times.seconds and "tests/test_c.py" not in times.seconds
-    whole = tmp_path / "whole.tsv"
+    assert times.cut == {"tests/test_d.py": 2.0, "tests/test_c.py": 70.0, "tests/test_e.py": 0.0}
+    assert not {"tests/test_d.py", "tests/test_c.py", "tests/test_e.py"} & set(times.seconds)
+    whole = tmp_path / "whole.tsv"  # test_c.py timed whole elsewhere, shorter: the longer bound stands
     whole.write_text(phases("tests/test_c.py::test_four", 1.0, 2.0, 3.0))
     times = gpu_test_times.file_times([cut, whole])
-    assert times.seconds["tests/test_c.py"] == 6.0 and "tests/test_c.py" not in times.cut
+    assert times.seconds["tests/test_c.py"] == 70.0 and "tests/test_c.py" not in times.cut
 
 
 def test_groups_keep_under_the_limit_and_a_slower_file_stands_alone():
@@ -59,14 +63,14 @@ def test_a_pytest_run_with_the_variable_set_leaves_every_phase_of_its_tests(tmp_
     rows = [line.split("\t") for line in times.read_text().splitlines()]
     assert rows and all(node.startswith("tests/test_palette.py::") for node, *_ in rows)
     nodes = {node for node, *_ in rows}
-    assert {(node, "setup") for node in nodes} | {(node, "teardown") for node in nodes} <= {(n, p) for n, p, *_ in rows}
+    assert {(node, phase) for node in nodes for phase in ("start", "teardown")} <= {(n, p) for n, p, *_ in rows}
     result = gpu_test_times.file_times([times])
     assert list(result.seconds) == ["tests/test_palette.py"] and result.seconds["tests/test_palette.py"] > 0
 
 
 @pytest.mark.parametrize("line", ["not a time", "tests/test_c.py::t\tcall\t1.0",
                                   "tests/test_c.py::t\tcall\tnan\tpassed", "tests/test_c.py::t\tcall\t-1\tpassed",
-                                  "tests/test_c.py::t\trun\t1.0\tpassed"])
+                                  "tests/test_c.py::t\t\t1.0\tpassed"])
 def test_a_line_that_is_not_a_time_is_one_line_naming_it(tmp_path, capsys, line):
     bad = tmp_path / "times.tsv"
     bad.write_text(f"tests/test_c.py::test_four\tcall\t1.0\tpassed\n{line}\n")

@@ -384,11 +384,14 @@ def test_cross_entropy_of_no_classes_is_torchs_nan():
 def test_cross_entropy_sums_half_precision_in_float32_as_cuda_autocast_does():
     from workbench.oomptimizer.plan import _cross_entropy_as_on_cuda
 
+    from workbench.oomptimizer.plan import _sum_as_on_cuda
+
     logits, soft = torch.randn(3, 5).bfloat16(), torch.softmax(torch.randn(3, 5), 1).bfloat16()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         per_row = _cross_entropy_as_on_cuda(logits, soft, reduction="none")
-        smoothed = _cross_entropy_as_on_cuda(logits, torch.tensor([0, 1, 2]), label_smoothing=0.1, reduction="none")
-    assert per_row.dtype == smoothed.dtype == torch.float32
+        sums = (_sum_as_on_cuda(logits, 1), _sum_as_on_cuda(logits), _sum_as_on_cuda(logits.double(), 1))
+    assert per_row.dtype == sums[0].dtype == sums[1].dtype == torch.float32 and sums[2].dtype == torch.float64
+    assert _sum_as_on_cuda(logits, 1).dtype == torch.bfloat16  # no autocast, no cast
 
 
 class ShapeFromTheHost(torch.nn.Module):

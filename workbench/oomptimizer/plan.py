@@ -239,8 +239,10 @@ class OpsAsOnCuda(TorchFunctionMode):
       log-softmax compute and return float32.
     - Cross-entropy of half-precision logits as CUDA's autocast runs it: the log-softmax in the logits' dtype
       (the op passes it), then the NLL of class indices on autocast's float32 copy, or the product with
-      probability targets in the dtype the two promote to, its sums of half precision in float32; the CPU's
-      autocast casts the logits first, which makes every [N, C] tensor of the loss and its backward float32.
+      probability targets in the dtype the two promote to; its sums over the classes (label smoothing's, the
+      product's) of half precision in float32, whose backward casts the gradient back to a half [N, C]. The
+      CPU's autocast casts the logits first, which makes every [N, C] tensor of the loss and its backward
+      float32.
     - Dropout as CUDA's fused kernel: a one-byte mask per element, where the CPU's path keeps a noise tensor
       of the input's dtype."""
 
