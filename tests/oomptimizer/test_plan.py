@@ -302,7 +302,22 @@ def test_the_cuda_ops_leave_a_real_computation_as_it_is():
     with torch.autocast("cpu", dtype=torch.bfloat16), OpsAsOnCuda():
         normed = torch.nn.functional.layer_norm(x.bfloat16(), (8,))
         probs = torch.softmax(input=x.bfloat16(), dim=-1)  # the tensor as a keyword
-    assert normed.dtype == probs.dtype == torch.bfloat16
+        total = x.bfloat16().sum(-1)
+    assert normed.dtype == probs.dtype == total.dtype == torch.bfloat16
+
+
+def test_a_traced_sum_of_half_precision_is_float32_as_on_cuda():
+    """sum is on CUDA autocast's float32 list: a bf16 sum returns float32 (and its backward casts the gradient
+    back, a bf16 tensor of the input's shape); a sum given its dtype, or of float32, is left as it is."""
+    from workbench.oomptimizer.plan import OpsAsOnCuda
+
+    fake_mode = new_fake_mode()
+    with fake_mode:
+        x = torch.randn(4, 8).bfloat16()
+    with fake_mode, torch.autocast("cpu", dtype=torch.bfloat16), OpsAsOnCuda():
+        dtypes = [x.sum(1).dtype, torch.sum(x).dtype, x.sum(dim=0).dtype, x.sum(1, dtype=torch.bfloat16).dtype,
+                  x.float().sum(1).dtype]
+    assert dtypes == [torch.float32, torch.float32, torch.float32, torch.bfloat16, torch.float32]
 
 
 @pytest.mark.parametrize("options", [{}, {"label_smoothing": 0.1}, {"weight": "w", "label_smoothing": 0.2},

@@ -236,7 +236,8 @@ class OpsAsOnCuda(TorchFunctionMode):
       its dropout mask).
     - CUDA autocast's float32 ops that the CPU's autocast leaves in half precision: layer and group norm take
       a float32 copy of a half-precision input (which they save) and return float32; softmax and
-      log-softmax compute and return float32.
+      log-softmax compute and return float32; a sum returns float32, and its backward casts the gradient back
+      to a half-precision tensor of the input's shape.
     - Cross-entropy of half-precision logits as CUDA's autocast runs it: the log-softmax in the logits' dtype
       (the op passes it), then the NLL of class indices on autocast's float32 copy, or the product with
       probability targets in the dtype the two promote to; its sums over the classes (label smoothing's, the
@@ -260,6 +261,8 @@ class OpsAsOnCuda(TorchFunctionMode):
         if (func in _FLOAT32_SOFTMAX and len(args) <= 2 and kwargs.get("dtype") is None
                 and _autocast_half(tensors[0])):
             return func(*args, **{**kwargs, "dtype": torch.float32})
+        if func in _FLOAT32_SUMS and kwargs.get("dtype") is None and _autocast_half(tensors[0]):
+            return func(*args, **{**kwargs, "dtype": torch.float32})
         if func is torch.nn.functional.dropout:
             return _dropout_as_on_cuda(*args, **kwargs)
         if func is torch.nn.functional.cross_entropy and _autocast_half(tensors[0]):
@@ -272,7 +275,8 @@ _FLOAT32_NORMS = (torch.nn.functional.layer_norm, torch.nn.functional.group_norm
                   torch.group_norm)
 _FLOAT32_SOFTMAX = (torch.nn.functional.softmax, torch.nn.functional.log_softmax, torch.softmax,
                     torch.log_softmax, torch.Tensor.softmax, torch.Tensor.log_softmax)
-_CUDA_AUTOCAST_OPS = {*_FLOAT32_NORMS, *_FLOAT32_SOFTMAX, torch.nn.functional.dropout,
+_FLOAT32_SUMS = (torch.sum, torch.Tensor.sum)
+_CUDA_AUTOCAST_OPS = {*_FLOAT32_NORMS, *_FLOAT32_SOFTMAX, *_FLOAT32_SUMS, torch.nn.functional.dropout,
                       torch.nn.functional.cross_entropy}
 
 
