@@ -397,9 +397,7 @@ def test_cross_entropy_of_no_classes_is_torchs_nan():
 
 
 def test_cross_entropy_sums_half_precision_in_float32_as_cuda_autocast_does():
-    from workbench.oomptimizer.plan import _cross_entropy_as_on_cuda
-
-    from workbench.oomptimizer.plan import _sum_as_on_cuda
+    from workbench.oomptimizer.plan import _cross_entropy_as_on_cuda, _sum_as_on_cuda
 
     logits, soft = torch.randn(3, 5).bfloat16(), torch.softmax(torch.randn(3, 5), 1).bfloat16()
     with torch.autocast("cpu", dtype=torch.bfloat16):

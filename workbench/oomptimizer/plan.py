@@ -298,7 +298,8 @@ def _cross_entropy_as_on_cuda(input, target, weight=None, size_average=None, ign
     class_dim = 0 if input.dim() == 1 else 1
     if (size_average is not None or reduce is not None or not 0 <= label_smoothing <= 1
             or reduction not in ("none", "mean", "sum") or input.dim() == 0
-            or (target.is_floating_point() and not _probability_targets_fit(input, target, weight, ignore_index))):
+            or (target.is_floating_point()
+                and not _probability_targets_fit(input, target, weight, ignore_index, class_dim))):
         return torch.nn.functional.cross_entropy(input, target, weight, size_average, ignore_index, reduce,
                                                  reduction, label_smoothing)
     log_probs = torch.log_softmax(input, class_dim, dtype=input.dtype)
@@ -319,10 +320,10 @@ def _cross_entropy_as_on_cuda(input, target, weight=None, size_average=None, ign
     return (1 - label_smoothing) * loss + smooth * (label_smoothing / input.shape[class_dim])
 
 
-def _probability_targets_fit(input, target, weight, ignore_index) -> bool:
+def _probability_targets_fit(input, target, weight, ignore_index, class_dim) -> bool:
     """Probability targets that torch's cross-entropy takes: the logits' shape, some classes, no ignore_index and
     a weight of one value per class."""
-    classes = input.shape[0 if input.dim() == 1 else 1]
+    classes = input.shape[class_dim]
     return (target.shape == input.shape and classes > 0 and ignore_index < 0
             and (weight is None or tuple(weight.shape) == (classes,)))
 
