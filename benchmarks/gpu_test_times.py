@@ -4,6 +4,7 @@ test file, and packed into groups that each fit one call beside the README flow.
 
     python3 -m benchmarks.gpu_test_times test_times.tsv [more.tsv ...]        # seconds per file, slowest first
     python3 -m benchmarks.gpu_test_times test_times.tsv --groups 300          # GPU_TESTS lines of at most 300 s
+    python3 -m benchmarks.gpu_test_times --selection                          # pytest's arguments for gpu tests
 
 A file timed in several runs keeps its longest time. A file whose test was running when its stage was cut (a
 start with no teardown, or a crash: xdist's phase "???") is "cut": its time is a lower bound, and it is packed
@@ -22,6 +23,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PHASES = ("start", "setup", "call", "teardown")  # "start": 0 s, written as the test starts
+# Which tests are gpu tests: pytest's arguments, for the tests stage of scripts/gpu_run.sh (``--selection``)
+# and for --unmeasured. The README flow's file runs in the flow stage instead.
+GPU_TEST_SELECTION = ("-m", "gpu", "--ignore=tests/benchmarks/test_flow.py")
 
 
 @dataclass
@@ -85,8 +89,8 @@ def pack_groups(seconds: dict[str, float], limit_s: float) -> list[list[str]]:
 
 def gpu_test_files() -> list[str]:
     """The test files with gpu tests, as pytest collects them here (the README flow's file left out)."""
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                          "--ignore=tests/benchmarks/test_flow.py", "tests"], cwd=REPO, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          *GPU_TEST_SELECTION, "tests"], cwd=REPO, capture_output=True, text=True)
     if out.returncode not in (0, 5):  # 5: nothing collected
         last = (out.stdout + out.stderr).strip().splitlines()[-1:] or ["no output"]
         raise ValueError(f"collecting the gpu tests failed (pytest exit {out.returncode}): {last[0]}")
@@ -95,12 +99,18 @@ def gpu_test_files() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m benchmarks.gpu_test_times", description=__doc__.split("\n\n")[0])
-    p.add_argument("times", nargs="+", type=Path, help="test_times.tsv files of gpu_run.sh's tests stage")
+    p.add_argument("times", nargs="*", type=Path, help="test_times.tsv files of gpu_run.sh's tests stage")
     p.add_argument("--groups", type=float, metavar="SECONDS",
                    help="pack the files into GPU_TESTS lines of this many seconds of tests (leave a margin for "
                         "pytest's start and collection, which no line counts)")
     p.add_argument("--unmeasured", action="store_true", help="also list the gpu test files no run timed whole")
+    p.add_argument("--selection", action="store_true", help="print pytest's arguments that select the gpu tests")
     args = p.parse_args(argv)
+    if args.selection:
+        print(" ".join(GPU_TEST_SELECTION))
+        return 0
+    if not args.times:
+        p.error("give at least one test_times.tsv (or --selection)")
     if args.groups is not None and not args.groups > 0:
         p.error(f"--groups {args.groups:g}: needs a number of seconds above 0")
     try:

@@ -85,3 +85,19 @@ def test_groups_of_no_seconds_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         gpu_test_times.main([str(times), "--groups", "0"])
     assert stop.value.code == 2 and "--groups 0: needs a number of seconds above 0" in capsys.readouterr().err
+
+
+def test_the_selection_collects_the_gpu_tests_without_the_flow(capsys):
+    assert gpu_test_times.main(["--selection"]) == 0
+    printed = capsys.readouterr().out.split()
+    assert tuple(printed) == gpu_test_times.GPU_TEST_SELECTION
+    files = gpu_test_times.gpu_test_files()
+    assert "tests/models/test_custom_ops.py" in files  # has gpu tests
+    assert "tests/benchmarks/test_flow.py" not in files  # the flow stage runs it
+    assert "tests/benchmarks/test_gpu_test_times.py" not in files  # no gpu test here
+
+
+def test_no_times_and_no_selection_is_refused(capsys):
+    with pytest.raises(SystemExit) as stop:
+        gpu_test_times.main([])
+    assert stop.value.code == 2 and "give at least one test_times.tsv" in capsys.readouterr().err
