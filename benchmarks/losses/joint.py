@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.losses.worker import peak_above_inputs
+from benchmarks.losses.worker import peak_above_inputs, profiled_kernels
 from workbench.records.losses import JointLossRun
 from workbench.timing import timer_for
 
 JOINT_IMPLS = ("materialized", "fused", "torchaudio")
+# The joint's output-layer GEMMs over every lattice node in one forward + backward: the logits, then the
+# gradients of the hidden units and of the weights; the fused path makes each tile's logits again in the backward.
+OUTPUT_LAYER_GEMMS = {"materialized": 3, "fused": 4, "torchaudio": 3}
+RATE_ROWS = 2**20  # rows of the GEMM that measures the output layer's rate (the tiles' order of size)
 TORCHAUDIO_MAX_LOGITS = 2**31 - 1  # past it torchaudio's kernel can fail with an illegal memory access
 
 
@@ -26,6 +30,16 @@ def joint_inputs(model, batch_size: int, seconds: float, tokens: int, device: to
         pred = model.predictor(batch["tokens"])
     return (enc.detach().requires_grad_(), pred.detach().requires_grad_(), batch["tokens"], enc_lens,
             batch["token_lens"])
+
+
+def output_layer_gemm_rate(hidden: int, outputs: int, rows: int, device: torch.device,
+                           dtype: torch.dtype) -> float:
+    """FLOP/s of the joint's output layer as one GEMM, [rows, hidden] x [hidden, outputs] in ``dtype``
+    (the median of timed calls on ``device``)."""
+    h = torch.randn(rows, hidden, device=device, dtype=dtype)
+    w = torch.randn(outputs, hidden, device=device, dtype=dtype)
+    seconds = timer_for(device)(lambda: torch.matmul(h, w.t()), repeat=10, warmup=2)["median"]
+    return 2.0 * rows * hidden * outputs / seconds
 
 
 def joint_loss_function(impl: str, model, dtype: torch.dtype):
@@ -81,11 +95,15 @@ def joint_loss_runs(name: str, batch_size: int, seconds: float, tokens: int, dev
     wrt = [enc, pred, *model.joint.parameters()]
     num_outputs = model.joint.num_outputs
     logits = batch_size * enc.shape[1] * pred.shape[1] * num_outputs
+    hidden = model.joint.out.in_features
+    one_pass_flops = 2.0 * logits * hidden  # one output-layer GEMM over every node
+    rate = output_layer_gemm_rate(hidden, num_outputs, min(RATE_ROWS, logits // num_outputs), device, dtype)
     runs, reference = [], None
     for impl in impls:
         run = JointLossRun(impl=impl, model=name, batch_size=batch_size, duration_s=seconds, num_tokens=tokens,
                            frames=int(enc.shape[1]), outputs=num_outputs, logit_elements=logits,
-                           dtype=str(dtype).removeprefix("torch."))
+                           dtype=str(dtype).removeprefix("torch."),
+                           gemm_flops=OUTPUT_LAYER_GEMMS[impl] * one_pass_flops, gemm_flops_per_s=rate)
         if impl == "torchaudio" and logits > TORCHAUDIO_MAX_LOGITS:
             run.error = f"not run: {logits:.3g} logits, past torchaudio's 2**31"
             runs.append(run)
@@ -108,6 +126,7 @@ def joint_loss_runs(name: str, batch_size: int, seconds: float, tokens: int, dev
             del loss, grads
             run.peak_above_inputs_bytes = peak_above_inputs(step, device)
             run.time_s = timer_for(device)(step, repeat=repeat, warmup=1)
+            run.kernels = profiled_kernels(step) if device.type == "cuda" else None
         except Exception as e:  # noqa: BLE001 - an OOM or torchaudio's failure is a figure
             run.error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
         runs.append(run)

@@ -14,7 +14,8 @@ In one run on one GPU, forward + backward (the gradient w.r.t. the logits), voca
    the loss (the logits never built: ``joint_loss="fused"``);
 5. the joint and loss alone (:mod:`benchmarks.losses.joint`): logits then our loss, fused, and logits then
    torchaudio's loss in fp32, on large-rnnt's encoder and predictor outputs at B=64 of 15 s (120 tokens) and
-   B=24 of 40 s (320 tokens, past 2**31 logits: no torchaudio);
+   B=24 of 40 s (320 tokens, past 2**31 logits: no torchaudio); each with its kernels and the least time its
+   output-layer GEMMs can take (3 over every node, fused 4) at that layer's rate measured beside it;
 6. B=128, T=188, U=120 (2.98e9 logits, past 2**31): ours here, then torchaudio last, in a subprocess
    (its illegal memory access would poison this process's CUDA context).
 Writes <out>/losses.json; exits 1 when ours fails or disagrees with torchaudio (targets are reported, not

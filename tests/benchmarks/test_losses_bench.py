@@ -46,6 +46,13 @@ def test_losses_bench_smoke(tmp_path, capsys, two_threads):
     for r in joint[:2]:
         assert r["error"] is None and math.isfinite(r["loss"]) and r["loss"] > 0 and r["time_s"]["median"] > 0
     assert joint[1]["loss"] == pytest.approx(joint[0]["loss"], rel=1e-5) and joint[1]["max_rel_grad_diff"] < 1e-4
+    from workbench.models import build_model
+
+    hidden = build_model(run.SMOKE_JOINT_SHAPES[0][0]).joint.out.in_features
+    gemms = {"materialized": 3, "fused": 4, "torchaudio": 3}  # the fused path makes the logits again
+    for r in joint:  # the output layer's GEMMs over every node; one rate per shape
+        assert r["gemm_flops"] == pytest.approx(gemms[r["impl"]] * 2.0 * r["logit_elements"] * hidden)
+        assert r["gemm_flops_per_s"] == joint[0]["gemm_flops_per_s"] > 0
     out = capsys.readouterr().out
     assert "ours rnnt" in out and "joint_chunk_size=2" in out and "joint_loss=fused" in out
 
@@ -138,6 +145,21 @@ def test_joint_loss_ratios_and_targets_read_from_the_record():
             "0.80 GiB above inputs; time 0.90x, memory 0.08x the materialized path's; loss differs by 2.0e-06 "
             "(relative), gradients by 3.0e-03 of their largest") in text
     assert "joint + loss fused large-rnnt bfloat16 B=8 15 s U=120 (1.49e+09 logits): OutOfMemoryError: x" in text
+    assert "TFLOP of output-layer GEMMs" not in text  # a record without the GEMMs' figures
+    for run in rec.joint:
+        run.gemm_flops, run.gemm_flops_per_s = (4 if run.impl == "fused" else 3) * 1.9e12, 500e12
+    rec.joint[1].kernels = {"total_s": 0.03, "top": [{"name": "_logits_grad_kernel", "self_s": 0.005, "share": 0.17,
+                                                      "calls": 32}]}
+    fig = rec.to_figures()
+    fused = fig["ratios"]["joint_over_materialized"][0]
+    assert fused["gemm_floor"] == pytest.approx(4 * 1.9 / 500 / 0.040)  # 15.2 ms of the materialized 40 ms
+    text = "\n".join(losses_record.summary_lines(fig))
+    assert ("the materialized path's; loss differs by 2.0e-06 (relative), gradients by 3.0e-03 of their largest; "
+            "its 7.60 TFLOP of output-layer GEMMs take at least 15.20 ms at 500 TFLOP/s (0.38x the materialized "
+            "path's time)") in text
+    assert "5.70 TFLOP of output-layer GEMMs take at least 11.40 ms at 500 TFLOP/s\n" in text + "\n"  # materialized
+    assert ("fused bfloat16 joint + loss large-rnnt B=64 15 s U=120 kernels: _logits_grad_kernel 5.000 ms (17%)"
+            in losses_record.table(fig).splitlines())
     assert "joint + loss torchaudio" in losses_record.table(fig)
 
 

@@ -80,6 +80,9 @@ class JointLossRun:
     max_rel_loss_diff: float | None = None   # against the materialized path's, on the same inputs
     max_rel_grad_diff: float | None = None   # largest |difference| / largest |gradient| over enc, pred, weights
     error: str | None = None
+    gemm_flops: float | None = None      # the output layer's GEMMs over every node (3 passes; fused: 4)
+    gemm_flops_per_s: float | None = None  # that layer's rate as one GEMM of the tiles' size, in the same run
+    kernels: dict | None = None          # CUDA kernels by device time (benchmarks.profiling.top_kernels)
 
 
 @dataclass
@@ -173,8 +176,15 @@ def joint_ratios(runs: list[dict]) -> list[dict]:
         out.append({"impl": run["impl"], "model": run["model"], "batch_size": run["batch_size"],
                     "duration_s": run["duration_s"], "num_tokens": run["num_tokens"], "dtype": run["dtype"],
                     "time": _ratio(_median_of(run["time_s"]), _median_of(ref["time_s"])),
-                    "memory": _ratio(run["peak_above_inputs_bytes"], ref["peak_above_inputs_bytes"])})
+                    "memory": _ratio(run["peak_above_inputs_bytes"], ref["peak_above_inputs_bytes"]),
+                    "gemm_floor": _ratio(gemm_seconds(run), _median_of(ref["time_s"]))})
     return out
+
+
+def gemm_seconds(run: dict) -> float | None:
+    """The least time a joint + loss run can take: its output-layer GEMMs at the rate measured beside it."""
+    flops, rate = run.get("gemm_flops"), run.get("gemm_flops_per_s")
+    return None if not flops or not rate else flops / rate
 
 
 def _ratio(a, b) -> float | None:
@@ -292,6 +302,12 @@ def joint_line(run: dict, figures: dict) -> str:
     if run["max_rel_loss_diff"] is not None:
         out += (f"; loss differs by {run['max_rel_loss_diff']:.1e} (relative), gradients by "
                 f"{run['max_rel_grad_diff']:.1e} of their largest")
+    floor = gemm_seconds(run)
+    if floor is not None:
+        out += (f"; its {run['gemm_flops'] / 1e12:.2f} TFLOP of output-layer GEMMs take at least "
+                f"{floor * 1e3:.2f} ms at {run['gemm_flops_per_s'] / 1e12:.0f} TFLOP/s")
+        if ratio and ratio.get("gemm_floor") is not None:
+            out += f" ({ratio['gemm_floor']:.2f}x the materialized path's time)"
     return out
 
 
@@ -299,7 +315,9 @@ def kernel_line(run: dict, top: int = 4) -> str:
     """One run's profiled kernels: "impl dtype shape: name ms (share), ..." for the ``top`` largest."""
     kernels = ", ".join(f"{k['name'][:40]} {k['self_s'] * 1e3:.3f} ms ({k['share']:.0%})"
                         for k in run["kernels"]["top"][:top])
-    return f"{run['impl']} {run['dtype']} {','.join(map(str, run['shape']))} kernels: {kernels}"
+    shape = (",".join(map(str, run["shape"])) if "shape" in run else
+             f"joint + loss {run['model']} B={run['batch_size']} {run['duration_s']:g} s U={run['num_tokens']}")
+    return f"{run['impl']} {run['dtype']} {shape} kernels: {kernels}"
 
 
 def table(figures: dict) -> str:
@@ -323,4 +341,5 @@ def table(figures: dict) -> str:
     for step in figures["chunked"]:
         lines.append(f"{step['model']} B={step['batch_size']} {_step_setting(step)}: {_step_result(step)}")
     lines += [joint_line(run, figures) for run in figures.get("joint", [])]
+    lines += [kernel_line(run) for run in figures.get("joint", []) if run.get("kernels") and run["kernels"].get("top")]
     return "\n".join(lines)
