@@ -20,18 +20,21 @@ SMOKE_BUDGET_BYTES = 64 << 20  # modeled activation budget above the weights in 
 MAX_PROBES_PER_BUCKET = 3  # a predictive search that needs more has predicted badly
 
 
-def build(name: str, joint_chunk_size: int = 0) -> torch.nn.Module:
+def build(name: str, joint_chunk_size: int = 0, joint_loss: str = "materialized") -> torch.nn.Module:
     """A workbench model by name (built on the device, so an xl model is never initialized on the host),
     or ``module:Factory`` for any model with the same contract; ``joint_chunk_size`` (transducers):
-    utterances per joint + loss chunk, 0 for the whole batch at once."""
+    utterances per joint + loss chunk, 0 for the whole batch at once; ``joint_loss``: "materialized" or
+    "fused" (the joint's logits never built)."""
     if ":" in name:
         module, attr = name.split(":")
         model = getattr(importlib.import_module(module), attr)().to(bench_device())
         if joint_chunk_size:
             model.config.joint_chunk_size = joint_chunk_size
+        if joint_loss != "materialized":
+            model.config.joint_loss = joint_loss
         return model
     with bench_device():
-        return build_model(name, joint_chunk_size=joint_chunk_size)
+        return build_model(name, joint_chunk_size=joint_chunk_size, joint_loss=joint_loss)
 
 
 def make_probe(model, args, *, ddp_gradient_buckets: bool = False):

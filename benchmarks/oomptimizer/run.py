@@ -5,6 +5,7 @@
     python3 -m benchmarks.oomptimizer --out DIR --parts aed               # ... and GPU 1, at once
     python3 -m benchmarks.oomptimizer --out benchmarks/results --nproc 2  # two GPUs (torchrun)
     python3 -m benchmarks.oomptimizer --out DIR --parts rnnt-chunked      # joint whole vs chunked
+    python3 -m benchmarks.oomptimizer --out DIR --parts rnnt-chunked --joint-loss fused   # ... vs fused
     python3 -m benchmarks.oomptimizer --smoke --out /tmp/smoke [--nproc 2]   # CPU, seconds
 
 RNN-T part (``single.py``): large RNN-T on 15 x 2 2D buckets up to 40 s: predictive search on all buckets
@@ -16,9 +17,9 @@ limit); a skipped part fails the run. ``--nproc 2`` relaunches under torchrun an
 > 3 % (and > 1) below the true maximum, the soak OOMs, or memory is left allocated. --smoke: tiny models on
 a few short buckets; without CUDA the probe is ``ModeledMemoryProbe`` (``modeled_probe.py``). The record's
 fields: ``workbench/records/oomptimizer.py``.
-``--parts rnnt-chunked [--joint-chunk-size K] [--buckets START:STOP]`` runs alone: the RNN-T predictive
-search only, with the joint whole and over chunks of K utterances (``joint_chunks.py``;
-oomptimizer_rnnt_chunked.json).
+``--parts rnnt-chunked [--joint-chunk-size K | --joint-loss fused] [--buckets START:STOP]`` runs alone: the
+RNN-T predictive search only, with the joint whole and over chunks of K utterances (``joint_chunks.py``;
+oomptimizer_rnnt_chunked.json), or with the joint and loss fused (oomptimizer_rnnt_fused.json).
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--joint-chunk-size", type=joint_chunk_size, default=None,
                         help=f"--parts {chunked}: utterances per joint + loss chunk in the chunked search "
                              f"(default {DEFAULT_JOINT_CHUNK_SIZE}; {SMOKE_JOINT_CHUNK_SIZE} with --smoke)")
+    parser.add_argument("--joint-loss", choices=("materialized", "fused"), default="materialized",
+                        help=f"--parts {chunked}: 'fused' searches the joint and loss fused (the logits never built) "
+                             f"in place of the chunked search ({record.FUSED_NAME}.json)")
     parser.add_argument("--buckets", default=None, metavar="START:STOP",
                         help=f"--parts {chunked}: search only the buckets with these indices (STOP excluded); "
                              f"the record is then named {record.CHUNKED_NAME}_START_STOP.json")
@@ -87,6 +91,10 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error(f"--joint-chunk-size belongs to --parts {chunked}")
     if args.buckets is not None and chunked not in args.parts:
         parser.error(f"--buckets belongs to --parts {chunked}")
+    if args.joint_loss == "fused" and chunked not in args.parts:
+        parser.error(f"--joint-loss belongs to --parts {chunked}")
+    if args.joint_loss == "fused" and args.joint_chunk_size is not None:
+        parser.error("--joint-loss fused never builds the joint's logits: --joint-chunk-size does not apply")
     if args.nproc > 1 and (list(args.parts) != list(DEFAULT_PARTS) or args.budget_s != BUDGET_S):
         parser.error("--parts and --budget-s belong to the one-GPU run, not to --nproc")
     if chunked in args.parts and args.joint_chunk_size is None:  # smoke: below the tiny batches

@@ -176,7 +176,7 @@ def test_summary_lines_of_a_search_that_failed():
 
 def test_the_gpu_script_knows_the_stage():
     out = subprocess.run(["bash", str(REPO / "scripts/gpu_run.sh"), "--help"], capture_output=True, text=True)
-    assert " oomptimizer-rnnt-chunked " in out.stdout
+    assert " oomptimizer-rnnt-chunked " in out.stdout and " oomptimizer-rnnt-fused " in out.stdout
     assert "--parts rnnt-chunked" in (REPO / "benchmarks/stages.toml").read_text()
 
 
@@ -189,9 +189,9 @@ def test_smoke_chunked_search_runs_the_chunked_joint_and_the_unchunked_one_never
     phase = {"chunk": None}
     real_build = probes.build
 
-    def build(name, joint_chunk_size=0):
+    def build(name, joint_chunk_size=0, joint_loss="materialized"):
         phase["chunk"] = joint_chunk_size
-        return real_build(name, joint_chunk_size)
+        return real_build(name, joint_chunk_size, joint_loss)
 
     def counted(joint, enc, pred, nll_of, chunk, **kw):
         calls.append((phase["chunk"], chunk))
@@ -202,6 +202,70 @@ def test_smoke_chunked_search_runs_the_chunked_joint_and_the_unchunked_one_never
     _smoke(tmp_path)
     assert calls and {c for c in calls} == {(run.SMOKE_JOINT_CHUNK_SIZE, run.SMOKE_JOINT_CHUNK_SIZE)}
     assert probes.build("tiny-rnnt", 2).config.joint_chunk_size == 2
+
+
+def test_smoke_fused_search_runs_the_fused_joint_and_loss_under_its_own_record(tmp_path, monkeypatch, capsys):
+    from benchmarks.oomptimizer import buckets as buckets_, probes, run  # noqa: F401
+    from workbench.models import model as model_module
+
+    calls, real = [], model_module.fused_joint_loss
+    built, real_build = [], probes.build
+
+    def build(name, joint_chunk_size=0, joint_loss="materialized"):
+        built.append((joint_chunk_size, joint_loss))
+        return real_build(name, joint_chunk_size, joint_loss)
+
+    def counted(*args, **kw):
+        calls.append(built[-1])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(probes, "build", build)
+    monkeypatch.setattr(model_module, "fused_joint_loss", counted)
+    rec = _smoke(tmp_path, "--joint-loss", "fused", name=record.FUSED_NAME)
+    fig = rec["figures"]
+    assert built == [(0, "materialized"), (0, "fused")] and calls and set(calls) == {(0, "fused")}
+    assert fig["joint_loss"] == "fused" and fig["joint_chunk_size"] == 0 and "joint and loss fused" in rec["what"]
+    assert (fig["unchunked"]["joint_loss"], fig["chunked"]["joint_loss"]) == ("materialized", "fused")
+    assert all(b >= 1 for b in fig["chunked"]["batch_sizes"]) and fig["failures"] == []
+    assert fig["chunked_across_runs"]["skipped"].startswith("fused: buckets differ")
+    assert not (tmp_path / f"{record.CHUNKED_NAME}.json").exists()
+    assert summary.section_for(record.FUSED_NAME) is record.chunked_summary_lines
+    lines = record.chunked_summary_lines(fig)
+    assert lines[1].startswith("- tiny-rnnt predictive, joint and loss fused: ")
+    target = next(line for line in lines if line.startswith("- target: "))
+    assert target.startswith("- target: fused >= 1.5x unchunked at every bucket from 10 s")
+    assert "target: fused >= 1.5x unchunked" in capsys.readouterr().out
+    assert record.chunked_records(tmp_path) == []  # the chunked union reads chunked records only
+
+
+def test_the_fused_target_judges_the_buckets_from_10_s_up():
+    fig = {"part": record.CHUNKED_PART, "model": "m", "joint_chunk_size": 0, "joint_loss": "fused",
+           "buckets": [[5.0, 20.0], *map(list, BUCKETS)], "unchunked": {"batch_sizes": [400, 100, 50, 10]},
+           "chunked": {"batch_sizes": [410, 160, 75, 16]}}
+    comp = record.chunked_comparison(fig)
+    assert comp["considered"] == comp["compared"] == 3 and comp["at_least_target"] == [1, 2, 3] and comp["target_met"]
+    assert comp["target_line"] == ("fused >= 1.5x unchunked at every bucket from 10 s: met (smallest ratio 1.50x "
+                                   "at bucket 2 (20 s, 80 tokens))")
+    fig["chunked"]["batch_sizes"][3] = 14
+    comp = record.chunked_comparison(fig)
+    assert not comp["target_met"] and comp["min_bucket"] == 3
+    assert comp["name"] == "fused" and comp["target_line"].startswith("fused >= 1.5x unchunked at every bucket "
+                                                                     "from 10 s: missed (1 of 3 compared buckets")
+    fig["bucket_range"] = [0, 2]  # only buckets 0-1 searched: bucket 1 alone is judged
+    comp = record.chunked_comparison(fig)
+    assert comp["considered"] == 1 and comp["at_least_target"] == [1]
+
+
+def test_joint_loss_fused_belongs_to_the_chunked_part_without_a_chunk_size(tmp_path, capsys):
+    from benchmarks.oomptimizer import buckets as buckets_, probes, run  # noqa: F401
+
+    with pytest.raises(SystemExit):
+        run.main(["--smoke", "--parts", "rnnt", "--joint-loss", "fused", "--out", str(tmp_path)])
+    assert "--joint-loss belongs to --parts rnnt-chunked" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run.main(["--smoke", "--parts", "rnnt-chunked", "--joint-loss", "fused", "--joint-chunk-size", "4",
+                  "--out", str(tmp_path)])
+    assert "--joint-chunk-size does not apply" in capsys.readouterr().err
 
 
 def test_too_many_probes_is_a_failure_unless_the_search_stopped_early():

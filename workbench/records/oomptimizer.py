@@ -38,9 +38,19 @@ DDP_ONE_GPU_NAME = "oomptimizer_ddp_one_gpu"
 CHUNKED_PART = "rnnt-chunked"
 
 
-def chunked_name(start: int, stop: int, num_buckets: int) -> str:
-    """The chunked record's name: CHUNKED_NAME over every bucket, else CHUNKED_NAME_START_STOP."""
-    return CHUNKED_NAME if (start, stop) == (0, num_buckets) else f"{CHUNKED_NAME}_{start}_{stop}"
+FUSED_NAME = "oomptimizer_rnnt_fused"  # --parts rnnt-chunked --joint-loss fused: the same figures
+
+
+def chunked_name(start: int, stop: int, num_buckets: int, *, fused: bool = False) -> str:
+    """The chunked record's name: CHUNKED_NAME (FUSED_NAME with the joint and loss fused) over every bucket,
+    else that name _START_STOP."""
+    name = FUSED_NAME if fused else CHUNKED_NAME
+    return name if (start, stop) == (0, num_buckets) else f"{name}_{start}_{stop}"
+
+
+def is_fused(figures: Mapping[str, Any]) -> bool:
+    """Whether a chunked record's second search fused the joint and loss (rather than chunking the joint)."""
+    return figures.get("joint_loss") == "fused"
 
 
 def _search_line(label: str, r: Mapping[str, Any]) -> str:
@@ -98,9 +108,16 @@ def bucket_indices(figures: Mapping[str, Any]) -> range:
 
 def chunked_comparison(figures: Mapping[str, Any]) -> dict[str, Any]:
     """chunked.ratio_figures of a chunked record's two searches over the buckets it covered (a search that
-    failed or did not run has no bucket searched)."""
-    return chunked.ratio_figures(search_sizes(figures, "unchunked"), search_sizes(figures, "chunked"),
-                                 buckets(figures), indices=bucket_indices(figures))
+    failed or did not run has no bucket searched); with the joint and loss fused, against the fused target
+    over the buckets from ``chunked.FUSED_FROM_S`` up."""
+    bs, covered = buckets(figures), bucket_indices(figures)
+    if not is_fused(figures):
+        return chunked.ratio_figures(search_sizes(figures, "unchunked"), search_sizes(figures, "chunked"), bs,
+                                     indices=covered)
+    first = next((i for i, (d, _) in enumerate(bs) if d >= chunked.FUSED_FROM_S), len(bs))
+    return chunked.ratio_figures(search_sizes(figures, "unchunked"), search_sizes(figures, "chunked"), bs,
+                                 chunked.FUSED_TARGET_RATIO, indices=range(max(first, covered.start), covered.stop),
+                                 name="fused", where=f"at every bucket from {chunked.FUSED_FROM_S:g} s")
 
 
 def chunked_records(results_dir=None) -> list[dict[str, Any]]:
@@ -166,8 +183,9 @@ def chunked_summary_lines(figures: Mapping[str, Any]) -> list[str]:
     """``oomptimizer_rnnt_chunked.json`` in lines: each search, the chunked / unchunked ratios and the target,
     the unchunked sizes against the committed record (across runs), failures."""
     model, k = figures["model"], figures["joint_chunk_size"]
+    second = "joint and loss fused" if is_fused(figures) else f"joint_chunk_size {k}"
     out = []
-    for key, label in (("unchunked", "joint whole"), ("chunked", f"joint_chunk_size {k}")):
+    for key, label in (("unchunked", "joint whole"), ("chunked", second)):
         r = figures.get(key)
         if r is None:
             out.append(f"- {model} predictive, {label}: not run")
@@ -185,7 +203,7 @@ def chunked_summary_lines(figures: Mapping[str, Any]) -> list[str]:
                        f"{peak}" + (f" (stopped: {r['stopped']})" if "stopped" in r else ""))
     comp = chunked_comparison(figures)
     if comp["compared"]:
-        out.append(f"- chunked / unchunked batch size over {comp['compared']} buckets: {_spread(comp)}; "
+        out.append(f"- {comp['name']} / unchunked batch size over {comp['compared']} buckets: {_spread(comp)}; "
                    f">= {comp['target']:g}x at buckets {comp['at_least_target'] or 'none'}")
     out.append(f"- target: {comp['target_line']}")
     for key in ("across_runs", "chunked_across_runs"):

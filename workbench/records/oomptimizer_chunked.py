@@ -12,6 +12,9 @@ predictive ones (``across_runs``, ``chunked_across_runs``; fixed at run time, si
 rerun; its commit is in the label). The reader derives per bucket the chunked / unchunked batch size ratio
 with its min/median/max, the buckets at >= 2x and the target line (:func:`ratio_figures`, through
 record.chunked_comparison), and puts several records together bucket by bucket (record.chunked_union).
+With ``--joint-loss fused`` the second search fuses the joint and loss instead (the logits never built):
+``oomptimizer_rnnt_fused.json``, the same figures with ``joint_loss: "fused"``, and the fused / unchunked
+target ``FUSED_TARGET_RATIO`` at every bucket from ``FUSED_FROM_S`` up.
 Only the two searches run (no bisect, true maxima, soak or DDP accounting). ``--budget-s`` (seconds): the
 unchunked search starts no new bucket after ``UNCHUNKED_SHARE`` of it, the chunked one none after all of
 it; the record says which buckets were not searched, and the ratios cover the buckets both searched.
@@ -24,16 +27,20 @@ from typing import Any, Mapping
 from workbench.timing import summarize
 
 TARGET_RATIO = 2.0  # the target: chunked batch size >= 2x the unchunked one at every bucket
+FUSED_TARGET_RATIO = 1.5  # with the joint and loss fused: >= 1.5x the unchunked one at every bucket from ...
+FUSED_FROM_S = 10.0  # ... this many seconds up
 UNCHUNKED_SHARE = 0.45  # of --budget-s for the unchunked search (the chunked one probes larger batches)
 REFERENCE = "oomptimizer"  # the committed record whose rnnt predictive sizes the unchunked run is set against
 
 
 def ratio_figures(unchunked: list[int | None], chunked: list[int | None],
                   buckets: list[tuple[float, float]], target: float = TARGET_RATIO, *,
-                  indices: range | None = None, against: str = "unchunked") -> dict[str, Any]:
+                  indices: range | None = None, against: str = "unchunked", name: str = "chunked",
+                  where: str | None = None) -> dict[str, Any]:
     """Per bucket chunked / ``against`` batch size (None where either size is missing), and over the bucket
     ``indices`` (default: all) their min/median/max, the indices at >= ``target``, whether every one of
-    them is, and the target line."""
+    them is, and the target line. ``name``: the second search's ("chunked" or "fused"); ``where``: the
+    target line's words for ``indices`` (default: every bucket, or every bucket of START-STOP)."""
     if not (len(unchunked) == len(chunked) == len(buckets)):
         raise ValueError(f"need one batch size per bucket: {len(unchunked)} {against}, {len(chunked)} chunked, "
                          f"{len(buckets)} buckets")
@@ -42,7 +49,9 @@ def ratio_figures(unchunked: list[int | None], chunked: list[int | None],
     compared = [i for i in indices if ratios[i] is not None]
     out: dict[str, Any] = {"ratios": ratios, "compared": len(compared), "considered": len(indices),
                            "at_least_target": [i for i in compared if ratios[i] >= target], "target": target,
-                           "against": against}
+                           "against": against, "name": name}
+    if where is not None:
+        out["where"] = where
     if len(indices) != len(buckets):
         out["scope"] = [indices.start, indices.stop]
     if compared:
@@ -58,8 +67,8 @@ def target_line(r: Mapping[str, Any], buckets: list[tuple[float, float]]) -> str
     (over buckets START-STOP only when the figures have a ``scope``)."""
     against = r.get("against", "unchunked")
     scope = r.get("scope")
-    where = "at every bucket" if scope is None else f"at every bucket of {scope[0]}-{scope[1] - 1}"
-    head = f"chunked >= {r['target']:g}x {against} {where}"
+    where = r.get("where") or ("at every bucket" if scope is None else f"at every bucket of {scope[0]}-{scope[1] - 1}")
+    head = f"{r.get('name', 'chunked')} >= {r['target']:g}x {against} {where}"
     if not r["compared"]:
         return f"{head}: not measured (no bucket with both sizes)"
     i = r["min_bucket"]
