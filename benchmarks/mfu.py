@@ -38,18 +38,22 @@ def step_flops(model, batch_size: int, duration_s: float, num_tokens: int, smoke
     a worst-case batch of that shape; element-wise work and the transducer loss are not counted. The
     depthwise convolutions (the subsampling's, the convolution modules') are counted on torch's, without
     running a kernel (no interpreter on a CPU), their gradients by :func:`convolution_backward_flops`: the
-    count of the Triton custom ops' FLOP formulas."""
+    count of the Triton custom ops' FLOP formulas. A transducer is counted with its joint's logits built: model
+    FLOPs, the same with the joint and loss fused (whose backward makes the logits again)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     device = next(model.parameters()).device
     batch = model.make_batch(batch_size, duration_s, num_tokens, device)
-    # every depthwise convolution as torch's while counting: (module, attribute, setting to restore)
-    options = [(model.encoder.subsampling, "depthwise")] + [(block.conv, "time_depthwise")
-                                                            for block in model.encoder.blocks]
-    saved = [(module, name, getattr(module, name)) for module, name in options]
-    for module, name in options:
-        setattr(module, name, "torch")
+    # while counting, every depthwise convolution as torch's and the joint's logits built (the fused path's
+    # recomputed logits are not model FLOPs): (object, attribute, setting while counting)
+    options = [(model.encoder.subsampling, "depthwise", "torch")] + [(block.conv, "time_depthwise", "torch")
+                                                                     for block in model.encoder.blocks]
+    if getattr(model.config, "joint_loss", None) is not None:
+        options.append((model.config, "joint_loss", "materialized"))
+    saved = [(module, name, getattr(module, name)) for module, name, _ in options]
+    for module, name, setting in options:
+        setattr(module, name, setting)
     try:
         with FlopCounterMode(display=False, custom_mapping={
                 torch.ops.aten.convolution_backward: convolution_backward_flops}) as counter:

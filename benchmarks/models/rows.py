@@ -10,7 +10,7 @@ from benchmarks.models.shapes import row_shapes
 from benchmarks.profiling import TOP_KERNELS, profile_call, top_kernels
 from workbench.memory.oom import is_oom_error, release_memory
 from workbench.models import build_model, compile_encoder_layers, count_parameters
-from workbench.models.config import DEFAULT_DEPTHWISE, DEFAULT_TIME_DEPTHWISE
+from workbench.models.config import DEFAULT_DEPTHWISE, DEFAULT_JOINT_LOSS, DEFAULT_TIME_DEPTHWISE
 from workbench.models.model import DTYPES
 from workbench.records import models as record
 from workbench.timing import timer_for
@@ -81,11 +81,11 @@ def add_utilization(row: dict, flops: float | None, flops_per_s: float | None, k
 
 
 def build(name: str, device: torch.device, *, compile: bool = False, depthwise: str = DEFAULT_DEPTHWISE,
-          time_depthwise: str = DEFAULT_TIME_DEPTHWISE):
+          time_depthwise: str = DEFAULT_TIME_DEPTHWISE, joint_loss: str = DEFAULT_JOINT_LOSS):
     """The model ``name`` built on ``device`` (an xl model is never initialized on the host); ``compile``: its
-    encoder blocks compiled; ``depthwise``, ``time_depthwise``: build_model's options."""
+    encoder blocks compiled; ``depthwise``, ``time_depthwise``, ``joint_loss``: build_model's options."""
     with device:
-        model = build_model(name, depthwise=depthwise, time_depthwise=time_depthwise)
+        model = build_model(name, depthwise=depthwise, time_depthwise=time_depthwise, joint_loss=joint_loss)
     if compile:
         compile_encoder_layers(model)
     return model
@@ -136,14 +136,16 @@ def measure_row(model, row: dict, flops: float | None, failures: list[str], *, d
 
 def measure_model(name: str, shapes, failures: list[str], *, device: torch.device, repeat: int = REPEAT,
                   warmup: int = WARMUP, kernel_shape=None, compile: bool = False,
-                  depthwise: str = DEFAULT_DEPTHWISE, time_depthwise: str = DEFAULT_TIME_DEPTHWISE, profile_shapes=(),
+                  depthwise: str = DEFAULT_DEPTHWISE, time_depthwise: str = DEFAULT_TIME_DEPTHWISE,
+                  joint_loss: str = DEFAULT_JOINT_LOSS, profile_shapes=(),
                   flops_per_s: float | None = None) -> tuple[int, list[dict], dict | None]:
     """(parameter count, rows, kernel profile) of model ``name``: a row of step time, peak memory (None off a
     GPU), MFU against ``flops_per_s`` and GPU busy share (None off a GPU) per fixed shape and dtype and per
     profile shape (bf16), and with ``kernel_shape`` the :func:`profile_step` of one bf16 step there (else None).
-    ``compile``, ``depthwise``, ``time_depthwise``: see :func:`build`, whose errors propagate. A step that
-    fails for a reason other than memory is a failure (its row has "error"); the other rows still run."""
-    model = build(name, device, compile=compile, depthwise=depthwise, time_depthwise=time_depthwise)
+    ``compile``, ``depthwise``, ``time_depthwise``, ``joint_loss``: see :func:`build`, whose errors propagate. A
+    step that fails for a reason other than memory is a failure (its row has "error"); the other rows still run."""
+    model = build(name, device, compile=compile, depthwise=depthwise, time_depthwise=time_depthwise,
+                  joint_loss=joint_loss)
     params, rows = count_parameters(model), []
     for shape, dtype_names in row_shapes(shapes, profile_shapes):
         flops = count_flops(model, name, shape, failures, device=device)

@@ -41,6 +41,11 @@ interpreter (TRITON_INTERPRET=1).
 same for the conformer convolution modules' depthwise convolution over time; torch: nn.Conv1d, e.g. with --name
 models_time_torch (the stage models-time-torch of scripts/gpu_run.sh, the reference for the default's rows).
 
+--joint-loss materialized|fused (default materialized): the transducers' joint and loss with the logits
+built, or fused (workbench.models.fused_joint_loss; build_model(name, joint_loss="fused")), e.g. with --name
+models_fused. The FLOPs behind MFU are counted on the materialized step either way (model FLOPs: the fused
+path's recomputed logits in the backward are not counted), so MFU compares with the default record.
+
 --budget-s: no model starts after this many wall seconds (one that does not is a failure; 0, the default:
 no limit).
 
@@ -63,7 +68,8 @@ from benchmarks.models.loss_check import LOSS_SHAPE, torchaudio_check
 from benchmarks.models.rows import REPEAT, WARMUP, bf16_vs_fp32, measure_model
 from benchmarks.models.shapes import (PROFILE_BUCKETS, PROFILE_DTYPE, PROFILE_RECORDS, ProfileShapeError,
                                       profile_shapes_for)
-from workbench.models.config import DEFAULT_DEPTHWISE, DEFAULT_TIME_DEPTHWISE, DEPTHWISE
+from workbench.models.config import (DEFAULT_DEPTHWISE, DEFAULT_JOINT_LOSS, DEFAULT_TIME_DEPTHWISE, DEPTHWISE,
+                                     JOINT_LOSSES, config_from_name)
 from workbench.models.encoder import depthwise_backend, depthwise_unavailable_reason
 from workbench.records import models as record
 
@@ -92,6 +98,9 @@ def parser():
                      "convolution modules' depthwise convolutions over time (default auto: the kernels of "
                      "workbench/models/time_conv_triton.py on CUDA; torch: nn.Conv1d, e.g. with --name "
                      "models_time_torch)")
+    out.add_argument("--joint-loss", choices=JOINT_LOSSES, default=DEFAULT_JOINT_LOSS, help="the transducers' joint "
+                     "and loss: materialized (the logits built) or fused (never built), e.g. with --name "
+                     "models_fused; MFU counts the materialized step's FLOPs either way")
     out.add_argument("--name", default=record.NAME, help="record name: <out>/<name>.json (default models; "
                      "e.g. models_compile with --compile)")
     out.add_argument("--profile-shapes", nargs="+", default=None, metavar="PATH",
@@ -122,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         args.models = [m for m in args.models if m in profile]
         if not args.models:
             options.error("--only-profile-shapes: no model asked for has profile shapes")
+    not_transducers = [name for name in args.models if args.joint_loss == "fused" and _head(name) not in ("rnnt", "tdt")]
+    if not_transducers:
+        options.error(f"--joint-loss fused: applies to the transducers (rnnt, tdt) only, not to "
+                      f"{', '.join(not_transducers)}")
     if cuda_missing(args.smoke):
         return 2
     device = bench_device()
@@ -134,6 +147,14 @@ def main(argv: list[str] | None = None) -> int:
         return measure(run, device, profile, missing)
 
 
+def _head(name: str) -> str | None:
+    """A reference model's head ("rnnt", "tdt", "ctc", "aed"), or None for a name build_model does not know."""
+    try:
+        return config_from_name(name).head
+    except ValueError:
+        return None
+
+
 def describe(run: Run, device: torch.device, depthwise: str, time_depthwise: str) -> str:
     """The record's "what": which models, settings and machine; a smoke run begins with "SMOKE RUN"."""
     what = ("training-step time, peak memory, MFU and GPU busy share of the reference models (bf16 vs fp32 at "
@@ -141,6 +162,7 @@ def describe(run: Run, device: torch.device, depthwise: str, time_depthwise: str
             + (", encoder blocks compiled with torch.compile" if run.args.compile else "")
             + (", subsampling's depthwise convolutions by Triton kernels" if depthwise == "triton" else "")
             + (", convolution modules' depthwise convolutions by Triton kernels" if time_depthwise == "triton" else "")
+            + (", the transducers' joint and loss fused (logits never built)" if run.args.joint_loss == "fused" else "")
             + "), and our RNN-T loss against torchaudio's")
     if run.smoke:
         what = (f"SMOKE RUN on {device.type} (tiny models, small shapes"
@@ -160,7 +182,7 @@ def settings(run: Run, device: torch.device) -> dict:
             "smoke": smoke, "kernel_shape": (SMOKE_KERNEL_SHAPE if smoke else KERNEL_SHAPE) if args.kernels else None,
             "compile": bool(args.compile), "depthwise": depthwise_backend(args.depthwise, device),
             "time_depthwise": depthwise_backend(args.time_depthwise, device, which="time"),
-            "profile_records": [str(p) for p in (args.profile_shapes or PROFILE_RECORDS)],
+            "joint_loss": args.joint_loss, "profile_records": [str(p) for p in (args.profile_shapes or PROFILE_RECORDS)],
             "profile_buckets": args.profile_buckets, "profile_dtype": PROFILE_DTYPE}
 
 
@@ -204,8 +226,8 @@ def measure_one(run: Run, name: str, device: torch.device, profile_shapes) -> No
     fig["parameters"][name], rows, kernels = measure_model(
         name, params["shapes"], run.failures, device=device, repeat=params["timed_steps"],
         warmup=params["warmup_steps"], kernel_shape=params["kernel_shape"], compile=params["compile"],
-        depthwise=params["depthwise"], time_depthwise=params["time_depthwise"], profile_shapes=profile_shapes,
-        flops_per_s=fig["matmul"]["flops_per_s"])
+        depthwise=params["depthwise"], time_depthwise=params["time_depthwise"], joint_loss=params["joint_loss"],
+        profile_shapes=profile_shapes, flops_per_s=fig["matmul"]["flops_per_s"])
     fig["steps"].extend(rows)
     fig["bf16_vs_fp32"] = bf16_vs_fp32(fig["steps"])
     fig["bench_wall_s"] = run.seconds()

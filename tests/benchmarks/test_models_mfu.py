@@ -40,6 +40,39 @@ def test_step_flops_counts_the_depthwise_convolutions_once_per_gradient():
     assert counted < torchs.get_total_flops()
 
 
+def test_step_flops_of_the_fused_joint_and_loss_are_the_model_flops():
+    """The fused path makes each tile's logits again in its backward: FLOPs it runs but the model does not
+    need. MFU counts the model's: the step with the logits built, whatever the model runs."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from workbench.models import build_model
+
+    torch.manual_seed(0)
+    materialized = build_model("tiny-rnnt", depthwise="torch", time_depthwise="torch")
+    fused = build_model("tiny-rnnt", depthwise="torch", time_depthwise="torch", joint_loss="fused")
+    counted = step_flops(fused, 2, 1.0, 4, smoke=True)
+    assert fused.config.joint_loss == "fused"  # restored after counting
+    assert counted == step_flops(materialized, 2, 1.0, 4, smoke=True)
+    with FlopCounterMode(display=False) as as_run:
+        fused.training_step(fused.make_batch(2, 1.0, 4, "cpu"), dtype=torch.float32)
+    with FlopCounterMode(display=False) as as_built:
+        materialized.training_step(materialized.make_batch(2, 1.0, 4, "cpu"), dtype=torch.float32)
+    assert as_run.get_total_flops() > as_built.get_total_flops()  # the recomputed logits
+
+
+def test_models_bench_refuses_the_fused_joint_loss_for_a_model_that_is_not_a_transducer(tmp_path, capsys):
+    from benchmarks.models import run as models
+
+    with pytest.raises(SystemExit) as e:
+        models.main(["--smoke", "--models", "tiny-rnnt", "tiny-aed", "--joint-loss", "fused",
+                     "--out", str(tmp_path / "o")])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "error: --joint-loss fused: applies to the transducers (rnnt, tdt) only, not to tiny-aed")
+    assert not (tmp_path / "o").exists()
+
+
 def test_utilization_and_busy_share_from_given_numbers():
     assert utilization(2e12, 0.5, 8e12) == 0.5  # 4 TFLOP/s of an 8 TFLOP/s matmul rate
     assert utilization(3e9, 0.01, 1e12) == pytest.approx(0.3)
