@@ -4,7 +4,7 @@ test file, and packed into groups that each fit one call beside the README flow.
 
     python3 -m benchmarks.gpu_test_times test_times.tsv [more.tsv ...]        # seconds per file, slowest first
     python3 -m benchmarks.gpu_test_times test_times.tsv --groups 300          # GPU_TESTS lines of at most 300 s
-    python3 -m benchmarks.gpu_test_times --selection                          # pytest's arguments for gpu tests
+    python3 -m benchmarks.gpu_test_times --selection                          # pytest's arguments, one a line
 
 A file timed in several runs keeps its longest time. A file whose test was running when its stage was cut (a
 start with no teardown, or a crash: xdist's phase "???") is "cut": its time is a lower bound, and it is packed
@@ -104,10 +104,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="pack the files into GPU_TESTS lines of this many seconds of tests (leave a margin for "
                         "pytest's start and collection, which no line counts)")
     p.add_argument("--unmeasured", action="store_true", help="also list the gpu test files no run timed whole")
-    p.add_argument("--selection", action="store_true", help="print pytest's arguments that select the gpu tests")
+    p.add_argument("--selection", action="store_true", help="print pytest's arguments that select the gpu tests, "
+                   "one per line")
     args = p.parse_args(argv)
     if args.selection:
-        print(" ".join(GPU_TEST_SELECTION))
+        print("\n".join(GPU_TEST_SELECTION))
         return 0
     if not args.times:
         p.error("give at least one test_times.tsv (or --selection)")

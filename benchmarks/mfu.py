@@ -38,8 +38,8 @@ def step_flops(model, batch_size: int, duration_s: float, num_tokens: int, smoke
     a worst-case batch of that shape; element-wise work and the transducer loss are not counted. The
     depthwise convolutions (the subsampling's, the convolution modules') are counted on torch's, without
     running a kernel (no interpreter on a CPU), their gradients by :func:`convolution_backward_flops`: the
-    count of the Triton custom ops' FLOP formulas. A transducer is counted with its joint's logits built: model
-    FLOPs, the same with the joint and loss fused (whose backward makes the logits again)."""
+    count of the Triton custom ops' FLOP formulas. A transducer is counted with its joint's logits built, also when
+    its joint and loss are fused: model FLOPs, not the fused backward's recomputed logits."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 

@@ -120,9 +120,12 @@ stage() {  # one stage by name: flow and the gpu tests here, the benches from be
                       # benchmarks.gpu_test_times sums it by file and packs the files into calls)
                       nemo_site
                       : > "$OUT/test_times.tsv"  # this call's times only (an OUT kept from a run before appends)
-                      selection=$(python3 -m benchmarks.gpu_test_times --selection) || return 1
+                      local -a selection
+                      mapfile -t selection < <(python3 -m benchmarks.gpu_test_times --selection)
+                      [ ${#selection[@]} -gt 0 ] || { echo "=== tests: FAILED (no gpu test selection:" \
+                        "python3 -m benchmarks.gpu_test_times --selection printed nothing) ==="; return 1; }
                       run_stage tests "${GPU_TESTS_LIMIT:-150}" env WORKBENCH_TEST_TIMES="$OUT/test_times.tsv" \
-                        "${NEMO_ENV[@]}" python3 -m pytest -q -p no:cacheprovider --durations=5 $selection \
+                        "${NEMO_ENV[@]}" python3 -m pytest -q -p no:cacheprovider --durations=5 "${selection[@]}" \
                         ${GPU_TESTS:-tests} ;;
     tests-allocator)  run_stage tests_allocator 120 python3 -m pytest -q -p no:cacheprovider \
                         tests/memory/test_allocator_gpu.py tests/benchmarks/test_bench_smoke.py::test_allocator_bench_smoke ;;

@@ -65,6 +65,9 @@ def count_flops(model, name: str, shape: dict, failures: list[str], *, device: t
         if not is_oom_error(e):
             failures.append(f"{name} B={shape['batch_size']} {shape['duration_s']:g}s: FLOP count failed: "
                             f"{type(e).__name__}: {e}")
+        else:  # e.g. a shape that fits only with the joint and loss fused: the count runs the logits built
+            print(f"  {name} B={shape['batch_size']} {shape['duration_s']:g}s: the FLOP count's step (logits "
+                  "built) ran out of memory: no MFU", flush=True)
         return None
     finally:
         model.zero_grad(set_to_none=True)

@@ -69,7 +69,7 @@ from benchmarks.models.rows import REPEAT, WARMUP, bf16_vs_fp32, measure_model
 from benchmarks.models.shapes import (PROFILE_BUCKETS, PROFILE_DTYPE, PROFILE_RECORDS, ProfileShapeError,
                                       profile_shapes_for)
 from workbench.models.config import (DEFAULT_DEPTHWISE, DEFAULT_JOINT_LOSS, DEFAULT_TIME_DEPTHWISE, DEPTHWISE,
-                                     JOINT_LOSSES, config_from_name)
+                                     JOINT_LOSSES, check_joint_loss, reference_head)
 from workbench.models.encoder import depthwise_backend, depthwise_unavailable_reason
 from workbench.records import models as record
 
@@ -131,10 +131,12 @@ def main(argv: list[str] | None = None) -> int:
         args.models = [m for m in args.models if m in profile]
         if not args.models:
             options.error("--only-profile-shapes: no model asked for has profile shapes")
-    not_transducers = [name for name in args.models if args.joint_loss == "fused" and _head(name) not in ("rnnt", "tdt")]
-    if not_transducers:
-        options.error(f"--joint-loss fused: applies to the transducers (rnnt, tdt) only, not to "
-                      f"{', '.join(not_transducers)}")
+    for name in args.models:
+        try:
+            check_joint_loss(args.joint_loss, reference_head(name), name, option="--joint-loss",
+                             model_option="--models")
+        except ValueError as e:
+            options.error(str(e))
     if cuda_missing(args.smoke):
         return 2
     device = bench_device()
@@ -145,14 +147,6 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     with cpu_smoke_torch(args.smoke and device.type == "cpu"):
         return measure(run, device, profile, missing)
-
-
-def _head(name: str) -> str | None:
-    """A reference model's head ("rnnt", "tdt", "ctc", "aed"), or None for a name build_model does not know."""
-    try:
-        return config_from_name(name).head
-    except ValueError:
-        return None
 
 
 def describe(run: Run, device: torch.device, depthwise: str, time_depthwise: str) -> str:

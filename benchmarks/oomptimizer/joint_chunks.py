@@ -34,8 +34,9 @@ def prepare(run: Run) -> bool:
                         "buckets": buckets, "bins_source": bins_source,
                         "bucket_range": [start, stop]})
     if args.smoke and not torch.cuda.is_available():
-        run.figures["note"] = ("the CPU stand-in's modeled peak counts batch elements only, so chunking the "
-                               "joint changes nothing here: the ratios are 1")
+        run.figures["note"] = ("the CPU stand-in's modeled peak counts batch elements only, so "
+                               + ("fusing the joint and loss" if fused else "chunking the joint")
+                               + " changes nothing here: the ratios are 1")
     which = (f"{len(buckets)} 2D buckets" if (start, stop) == (0, len(buckets))
              else f"2D buckets {start}-{stop - 1} (of {len(buckets)})")
     run.name = record.chunked_name(start, stop, len(buckets), fused=fused)

@@ -23,15 +23,15 @@ MAX_PROBES_PER_BUCKET = 3  # a predictive search that needs more has predicted b
 def build(name: str, joint_chunk_size: int = 0, joint_loss: str = "materialized") -> torch.nn.Module:
     """A workbench model by name (built on the device, so an xl model is never initialized on the host),
     or ``module:Factory`` for any model with the same contract; ``joint_chunk_size`` (transducers):
-    utterances per joint + loss chunk, 0 for the whole batch at once; ``joint_loss``: "materialized" or
-    "fused" (the joint's logits never built)."""
+    utterances per joint + loss chunk, 0 for the whole batch at once; ``joint_loss`` (reference transducers):
+    "materialized" or "fused" (the joint's logits never built)."""
     if ":" in name:
+        if joint_loss != "materialized":
+            raise ValueError(f"joint_loss {joint_loss!r}: reference transducers only, not {name}")
         module, attr = name.split(":")
         model = getattr(importlib.import_module(module), attr)().to(bench_device())
         if joint_chunk_size:
             model.config.joint_chunk_size = joint_chunk_size
-        if joint_loss != "materialized":
-            model.config.joint_loss = joint_loss
         return model
     with bench_device():
         return build_model(name, joint_chunk_size=joint_chunk_size, joint_loss=joint_loss)

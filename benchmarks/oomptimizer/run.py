@@ -39,6 +39,8 @@ from benchmarks.harness import bench_env, bench_parser, cpu_smoke_torch, cuda_mi
 from benchmarks.oomptimizer.ddp import run_ddp  # noqa: E402
 from benchmarks.oomptimizer.joint_chunks import run_chunked  # noqa: E402
 from benchmarks.oomptimizer.single import run_single  # noqa: E402
+from workbench.models.config import (DEFAULT_JOINT_LOSS, JOINT_LOSSES, check_joint_loss,  # noqa: E402
+                                     reference_head)
 from workbench.oomptimizer.cli import without_option  # noqa: E402
 from workbench.records import oomptimizer as record  # noqa: E402
 
@@ -71,12 +73,13 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--joint-chunk-size", type=joint_chunk_size, default=None,
                         help=f"--parts {chunked}: utterances per joint + loss chunk in the chunked search "
                              f"(default {DEFAULT_JOINT_CHUNK_SIZE}; {SMOKE_JOINT_CHUNK_SIZE} with --smoke)")
-    parser.add_argument("--joint-loss", choices=("materialized", "fused"), default="materialized",
+    parser.add_argument("--joint-loss", choices=JOINT_LOSSES, default=DEFAULT_JOINT_LOSS,
                         help=f"--parts {chunked}: 'fused' searches the joint and loss fused (the logits never built) "
                              f"in place of the chunked search ({record.FUSED_NAME}.json)")
     parser.add_argument("--buckets", default=None, metavar="START:STOP",
                         help=f"--parts {chunked}: search only the buckets with these indices (STOP excluded); "
-                             f"the record is then named {record.CHUNKED_NAME}_START_STOP.json")
+                             f"the record is then named {record.CHUNKED_NAME}_START_STOP.json "
+                             f"({record.FUSED_NAME}_START_STOP.json with --joint-loss fused)")
     parser.add_argument("--nproc", type=int, default=1, help="GPUs for the DDP run (torchrun)")
     parser.add_argument("--max-batch-size", type=int, default=1 << 20, help="cap on any batch size probed")
     return parser
@@ -93,11 +96,15 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error(f"--buckets belongs to --parts {chunked}")
     if args.joint_loss == "fused" and chunked not in args.parts:
         parser.error(f"--joint-loss belongs to --parts {chunked}")
-    if args.joint_loss == "fused" and args.joint_chunk_size is not None:
-        parser.error("--joint-loss fused never builds the joint's logits: --joint-chunk-size does not apply")
+    try:
+        check_joint_loss(args.joint_loss, reference_head(args.rnnt), args.rnnt, args.joint_chunk_size or 0,
+                         option="--joint-loss", model_option="--rnnt")
+    except ValueError as e:
+        parser.error(str(e))
     if args.nproc > 1 and (list(args.parts) != list(DEFAULT_PARTS) or args.budget_s != BUDGET_S):
         parser.error("--parts and --budget-s belong to the one-GPU run, not to --nproc")
-    if chunked in args.parts and args.joint_chunk_size is None:  # smoke: below the tiny batches
+    chunks = chunked in args.parts and args.joint_loss != "fused"
+    if chunks and args.joint_chunk_size is None:  # smoke: below the tiny batches
         args.joint_chunk_size = SMOKE_JOINT_CHUNK_SIZE if args.smoke else DEFAULT_JOINT_CHUNK_SIZE
     if args.smoke:
         for option, tiny in (("rnnt", "tiny-rnnt"), ("aed", "tiny-aed")):

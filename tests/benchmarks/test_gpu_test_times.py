@@ -89,8 +89,10 @@ def test_groups_of_no_seconds_are_refused(tmp_path, capsys):
 
 def test_the_selection_collects_the_gpu_tests_without_the_flow(capsys):
     assert gpu_test_times.main(["--selection"]) == 0
-    printed = capsys.readouterr().out.split()
-    assert tuple(printed) == gpu_test_times.GPU_TEST_SELECTION
+    assert capsys.readouterr().out.splitlines() == ["-m", "gpu", "--ignore=tests/benchmarks/test_flow.py"]
+    script = (gpu_test_times.REPO / "scripts/gpu_run.sh").read_text()
+    stage = script[script.index("\n    tests)"):script.index("\n    tests-allocator)")]  # the tests stage
+    assert "benchmarks.gpu_test_times --selection" in stage and "-m gpu" not in stage  # its one definition
     files = gpu_test_times.gpu_test_files()
     assert "tests/models/test_custom_ops.py" in files  # has gpu tests
     assert "tests/benchmarks/test_flow.py" not in files  # the flow stage runs it

@@ -69,8 +69,28 @@ def test_models_bench_refuses_the_fused_joint_loss_for_a_model_that_is_not_a_tra
                      "--out", str(tmp_path / "o")])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
-        "error: --joint-loss fused: applies to the transducers (rnnt, tdt) only, not to tiny-aed")
+        "error: --joint-loss fused: applies to the reference transducers (rnnt, tdt) only, not to --models tiny-aed")
     assert not (tmp_path / "o").exists()
+
+
+def test_models_bench_builds_the_transducers_with_the_joint_loss_asked_for(tmp_path, monkeypatch, cpu_settings_kept):
+    import json
+
+    from benchmarks.models import rows, run as models
+
+    built, real = [], rows.build_model
+
+    def build_model(name, **kw):
+        built.append((name, kw.get("joint_loss")))
+        return real(name, **kw)
+
+    monkeypatch.setattr(rows, "build_model", build_model)
+    monkeypatch.setattr(models, "SMOKE_SHAPES", models.SMOKE_SHAPES[:1])
+    assert models.main(["--smoke", "--models", "tiny-rnnt", "--joint-loss", "fused", "--out", str(tmp_path)]) == 0
+    assert built == [("tiny-rnnt", "fused")]
+    result = json.loads((tmp_path / "models.json").read_text())
+    assert result["params"]["joint_loss"] == "fused" and "joint and loss fused" in result["what"]
+    assert all(r["flops"] > 0 and r["loss"] > 0 for r in result["figures"]["steps"])
 
 
 def test_utilization_and_busy_share_from_given_numbers():

@@ -251,9 +251,10 @@ def test_the_fused_target_judges_the_buckets_from_10_s_up():
     assert not comp["target_met"] and comp["min_bucket"] == 3
     assert comp["name"] == "fused" and comp["target_line"].startswith("fused >= 1.5x unchunked at every bucket "
                                                                      "from 10 s: missed (1 of 3 compared buckets")
-    fig["bucket_range"] = [0, 2]  # only buckets 0-1 searched: bucket 1 alone is judged
+    fig["bucket_range"] = [0, 2]  # only buckets 0-1 searched: bucket 1 alone is judged, and the line says so
     comp = record.chunked_comparison(fig)
     assert comp["considered"] == 1 and comp["at_least_target"] == [1]
+    assert comp["target_line"].startswith("fused >= 1.5x unchunked at every bucket from 10 s of 0-1: met")
 
 
 def test_joint_loss_fused_belongs_to_the_chunked_part_without_a_chunk_size(tmp_path, capsys):
@@ -266,6 +267,13 @@ def test_joint_loss_fused_belongs_to_the_chunked_part_without_a_chunk_size(tmp_p
         run.main(["--smoke", "--parts", "rnnt-chunked", "--joint-loss", "fused", "--joint-chunk-size", "4",
                   "--out", str(tmp_path)])
     assert "--joint-chunk-size does not apply" in capsys.readouterr().err
+    for model in ("tiny-aed", "benchmarks.oomptimizer.probes:build"):  # not a reference transducer: refused first
+        with pytest.raises(SystemExit):
+            run.main(["--smoke", "--parts", "rnnt-chunked", "--joint-loss", "fused", "--rnnt", model,
+                      "--out", str(tmp_path)])
+        assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+            f"--joint-loss fused: applies to the reference transducers (rnnt, tdt) only, not to --rnnt {model}")
+    assert not list(tmp_path.iterdir())
 
 
 def test_too_many_probes_is_a_failure_unless_the_search_stopped_early():

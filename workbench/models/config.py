@@ -99,16 +99,26 @@ def xl_config(head: str, vocab_size: int = 1024) -> ModelConfig:
                        conv_kernel=9, dropout=0.1, pred_hidden=640, pred_layers=2, joint_hidden=640)
 
 
-def check_joint_loss(joint_loss: str, head: str | None, model: str, joint_chunk_size: int = 0) -> None:
-    """One-line ValueError naming ``--loss`` when ``joint_loss`` is unknown, is "fused" for a model that is not a
-    transducer (head None: a model we did not write), or is "fused" beside ``--joint-chunk-size``."""
+def check_joint_loss(joint_loss: str, head: str | None, model: str, joint_chunk_size: int = 0, *,
+                     option: str = "--loss", model_option: str = "--model") -> None:
+    """One-line ValueError naming ``option`` when ``joint_loss`` is unknown, is "fused" for a model that is not
+    a transducer (head None: a model we did not write), or is "fused" beside ``--joint-chunk-size``."""
     if joint_loss not in JOINT_LOSSES:
-        raise ValueError(f"--loss: expected one of {', '.join(JOINT_LOSSES)}, got {joint_loss!r}")
+        raise ValueError(f"{option}: expected one of {', '.join(JOINT_LOSSES)}, got {joint_loss!r}")
     if joint_loss == "fused" and head not in ("rnnt", "tdt"):
-        raise ValueError(f"--loss fused: applies to the reference transducers (rnnt, tdt) only, not to --model {model}")
+        raise ValueError(f"{option} fused: applies to the reference transducers (rnnt, tdt) only, not to "
+                         f"{model_option} {model}")
     if joint_loss == "fused" and joint_chunk_size:
-        raise ValueError("--loss fused: never builds the joint's logits, so --joint-chunk-size does not apply; "
+        raise ValueError(f"{option} fused: never builds the joint's logits, so --joint-chunk-size does not apply; "
                          "choose one")
+
+
+def reference_head(name: str) -> str | None:
+    """The head ("rnnt", "tdt", "ctc", "aed") of a reference model name, None for any other name."""
+    try:
+        return config_from_name(name).head
+    except ValueError:
+        return None
 
 
 BUILDERS = {"tiny": tiny_config, "large": large_config, "xl": xl_config}

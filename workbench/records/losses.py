@@ -81,7 +81,7 @@ class JointLossRun:
     max_rel_grad_diff: float | None = None   # largest |difference| / largest |gradient| over enc, pred, weights
     error: str | None = None
     gemm_flops: float | None = None      # the output layer's GEMMs over every node (3 passes; fused: 4)
-    gemm_flops_per_s: float | None = None  # that layer's rate as one GEMM of the tiles' size, in the same run
+    gemm_flops_per_s: float | None = None  # that layer's rate as one GEMM of 2**20 rows, in the same run
     kernels: dict | None = None          # CUDA kernels by device time (benchmarks.profiling.top_kernels)
 
 

@@ -115,9 +115,12 @@ def chunked_comparison(figures: Mapping[str, Any]) -> dict[str, Any]:
         return chunked.ratio_figures(search_sizes(figures, "unchunked"), search_sizes(figures, "chunked"), bs,
                                      indices=covered)
     first = next((i for i, (d, _) in enumerate(bs) if d >= chunked.FUSED_FROM_S), len(bs))
+    where = f"at every bucket from {chunked.FUSED_FROM_S:g} s"
+    if len(covered) != len(bs):
+        where += f" of {covered.start}-{covered.stop - 1}"
     return chunked.ratio_figures(search_sizes(figures, "unchunked"), search_sizes(figures, "chunked"), bs,
                                  chunked.FUSED_TARGET_RATIO, indices=range(max(first, covered.start), covered.stop),
-                                 name="fused", where=f"at every bucket from {chunked.FUSED_FROM_S:g} s")
+                                 name="fused", where=where)
 
 
 def chunked_records(results_dir=None) -> list[dict[str, Any]]:
@@ -180,8 +183,9 @@ def max_returned_peak_bytes(search: Mapping[str, Any]) -> float | None:
 
 
 def chunked_summary_lines(figures: Mapping[str, Any]) -> list[str]:
-    """``oomptimizer_rnnt_chunked.json`` in lines: each search, the chunked / unchunked ratios and the target,
-    the unchunked sizes against the committed record (across runs), failures."""
+    """``oomptimizer_rnnt_chunked.json`` or ``oomptimizer_rnnt_fused.json`` in lines: each search, the chunked
+    (or fused) / unchunked ratios and the target, each search's sizes against the committed record (across
+    runs), failures."""
     model, k = figures["model"], figures["joint_chunk_size"]
     second = "joint and loss fused" if is_fused(figures) else f"joint_chunk_size {k}"
     out = []

@@ -92,7 +92,7 @@ def target_line(r: Mapping[str, Any], buckets: list[tuple[float, float]]) -> str
 
 def across_runs(sizes: list[int | None], buckets: list[tuple[float, float]],
                 reference: Mapping[str, Any] | None, search: str = "unchunked") -> dict[str, Any]:
-    """This run's ``search`` ("unchunked" or "chunked") batch sizes / the reference record's rnnt predictive
+    """This run's ``search`` ("unchunked", "chunked" or "fused") batch sizes / the reference record's rnnt predictive
     ones per bucket (two runs, possibly at different commits), or ``skipped`` saying why they cannot be set
     side by side."""
     if reference is None:
