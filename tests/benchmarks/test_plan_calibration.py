@@ -123,11 +123,29 @@ def test_the_plan_speed_bench_times_a_plan_and_says_whether_it_is_within_two_min
     assert record_["params"]["cpu_count"] >= 1 and len(record_["params"]["buckets"]) == 4
     assert entry["traced_steps"] >= 4 and entry["traced_steps_per_bucket"] == entry["traced_steps"] / 4
     assert 0 < entry["seconds"] and entry["target_s"] == speed.TARGET_S == 120
-    line, = record.speed_summary_lines({"models": {"x": {**entry, "seconds": 150.2}}})
+    line, = record.speed_summary_lines({"models": {"x": {**entry, "seconds": 150.2, "seconds_spread": None}}})
     assert line == (f"- x: {entry['traced_steps']} traced steps ({entry['traced_steps_per_bucket']:.2f} per bucket) "
                     "in 150 s (target missed: at most 120 s)")
-    line, = record.speed_summary_lines({"models": {"x": {**entry, "seconds": 119.6}}})
-    assert line.endswith("in 120 s")
+    line, = record.speed_summary_lines({"models": {"x": {**entry, "seconds": 119.6, "seconds_spread": None}}})
+    assert line.endswith("in 120 s")  # a record of one plan per model
+
+
+def test_the_plan_speed_bench_times_several_plans_and_judges_the_slowest(tmp_path, capsys):
+    from benchmarks.plan_calibration import speed
+
+    assert speed.main(["--smoke", "--out", str(tmp_path)]) == 0
+    record_ = json.loads((tmp_path / "plan_speed.json").read_text())
+    entry = record_["figures"]["models"]["tiny-rnnt"]
+    spread = entry["seconds_spread"]
+    assert record_["params"]["repeat"] == speed.SMOKE_REPEAT == spread["n"] == 2
+    assert entry["seconds"] == spread["median"] and 0 < spread["min"] <= spread["median"] <= spread["max"]
+    assert capsys.readouterr().out.count("tiny-rnnt: 4 buckets planned in ") == 2
+    slow = {**entry, "seconds": 100.0, "seconds_spread": {**spread, "min": 90.0, "median": 100.0, "max": 130.4}}
+    line, = record.speed_summary_lines({"models": {"x": slow}})
+    assert line.endswith("in 100 s (median of 2 plans, 90-130 s) (target missed: at most 120 s)")
+    with pytest.raises(SystemExit):
+        speed.main(["--smoke", "--repeat", "0", "--out", str(tmp_path)])
+    assert "--repeat: expected an integer >= 1, got 0" in capsys.readouterr().err
 
 
 def test_live_at_peak_keeps_the_allocations_alive_at_the_largest_total():
