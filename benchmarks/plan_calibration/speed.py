@@ -18,6 +18,7 @@ from benchmarks.plan_calibration import start_cpu_plan_run
 from workbench.bucketing import BucketProfile
 from workbench.oomptimizer.plan import build_fake_reference_model, new_fake_mode, plan_profile, plan_workers
 from workbench.oomptimizer.synthetic import demo_buckets
+from workbench.options import positive_int
 from workbench.timing import summarize
 
 NAME = "plan_speed"
@@ -41,17 +42,6 @@ def plan_seconds(name: str, buckets: list, gpu_memory: str, repeat: int = 1) -> 
     spread = summarize(samples)
     return {"seconds": spread["median"], "seconds_spread": spread, "traced_steps": result.num_probes,
             "traced_steps_per_bucket": result.probes_per_bucket, "target_s": TARGET_S}
-
-
-def positive_int(text: str) -> int:
-    """--repeat's value: an integer of at least 1 (argparse reports the error in one line)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {n}")
-    return n
 
 
 def add_repeat(parser: argparse.ArgumentParser) -> None:

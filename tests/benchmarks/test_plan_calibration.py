@@ -145,7 +145,7 @@ def test_the_plan_speed_bench_times_several_plans_and_judges_the_slowest(tmp_pat
     assert line.endswith("in 100 s (median of 2 plans, 90-130 s) (target missed: at most 120 s)")
     with pytest.raises(SystemExit):
         speed.main(["--smoke", "--repeat", "0", "--out", str(tmp_path)])
-    assert "--repeat: expected an integer >= 1, got 0" in capsys.readouterr().err
+    assert "--repeat: must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_live_at_peak_keeps_the_allocations_alive_at_the_largest_total():
