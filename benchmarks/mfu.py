@@ -14,14 +14,24 @@ def matmul_flops_per_second(smoke: bool) -> dict[str, Any]:
     import torch
 
     from benchmarks.harness import bench_device
-    from workbench.timing import timer_for
 
     device = bench_device() if not smoke else torch.device("cpu")
     n, dtype = (256, torch.float32) if device.type == "cpu" else (8192, torch.bfloat16)
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    seconds = timer_for(device)(lambda: torch.matmul(a, b))
+    seconds = gemm_seconds(n, n, n, device, dtype)
     return {"n": n, "dtype": str(dtype).replace("torch.", ""), "seconds": seconds,
             "flops_per_s": 2 * n ** 3 / seconds["median"]}
+
+
+def gemm_seconds(rows: int, inner: int, cols: int, device, dtype) -> dict[str, float]:
+    """Timed seconds (median and spread) of one [rows, inner] x [inner, cols] matmul of random ``dtype`` values
+    on ``device``; its rate is 2 x rows x inner x cols / the median."""
+    import torch
+
+    from workbench.timing import timer_for
+
+    a = torch.randn(rows, inner, device=device, dtype=dtype)
+    b = torch.randn(inner, cols, device=device, dtype=dtype)
+    return timer_for(device)(lambda: torch.matmul(a, b))
 
 
 def convolution_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,

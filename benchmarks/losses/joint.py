@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks.losses.worker import peak_above_inputs, profiled_kernels
+from benchmarks.mfu import gemm_seconds
 from workbench.records.losses import JointLossRun
 from workbench.timing import timer_for
 
@@ -33,16 +34,6 @@ def joint_inputs(model, batch_size: int, seconds: float, tokens: int, device: to
         pred = model.predictor(batch["tokens"])
     return (enc.detach().requires_grad_(), pred.detach().requires_grad_(), batch["tokens"], enc_lens,
             batch["token_lens"])
-
-
-def output_layer_gemm_rate(hidden: int, outputs: int, rows: int, device: torch.device,
-                           dtype: torch.dtype) -> float:
-    """FLOP/s of the joint's output layer as one GEMM, [rows, hidden] x [hidden, outputs] in ``dtype``
-    (the median of timed calls on ``device``)."""
-    h = torch.randn(rows, hidden, device=device, dtype=dtype)
-    w = torch.randn(outputs, hidden, device=device, dtype=dtype)
-    seconds = timer_for(device)(lambda: torch.matmul(h, w.t()), repeat=10, warmup=2)["median"]
-    return 2.0 * rows * hidden * outputs / seconds
 
 
 def joint_loss_function(impl: str, model, dtype: torch.dtype):
@@ -100,7 +91,8 @@ def joint_loss_runs(name: str, batch_size: int, seconds: float, tokens: int, dev
     logits = batch_size * enc.shape[1] * pred.shape[1] * num_outputs
     hidden = model.joint.out.in_features
     one_pass_flops = 2.0 * logits * hidden  # one output-layer GEMM over every node
-    rate = output_layer_gemm_rate(hidden, num_outputs, min(RATE_ROWS, logits // num_outputs), device, dtype)
+    rows = min(RATE_ROWS, logits // num_outputs)  # the output layer as one GEMM: its FLOP/s
+    rate = 2.0 * rows * hidden * num_outputs / gemm_seconds(rows, hidden, num_outputs, device, dtype)["median"]
     runs, reference = [], None
     for impl in impls:
         run = JointLossRun(impl=impl, model=name, batch_size=batch_size, duration_s=seconds, num_tokens=tokens,

@@ -177,11 +177,11 @@ def joint_ratios(runs: list[dict]) -> list[dict]:
                     "duration_s": run["duration_s"], "num_tokens": run["num_tokens"], "dtype": run["dtype"],
                     "time": _ratio(_median_of(run["time_s"]), _median_of(ref["time_s"])),
                     "memory": _ratio(run["peak_above_inputs_bytes"], ref["peak_above_inputs_bytes"]),
-                    "gemm_floor": _ratio(gemm_seconds(run), _median_of(ref["time_s"]))})
+                    "gemm_floor": _ratio(gemm_floor_seconds(run), _median_of(ref["time_s"]))})
     return out
 
 
-def gemm_seconds(run: dict) -> float | None:
+def gemm_floor_seconds(run: dict) -> float | None:
     """The least time a joint + loss run can take: its output-layer GEMMs at the rate measured beside it."""
     flops, rate = run.get("gemm_flops"), run.get("gemm_flops_per_s")
     return None if not flops or not rate else flops / rate
@@ -302,7 +302,7 @@ def joint_line(run: dict, figures: dict) -> str:
     if run["max_rel_loss_diff"] is not None:
         out += (f"; loss differs by {run['max_rel_loss_diff']:.1e} (relative), gradients by "
                 f"{run['max_rel_grad_diff']:.1e} of their largest")
-    floor = gemm_seconds(run)
+    floor = gemm_floor_seconds(run)
     if floor is not None:
         out += (f"; its {run['gemm_flops'] / 1e12:.2f} TFLOP of output-layer GEMMs take at least "
                 f"{floor * 1e3:.2f} ms at {run['gemm_flops_per_s'] / 1e12:.0f} TFLOP/s")

@@ -114,6 +114,7 @@ def chunked_comparison(figures: Mapping[str, Any]) -> dict[str, Any]:
     if not is_fused(figures):
         return chunked.ratio_figures(search_sizes(figures, "unchunked"), search_sizes(figures, "chunked"), bs,
                                      indices=covered)
+    # profiles list their buckets by duration: those from FUSED_FROM_S up are the last ones
     first = next((i for i, (d, _) in enumerate(bs) if d >= chunked.FUSED_FROM_S), len(bs))
     where = f"at every bucket from {chunked.FUSED_FROM_S:g} s"
     if len(covered) != len(bs):
