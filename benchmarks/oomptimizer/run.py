@@ -42,6 +42,7 @@ from benchmarks.oomptimizer.single import run_single  # noqa: E402
 from workbench.models.config import (DEFAULT_JOINT_LOSS, JOINT_LOSSES, check_joint_loss,  # noqa: E402
                                      reference_head)
 from workbench.oomptimizer.cli import without_option  # noqa: E402
+from workbench.options import positive_int  # noqa: E402
 from workbench.records import oomptimizer as record  # noqa: E402
 
 PARTS = ("rnnt", "aed", record.CHUNKED_PART)  # the last runs alone
@@ -52,17 +53,6 @@ SMOKE_JOINT_CHUNK_SIZE = 2  # --smoke --parts rnnt-chunked: smaller than the smo
 SMOKE_MAX_BATCH_SIZE = 16  # --smoke with CUDA: tiny models would fit huge batches
 
 
-def joint_chunk_size(text: str) -> int:
-    """--joint-chunk-size's value: an integer >= 1 (argparse reports the error in one line)."""
-    try:
-        k = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if k < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1 utterance per chunk, got {k}")
-    return k
-
-
 def make_parser() -> argparse.ArgumentParser:
     """The harness's options (--out --smoke --budget-s --parts) and the bench's own."""
     chunked = record.CHUNKED_PART
@@ -70,7 +60,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rnnt", default="large-rnnt", help="RNN-T model name (or module:Factory)")
     parser.add_argument("--aed", default="xl-aed", help="AED model name (or module:Factory)")
     parser.add_argument("--memory-fraction", type=float, default=0.9)
-    parser.add_argument("--joint-chunk-size", type=joint_chunk_size, default=None,
+    parser.add_argument("--joint-chunk-size", type=positive_int, default=None,
                         help=f"--parts {chunked}: utterances per joint + loss chunk in the chunked search "
                              f"(default {DEFAULT_JOINT_CHUNK_SIZE}; {SMOKE_JOINT_CHUNK_SIZE} with --smoke)")
     parser.add_argument("--joint-loss", choices=JOINT_LOSSES, default=DEFAULT_JOINT_LOSS,
