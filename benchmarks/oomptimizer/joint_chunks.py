@@ -58,14 +58,14 @@ def run_chunked(run: Run) -> int:
     unchunked_stop = run.started + chunked.UNCHUNKED_SHARE * budget if budget else None
     fig["unchunked"] = chunked_search(run, "unchunked", 0, unchunked_stop)
     run.save()
-    k, fused = fig["joint_chunk_size"], record.is_fused(fig)
-    fig["chunked"] = chunked_search(run, "joint and loss fused" if fused else f"joint_chunk_size={k}", k,
-                                    run.started + budget if budget else None, fig["joint_loss"])
+    name, label = record.second_search(fig)
+    fig["chunked"] = chunked_search(run, label, fig["joint_chunk_size"], run.started + budget if budget else None,
+                                    fig["joint_loss"])
     reference = load_result(chunked.REFERENCE)
     none = [None] * len(fig["buckets"])
     fig["across_runs"] = chunked.across_runs(fig["unchunked"].get("batch_sizes", none), fig["buckets"], reference)
     fig["chunked_across_runs"] = chunked.across_runs(fig["chunked"].get("batch_sizes", none), fig["buckets"],
-                                                     reference, "fused" if fused else "chunked")
+                                                     reference, name)
     fig["wall_seconds"], fig["complete"] = run.seconds(), True
     print("\n".join(record.chunked_summary_lines(fig)))
     return 0

@@ -11,6 +11,7 @@ from benchmarks.harness import bench_device
 from benchmarks.oomptimizer.modeled_probe import ModeledMemoryProbe
 from workbench.memory.oom import release_memory
 from workbench.models import build_model
+from workbench.models.config import check_joint_loss
 from workbench.oomptimizer.probe import TrainingStepProbe
 from workbench.oomptimizer.search import search_batch_sizes
 from workbench.timing import summarize
@@ -25,9 +26,8 @@ def build(name: str, joint_chunk_size: int = 0, joint_loss: str = "materialized"
     or ``module:Factory`` for any model with the same contract; ``joint_chunk_size`` (transducers):
     utterances per joint + loss chunk, 0 for the whole batch at once; ``joint_loss`` (reference transducers):
     "materialized" or "fused" (the joint's logits never built)."""
-    if ":" in name:
-        if joint_loss != "materialized":
-            raise ValueError(f"joint_loss {joint_loss!r}: reference transducers only, not {name}")
+    if ":" in name:  # not a reference model: the joint and loss are the model's own (build_model checks ours)
+        check_joint_loss(joint_loss, None, name, option="joint_loss", model_option="model")
         module, attr = name.split(":")
         model = getattr(importlib.import_module(module), attr)().to(bench_device())
         if joint_chunk_size:

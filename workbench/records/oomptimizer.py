@@ -53,6 +53,14 @@ def is_fused(figures: Mapping[str, Any]) -> bool:
     return figures.get("joint_loss") == "fused"
 
 
+def second_search(figures: Mapping[str, Any]) -> tuple[str, str]:
+    """A chunked record's second search: its name ("fused" or "chunked") and its label ("joint and loss fused"
+    or "joint_chunk_size K")."""
+    if is_fused(figures):
+        return "fused", "joint and loss fused"
+    return "chunked", f"joint_chunk_size {figures['joint_chunk_size']}"
+
+
 def _search_line(label: str, r: Mapping[str, Any]) -> str:
     return (f"- {label}: {len(r['batch_sizes'])} buckets, {r['probes']} probes ({r['probes_per_bucket']:.2f} per "
             f"bucket), {r['ooms']} OOMs, {r['seconds']:.0f} s")
@@ -187,10 +195,9 @@ def chunked_summary_lines(figures: Mapping[str, Any]) -> list[str]:
     """``oomptimizer_rnnt_chunked.json`` or ``oomptimizer_rnnt_fused.json`` in lines: each search, the chunked
     (or fused) / unchunked ratios and the target, each search's sizes against the committed record (across
     runs), failures."""
-    model, k = figures["model"], figures["joint_chunk_size"]
-    second = "joint and loss fused" if is_fused(figures) else f"joint_chunk_size {k}"
+    model = figures["model"]
     out = []
-    for key, label in (("unchunked", "joint whole"), ("chunked", second)):
+    for key, label in (("unchunked", "joint whole"), ("chunked", second_search(figures)[1])):
         r = figures.get(key)
         if r is None:
             out.append(f"- {model} predictive, {label}: not run")
