@@ -6,6 +6,7 @@ import pytest
 
 from benchmarks.plan_calibration import replay
 from workbench.records import plan_calibration as record
+from workbench.timing import summarize
 from benchmarks.plan_calibration.run import main
 
 
@@ -123,10 +124,12 @@ def test_the_plan_speed_bench_times_a_plan_and_says_whether_it_is_within_two_min
     assert record_["params"]["cpu_count"] >= 1 and len(record_["params"]["buckets"]) == 4
     assert entry["traced_steps"] >= 4 and entry["traced_steps_per_bucket"] == entry["traced_steps"] / 4
     assert 0 < entry["seconds"] and entry["target_s"] == speed.TARGET_S == 120
-    line, = record.speed_summary_lines({"models": {"x": {**entry, "seconds": 150.2, "seconds_spread": None}}})
+    one_plan = summarize([150.2])
+    line, = record.speed_summary_lines({"models": {"x": {**entry, "seconds": 150.2, "seconds_spread": one_plan}}})
     assert line == (f"- x: {entry['traced_steps']} traced steps ({entry['traced_steps_per_bucket']:.2f} per bucket) "
                     "in 150 s (target missed: at most 120 s)")
-    line, = record.speed_summary_lines({"models": {"x": {**entry, "seconds": 119.6, "seconds_spread": None}}})
+    one_plan = summarize([119.6])
+    line, = record.speed_summary_lines({"models": {"x": {**entry, "seconds": 119.6, "seconds_spread": one_plan}}})
     assert line.endswith("in 120 s")  # a record of one plan per model
 
 

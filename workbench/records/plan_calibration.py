@@ -71,7 +71,7 @@ def speed_summary_lines(figures: Mapping[str, Any]) -> list[str]:
     several plans where timed so) and its traced steps; the target is judged on the slowest plan."""
     lines = []
     for name, entry in figures["models"].items():
-        spread = entry.get("seconds_spread") or {"n": 1, "max": entry["seconds"]}
+        spread = entry["seconds_spread"]
         line = (f"- {name}: {entry['traced_steps']} traced steps ({entry['traced_steps_per_bucket']:.2f} per bucket) "
                 f"in {entry['seconds']:.0f} s")
         if spread["n"] > 1:
