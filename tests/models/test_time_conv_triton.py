@@ -165,7 +165,9 @@ def test_a_training_step_with_triton_time_depthwise_equals_the_torch_one():
     loss_theirs = theirs.training_step(batch, dtype=torch.float32)
     torch.testing.assert_close(loss_ours, loss_theirs, rtol=1e-5, atol=1e-5)
     for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
-        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
+        # the depthwise bias's gradient is rounding noise of ~1e-5 (zero in exact arithmetic, see above)
+        atol = 5e-5 if name.endswith("conv.depthwise.bias") else 1e-5
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=atol, msg=name)
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="needs a CPU without the interpreter")
