@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 
 from benchmarks.losses.worker import peak_above_inputs, profiled_kernels
-from benchmarks.mfu import gemm_seconds
 from workbench.records.losses import JointLossRun
 from workbench.timing import timer_for
 
@@ -22,6 +21,15 @@ OUTPUT_LAYER_GEMMS = {"materialized": 3, "fused": 4, "torchaudio": 3}
 # is 1.45e6 at B=64 x 15 s). The fused path's tiles are smaller (2**26 outputs, about 2**16 rows) and no faster
 # per FLOP, so the time this rate gives is a lower bound for both.
 RATE_ROWS = 2**20
+
+
+def output_layer_gemm_seconds(rows: int, hidden: int, outputs: int, device, dtype) -> dict[str, float]:
+    """Timed seconds (median and spread) of the output layer's GEMM as ``nn.Linear`` lays it out, the weight
+    [outputs, hidden]: with 1025 outputs a [hidden, outputs] operand has rows of 2050 bytes, off the 16-byte
+    alignment Hopper's tensor-memory copies need, and its GEMM runs far slower than the layer's."""
+    a = torch.randn(rows, hidden, device=device, dtype=dtype)
+    weight = torch.randn(outputs, hidden, device=device, dtype=dtype)
+    return timer_for(device)(lambda: torch.nn.functional.linear(a, weight))
 TORCHAUDIO_MAX_LOGITS = 2**31 - 1  # past it torchaudio's kernel can fail with an illegal memory access
 
 
@@ -92,7 +100,8 @@ def joint_loss_runs(name: str, batch_size: int, seconds: float, tokens: int, dev
     hidden = model.joint.out.in_features
     one_pass_flops = 2.0 * logits * hidden  # one output-layer GEMM over every node
     rows = min(RATE_ROWS, logits // num_outputs)  # the output layer as one GEMM: its FLOP/s
-    rate = 2.0 * rows * hidden * num_outputs / gemm_seconds(rows, hidden, num_outputs, device, dtype)["median"]
+    gemm_s = output_layer_gemm_seconds(rows, hidden, num_outputs, device, dtype)["median"]
+    rate = 2.0 * rows * hidden * num_outputs / gemm_s
     runs, reference = [], None
     for impl in impls:
         run = JointLossRun(impl=impl, model=name, batch_size=batch_size, duration_s=seconds, num_tokens=tokens,

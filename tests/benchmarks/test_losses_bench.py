@@ -159,6 +159,14 @@ def test_joint_loss_ratios_and_targets_read_from_the_record():
             "its 7.60 TFLOP of output-layer GEMMs take at least 15.20 ms at 500 TFLOP/s (0.38x the materialized "
             "path's time)") in text
     assert "5.70 TFLOP of output-layer GEMMs take at least 11.40 ms at 500 TFLOP/s\n" in text + "\n"  # materialized
+    for run in rec.joint:  # a rate whose GEMMs would take longer than the runs took: no floor, and it says so
+        run.gemm_flops_per_s = 100e12
+    fig = rec.to_figures()
+    assert fig["ratios"]["joint_over_materialized"][0]["gemm_floor"] is None  # 76 ms against the fused 36 ms
+    text = "\n".join(losses_record.summary_lines(fig))
+    assert text.count("take at least") == 1  # torchaudio's 120 ms: 57 ms of GEMMs is a floor there
+    assert ("gradients by 3.0e-03 of their largest; its 7.60 TFLOP of output-layer GEMMs ran faster than the "
+            "100 TFLOP/s measured beside it, so that rate gives no floor") in text
     assert ("fused bfloat16 joint + loss large-rnnt B=64 15 s U=120 kernels: _logits_grad_kernel 5.000 ms (17%)"
             in losses_record.table(fig).splitlines())
     assert "joint + loss torchaudio" in losses_record.table(fig)
