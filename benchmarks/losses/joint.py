@@ -21,6 +21,7 @@ OUTPUT_LAYER_GEMMS = {"materialized": 3, "fused": 4, "torchaudio": 3}
 # is 1.45e6 at B=64 x 15 s). The fused path's tiles are smaller (2**26 outputs, about 2**16 rows) and no faster
 # per FLOP, so the time this rate gives is a lower bound for both.
 RATE_ROWS = 2**20
+TORCHAUDIO_MAX_LOGITS = 2**31 - 1  # past it torchaudio's kernel can fail with an illegal memory access
 
 
 def output_layer_gemm_seconds(rows: int, hidden: int, outputs: int, device, dtype) -> dict[str, float]:
@@ -30,7 +31,6 @@ def output_layer_gemm_seconds(rows: int, hidden: int, outputs: int, device, dtyp
     a = torch.randn(rows, hidden, device=device, dtype=dtype)
     weight = torch.randn(outputs, hidden, device=device, dtype=dtype)
     return timer_for(device)(lambda: torch.nn.functional.linear(a, weight))
-TORCHAUDIO_MAX_LOGITS = 2**31 - 1  # past it torchaudio's kernel can fail with an illegal memory access
 
 
 def joint_inputs(model, batch_size: int, seconds: float, tokens: int, device: torch.device, dtype: torch.dtype):
