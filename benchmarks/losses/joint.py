@@ -24,13 +24,18 @@ RATE_ROWS = 2**20
 TORCHAUDIO_MAX_LOGITS = 2**31 - 1  # past it torchaudio's kernel can fail with an illegal memory access
 
 
-def output_layer_gemm_seconds(rows: int, hidden: int, outputs: int, device, dtype) -> dict[str, float]:
-    """Timed seconds (median and spread) of the output layer's GEMM as ``nn.Linear`` lays it out, the weight
-    [outputs, hidden]: with 1025 outputs a [hidden, outputs] operand has rows of 2050 bytes, off the 16-byte
-    alignment Hopper's tensor-memory copies need, and its GEMM runs far slower than the layer's."""
+def output_layer_gemm_flops_per_s(rows: int, hidden: int, outputs: int, device, dtype) -> float:
+    """FLOP/s of the output layer's GEMM on ``rows`` nodes as training lays it out: ``nn.Linear``'s weight
+    [outputs, hidden] with the outputs padded to :func:`padded_width` (unpadded, 1025 outputs give rows of
+    2050 bytes, off the 16-byte alignment Hopper's tensor-memory copies need, and a GEMM far slower than the
+    layer's)."""
+    from workbench.models.transducer import padded_width
+
+    width = padded_width(outputs)
     a = torch.randn(rows, hidden, device=device, dtype=dtype)
-    weight = torch.randn(outputs, hidden, device=device, dtype=dtype)
-    return timer_for(device)(lambda: torch.nn.functional.linear(a, weight))
+    weight = torch.randn(width, hidden, device=device, dtype=dtype)
+    seconds = timer_for(device)(lambda: torch.nn.functional.linear(a, weight))["median"]
+    return 2.0 * rows * hidden * width / seconds
 
 
 def joint_inputs(model, batch_size: int, seconds: float, tokens: int, device: torch.device, dtype: torch.dtype):
@@ -100,8 +105,7 @@ def joint_loss_runs(name: str, batch_size: int, seconds: float, tokens: int, dev
     hidden = model.joint.out.in_features
     one_pass_flops = 2.0 * logits * hidden  # one output-layer GEMM over every node
     rows = min(RATE_ROWS, logits // num_outputs)  # the output layer as one GEMM: its FLOP/s
-    gemm_s = output_layer_gemm_seconds(rows, hidden, num_outputs, device, dtype)["median"]
-    rate = 2.0 * rows * hidden * num_outputs / gemm_s
+    rate = output_layer_gemm_flops_per_s(rows, hidden, num_outputs, device, dtype)
     runs, reference = [], None
     for impl in impls:
         run = JointLossRun(impl=impl, model=name, batch_size=batch_size, duration_s=seconds, num_tokens=tokens,

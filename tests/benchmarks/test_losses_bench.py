@@ -244,3 +244,23 @@ def test_rows_comparisons_in_the_smoke_run_and_the_summary(tmp_path):
             in losses_record.summary_lines(fig))
     del fig["rows"]  # a record from before the comparison still renders
     assert not any("rows per program" in line for line in losses_record.summary_lines(fig))
+
+
+def test_the_output_layer_rate_is_timed_on_aligned_padded_outputs(monkeypatch):
+    """1025 outputs give logits rows of 2050 bytes, which Hopper's GEMMs read slowly: the rate that bounds the
+    joint's GEMMs is timed on the training layout's padded width, and counts that width's FLOPs."""
+    from benchmarks.losses import joint as joint_bench
+    from workbench.models.transducer import padded_width
+
+    shapes = []
+
+    def fake_timer(device):
+        def time(fn):
+            shapes.append(tuple(fn().shape))
+            return {"median": 0.5}
+        return time
+
+    monkeypatch.setattr(joint_bench, "timer_for", fake_timer)
+    rate = joint_bench.output_layer_gemm_flops_per_s(64, 32, 1025, torch.device("cpu"), torch.float32)
+    assert shapes == [(64, padded_width(1025))] and padded_width(1025) % 8 == 0
+    assert rate == pytest.approx(2.0 * 64 * 32 * padded_width(1025) / 0.5)
