@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks.losses.worker import peak_above_inputs, profiled_kernels
+from benchmarks.mfu import gemm_seconds
 from workbench.records.losses import JointLossRun
 from workbench.timing import timer_for
 
@@ -25,17 +26,13 @@ TORCHAUDIO_MAX_LOGITS = 2**31 - 1  # past it torchaudio's kernel can fail with a
 
 
 def output_layer_gemm_flops_per_s(rows: int, hidden: int, outputs: int, device, dtype) -> float:
-    """FLOP/s of the output layer's GEMM on ``rows`` nodes as training lays it out: ``nn.Linear``'s weight
-    [outputs, hidden] with the outputs padded to :func:`padded_width` (unpadded, 1025 outputs give rows of
-    2050 bytes, off the 16-byte alignment Hopper's tensor-memory copies need, and a GEMM far slower than the
-    layer's)."""
+    """FLOP/s of the output layer's GEMM on ``rows`` nodes at the training layout's :func:`padded_width`
+    outputs (unpadded, 1025 outputs give rows of 2050 bytes, off the 16-byte alignment Hopper's tensor-memory
+    copies need, and a GEMM far slower than the layer's)."""
     from workbench.models.transducer import padded_width
 
     width = padded_width(outputs)
-    a = torch.randn(rows, hidden, device=device, dtype=dtype)
-    weight = torch.randn(width, hidden, device=device, dtype=dtype)
-    seconds = timer_for(device)(lambda: torch.nn.functional.linear(a, weight))["median"]
-    return 2.0 * rows * hidden * width / seconds
+    return 2.0 * rows * hidden * width / gemm_seconds(rows, hidden, width, device, dtype)["median"]
 
 
 def joint_inputs(model, batch_size: int, seconds: float, tokens: int, device: torch.device, dtype: torch.dtype):

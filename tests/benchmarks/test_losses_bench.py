@@ -250,6 +250,7 @@ def test_the_output_layer_rate_is_timed_on_aligned_padded_outputs(monkeypatch):
     """1025 outputs give logits rows of 2050 bytes, which Hopper's GEMMs read slowly: the rate that bounds the
     joint's GEMMs is timed on the training layout's padded width, and counts that width's FLOPs."""
     from benchmarks.losses import joint as joint_bench
+    from workbench import timing
     from workbench.models.transducer import padded_width
 
     shapes = []
@@ -260,7 +261,7 @@ def test_the_output_layer_rate_is_timed_on_aligned_padded_outputs(monkeypatch):
             return {"median": 0.5}
         return time
 
-    monkeypatch.setattr(joint_bench, "timer_for", fake_timer)
+    monkeypatch.setattr(timing, "timer_for", fake_timer)
     rate = joint_bench.output_layer_gemm_flops_per_s(64, 32, 1025, torch.device("cpu"), torch.float32)
     assert shapes == [(64, padded_width(1025))] and padded_width(1025) % 8 == 0
     assert rate == pytest.approx(2.0 * 64 * 32 * padded_width(1025) / 0.5)
