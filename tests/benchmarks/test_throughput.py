@@ -52,7 +52,7 @@ def test_checks_and_targets_name_what_failed():
     figures["complete"] = True
     assert tp.checks(figures)["every_sampler_trained"] is True
     assert tp.targets(figures) == ["steps: 2D / baseline = 1.50x (target >= 1.8x: missed by 0.30x)",
-                                   "steps: 2D / 1D = 0.75x (target > 1: missed)"]
+                                   "steps: 2D / 1D = 0.75x (target >= 1.1x: missed by 0.35x)"]
     # with a same-wall-time part, the target is judged there and the same-steps line only lists its ratio
     figures["seconds"] = figures["steps"]
     assert tp.targets(figures)[0] == "steps: 2D / baseline = 1.50x (the target is judged at the same wall time)"
@@ -253,26 +253,28 @@ def test_the_equal_bucket_2d_profile_is_listed_beside_the_headline():
     runs = {"baseline": run, "1d": {**run, "audio_seconds_per_second": 150.0},
             "2d": {**run, "audio_seconds_per_second": 180.0}, "2d_equal": {**run, "audio_seconds_per_second": 165.0}}
     figures = {"model": "large-rnnt", "seconds": {"runs": runs}}
-    assert tp.targets(figures) == ["seconds: 2D / baseline = 1.80x", "seconds: 2D / 1D = 1.20x (target > 1: met)",
+    assert tp.targets(figures) == ["seconds: 2D / baseline = 1.80x (target >= 1.5x: met)", "seconds: 2D / 1D = 1.20x",
                                    "seconds: 2D at equal buckets = 1.65x baseline and 1.10x 1D (beside the "
                                    "headline, no target)"]
     assert "1D profile" in tp.headline_note() and "equal-bucket" in tp.headline_note()
 
 
-def test_a_committed_record_without_the_new_samplers_says_not_measured_yet():
+def test_a_record_that_trained_the_first_three_samplers_says_the_others_are_not_measured_yet():
     from workbench.reporting import committed_result
 
     record = committed_result(record_name("xl-aed"))
     f = record["figures"]
+    f["samplers"] = ["baseline", "1d", "2d"]
+    for part in ("steps", "seconds"):
+        for sampler in ("2d_equal", "2d_plain_allocator"):
+            del f[part]["runs"][sampler]
     lines = tp.summary_lines(f)
     assert "  - 2D profile, equal buckets: not measured yet" in lines
     assert "  - 2D profile, plain allocator: not measured yet" in lines
     assert tp.checks(f)["every_sampler_trained"] is True  # it was asked for the first three only
-    assert tp.corpus_rates(f) is None and tp.tokens_per_second_histogram(record) is None
-    assert tp.corpus_meaning(f).endswith("not measured yet.") and tp.allocator_meaning(f).endswith("not measured yet.")
-    assert tp.allocator_curves(record) is None and tp.allocator_table(record).empty
+    assert tp.allocator_meaning(f).endswith("not measured yet.")
     assert tp.throughput_bars(record, "seconds").axes and tp.loss_curves(record).axes
-    assert "equal buckets" not in tp.setup_line(f) and tp.loss_meaning(f).startswith("At the end of the same wall")
+    assert tp.loss_meaning(f).startswith("At the end of the same wall")
 
 
 def test_loss_at_audio_averages_the_last_tenth_before_the_audio_given():
@@ -320,8 +322,12 @@ def test_views_count_the_steps_trained_in_parts():
 def test_a_train_part_on_profiles_of_another_corpus_is_refused(tmp_path, capsys):
     from workbench.reporting import committed_result
 
+    record = committed_result(record_name("xl-aed"))
+    prepare = record["figures"]["prepare"]
+    prepare["corpus"].pop("preset", None)  # a record from before the presets: prepared on the plain corpus,
+    prepare["profiles"].pop("2d_equal", None)  # without the equal-bucket profile
     previous = tmp_path / "prev.json"
-    previous.write_text(json.dumps(committed_result(record_name("xl-aed"))))  # prepared on the plain corpus
+    previous.write_text(json.dumps(record))
     with pytest.raises(SystemExit):
         main(["--model", "xl-aed", "--parts", "train", "--smoke", "--from", str(previous), "--out", str(tmp_path / "o")])
     assert "prepared on the plain corpus" in capsys.readouterr().err
