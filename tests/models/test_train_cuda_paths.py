@@ -112,7 +112,7 @@ def test_finish_step_reads_device_times_from_the_events(monkeypatch):
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 123456)
     start, backward_done, end = FakeEvent(1000.0), FakeEvent(1250.0), FakeEvent(1400.0)
     previous_end = FakeEvent(990.0)
-    record = {"step": 3, "data_s": 0.5, "host_data_s": 0.5, "step_s": 0.001}
+    record = {"step": 3, "data_s": 0.5, "host_data_s": 0.5, "step_s": 0.001, "host_s": 0.001}
     done = finish_step(recipe.LaunchedStep(dict(record), torch.tensor(2.5), [start, backward_done, end],
                                            previous_end))
     assert end.waited
@@ -120,6 +120,7 @@ def test_finish_step_reads_device_times_from_the_events(monkeypatch):
     assert done["step_s"] == pytest.approx(0.4)
     assert done["data_s"] == pytest.approx(0.01)  # the GPU's idle gap, not the host's 0.5 s wait
     assert done["host_data_s"] == 0.5 and done["loss"] == 2.5 and done["peak_allocated_bytes"] == 123456
+    assert done["host_s"] == 0.001  # the host's time to queue the step stays beside the device's
     first = finish_step(recipe.LaunchedStep(dict(record), torch.tensor(1.0), [start, backward_done, end], None))
     assert first["data_s"] == 0.5  # the first step has no step before it on the device: the host's wait
     cpu = finish_step(recipe.LaunchedStep(dict(record), torch.tensor(1.0), [], None))

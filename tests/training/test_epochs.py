@@ -125,6 +125,8 @@ def test_a_slow_epoch_start_is_drawn_ahead_while_the_epoch_before_trains(corpus,
     log = _log(tmp_path)
     starts = [r["step"] for r in log if r["step"] > 0 and r["epoch"] != log[r["step"] - 1]["epoch"]]
     assert [log[step]["epoch"] for step in starts] == [1, 2, 3]
+    assert all(0 < r["host_s"] == r["step_s"] for r in log)  # on the CPU the step's time is the host's
+    assert sum(r["host_cpu_s"] for r in log) > 0 and all(r["host_preemptions"] >= 0 for r in log)
     # the wall time between a step's end and the next one's start, and what the log says the step waited
     gaps = [round(times[step][0] - times[step - 1][1], 3) for step in starts]
     logged = [round(log[step]["data_s"], 3) for step in starts]

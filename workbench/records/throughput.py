@@ -66,7 +66,9 @@ class RunFigures(TypedDict, total=False):
     ooms: int
     error: str                                    # with ooms 1: the OOM message
     data_wait_share: float                        # data_s / (data_s + step_s) after warm-up
-    time_split_s: dict[str, float | None]         # medians: data_wait, forward_backward, optimizer, step
+    time_split_s: dict[str, float | None]         # medians: data_wait, forward_backward, optimizer, step, host
+    step_times: dict[str, list[float]]            # per step after warm-up (thinned): see step_times
+    slow_steps: dict[str, Any] | None             # slow steps against the others: see slow_steps
     batch_size_by_bucket: list[dict[str, float]]  # {"upper_s", "steps", "mean_batch_size"}
     loss_curve: dict[str, list[float]]            # "wall_s", "audio_s", "loss" (cumulative, every k-th step)
     allocator: dict[str, Any] | None              # see allocator_figures (None: no CUDA counters, e.g. a CPU)
@@ -125,7 +127,9 @@ def run_figures(summary: Mapping[str, Any], records: list[dict], uppers: list[fl
             "peak_allocated_bytes": summary.get("peak_allocated_bytes"),
             "data_wait_share": wait / (wait + busy) if wait + busy else 0.0,
             "time_split_s": {"data_wait": median_of("data_s"), "forward_backward": median_of("forward_backward_s"),
-                             "optimizer": median_of("optimizer_s"), "step": median_of("step_s")},
+                             "optimizer": median_of("optimizer_s"), "step": median_of("step_s"),
+                             "host": median_of("host_s")},
+            "step_times": step_times(steady), "slow_steps": slow_steps(steady),
             "batch_size_by_bucket": batch_size_by_bucket(records, padded_lengths(records), uppers),
             "loss_curve": loss_curve(records), "allocator": allocator_figures(records, warmup=warmup)}
 
@@ -175,6 +179,64 @@ def batch_size_by_bucket(records: list[dict], lengths: list[float], uppers: list
         i = min(bisect.bisect_left(uppers, length - 1e-6), len(uppers) - 1)
         groups.setdefault(i, []).append(r["batch_size"])
     return [{"upper_s": uppers[i], "steps": len(g), "mean_batch_size": _mean(g)} for i, g in sorted(groups.items())]
+
+
+SLOW_STEP = 1.3  # a step is slow above this times the run's p25 of seconds per padded audio second
+HOST_KEYS = ("host_s", "host_cpu_s", "host_preemptions")
+
+
+def _padded_audio_s(record: Mapping[str, Any]) -> float:
+    return record["audio_s"] / max(1e-9, 1.0 - record["input_padding"])
+
+
+def step_times(records: list[dict]) -> dict[str, list[float]]:
+    """Per step (thinned evenly to at most MAX_CURVE_POINTS): ``step_s`` (device seconds; on a CPU the
+    host's), ``host_s`` (seconds to queue it), ``padded_audio_s``; empty lists for steps without host times."""
+    logged = [r for r in records if r.get("host_s") is not None]
+    every = max(1, -(-len(logged) // MAX_CURVE_POINTS))
+    kept = logged[::every]
+    return {"step_s": [round(r["step_s"], 4) for r in kept], "host_s": [round(r["host_s"], 4) for r in kept],
+            "padded_audio_s": [round(_padded_audio_s(r), 1) for r in kept]}
+
+
+def slow_steps(records: list[dict]) -> dict[str, Any] | None:
+    """The steps slower than SLOW_STEP x the run's p25 of seconds per padded audio second, against the
+    others: for each, the count and the means of device seconds and of HOST_KEYS (those logged). None
+    when no step logged host times."""
+    from workbench.timing import summarize
+
+    logged = [r for r in records if r.get("host_s") is not None]
+    if not logged:
+        return None
+    pace = [r["step_s"] / max(1e-9, _padded_audio_s(r)) for r in logged]
+    threshold = SLOW_STEP * summarize(pace)["p25"]
+
+    def means(group: list[dict]) -> dict[str, Any]:
+        out = {"steps": len(group), "step_s": _mean([r["step_s"] for r in group])}
+        for key in HOST_KEYS:
+            values = [r[key] for r in group if r.get(key) is not None]
+            out[key] = _mean(values) if values else None
+        return out
+
+    return {"threshold_s_per_padded_audio_s": threshold,
+            "slow": means([r for r, p in zip(logged, pace) if p > threshold]),
+            "others": means([r for r, p in zip(logged, pace) if p <= threshold])}
+
+
+def slow_steps_line(run: Mapping[str, Any]) -> str | None:
+    """The run's slow steps against the others in words (see :func:`slow_steps`); None without them."""
+    split = run.get("slow_steps")
+    if not split:
+        return None
+    text = (f"{split['slow']['steps']} of {split['slow']['steps'] + split['others']['steps']} steps over "
+            f"{SLOW_STEP}x the run's p25 pace")
+    for name, group in (("those", split["slow"]), ("the others", split["others"])):
+        if not group["steps"]:
+            continue
+        text += f"; {name}: device {group['step_s']:.3f} s, host queueing {group['host_s']:.3f} s"
+        if group.get("host_cpu_s") is not None:
+            text += f" (CPU {group['host_cpu_s']:.3f} s, {group['host_preemptions']:.1f} preemptions)"
+    return text
 
 
 def loss_curve(records: list[dict]) -> dict[str, list[float]]:
@@ -247,7 +309,8 @@ def targets(figures: Mapping[str, Any]) -> list[str]:
         else:
             model = figures.get("model", "")
             if over_base is not None:
-                lines.append(f"{part}: 2D / baseline = {over_base:.2f}x{_judged(over_base, BASELINE_TARGETS.get(model))}")
+                target = BASELINE_TARGETS.get(model)
+                lines.append(f"{part}: 2D / baseline = {over_base:.2f}x{_judged(over_base, target)}")
             if over_1d is not None:
                 lines.append(f"{part}: 2D / 1D = {over_1d:.2f}x{_judged(over_1d, OVER_1D_TARGETS.get(model))}")
         equal = [f"{ratio(figures, part, '2d_equal', under):.2f}x {name}" for under, name in
@@ -292,6 +355,8 @@ def summary_lines(figures: Mapping[str, Any]) -> list[str]:
         lines += [f"  - {LABELS[sampler]}: {sampler_state(f, part, sampler)}" for sampler in SAMPLERS]
     lines += [f"- {line}" for line in calls_lines(f)]
     lines += [f"- allocator, {line}" for line in allocator_lines(f)]
+    runs = f.get("seconds", {}).get("runs", {})
+    lines += [f"- slow steps, {LABELS[s]}: {line}" for s, run in runs.items() if (line := slow_steps_line(run))]
     lines += [f"- {line}" for line in targets(f)]
     failures = f.get("failures", [])
     lines.append("- checks " + ("all passed" if not failures else f"FAILED: {', '.join(failures)}"))
@@ -576,12 +641,6 @@ def _judged(ratio_: float, target: float | None) -> str:
     return f" (target >= {target}x: {'met' if ratio_ >= target else f'missed by {target - ratio_:.2f}x'})"
 
 
-def _verdict(ratio_: float, target: float | None) -> str:
-    if target is None:
-        return ""
-    return f" (target {target}x: {'met' if ratio_ >= target else 'missed'})"
-
-
 def throughput_meaning(figures: Mapping[str, Any]) -> str:
     """What the runs mean: the judged ratios against the design's targets, in words."""
     part = "seconds" if "seconds" in parts(figures) else next(iter(parts(figures)), None)
@@ -594,9 +653,9 @@ def throughput_meaning(figures: Mapping[str, Any]) -> str:
     judged = part == "seconds"
     when = "in the same wall time" if judged else "over the same steps"
     text = (f"{when.capitalize()}, the 2D profile trains {over_base:.2f}x the audio of lhotse's best max_duration"
-            + _verdict(over_base, BASELINE_TARGETS.get(model) if judged else None))
+            + _judged(over_base, BASELINE_TARGETS.get(model) if judged else None))
     if over_1d is not None:
-        text += f", and {over_1d:.2f}x the 1D profile's" + _verdict(over_1d, OVER_1D_TARGETS.get(model) if judged
+        text += f", and {over_1d:.2f}x the 1D profile's" + _judged(over_1d, OVER_1D_TARGETS.get(model) if judged
                                                                     else None)
     text += "."
     equal_base, equal_1d = ratio(figures, part, "2d_equal", "baseline"), ratio(figures, part, "2d_equal", "1d")

@@ -18,9 +18,11 @@ the next batch is fetched while the GPU works: on CUDA the transducer and AED st
 lengths to the host).
 Per step the log records the loss, batch size, audio seconds, padding, the time the device waited for
 data (data_s: on CUDA the GPU's idle gap between the end of one step and the start of the next) and
-the step's own device time (step_s, split into forward_backward_s and optimizer_s); on CUDA also the
-caching allocator's counters so far in this process (num_device_alloc: cudaMalloc calls, num_alloc_retries,
-num_ooms; reserved_bytes now), read, like the peak, once the next step was launched. Writes
+the step's own device time (step_s, split into forward_backward_s and optimizer_s), the host's time to
+queue it (host_s, with the process's CPU seconds and involuntary context switches meanwhile: host_cpu_s,
+host_preemptions); on CUDA also the caching allocator's counters so far in this process
+(num_device_alloc: cudaMalloc calls, num_alloc_retries, num_ooms; reserved_bytes now), read, like the
+peak, once the next step was launched. Writes
 <out>/model.pt (weights and config: load_checkpoint reads it with torch.load(weights_only=True)),
 <out>/train_log.jsonl and <out>/train_summary.json.
 
@@ -56,6 +58,7 @@ import json
 import logging
 import math
 import os
+import resource
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
@@ -516,7 +519,7 @@ def train_one_step(run: Run, host_batch: dict, *, data_s: float) -> LaunchedStep
     """Queue one optimizer step on a host batch without waiting for the device, so the next batch is
     fetched while this one runs. ``data_s``: seconds this process waited for the batch."""
     config, device = run.config, run.device
-    started = time.perf_counter()
+    started, started_host = time.perf_counter(), host_counters()
     cuda = device.type == "cuda"
     events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if cuda else []
     audio_lens, token_lens = host_batch["audio_lens"], host_batch["token_lens"]
@@ -539,9 +542,11 @@ def train_one_step(run: Run, host_batch: dict, *, data_s: float) -> LaunchedStep
         events[2].record()
     else:
         loss_host = loss.detach()
+    host_s, (cpu_s, preemptions) = time.perf_counter() - started, host_counters(since=started_host)
     record = {"step": run.step, "epoch": run.epoch, "batch_size": int(len(audio_lens)),
               "audio_s": float(audio_lens.sum()) / run.model.config.sample_rate, "data_s": data_s,
-              "host_data_s": data_s, "step_s": time.perf_counter() - started, "lr": lr,
+              "host_data_s": data_s, "step_s": host_s, "host_s": host_s, "host_cpu_s": cpu_s,
+              "host_preemptions": preemptions, "lr": lr,
               "input_padding": padding_share(audio_lens), "output_padding": padding_share(token_lens)}
     if len(parts.part_sizes) > 1:
         record["parts"] = parts.part_sizes
@@ -552,6 +557,14 @@ def train_one_step(run: Run, host_batch: dict, *, data_s: float) -> LaunchedStep
     run.step += 1
     run.epoch_batches += 1
     return launched
+
+
+def host_counters(since: tuple[float, int] | None = None) -> tuple[float, int]:
+    """This process's CPU seconds (all its threads) and involuntary context switches (a thread put off its
+    core for another task, e.g. a DataLoader worker), or their increase ``since`` an earlier reading."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    now = (usage.ru_utime + usage.ru_stime, usage.ru_nivcsw)
+    return now if since is None else (now[0] - since[0], now[1] - since[1])
 
 
 def forward_backward(run: Run, host_batch: dict) -> PartsTrained:
@@ -705,7 +718,10 @@ def finish_step(step: LaunchedStep) -> dict:
 
     On CUDA ``step_s`` is the device's time for the step (events) and ``data_s`` the device's idle gap
     since the step before ended: the time the GPU waited for this batch (host wait, copy, launch). On
-    the CPU both are host times."""
+    the CPU both are host times. ``host_s`` is the host's wall time to queue the step, ``host_cpu_s`` and
+    ``host_preemptions`` this process's CPU seconds and involuntary context switches meanwhile
+    (:func:`host_counters`): ``host_s`` near ``step_s`` says the host set the pace (or the launch queue was
+    full), and many preemptions that other processes, such as the DataLoader's workers, took its cores."""
     record = step.record
     if step.events:
         start, backward_done, end = step.events
