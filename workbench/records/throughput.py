@@ -108,7 +108,7 @@ def run_figures(summary: Mapping[str, Any], records: list[dict], uppers: list[fl
 
     steady = records[min(warmup, max(0, len(records) - 1)):]
     wall = [r["data_s"] + r["step_s"] for r in steady]
-    padded = [r["audio_s"] / max(1e-9, 1.0 - r["input_padding"]) for r in steady]
+    padded = [padded_audio_s(r) for r in steady]
     wait, busy = sum(r["data_s"] for r in steady), sum(r["step_s"] for r in steady)
 
     def median_of(key: str) -> float | None:
@@ -167,9 +167,14 @@ def allocator_figures(records: list[dict], *, warmup: int = 5) -> dict[str, Any]
                          for key in ("num_device_alloc", "num_alloc_retries")}}}
 
 
+def padded_audio_s(record: Mapping[str, Any]) -> float:
+    """A step's padded audio seconds (batch x longest cut): audio / (1 - input padding)."""
+    return record["audio_s"] / max(1e-9, 1.0 - record["input_padding"])
+
+
 def padded_lengths(records: list[dict]) -> list[float]:
     """Each step's padded length in seconds (its longest cut): audio / (1 - input padding) / batch size."""
-    return [r["audio_s"] / max(1e-9, 1.0 - r["input_padding"]) / r["batch_size"] for r in records]
+    return [padded_audio_s(r) / r["batch_size"] for r in records]
 
 
 def batch_size_by_bucket(records: list[dict], lengths: list[float], uppers: list[float]) -> list[dict]:
@@ -185,10 +190,6 @@ SLOW_STEP = 1.3  # a step is slow above this times the run's p25 of seconds per 
 HOST_KEYS = ("host_s", "host_cpu_s", "host_preemptions")
 
 
-def _padded_audio_s(record: Mapping[str, Any]) -> float:
-    return record["audio_s"] / max(1e-9, 1.0 - record["input_padding"])
-
-
 def step_times(records: list[dict]) -> dict[str, list[float]]:
     """Per step (thinned evenly to at most MAX_CURVE_POINTS): ``step_s`` (device seconds; on a CPU the
     host's), ``host_s`` (seconds to queue it), ``padded_audio_s``; empty lists for steps without host times."""
@@ -196,7 +197,7 @@ def step_times(records: list[dict]) -> dict[str, list[float]]:
     every = max(1, -(-len(logged) // MAX_CURVE_POINTS))
     kept = logged[::every]
     return {"step_s": [round(r["step_s"], 4) for r in kept], "host_s": [round(r["host_s"], 4) for r in kept],
-            "padded_audio_s": [round(_padded_audio_s(r), 1) for r in kept]}
+            "padded_audio_s": [round(padded_audio_s(r), 1) for r in kept]}
 
 
 def slow_steps(records: list[dict]) -> dict[str, Any] | None:
@@ -208,7 +209,7 @@ def slow_steps(records: list[dict]) -> dict[str, Any] | None:
     logged = [r for r in records if r.get("host_s") is not None]
     if not logged:
         return None
-    pace = [r["step_s"] / max(1e-9, _padded_audio_s(r)) for r in logged]
+    pace = [r["step_s"] / max(1e-9, padded_audio_s(r)) for r in logged]
     threshold = SLOW_STEP * summarize(pace)["p25"]
 
     def means(group: list[dict]) -> dict[str, Any]:
