@@ -441,6 +441,8 @@ def test_run_figures_keep_each_steps_device_and_host_times_and_split_the_slow_st
     assert f["step_times"] == {"step_s": [0.4, 0.4, 0.9, 0.8, 1.0], "host_s": [0.05, 0.06, 0.88, 0.1, 0.97],
                                "padded_audio_s": [16.0, 16.0, 16.0, 32.0, 16.0]}
     assert f["time_split_s"]["host"] == pytest.approx(0.1)
+    thinned = tp.step_times(records * 100)["step_s"]  # 600 steps with host times, thinned evenly
+    assert len(thinned) == tp.MAX_CURVE_POINTS and set(thinned) <= {0.4, 0.8, 0.9, 1.0}
     split = f["slow_steps"]
     assert split["threshold_s_per_padded_audio_s"] == pytest.approx(1.3 * 0.025)
     assert split["slow"] == pytest.approx({"steps": 2, "step_s": 0.95, "host_s": 0.925, "host_cpu_s": 0.4,
@@ -456,4 +458,3 @@ def test_run_figures_keep_each_steps_device_and_host_times_and_split_the_slow_st
     old = tp.run_figures({}, records, [30.0], warmup=1)
     assert old["slow_steps"] is None and tp.slow_steps_line(old) is None and old["time_split_s"]["host"] is None
     assert old["step_times"] == {"step_s": [], "host_s": [], "padded_audio_s": []}
-    assert len(tp.step_times(records * 100)["step_s"]) <= tp.MAX_CURVE_POINTS
