@@ -89,8 +89,13 @@ run_stage() {  # name, time limit in seconds, command...
   [ "$limit" -gt "$(left)" ] && limit=$(left)
   if [ "$limit" -lt 20 ]; then echo "=== $name: SKIPPED (no time left) ==="; return 1; fi
   echo "=== $name (limit ${limit}s, GPU ${CUDA_VISIBLE_DEVICES:-all}) ==="
+  # the card's clocks, power and load once a second meanwhile (nvidia-smi dmon): a slow stretch of steps
+  # reads against them (a clock or power drop there is the card, not the code)
+  nvidia-smi dmon -s puc -o DT -d 1 > "$OUT/$name.dmon.log" 2>&1 &
+  local dmon=$!
   timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
+  kill "$dmon" 2>/dev/null; wait "$dmon" 2>/dev/null
   tail -n 25 "$OUT/$name.log" | sed "s/^/[$name] /"
   echo "=== $name: rc=$rc in $(( $(date +%s) - t0 ))s ==="
   pack
