@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks.gpu_clocks import GpuClocks
 from benchmarks.mfu import step_flops
 from benchmarks.throughput.profiles import build_study_model
 from benchmarks.throughput.settings import LHOTSE_NUM_BUCKETS, say, trained_model, workdir
@@ -67,7 +68,7 @@ def train_sampler(run, prep: dict, sampler: str, train_s: float) -> dict[str, An
     spec, result = out / "worker.json", out / "worker_result.json"
     spec.write_text(json.dumps({"train_config": asdict(config), "smoke": args.smoke}))
     say(run, f"training {sampler} for {train_s:g} s ({settings}; expandable segments {'on' if expandable else 'off'})")
-    with open(out / "worker.log", "w") as log:
+    with open(out / "worker.log", "w") as log, GpuClocks() as clocks:
         proc = subprocess.run([sys.executable, "-m", "benchmarks.throughput.worker", str(spec), str(result)],
                               env=worker_env(expandable), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                               timeout=train_s + WORKER_SLACK_S)
@@ -83,7 +84,8 @@ def train_sampler(run, prep: dict, sampler: str, train_s: float) -> dict[str, An
         return {"ooms": 1, "error": done["error"], "settings": settings, "allocator": allocator}
     records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     say(run, f"{sampler}: {len(records)} steps, {done['summary']['audio_seconds_per_second']:.0f} audio s/s")
-    return {"summary": done["summary"], "records": records, "settings": settings, "allocator": allocator}
+    return {"summary": done["summary"], "records": records, "settings": settings, "allocator": allocator,
+            "gpu_clocks": clocks.figures()}
 
 
 def train_seconds(run, num_samplers: int, reserve_s: float) -> float:
@@ -114,7 +116,7 @@ def views(args: argparse.Namespace, prep: dict, trained: dict[str, dict]) -> dic
         first = {**t["summary"], "peak_allocated_bytes": records[max(0, k - 2)].get("peak_allocated_bytes")}
         out["seconds"][sampler] = {**run_figures(t["summary"], records, uppers, warmup=warmup), "ooms": len(ooms),
                                    "settings": t["settings"], "allocator_settings": t.get("allocator"),
-                                   "call": t.get("call")}
+                                   "call": t.get("call"), "gpu_clocks": t.get("gpu_clocks")}
         out["steps"][sampler] = {**run_figures(first, records[:k], uppers, warmup=warmup),
                                  "ooms": sum(step < k for step in ooms), "settings": t["settings"],
                                  "allocator_settings": t.get("allocator"), "call": t.get("call")}
