@@ -237,6 +237,13 @@ def slow_steps_line(run: Mapping[str, Any]) -> str | None:
         text += f"; {name}: device {group['step_s']:.3f} s, host queueing {group['host_s']:.3f} s"
         if group.get("host_cpu_s") is not None:
             text += f" (CPU {group['host_cpu_s']:.3f} s, {group['host_preemptions']:.1f} preemptions)"
+    clocks = run.get("gpu_clocks") or {}
+    if clocks.get("sm_mhz"):
+        text += (f"; the GPU while busy: SM clock median {clocks['sm_mhz']['median']:.0f} MHz (min "
+                 f"{clocks['sm_mhz']['min']:.0f}), {100 * clocks.get('below_90pct_clock_share', 0):.0f} % of "
+                 f"samples below 90 % of its maximum")
+        if clocks.get("power_w"):
+            text += f", power median {clocks['power_w']['median']:.0f} W (max {clocks['power_w']['max']:.0f})"
     return text
 
 
