@@ -10,6 +10,7 @@ import numbers
 import sys
 
 DROP_NOTICE_SHARE = 0.01  # a run that leaves out more than this share of its data says so (and --strict refuses)
+WORKER_NICENESS = 10  # how much lower DataLoader workers' CPU priority is than the training process's (os.nice)
 
 
 def number_in(kind, low=None, high=None, *, low_open=False, high_open=False, unit=""):

@@ -1,5 +1,7 @@
 """make_dataloader: the profile-driven DataLoader a user's own loop gets, with the allocator set up."""
 
+import os
+
 import pytest
 import torch
 
@@ -120,3 +122,25 @@ def test_a_profile_searched_under_other_allocator_settings_is_one_warning_line(c
     if warns:
         assert lines[0].startswith(f"profile {profile}: searched under CUDA allocator settings {searched!r} but "
                                    f"this process has {current!r} (") and lines[0].endswith("may not fit")
+
+
+class _WorkerNiceness(torch.utils.data.Dataset):
+    """dataset[anything] -> the niceness of the process that reads it."""
+
+    def __getitem__(self, item):
+        return torch.tensor(os.nice(0))
+
+
+def test_workers_run_at_a_lower_cpu_priority_than_the_training_process():
+    from workbench.options import WORKER_NICENESS
+    from workbench.training.data import loader_for_sampler
+
+    own = os.nice(0)
+    lowered = [int(x) for x in loader_for_sampler([0, 1], _WorkerNiceness(), num_workers=1, pin_memory=False)]
+    assert lowered == [min(19, own + WORKER_NICENESS)] * 2
+    assert os.nice(0) == own  # this process keeps its priority
+    same = [int(x) for x in loader_for_sampler([0], _WorkerNiceness(), num_workers=1, pin_memory=False,
+                                               worker_niceness=0)]
+    assert same == [own]
+    with pytest.raises(ValueError, match="worker_niceness: must be an integer >= 0, got -1"):
+        loader_for_sampler([0], _WorkerNiceness(), num_workers=1, worker_niceness=-1)

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 
 from workbench.models.config import DEFAULT_JOINT_LOSS, JOINT_LOSSES
-from workbench.options import DROP_NOTICE_SHARE
+from workbench.options import DROP_NOTICE_SHARE, WORKER_NICENESS
 
 
 def check_options_apply(args: argparse.Namespace) -> None:
@@ -96,6 +96,9 @@ def register(subparsers) -> None:
                    help="DataLoader processes reading and collating audio (0: in the main process) (default: "
                         "this machine's cores shared among its ranks, less one, at most 16)")
     p.add_argument("--prefetch-factor", type=int, help="batches each DataLoader worker prepares ahead (default 2)")
+    p.add_argument("--worker-niceness", type=int,
+                   help="lower the DataLoader workers' CPU priority by this much below training's, so the process "
+                        f"that launches the GPU's work goes first (0: the same priority) (default {WORKER_NICENESS})")
     p.add_argument("--strict", action="store_true", default=None,
                    help=f"fail when more than {100 * DROP_NOTICE_SHARE:g}%% of the corpus fits no bucket of the "
                         "profile (default: warn)")

@@ -7,6 +7,7 @@ memory on a GPU machine. ``workbench train`` and :func:`make_dataloader` share :
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Any, Callable
@@ -21,7 +22,7 @@ from workbench.memory import configure_allocator as configure_cuda_allocator
 from workbench.memory import current_allocator_settings
 from workbench.memory.settings import settings_differences
 from workbench.training.distributed import local_world_size, ranks_from_env
-from workbench.options import check_int
+from workbench.options import WORKER_NICENESS, check_int
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +56,33 @@ def allocator_settings_warning(profile: BucketProfile, source: str, current: str
             f"({'; '.join(differences)}); its batch sizes may not fit")
 
 
+def lower_worker_priority(niceness: int, worker_id: int) -> None:
+    """A DataLoader worker's start: lower its CPU priority by ``niceness``, so that where the workers and the
+    training process want the same cores, the process that launches the GPU's work goes first (the workers
+    prepare batches ahead and have slack; a late launch leaves the GPU idle)."""
+    if niceness:
+        try:
+            os.nice(niceness)
+        except OSError:  # a platform or sandbox that refuses: the workers keep the process's priority
+            pass
+
+
 def loader_for_sampler(sampler, dataset: torch.utils.data.Dataset, *, num_workers: int, prefetch_factor: int = 2,
-                       seed: int = 0, pin_memory: bool | None = None) -> torch.utils.data.DataLoader:
+                       seed: int = 0, pin_memory: bool | None = None,
+                       worker_niceness: int = WORKER_NICENESS) -> torch.utils.data.DataLoader:
     """``DataLoader(dataset, sampler=sampler, batch_size=None)`` with persistent workers, ``prefetch_factor``
-    batches per worker ahead, pinned memory when CUDA is there, and the workers' base seed drawn from ``seed``
-    (not the global RNG, which a resume restores)."""
+    batches per worker ahead, pinned memory when CUDA is there, the workers' base seed drawn from ``seed``
+    (not the global RNG, which a resume restores), and the workers' CPU priority ``worker_niceness`` below
+    this process's (:func:`lower_worker_priority`; 0: the same)."""
     check_int(num_workers, "num_workers", 0)
     check_int(prefetch_factor, "prefetch_factor", 1)
+    check_int(worker_niceness, "worker_niceness", 0)
     return torch.utils.data.DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=num_workers,
                                        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
                                        prefetch_factor=prefetch_factor if num_workers else None,
                                        persistent_workers=num_workers > 0,
+                                       worker_init_fn=functools.partial(lower_worker_priority, worker_niceness)
+                                       if num_workers else None,
                                        generator=torch.Generator().manual_seed(seed))
 
 
