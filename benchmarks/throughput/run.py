@@ -233,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "the 1D profile's duration resolution by default); "
                                                              "the equal-bucket 2D profile has --buckets-1d / 2")
     p.add_argument("--memory-fraction", type=float, default=0.9, help="the probes' memory limit")
+    p.add_argument("--worker-niceness", type=int, default=None,
+                   help="the training runs' DataLoader workers' CPU priority below training's (default: train's)")
     return p
 
 
@@ -241,8 +243,8 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     for name in ("steps", "utterances", "join", "repeat", "buckets_1d", "buckets_2d"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
-    for name in ("warmup_steps", "warmup_records"):
-        if getattr(args, name) < 0:
+    for name in ("warmup_steps", "warmup_records", "worker_niceness"):
+        if getattr(args, name) is not None and getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')}: must be >= 0, got {getattr(args, name)}")
     if not args.train_s > 0 or not 0 < args.memory_fraction <= 1:
         parser.error("--train-s must be > 0 and --memory-fraction in (0, 1]")

@@ -63,7 +63,8 @@ def train_sampler(run, prep: dict, sampler: str, train_s: float) -> dict[str, An
                          model=trained_model(args), steps=1_000_000, max_seconds=train_s,
                          warmup_steps=args.warmup_steps, dtype="fp32" if args.smoke else "bf16",
                          device="cpu" if args.smoke else None, log_every=10,
-                         **({"num_workers": 0} if args.smoke else {}), **settings)
+                         **({"num_workers": 0} if args.smoke else {}), **settings,
+                         **({} if args.worker_niceness is None else {"worker_niceness": args.worker_niceness}))
     expandable = sampler not in PLAIN_ALLOCATOR
     spec, result = out / "worker.json", out / "worker_result.json"
     spec.write_text(json.dumps({"train_config": asdict(config), "smoke": args.smoke}))

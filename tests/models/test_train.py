@@ -181,6 +181,8 @@ def test_train_bad_options_and_inputs_are_one_line_errors_that_name_them(corpus,
     out = tmp_path / "run"
     assert "--num-workers: must be an integer >= 0, got -1" in _train_error(
         capsys, *_train_args(corpus, out, "--num-workers", "-1"))
+    assert "--worker-niceness: must be an integer >= 0, got -5" in _train_error(
+        capsys, *_train_args(corpus, out, "--worker-niceness", "-5"))
     assert "--steps: must be an integer >= 1" in _train_error(capsys, *_train_args(corpus, out, "--steps", "0"))
     assert "--max-duration: must be a finite number > 0" in _train_error(
         capsys, *_train_args(corpus, out, "--max-duration", "-3"))
