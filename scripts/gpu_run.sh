@@ -16,7 +16,8 @@
 #
 # On the device machine (no network): carry `.whl`, `.whl-nemo`, `.espeak` (make gpu-bundle fills them) and `.gpu_commit`. Results
 # land in $OUT/results.tar.gz (benchmarks/results/*.json, re-packed after every stage, so a call stopped
-# at its limit still returns what finished) and logs in $OUT/*.log; elsewhere OUT defaults to ./gpu_out.
+# at its limit still returns what finished), logs in $OUT/<stage>.log and the card's clocks, power and load
+# during each stage (nvidia-smi dmon, once a second) in $OUT/<stage>.dmon.log; elsewhere OUT defaults to ./gpu_out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 TABLE_STAGES=$(python3 -m benchmarks.stages names) || { echo "benchmarks/stages.toml does not read"; exit 2; }
@@ -91,7 +92,8 @@ run_stage() {  # name, time limit in seconds, command...
   echo "=== $name (limit ${limit}s, GPU ${CUDA_VISIBLE_DEVICES:-all}) ==="
   # the card's clocks, power and load once a second meanwhile (nvidia-smi dmon): a slow stretch of steps
   # reads against them (a clock or power drop there is the card, not the code)
-  nvidia-smi dmon -s puc -o DT -d 1 > "$OUT/$name.dmon.log" 2>&1 &
+  timeout --kill-after=5 $(( limit + 15 )) nvidia-smi dmon ${CUDA_VISIBLE_DEVICES:+-i "$CUDA_VISIBLE_DEVICES"} \
+    -s puc -o DT -d 1 > "$OUT/$name.dmon.log" 2>&1 &
   local dmon=$!
   timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?

@@ -10,7 +10,8 @@ import numbers
 import sys
 
 DROP_NOTICE_SHARE = 0.01  # a run that leaves out more than this share of its data says so (and --strict refuses)
-WORKER_NICENESS = 10  # how much lower DataLoader workers' CPU priority is than the training process's (os.nice)
+WORKER_NICENESS = 0  # nice levels (0-19) DataLoader workers run below the training process (0: the same priority)
+MAX_NICENESS = 19  # the lowest CPU priority a process can take, in nice levels above the default
 
 
 def number_in(kind, low=None, high=None, *, low_open=False, high_open=False, unit=""):

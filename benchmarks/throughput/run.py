@@ -234,7 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "the equal-bucket 2D profile has --buckets-1d / 2")
     p.add_argument("--memory-fraction", type=float, default=0.9, help="the probes' memory limit")
     p.add_argument("--worker-niceness", type=int, default=None,
-                   help="the training runs' DataLoader workers' CPU priority below training's (default: train's)")
+                   help="nice levels (0-19) the training runs' DataLoader workers run below training (default: "
+                        "train's)")
     return p
 
 
@@ -246,6 +247,8 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     for name in ("warmup_steps", "warmup_records", "worker_niceness"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')}: must be >= 0, got {getattr(args, name)}")
+    if args.worker_niceness is not None and args.worker_niceness > 19:
+        parser.error(f"--worker-niceness: must be at most 19 (the lowest CPU priority), got {args.worker_niceness}")
     if not args.train_s > 0 or not 0 < args.memory_fraction <= 1:
         parser.error("--train-s must be > 0 and --memory-fraction in (0, 1]")
 

@@ -117,10 +117,12 @@ def views(args: argparse.Namespace, prep: dict, trained: dict[str, dict]) -> dic
         first = {**t["summary"], "peak_allocated_bytes": records[max(0, k - 2)].get("peak_allocated_bytes")}
         out["seconds"][sampler] = {**run_figures(t["summary"], records, uppers, warmup=warmup), "ooms": len(ooms),
                                    "settings": t["settings"], "allocator_settings": t.get("allocator"),
-                                   "call": t.get("call"), "gpu_clocks": t.get("gpu_clocks")}
+                                   "call": t.get("call"), "gpu_clocks": t.get("gpu_clocks"),
+                                   "worker_niceness": t["summary"].get("worker_niceness")}
         out["steps"][sampler] = {**run_figures(first, records[:k], uppers, warmup=warmup),
                                  "ooms": sum(step < k for step in ooms), "settings": t["settings"],
-                                 "allocator_settings": t.get("allocator"), "call": t.get("call")}
+                                 "allocator_settings": t.get("allocator"), "call": t.get("call"),
+                                 "worker_niceness": t["summary"].get("worker_niceness")}
     return out
 
 

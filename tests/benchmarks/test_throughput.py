@@ -452,10 +452,12 @@ def test_run_figures_keep_each_steps_device_and_host_times_and_split_the_slow_st
                                      "queueing 0.925 s (CPU 0.400 s, 50.0 preemptions); the others: device 0.533 s, "
                                      "host queueing 0.070 s (CPU 0.070 s, 1.0 preemptions)")
     from benchmarks.gpu_clocks import clock_figures
-    clocks = [{"sm_mhz": mhz, "max_sm_mhz": 1980.0, "power_w": 600.0, "utilization_pct": 99.0} for mhz in (1980.0, 1200.0)]
-    line = tp.slow_steps_line({**f, "gpu_clocks": clock_figures(clocks, 500)})
-    assert line.endswith("; the GPU while busy: SM clock median 1590 MHz (min 1200), 50 % of samples below 90 % of "
-                         "its maximum, power median 600 W (max 600)")
+    clocks = [{"sm_mhz": mhz, "max_sm_mhz": 1980.0, "power_w": 600.0, "utilization_pct": util}
+              for mhz, util in ((1980.0, 99.0), (1200.0, 99.0), (1980.0, 99.0), (1200.0, 99.0), (345.0, 0.0))]
+    assert tp.gpu_clocks_line({**f, "gpu_clocks": clock_figures(clocks, 500)}) == (
+        "SM clock median 1590 MHz (p25-p75 1200-1980, min 1200, the card's maximum 1980), power median 600 W "
+        "(max 600), over 4 busy samples of 5 (whole run)")
+    assert tp.gpu_clocks_line(f) is None
     # records without host times (a run before they were logged): no split, no line, empty step times
     for r in records:
         for key in ("host_s", "host_cpu_s", "host_preemptions"):

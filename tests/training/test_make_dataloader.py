@@ -131,16 +131,33 @@ class _WorkerNiceness(torch.utils.data.Dataset):
         return torch.tensor(os.nice(0))
 
 
-def test_workers_run_at_a_lower_cpu_priority_than_the_training_process():
-    from workbench.options import WORKER_NICENESS
+def test_workers_run_the_given_nice_levels_below_the_training_process():
     from workbench.training.data import loader_for_sampler
 
     own = os.nice(0)
-    lowered = [int(x) for x in loader_for_sampler([0, 1], _WorkerNiceness(), num_workers=1, pin_memory=False)]
-    assert lowered == [min(19, own + WORKER_NICENESS)] * 2
+    if own + 3 > 19:
+        pytest.skip(f"this process runs at nice {own}: its workers cannot go 3 levels lower")
+    lowered = [int(x) for x in loader_for_sampler([0, 1], _WorkerNiceness(), num_workers=1, pin_memory=False,
+                                                  worker_niceness=3)]
+    assert lowered == [own + 3] * 2
     assert os.nice(0) == own  # this process keeps its priority
-    same = [int(x) for x in loader_for_sampler([0], _WorkerNiceness(), num_workers=1, pin_memory=False,
-                                               worker_niceness=0)]
-    assert same == [own]
-    with pytest.raises(ValueError, match="worker_niceness: must be an integer >= 0, got -1"):
-        loader_for_sampler([0], _WorkerNiceness(), num_workers=1, worker_niceness=-1)
+    same = [int(x) for x in loader_for_sampler([0], _WorkerNiceness(), num_workers=1, pin_memory=False)]
+    assert same == [own]  # the default: the same priority
+    for bad, message in ((-1, "worker_niceness: must be an integer >= 0, got -1"),
+                         (20, "worker_niceness: must be at most 19 (the lowest CPU priority), got 20")):
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            loader_for_sampler([0], _WorkerNiceness(), num_workers=1, worker_niceness=bad)
+
+
+def test_make_dataloader_passes_the_workers_niceness_on(tmp_path, monkeypatch):
+    import workbench.training.data as data
+
+    seen = {}
+    monkeypatch.setattr(data, "loader_for_sampler", lambda sampler, dataset, **kw: seen.update(kw) or
+                        type("Loader", (), {})())
+    corpus = write_synthetic_corpus(tmp_path / "corpus", 8, progress=False)
+    profile = save_profile(tmp_path / "p.yaml", BucketProfile([2.0, 4.0], [2, 2]))
+    data.make_dataloader(corpus, profile, _WorkerNiceness(), worker_niceness=5, configure_allocator=False)
+    assert seen["worker_niceness"] == 5
+    with pytest.raises(ValueError, match="worker_niceness: must be at most 19"):
+        data.make_dataloader(corpus, profile, _WorkerNiceness(), worker_niceness=25, configure_allocator=False)

@@ -237,14 +237,20 @@ def slow_steps_line(run: Mapping[str, Any]) -> str | None:
         text += f"; {name}: device {group['step_s']:.3f} s, host queueing {group['host_s']:.3f} s"
         if group.get("host_cpu_s") is not None:
             text += f" (CPU {group['host_cpu_s']:.3f} s, {group['host_preemptions']:.1f} preemptions)"
-    clocks = run.get("gpu_clocks") or {}
-    if clocks.get("sm_mhz"):
-        text += (f"; the GPU while busy: SM clock median {clocks['sm_mhz']['median']:.0f} MHz (min "
-                 f"{clocks['sm_mhz']['min']:.0f}), {100 * clocks.get('below_90pct_clock_share', 0):.0f} % of "
-                 f"samples below 90 % of its maximum")
-        if clocks.get("power_w"):
-            text += f", power median {clocks['power_w']['median']:.0f} W (max {clocks['power_w']['max']:.0f})"
     return text
+
+
+def gpu_clocks_line(run: Mapping[str, Any]) -> str | None:
+    """The GPU's SM clock and power over the run's busy samples in words; None where none were taken."""
+    clocks = run.get("gpu_clocks") or {}
+    sm = clocks.get("sm_mhz")
+    if not sm:
+        return None
+    text = (f"SM clock median {sm['median']:.0f} MHz (p25-p75 {sm['p25']:.0f}-{sm['p75']:.0f}, min {sm['min']:.0f}"
+            + (f", the card's maximum {clocks['max_sm_mhz']['max']:.0f}" if clocks.get("max_sm_mhz") else "") + ")")
+    if clocks.get("power_w"):
+        text += f", power median {clocks['power_w']['median']:.0f} W (max {clocks['power_w']['max']:.0f})"
+    return text + f", over {clocks['busy_samples']} busy samples of {clocks['samples']} (whole run)"
 
 
 def loss_curve(records: list[dict]) -> dict[str, list[float]]:
@@ -365,6 +371,7 @@ def summary_lines(figures: Mapping[str, Any]) -> list[str]:
     lines += [f"- allocator, {line}" for line in allocator_lines(f)]
     runs = f.get("seconds", {}).get("runs", {})
     lines += [f"- slow steps, {LABELS[s]}: {line}" for s, run in runs.items() if (line := slow_steps_line(run))]
+    lines += [f"- the GPU, {LABELS[s]}: {line}" for s, run in runs.items() if (line := gpu_clocks_line(run))]
     lines += [f"- {line}" for line in targets(f)]
     failures = f.get("failures", [])
     lines.append("- checks " + ("all passed" if not failures else f"FAILED: {', '.join(failures)}"))

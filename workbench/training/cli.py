@@ -97,8 +97,9 @@ def register(subparsers) -> None:
                         "this machine's cores shared among its ranks, less one, at most 16)")
     p.add_argument("--prefetch-factor", type=int, help="batches each DataLoader worker prepares ahead (default 2)")
     p.add_argument("--worker-niceness", type=int,
-                   help="lower the DataLoader workers' CPU priority by this much below training's, so the process "
-                        f"that launches the GPU's work goes first (0: the same priority) (default {WORKER_NICENESS})")
+                   help="nice levels (0-19) the DataLoader workers run below the training process, so that where "
+                        "they share cores the process that launches the GPU's work goes first (0: the same "
+                        f"priority) (default {WORKER_NICENESS})")
     p.add_argument("--strict", action="store_true", default=None,
                    help=f"fail when more than {100 * DROP_NOTICE_SHARE:g}%% of the corpus fits no bucket of the "
                         "profile (default: warn)")

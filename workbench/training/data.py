@@ -22,7 +22,7 @@ from workbench.memory import configure_allocator as configure_cuda_allocator
 from workbench.memory import current_allocator_settings
 from workbench.memory.settings import settings_differences
 from workbench.training.distributed import local_world_size, ranks_from_env
-from workbench.options import WORKER_NICENESS, check_int
+from workbench.options import MAX_NICENESS, WORKER_NICENESS, check_int
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +57,24 @@ def allocator_settings_warning(profile: BucketProfile, source: str, current: str
 
 
 def lower_worker_priority(niceness: int, worker_id: int) -> None:
-    """A DataLoader worker's start: lower its CPU priority by ``niceness``, so that where the workers and the
-    training process want the same cores, the process that launches the GPU's work goes first (the workers
-    prepare batches ahead and have slack; a late launch leaves the GPU idle)."""
+    """A DataLoader worker's start: lower its CPU priority by ``niceness`` nice levels (0-19), so that where the
+    workers and the training process want the same cores, the process that launches the GPU's work goes first
+    (the workers prepare batches ahead and have slack; a late launch leaves the GPU idle). A system that
+    refuses leaves the worker at the process's priority, said once by the first worker."""
     if niceness:
         try:
             os.nice(niceness)
-        except OSError:  # a platform or sandbox that refuses: the workers keep the process's priority
-            pass
+        except OSError as e:
+            if worker_id == 0:
+                log.warning("worker_niceness %d: this system refused to lower the workers' priority (%s); they run "
+                            "at the training process's", niceness, e)
+
+
+def check_worker_niceness(value, option: str = "worker_niceness") -> None:
+    """One-line ValueError naming ``option`` unless ``value`` is a nice level from 0 to MAX_NICENESS."""
+    check_int(value, option, 0)
+    if value > MAX_NICENESS:
+        raise ValueError(f"{option}: must be at most {MAX_NICENESS} (the lowest CPU priority), got {value}")
 
 
 def loader_for_sampler(sampler, dataset: torch.utils.data.Dataset, *, num_workers: int, prefetch_factor: int = 2,
@@ -72,11 +82,11 @@ def loader_for_sampler(sampler, dataset: torch.utils.data.Dataset, *, num_worker
                        worker_niceness: int = WORKER_NICENESS) -> torch.utils.data.DataLoader:
     """``DataLoader(dataset, sampler=sampler, batch_size=None)`` with persistent workers, ``prefetch_factor``
     batches per worker ahead, pinned memory when CUDA is there, the workers' base seed drawn from ``seed``
-    (not the global RNG, which a resume restores), and the workers' CPU priority ``worker_niceness`` below
-    this process's (:func:`lower_worker_priority`; 0: the same)."""
+    (not the global RNG, which a resume restores), and the workers' CPU priority ``worker_niceness`` nice
+    levels below this process's (:func:`lower_worker_priority`; 0: the same)."""
     check_int(num_workers, "num_workers", 0)
     check_int(prefetch_factor, "prefetch_factor", 1)
-    check_int(worker_niceness, "worker_niceness", 0)
+    check_worker_niceness(worker_niceness)
     return torch.utils.data.DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=num_workers,
                                        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
                                        prefetch_factor=prefetch_factor if num_workers else None,
@@ -90,10 +100,12 @@ def make_dataloader(cuts: CutSet | str | os.PathLike, profile: BucketProfile | s
                     dataset: torch.utils.data.Dataset, *, num_workers: int | None = None, seed: int = 0,
                     shuffle: bool = True, world_size: int | None = None, rank: int | None = None,
                     num_tokens_fn: Callable[[Any], int] | None = None, prefetch_factor: int = 2,
-                    concurrent: bool | None = None, configure_allocator: bool = True) -> torch.utils.data.DataLoader:
+                    concurrent: bool | None = None, configure_allocator: bool = True,
+                    worker_niceness: int = WORKER_NICENESS) -> torch.utils.data.DataLoader:
     """The DataLoader that ``workbench train`` uses, for your own loop: batches of the profile's sizes, one
     bucket each, from ``cuts`` (a CutSet or a manifest path) through ``dataset[cuts]`` in ``num_workers``
-    processes (default: the cores shared among this machine's ranks, less one).
+    processes (default: the cores shared among this machine's ranks, less one), ``worker_niceness`` nice levels
+    (0-19) below this process's CPU priority (default 0: the same).
 
     ``configure_allocator`` (default True) turns on the CUDA allocator's expandable segments before CUDA
     starts, keeping every option you set (``workbench.memory.configure_allocator``); False leaves it alone.
@@ -117,6 +129,7 @@ def make_dataloader(cuts: CutSet | str | os.PathLike, profile: BucketProfile | s
     ranks = ranks_from_env()  # torchrun's environment, whether or not the process group is up yet
     world_size = ranks.world_size if world_size is None else world_size
     rank = ranks.rank if rank is None else rank
+    check_worker_niceness(worker_niceness)
     for name, value, minimum in (("num_workers", num_workers, 0), ("prefetch_factor", prefetch_factor, 1),
                                  ("seed", seed, 0), ("world_size", world_size, 1), ("rank", rank, 0)):
         if value is not None:
@@ -128,6 +141,7 @@ def make_dataloader(cuts: CutSet | str | os.PathLike, profile: BucketProfile | s
                            num_tokens_fn=num_tokens_fn,
                            concurrent=world_size == 1 if concurrent is None else concurrent)
     loader = loader_for_sampler(sampler, dataset, seed=seed, prefetch_factor=prefetch_factor,
+                                worker_niceness=worker_niceness,
                                 num_workers=default_num_workers() if num_workers is None else num_workers)
     loader.allocator_status = status
     loader.allocator_warning = allocator_settings_warning(profile, source, allocator_settings_in_effect())

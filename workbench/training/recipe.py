@@ -87,8 +87,8 @@ from workbench.models.losses import loss_backend
 from workbench.models.model import DTYPES, ASRModel, build_model, compile_encoder_layers
 from workbench.options import WORKER_NICENESS, dropped_data_line
 from workbench.plain import to_plain
-from workbench.training.data import (allocator_settings_in_effect, allocator_settings_warning, default_num_workers,
-                                     loader_for_sampler)
+from workbench.training.data import (allocator_settings_in_effect, allocator_settings_warning,
+                                     check_worker_niceness, default_num_workers, loader_for_sampler)
 from workbench.options import check_int
 from workbench.training.split_batch import PartsTrained, UtteranceOutOfMemoryError, train_in_parts
 
@@ -119,7 +119,7 @@ class TrainConfig:
     concurrent: bool = True          # concurrent bucketing in make_sampler (off: exact resume; off under DDP)
     num_workers: int = field(default_factory=default_num_workers)  # DataLoader worker processes (0: main process)
     prefetch_factor: int = 2         # batches each worker prepares ahead (each held in shared memory)
-    worker_niceness: int = WORKER_NICENESS  # the workers' CPU priority this much below the training process's
+    worker_niceness: int = WORKER_NICENESS  # nice levels (0-19) the workers run below this process (0: the same)
     strict: bool = False             # error (not a warning) when more than 1 % of the corpus fits no bucket
     log_cut_ids: bool = False        # each log record lists the cut ids of every rank's batch
     joint_chunk_size: int = 0        # transducers: joint + loss over chunks of this many utterances (0: whole)
@@ -152,9 +152,10 @@ def check_config(config: TrainConfig) -> None:
     if config.dtype not in DTYPES:
         raise ValueError(f"--dtype: expected one of {sorted(DTYPES)}, got {config.dtype!r}")
     for name, minimum in (("steps", 1), ("log_every", 1), ("num_buckets", 1), ("prefetch_factor", 1),
-                          ("num_workers", 0), ("worker_niceness", 0), ("save_every", 0), ("warmup_steps", 0),
+                          ("num_workers", 0), ("save_every", 0), ("warmup_steps", 0),
                           ("joint_chunk_size", 0)):
         check_int(getattr(config, name), f"--{name.replace('_', '-')}", minimum)
+    check_worker_niceness(config.worker_niceness, "--worker-niceness")
     if not (isinstance(config.max_seconds, (int, float)) and 0 <= config.max_seconds < math.inf):
         raise ValueError(f"--max-seconds: must be a finite number >= 0, got {config.max_seconds!r}")
     for name in ("max_duration", "lr"):
