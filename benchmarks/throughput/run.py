@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -65,7 +66,8 @@ from benchmarks.mfu import matmul_flops_per_second
 from benchmarks.throughput.baseline import find_baseline
 from benchmarks.throughput.corpus import make_corpus
 from benchmarks.throughput.profiles import build_study_model, make_probe, make_profiles
-from benchmarks.throughput.settings import CORPUS_PRESETS, MODELS, device_memory_mib, say, trained_model
+from benchmarks.throughput.settings import (CORPUS_PRESETS, MODELS, device_memory_mib, say, study_record_name,
+                                           trained_model)
 from benchmarks.throughput.training import (STARTUP_S, add_mfu, same_steps, train_sampler, train_seconds,
                                             views)
 from workbench.records.results import RESULTS_DIR, git_commit
@@ -201,6 +203,8 @@ def earlier_figures(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     missing = sorted({PROFILE_OF[s] for s in args.samplers if s in PROFILE_OF} - set(previous["prepare"]["profiles"]))
     if missing:
         parser.error(f"--parts train: the record has no {', '.join(missing)} profile; run --parts prepare first")
+    if args.tag:  # a variant: the study's profiles, none of its runs (they trained otherwise)
+        return {k: v for k, v in previous.items() if k not in ("steps", "seconds", "complete", "samplers")}
     # the earlier runs stay for the train part, which keeps those of samplers it does not train (``merged``)
     return {k: v for k, v in previous.items() if k not in ("complete", "samplers")}
 
@@ -233,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "the 1D profile's duration resolution by default); "
                                                              "the equal-bucket 2D profile has --buckets-1d / 2")
     p.add_argument("--memory-fraction", type=float, default=0.9, help="the probes' memory limit")
+    p.add_argument("--tag", help="a variant trained beside the study (e.g. --worker-niceness 10 --tag nice10): "
+                                 "its record is throughput_<model>_<tag>; it trains on the study's prepared "
+                                 "profiles and keeps none of the study's training runs")
     p.add_argument("--worker-niceness", type=int, default=None,
                    help="nice levels (0-19) the training runs' DataLoader workers run below training (default: "
                         "train's)")
@@ -247,6 +254,10 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     for name in ("warmup_steps", "warmup_records", "worker_niceness"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')}: must be >= 0, got {getattr(args, name)}")
+    if args.tag is not None and not re.fullmatch(r"[A-Za-z0-9_]+", args.tag):
+        parser.error(f"--tag: letters, digits and _ only (it ends the record's file name), got {args.tag!r}")
+    if args.tag is not None and "prepare" in args.parts:
+        parser.error("--tag: a variant trains on the study's prepared profiles; use it with --parts train")
     if args.worker_niceness is not None and args.worker_niceness > 19:
         parser.error(f"--worker-niceness: must be at most 19 (the lowest CPU priority), got {args.worker_niceness}")
     if not args.train_s > 0 or not 0 < args.memory_fraction <= 1:
@@ -258,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     run = start(parser, argv, name="throughput", what="throughput study")
     args = run.args
     check_options(parser, args)
-    run.name = record_name(args.model)
+    run.name = study_record_name(args)
     run.what = (f"throughput study, {args.model}: lhotse max_duration baseline vs the OOMptimizer's 1D and 2D "
                 "profiles (2D at 1D's duration bins and at 1D's bucket count; 2D without expandable segments), "
                 "same steps and same wall time")

@@ -23,9 +23,15 @@ def trained_model(args: argparse.Namespace) -> str:
     return SMOKE_MODELS[args.model] if args.smoke else args.model
 
 
+def study_record_name(args: argparse.Namespace) -> str:
+    """The record this run writes: throughput_<model>, with ``_<tag>`` for a ``--tag``ged variant."""
+    tag = getattr(args, "tag", None)
+    return record_name(args.model) + (f"_{tag}" if tag else "")
+
+
 def workdir(args: argparse.Namespace) -> Path:
     """Where the runs go: ``--workdir``, else /tmp/workbench_throughput/<record>[_smoke]."""
-    return Path(args.workdir or TMP / f"{record_name(args.model)}{'_smoke' if args.smoke else ''}")
+    return Path(args.workdir or TMP / f"{study_record_name(args)}{'_smoke' if args.smoke else ''}")
 
 
 def corpus_root(args: argparse.Namespace) -> Path:

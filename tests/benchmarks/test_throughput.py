@@ -128,6 +128,15 @@ def test_throughput_smoke_runs_every_part_on_cpu_and_writes_the_record(tmp_path,
     assert tp.allocator_curves(record) is None and tp.allocator_table(record).empty
     assert "not compared" in tp.allocator_meaning(f) and tp.corpus_meaning(f).startswith("Tokens per second: p10")
     assert "At the 1D profile's number of buckets" in tp.throughput_meaning(f)
+    # a variant beside the study: its own record, the study's profiles, none of the study's runs
+    study = out / f"{record_name('large-rnnt')}.json"
+    assert main(["--model", "large-rnnt", "--smoke", "--parts", "train", "--from", str(study), "--out", str(out),
+                 "--workdir", str(tmp_path / "work_nice"), "--samplers", "1d", "--steps", "2", "--train-s", "2",
+                 "--warmup-steps", "1", "--warmup-records", "1", "--worker-niceness", "3", "--tag", "nice3"]) == 0
+    variant = json.loads((out / f"{record_name('large-rnnt')}_nice3.json").read_text())["figures"]
+    assert variant["samplers"] == ["1d"] and set(variant["seconds"]["runs"]) == {"1d"}
+    assert variant["seconds"]["runs"]["1d"]["worker_niceness"] == 3
+    assert variant["prepare"] == prep and json.loads(study.read_text())["figures"]["samplers"] == list(tp.SAMPLERS)
 
 
 def test_throughput_later_part_without_prepare_is_one_line(tmp_path, capsys):
@@ -138,6 +147,12 @@ def test_throughput_later_part_without_prepare_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--model", "xl-aed", "--parts", "train", "--smoke", "--out", str(tmp_path), "--steps", "0"])
     assert "--steps: must be >= 1" in capsys.readouterr().err
+    for bad, message in ((["--tag", "a/b", "--parts", "train"], "--tag: letters, digits and _ only"),
+                         (["--tag", "x"], "--tag: a variant trains on the study's prepared profiles"),
+                         (["--worker-niceness", "20", "--parts", "train"], "--worker-niceness: must be at most 19")):
+        with pytest.raises(SystemExit):
+            main(["--model", "xl-aed", "--smoke", "--out", str(tmp_path), *bad])
+        assert message in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # nothing written
 
 
