@@ -461,11 +461,22 @@ def test_run_figures_keep_each_steps_device_and_host_times_and_split_the_slow_st
     split = f["slow_steps"]
     assert split["threshold_s_per_padded_audio_s"] == pytest.approx(1.3 * 0.025)
     assert split["slow"] == pytest.approx({"steps": 2, "step_s": 0.95, "host_s": 0.925, "host_cpu_s": 0.4,
-                                           "host_preemptions": 50.0})
+                                           "host_preemptions": 50.0, "pinned_allocs": None,
+                                           "pinned_alloc_ms": None})  # no pinned-memory counters logged
     assert split["others"]["steps"] == 3 and split["others"]["host_preemptions"] == pytest.approx(1.0)
     assert tp.slow_steps_line(f) == ("2 of 5 steps over 1.3x the run's p25 pace; those: device 0.950 s, host "
                                      "queueing 0.925 s (CPU 0.400 s, 50.0 preemptions); the others: device 0.533 s, "
                                      "host queueing 0.070 s (CPU 0.070 s, 1.0 preemptions)")
+    # pinned-memory blocks made (cumulative counters): 3 in the first slow step (30 ms), 2 in the second
+    for r, (blocks, us) in zip(records, [(0, 0), (0, 0), (0, 0), (3, 30e3), (3, 30e3), (5, 50e3)]):
+        r.update(num_host_alloc=blocks, host_alloc_us=us)
+    pinned = tp.run_figures({}, records, [30.0], warmup=1)["slow_steps"]
+    assert (pinned["slow"]["pinned_allocs"], pinned["slow"]["pinned_alloc_ms"]) == pytest.approx((2.5, 25.0))
+    assert (pinned["others"]["pinned_allocs"], pinned["others"]["pinned_alloc_ms"]) == (0, 0)
+    assert tp.slow_steps_line({"slow_steps": pinned}).endswith(
+        "preemptions), 0.0 pinned-memory blocks made (0.0 ms)")
+    assert "preemptions), 2.5 pinned-memory blocks made (25.0 ms); the others" in tp.slow_steps_line(
+        {"slow_steps": pinned})
     from benchmarks.gpu_clocks import clock_figures
     clocks = [{"sm_mhz": mhz, "max_sm_mhz": 1980.0, "power_w": 600.0, "utilization_pct": util}
               for mhz, util in ((1980.0, 99.0), (1200.0, 99.0), (1980.0, 99.0), (1200.0, 99.0), (345.0, 0.0))]

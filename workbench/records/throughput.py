@@ -202,10 +202,16 @@ def step_times(records: list[dict]) -> dict[str, list[float]]:
 
 def slow_steps(records: list[dict]) -> dict[str, Any] | None:
     """The steps slower than SLOW_STEP x the run's p25 of seconds per padded audio second, against the
-    others: for each, the count and the means of device seconds and of HOST_KEYS (those logged). None
+    others: for each, the count and the means of device seconds, of HOST_KEYS (those logged) and of the
+    pinned-memory blocks made and their milliseconds since the record before (None where not logged). None
     when no step logged host times."""
     from workbench.timing import summarize
 
+    pinned = {}  # step -> (pinned blocks made, their ms) since the record before (the counters are cumulative)
+    for before, r in zip(records, records[1:]):
+        if r.get("num_host_alloc") is not None and before.get("num_host_alloc") is not None:
+            pinned[r["step"]] = (r["num_host_alloc"] - before["num_host_alloc"],
+                                 (r["host_alloc_us"] - before["host_alloc_us"]) / 1e3)
     logged = [r for r in records if r.get("host_s") is not None]
     if not logged:
         return None
@@ -217,6 +223,9 @@ def slow_steps(records: list[dict]) -> dict[str, Any] | None:
         for key in HOST_KEYS:
             values = [r[key] for r in group if r.get(key) is not None]
             out[key] = _mean(values) if values else None
+        counted = [pinned[r["step"]] for r in group if r["step"] in pinned]
+        out["pinned_allocs"] = _mean([n for n, _ in counted]) if counted else None
+        out["pinned_alloc_ms"] = _mean([ms for _, ms in counted]) if counted else None
         return out
 
     return {"threshold_s_per_padded_audio_s": threshold,
@@ -237,6 +246,8 @@ def slow_steps_line(run: Mapping[str, Any]) -> str | None:
         text += f"; {name}: device {group['step_s']:.3f} s, host queueing {group['host_s']:.3f} s"
         if group.get("host_cpu_s") is not None:
             text += f" (CPU {group['host_cpu_s']:.3f} s, {group['host_preemptions']:.1f} preemptions)"
+        if group.get("pinned_allocs") is not None:
+            text += f", {group['pinned_allocs']:.1f} pinned-memory blocks made ({group['pinned_alloc_ms']:.1f} ms)"
     return text
 
 

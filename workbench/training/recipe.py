@@ -724,7 +724,10 @@ def finish_step(step: LaunchedStep) -> dict:
     the CPU both are host times. ``host_s`` is the host's wall time to queue the step, ``host_cpu_s`` and
     ``host_preemptions`` this process's CPU seconds and involuntary context switches meanwhile
     (:func:`host_counters`): ``host_s`` near ``step_s`` says the host set the pace (or the launch queue was
-    full), and many preemptions that other processes, such as the DataLoader's workers, took its cores."""
+    full), and many preemptions that other processes, such as the DataLoader's workers, took its cores.
+    On CUDA ``num_host_alloc`` and ``host_alloc_us`` count the pinned-memory blocks made so far in the
+    process and the microseconds CUDA's calls took to make them (a new block pins its pages, which can hold
+    up the launches meanwhile)."""
     record = step.record
     if step.events:
         start, backward_done, end = step.events
@@ -740,6 +743,10 @@ def finish_step(step: LaunchedStep) -> dict:
         for key in ALLOCATOR_COUNTERS:
             record[key] = int(stats.get(key, 0))
         record["reserved_bytes"] = int(stats.get("reserved_bytes.all.current", 0))
+        if hasattr(torch.cuda, "host_memory_stats"):  # the pinned (host) allocator: blocks made and the time in
+            pinned = torch.cuda.host_memory_stats()   # CUDA's calls that made them (a new block pins pages)
+            record["num_host_alloc"] = int(pinned.get("num_host_alloc", 0))
+            record["host_alloc_us"] = float(pinned.get("host_alloc_time.total", 0))
     record["loss"] = float(step.loss)
     return record
 
