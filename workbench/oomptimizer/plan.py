@@ -45,12 +45,15 @@ import re
 import weakref
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, is_fake
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from workbench.oomptimizer.repeated_blocks import KEEP as KEEP_BLOCKS
+from workbench.oomptimizer.repeated_blocks import NotRepeatable, cut_runs, find_block_runs, grown_timeline
 from workbench.triton_support import kernels_as_on_cuda, triton_unavailable_reason
 from workbench.units import GiB, MiB
 
@@ -130,6 +133,17 @@ class DeviceMemoryTracker(TorchDispatchMode):
         self.peak_allocated_bytes = self.peak_reserved_bytes = 0
         self.host_reads = 0
         self.last_op = None  # the op dispatched last, named when a trace fails
+        self.events: list[tuple[int, int, int]] | None = None  # while recording: see record_events
+        self._born: dict[int, int] = {}  # id(storage) -> the event that made it, while recording
+
+    def record_events(self) -> tuple[int, int]:
+        """From now on keep every allocation and free as (small-pool bytes, large-pool bytes, the event that
+        made the storage for a free, else -1) in ``events``; returns the pools' bytes now."""
+        self.events, self._born = [], {}
+        return self.small_bytes, self.large_bytes
+
+    def events_so_far(self) -> int:
+        return len(self.events) if self.events is not None else 0
 
     @property
     def allocated_bytes(self) -> int:
@@ -149,11 +163,16 @@ class DeviceMemoryTracker(TorchDispatchMode):
         nbytes = block_bytes(storage.nbytes())
         small = nbytes <= SMALL_BLOCK_LIMIT
         self._live[key] = (weakref.ref(storage, lambda _ref, key=key: self._free(key)), nbytes)
+        if self.events is not None:
+            self._born[key] = len(self.events)
+            self.events.append((nbytes if small else 0, 0 if small else nbytes, -1))
         self._add(nbytes if small else 0, 0 if small else nbytes)
 
     def _free(self, key: int) -> None:
         _, nbytes = self._live.pop(key)
         small = nbytes <= SMALL_BLOCK_LIMIT
+        if self.events is not None:
+            self.events.append((-nbytes if small else 0, 0 if small else -nbytes, self._born.pop(key, -1)))
         self._add(-nbytes if small else 0, 0 if small else -nbytes)
 
     def _add(self, small: int, large: int) -> None:
@@ -224,6 +243,7 @@ class StepMemory:
     peak_reserved_bytes: int  # what the allocator reserves for it under expandable segments
     state_bytes: int  # parameters, gradients' and AdamW's state held before the batch exists
     host_reads: int  # values read back to the host during the trace (answered, not computed)
+    step_end_bytes: int = 0  # allocated when the backward has ended, before the optimizer step
 
 
 class OpsAsOnCuda(TorchFunctionMode):
@@ -423,8 +443,10 @@ class StepTracer:
     their fakes); False: as on the CPU (torch's)."""
 
     def __init__(self, model: torch.nn.Module, fake_mode: FakeTensorMode, *, dtype: torch.dtype = torch.bfloat16,
-                 ddp_gradient_buckets: bool = False, cuda_kernels: bool = True):
+                 ddp_gradient_buckets: bool = False, cuda_kernels: bool = True, repeated_blocks: bool = False):
         self.model, self.fake_mode, self.dtype, self.cuda_kernels = model, fake_mode, dtype, cuda_kernels
+        # runs of identical blocks traced cut short and grown back (repeated_blocks.py); [] traces every block
+        self.block_runs = find_block_runs(model) if repeated_blocks else []
         self.params = [p for p in model.parameters() if p.requires_grad]
         tracker = DeviceMemoryTracker()
         with fake_mode, tracker, _naming_the_operation(tracker, "creating AdamW's state"):
@@ -454,30 +476,45 @@ class StepTracer:
             tracker.track(tensor)
 
     def trace(self, bucket: tuple[float, float], batch_size: int,
-              tracker: DeviceMemoryTracker | None = None) -> StepMemory:
+              tracker: DeviceMemoryTracker | None = None, *, every_block: bool = False) -> StepMemory:
         """Memory of one step on the worst-case batch of ``bucket`` (duration s, tokens); a
         :class:`PlanError` names the operation that cannot be traced. ``tracker``: a fresh one that counts
-        it (default a new :class:`DeviceMemoryTracker`)."""
+        it (default a new :class:`DeviceMemoryTracker`). With ``block_runs``, the runs are traced cut short and
+        the timeline grown back (:mod:`workbench.oomptimizer.repeated_blocks`), unless ``every_block``."""
         duration, tokens = float(bucket[0]), int(round(bucket[1]))
         tracker = DeviceMemoryTracker() if tracker is None else tracker
-        batch = None
+        runs = [] if every_block else self.block_runs
+        batch, marks = None, []
         where = f"at {duration:g} s / {tokens} tokens, batch size {batch_size}"
         try:
             kernels = kernels_as_on_cuda() if self.cuda_kernels else contextlib.nullcontext()
             cuda_ops = OpsAsOnCuda() if self.cuda_kernels else contextlib.nullcontext()
             with self.fake_mode, tracker, _naming_the_operation(tracker, where), kernels, cuda_ops:
-                self._track_state(tracker)
+                self._track_state(tracker)  # every block's weights and AdamW state, cut or not
                 state_bytes = tracker.allocated_bytes
                 tracker.reset_peak()
-                batch = self.model.make_batch(int(batch_size), duration, tokens, "cpu")
-                self.model.training_step(batch, dtype=self.dtype)
-                step_peak = tracker.allocated_bytes + self.optimizer_step_bytes
-                peak = max(tracker.peak_allocated_bytes, step_peak)
-                reserved = max(tracker.peak_reserved_bytes, -(-step_peak // PAGE_BYTES) * PAGE_BYTES)
+                with contextlib.ExitStack() as cut:
+                    if runs:
+                        start = tracker.record_events()
+                        cut.enter_context(cut_runs(runs, marks, tracker.events_so_far))
+                    batch = self.model.make_batch(int(batch_size), duration, tokens, "cpu")
+                    self.model.training_step(batch, dtype=self.dtype)
+                peak_allocated, peak_reserved = tracker.peak_allocated_bytes, tracker.peak_reserved_bytes
+                end_allocated, step_events = tracker.allocated_bytes, tracker.events_so_far()
         finally:
             del batch
             self.model.zero_grad(set_to_none=True)
-        return StepMemory(peak, reserved, state_bytes, tracker.host_reads)
+        if runs:  # the cut trace's timeline to the step's end, grown to every block (NotRepeatable where it cannot be)
+            events, tracker.events = tracker.events[:step_events], None
+            small, large = grown_timeline(np.array([e[:2] for e in events], dtype=np.int64).reshape(-1, 2),
+                                          np.array([e[2] for e in events], dtype=np.int64), start, runs, marks)
+            pages = -(-small // PAGE_BYTES) + -(-large // PAGE_BYTES)
+            peak_allocated, peak_reserved = int((small + large).max()), int(pages.max()) * PAGE_BYTES
+            end_allocated = int(small[-1] + large[-1])
+        step_peak = end_allocated + self.optimizer_step_bytes
+        peak = max(peak_allocated, step_peak)
+        reserved = max(peak_reserved, -(-step_peak // PAGE_BYTES) * PAGE_BYTES)
+        return StepMemory(peak, reserved, state_bytes, tracker.host_reads, end_allocated)
 
 
 @contextlib.contextmanager
@@ -506,12 +543,15 @@ class PlannedProbe:
     dtype: torch.dtype = torch.bfloat16
     ddp_gradient_buckets: bool = False
     cuda_kernels: bool = True  # the kernels CUDA would run (see StepTracer)
+    repeated_blocks: bool = True  # runs of identical blocks traced cut short, once checked (see __call__)
     traces: list[StepMemory] = field(default_factory=list)
     baseline_bytes: int = 0  # nothing is allocated on a device
+    block_check: str | None = None  # what the check of the cut trace found (None: not made)
 
     def __post_init__(self):
         self.tracer = StepTracer(self.model, self.fake_mode, dtype=self.dtype,
-                                 ddp_gradient_buckets=self.ddp_gradient_buckets, cuda_kernels=self.cuda_kernels)
+                                 ddp_gradient_buckets=self.ddp_gradient_buckets, cuda_kernels=self.cuda_kernels,
+                                 repeated_blocks=self.repeated_blocks)
         if not 0 < self.memory_fraction <= 1:
             raise ValueError(f"memory_fraction: must be in (0, 1], got {self.memory_fraction}")
         if self.budget_bytes <= 0:
@@ -523,13 +563,38 @@ class PlannedProbe:
         return self.gpu_memory_bytes * self.memory_fraction - self.margin_bytes
 
     def __call__(self, bucket: tuple[float, float], batch_size: int) -> float:
-        memory = self.tracer.trace(bucket, batch_size)
+        if self.tracer.block_runs and self.block_check is None:
+            memory = self.check_block_runs(bucket, batch_size)
+        else:
+            memory = self.tracer.trace(bucket, batch_size)
         self.traces.append(memory)
         if memory.peak_reserved_bytes > self.budget_bytes:
             raise torch.OutOfMemoryError(
                 f"planned: batch size {batch_size} at {bucket[0]:g} s / {int(round(bucket[1]))} tokens needs "
                 f"{memory.peak_reserved_bytes / GiB:.2f} GiB > {self.budget_bytes / GiB:.2f} GiB")
         return float(memory.peak_allocated_bytes)
+
+
+    def check_block_runs(self, bucket: tuple[float, float], batch_size: int) -> StepMemory:
+        """The first probe traced whole and cut short: where the two peaks differ, every later probe is traced
+        whole. Returns the whole trace's memory; ``block_check`` says what was found."""
+        whole = self.tracer.trace(bucket, batch_size, every_block=True)
+        runs = ", ".join(f"{r.name} ({r.length} blocks)" for r in self.tracer.block_runs)
+        where = f"at {bucket[0]:g} s / {int(round(bucket[1]))} tokens, batch size {batch_size}"
+        try:
+            cut = self.tracer.trace(bucket, batch_size)
+            found = next((f"its {name} {a} B differed from the whole trace's {b} B" for name, a, b in (
+                ("peak", cut.peak_allocated_bytes, whole.peak_allocated_bytes),
+                ("reserved peak", cut.peak_reserved_bytes, whole.peak_reserved_bytes),
+                ("bytes at the backward's end", cut.step_end_bytes, whole.step_end_bytes)) if a != b), None)
+        except NotRepeatable as e:
+            found = str(e)
+        if found is None:
+            self.block_check = f"{runs} traced {KEEP_BLOCKS} blocks each: the same peak as every block {where}"
+        else:
+            self.block_check = f"{runs}: every block traced, since the cut trace {where}: {found}"
+            self.tracer.block_runs = []
+        return whole
 
 
 def _first_line(error: BaseException) -> str:
@@ -541,14 +606,16 @@ def plan_profile(model: torch.nn.Module, fake_mode: FakeTensorMode, model_name: 
                  memory_fraction: float = 0.9, margin_bytes: int = DEFAULT_MARGIN_BYTES,
                  dtype: torch.dtype = torch.bfloat16, ddp: bool = False, strategy: str = "predictive",
                  rel_gap: float = 0.05, start_batch_size: int = 32, merge: bool = True, on_probe=None,
-                 on_bucket=None, cuda_kernels: bool = True, workers: int = 1):
+                 on_bucket=None, cuda_kernels: bool = True, workers: int = 1, repeated_blocks: bool = True):
     """Batch sizes for the buckets of ``bins`` on a GPU of ``gpu_memory`` (a name or a size), found by
     the same search as on a GPU against predicted peaks. Returns (profile, search result); the profile's
     metadata says it was planned, for which memory, with which fraction and margin, on which path
     (``cuda_kernels``: see :class:`StepTracer`). ``workers`` > 1 (:func:`plan_workers`), with no callbacks
     and at least two buckets each: the buckets are searched in that many forked processes, each taking every
     ``workers``-th bucket from the largest, so that each sees every shape; a trace is single-threaded Python,
-    so the plan takes about 1 / workers of the time, for somewhat more traced steps."""
+    so the plan takes about 1 / workers of the time, for somewhat more traced steps. ``repeated_blocks``: runs
+    of identical blocks traced cut short (:mod:`workbench.oomptimizer.repeated_blocks`), checked against a
+    whole trace at each search's first probe; ``metadata.plan.repeated_blocks`` says what the check found."""
     import datetime as _dt
 
     from workbench.oomptimizer.run import profile_buckets, profile_with_batch_sizes
@@ -556,7 +623,8 @@ def plan_profile(model: torch.nn.Module, fake_mode: FakeTensorMode, model_name: 
 
     total = gpu_memory_bytes(gpu_memory)
     probe = PlannedProbe(model, fake_mode, total, memory_fraction=memory_fraction, margin_bytes=margin_bytes,
-                         dtype=dtype, ddp_gradient_buckets=ddp, cuda_kernels=cuda_kernels)
+                         dtype=dtype, ddp_gradient_buckets=ddp, cuda_kernels=cuda_kernels,
+                         repeated_blocks=repeated_blocks)
     options = dict(budget_bytes=probe.budget_bytes, rel_gap=rel_gap, start_batch_size=start_batch_size,
                    strategy=strategy)
     buckets = profile_buckets(bins)
@@ -576,6 +644,8 @@ def plan_profile(model: torch.nn.Module, fake_mode: FakeTensorMode, model_name: 
             "search_seconds": round(result.seconds, 2), "budget_bytes": int(probe.budget_bytes),
             "unmerged_buckets": len(profile_buckets(bins)), "planned": True,
             "plan": {"margin_bytes": int(margin_bytes), "traced_path": traced_path(probe.cuda_kernels),
+                     "repeated_blocks": probe.block_check or ("every block traced" + (
+                         " (no run of identical blocks)" if repeated_blocks else "")),
                      "allocator": "expandable segments, 512-byte blocks, 2 MiB pages",
                      "host_reads_per_step": max((t.host_reads for t in probe.traces), default=0),
                      **planned_lines(result)}}
@@ -611,7 +681,9 @@ def _search_in_forks(probe: "PlannedProbe", buckets: list, workers: int, options
     finally:
         _FORKED = None
     sizes, reasons, records = [None] * len(buckets), [""] * len(buckets), []
-    for group, (group_sizes, group_reasons, group_records, traces) in zip(groups, parts):
+    checks = sorted({part[4] for part in parts if part[4]})
+    probe.block_check = "; ".join(checks) if checks else None
+    for group, (group_sizes, group_reasons, group_records, traces, _) in zip(groups, parts):
         for j, i in enumerate(group):
             sizes[i], reasons[i] = group_sizes[j], group_reasons[j]
         records += group_records
@@ -634,7 +706,7 @@ def _search_group(w: int):
     group = groups[w]
     result = search_batch_sizes([buckets[i] for i in group], probe, **options)
     records = [dataclasses.replace(r, bucket_index=group[r.bucket_index]) for r in result.probes]
-    return result.batch_sizes, result.stop_reasons, records, probe.traces
+    return result.batch_sizes, result.stop_reasons, records, probe.traces, probe.block_check
 
 
 def planned_lines(result) -> dict:
