@@ -29,6 +29,9 @@ What the trace can and cannot see:
   depends on the longest target; ``masked_select``, ``nonzero`` and indexing by a boolean mask select
   every element, for the same reason.
 - cuBLAS and cuDNN workspaces, and the allocator's fragmentation, are not traced: the margin covers them.
+- A plan traces each run of identical blocks cut to three and grows the timeline back to full depth
+  (:mod:`workbench.oomptimizer.repeated_blocks`): the same peaks for a fraction of the trace, checked against
+  a whole trace at each search's first probe.
 
 How close the traced peaks come to a GPU's measured ones: benchmarks/results/plan_calibration.json (from
 the H200) and plan_replay.json (each recorded probe traced again, ``python -m
