@@ -112,3 +112,25 @@ def test_marks_missing_or_out_of_order_say_so():
         grown_timeline(events, born, (5, 7), runs, [m for m in complete if m[1:3] != (1, "bs")])
     with pytest.raises(NotRepeatable, match="out of order"):
         grown_timeline(events, born, (5, 7), runs, [(r, b, k, 3 - p if b == 2 else p) for r, b, k, p in complete])
+
+
+class IndexesTheLastBlock(EveryFourthDiffers):
+    """Keeps the model contract; its step reads the eighth block by index, which a cut run does not have."""
+
+    def training_step(self, batch, *, dtype=torch.float32):
+        x = batch["x"]
+        for block in self.blocks:
+            x = torch.relu(block(x))
+        loss = self.blocks[7](x).sum()
+        loss.backward()
+        return loss.detach()
+
+
+def test_a_model_that_fails_cut_short_is_traced_whole():
+    fake_mode = new_fake_mode()
+    with fake_mode:
+        model = IndexesTheLastBlock()
+    probe = PlannedProbe(model, fake_mode, 1 * GiB, margin_bytes=0)
+    assert probe((1.0, 4), 16) == StepTracer(model, fake_mode).trace((1.0, 4), 16).peak_allocated_bytes
+    assert "every block traced, since the cut trace at 1 s / 4 tokens, batch size 16: cannot trace" in probe.block_check
+    assert probe.tracer.block_runs == [] and len(model.blocks) == 8

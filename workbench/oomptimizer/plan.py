@@ -568,6 +568,12 @@ class PlannedProbe:
     def __call__(self, bucket: tuple[float, float], batch_size: int) -> float:
         if self.tracer.block_runs and self.block_check is None:
             memory = self.check_block_runs(bucket, batch_size)
+        elif self.tracer.block_runs:
+            try:
+                memory = self.tracer.trace(bucket, batch_size)
+            except (PlanError, NotRepeatable) as e:  # the cut model fails where the whole one may not
+                self._trace_every_block(bucket, batch_size, _first_line(e))
+                memory = self.tracer.trace(bucket, batch_size)
         else:
             memory = self.tracer.trace(bucket, batch_size)
         self.traces.append(memory)
@@ -590,14 +596,19 @@ class PlannedProbe:
                 ("peak", cut.peak_allocated_bytes, whole.peak_allocated_bytes),
                 ("reserved peak", cut.peak_reserved_bytes, whole.peak_reserved_bytes),
                 ("bytes at the backward's end", cut.step_end_bytes, whole.step_end_bytes)) if a != b), None)
-        except NotRepeatable as e:
-            found = str(e)
+        except (PlanError, NotRepeatable) as e:  # e.g. a model that indexes a block past the cut
+            found = _first_line(e)
         if found is None:
             self.block_check = f"{runs} traced {KEEP_BLOCKS} blocks each: the same peak as every block {where}"
         else:
-            self.block_check = f"{runs}: every block traced, since the cut trace {where}: {found}"
-            self.tracer.block_runs = []
+            self._trace_every_block(bucket, batch_size, found)
         return whole
+
+    def _trace_every_block(self, bucket: tuple[float, float], batch_size: int, why: str) -> None:
+        runs = ", ".join(f"{r.name} ({r.length} blocks)" for r in self.tracer.block_runs)
+        where = f"at {bucket[0]:g} s / {int(round(bucket[1]))} tokens, batch size {batch_size}"
+        self.block_check = f"{runs}: every block traced, since the cut trace {where}: {why}"
+        self.tracer.block_runs = []
 
 
 def _first_line(error: BaseException) -> str:
