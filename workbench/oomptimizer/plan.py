@@ -56,7 +56,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from workbench.oomptimizer.repeated_blocks import KEEP as KEEP_BLOCKS
-from workbench.oomptimizer.repeated_blocks import NotRepeatable, cut_runs, find_block_runs, grown_timeline
+from workbench.oomptimizer.repeated_blocks import (NotRepeatable, cut_runs, find_block_runs, grown_allocations,
+                                                   grown_timeline)
 from workbench.triton_support import kernels_as_on_cuda, triton_unavailable_reason
 from workbench.units import GiB, MiB
 
@@ -136,12 +137,14 @@ class DeviceMemoryTracker(TorchDispatchMode):
         self.peak_allocated_bytes = self.peak_reserved_bytes = 0
         self.host_reads = 0
         self.last_op = None  # the op dispatched last, named when a trace fails
+        self.allocations = self.allocated_total = 0  # storages counted so far, and their bytes
         self.events: list[tuple[int, int, int]] | None = None  # while recording: see record_events
         self._born: dict[int, int] = {}  # id(storage) -> the event that made it, while recording
 
     def record_events(self) -> tuple[int, int]:
-        """From now on keep every allocation and free as (small-pool bytes, large-pool bytes, the event that
-        made the storage for a free, else -1) in ``events``; returns the pools' bytes now."""
+        """From now on keep every allocation and free as (small-pool bytes, large-pool bytes, born) in
+        ``events``, where born is -1 for an allocation and, for a free, the event that made the storage (-2
+        for one made before); returns the pools' bytes now."""
         self.events, self._born = [], {}
         return self.small_bytes, self.large_bytes
 
@@ -166,6 +169,8 @@ class DeviceMemoryTracker(TorchDispatchMode):
         nbytes = block_bytes(storage.nbytes())
         small = nbytes <= SMALL_BLOCK_LIMIT
         self._live[key] = (weakref.ref(storage, lambda _ref, key=key: self._free(key)), nbytes)
+        self.allocations += 1
+        self.allocated_total += nbytes
         if self.events is not None:
             self._born[key] = len(self.events)
             self.events.append((nbytes if small else 0, 0 if small else nbytes, -1))
@@ -175,7 +180,7 @@ class DeviceMemoryTracker(TorchDispatchMode):
         _, nbytes = self._live.pop(key)
         small = nbytes <= SMALL_BLOCK_LIMIT
         if self.events is not None:
-            self.events.append((-nbytes if small else 0, 0 if small else -nbytes, self._born.pop(key, -1)))
+            self.events.append((-nbytes if small else 0, 0 if small else -nbytes, self._born.pop(key, -2)))
         self._add(-nbytes if small else 0, 0 if small else -nbytes)
 
     def _add(self, small: int, large: int) -> None:
@@ -247,6 +252,8 @@ class StepMemory:
     state_bytes: int  # parameters, gradients' and AdamW's state held before the batch exists
     host_reads: int  # values read back to the host during the trace (answered, not computed)
     step_end_bytes: int = 0  # allocated when the backward has ended, before the optimizer step
+    step_allocations: int = 0  # storages the step made (the batch, forward and backward)
+    step_allocated_bytes: int = 0  # their bytes, each rounded as a block
 
 
 class OpsAsOnCuda(TorchFunctionMode):
@@ -496,6 +503,7 @@ class StepTracer:
                 self._track_state(tracker)  # every block's weights and AdamW state, cut or not
                 state_bytes = tracker.allocated_bytes
                 tracker.reset_peak()
+                made_before = (tracker.allocations, tracker.allocated_total)
                 with contextlib.ExitStack() as cut:
                     if runs:
                         start = tracker.record_events()
@@ -504,20 +512,23 @@ class StepTracer:
                     self.model.training_step(batch, dtype=self.dtype)
                 peak_allocated, peak_reserved = tracker.peak_allocated_bytes, tracker.peak_reserved_bytes
                 end_allocated, step_events = tracker.allocated_bytes, tracker.events_so_far()
+                made = (tracker.allocations - made_before[0], tracker.allocated_total - made_before[1])
         finally:
             del batch
             self.model.zero_grad(set_to_none=True)
         if runs:  # the cut trace's timeline to the step's end, grown to every block (NotRepeatable where it cannot be)
             events, tracker.events = tracker.events[:step_events], None
-            small, large = grown_timeline(np.array([e[:2] for e in events], dtype=np.int64).reshape(-1, 2),
-                                          np.array([e[2] for e in events], dtype=np.int64), start, runs, marks)
+            deltas = np.array([e[:2] for e in events], dtype=np.int64).reshape(-1, 2)
+            born = np.array([e[2] for e in events], dtype=np.int64)
+            small, large = grown_timeline(deltas, born, start, runs, marks)
+            made = grown_allocations(deltas, born, runs, marks)
             pages = -(-small // PAGE_BYTES) + -(-large // PAGE_BYTES)
             peak_allocated, peak_reserved = int((small + large).max()), int(pages.max()) * PAGE_BYTES
             end_allocated = int(small[-1] + large[-1])
         step_peak = end_allocated + self.optimizer_step_bytes
         peak = max(peak_allocated, step_peak)
         reserved = max(peak_reserved, -(-step_peak // PAGE_BYTES) * PAGE_BYTES)
-        return StepMemory(peak, reserved, state_bytes, tracker.host_reads, end_allocated)
+        return StepMemory(peak, reserved, state_bytes, tracker.host_reads, end_allocated, *made)
 
 
 @contextlib.contextmanager
@@ -595,11 +606,14 @@ class PlannedProbe:
             found = next((f"its {name} {a} B differed from the whole trace's {b} B" for name, a, b in (
                 ("peak", cut.peak_allocated_bytes, whole.peak_allocated_bytes),
                 ("reserved peak", cut.peak_reserved_bytes, whole.peak_reserved_bytes),
-                ("bytes at the backward's end", cut.step_end_bytes, whole.step_end_bytes)) if a != b), None)
+                ("bytes at the backward's end", cut.step_end_bytes, whole.step_end_bytes),
+                ("count of storages made", cut.step_allocations, whole.step_allocations),
+                ("bytes made", cut.step_allocated_bytes, whole.step_allocated_bytes)) if a != b), None)
         except (PlanError, NotRepeatable) as e:  # e.g. a model that indexes a block past the cut
             found = _first_line(e)
         if found is None:
-            self.block_check = f"{runs} traced {KEEP_BLOCKS} blocks each: the same peak as every block {where}"
+            self.block_check = (f"{runs} traced {KEEP_BLOCKS} blocks each: the same peaks and storages as every "
+                                f"block {where}")
         else:
             self._trace_every_block(bucket, batch_size, found)
         return whole
@@ -644,6 +658,9 @@ def plan_profile(model: torch.nn.Module, fake_mode: FakeTensorMode, model_name: 
     buckets = profile_buckets(bins)
     if workers > 1 and len(buckets) >= 2 * workers and on_probe is None and on_bucket is None \
             and "fork" in multiprocessing.get_all_start_methods():
+        if probe.tracer.block_runs:  # settled once here, so every forked search traces the same way
+            from workbench.oomptimizer.search import largest_first
+            probe.check_block_runs(tuple(buckets[largest_first(buckets)[0]]), start_batch_size)
         result = _search_in_forks(probe, buckets, workers, options)
     else:
         result = search_batch_sizes(buckets, probe, on_probe=on_probe, on_bucket=on_bucket, **options)
@@ -695,9 +712,7 @@ def _search_in_forks(probe: "PlannedProbe", buckets: list, workers: int, options
     finally:
         _FORKED = None
     sizes, reasons, records = [None] * len(buckets), [""] * len(buckets), []
-    checks = sorted({part[4] for part in parts if part[4]})
-    probe.block_check = "; ".join(checks) if checks else None
-    for group, (group_sizes, group_reasons, group_records, traces, _) in zip(groups, parts):
+    for group, (group_sizes, group_reasons, group_records, traces) in zip(groups, parts):
         for j, i in enumerate(group):
             sizes[i], reasons[i] = group_sizes[j], group_reasons[j]
         records += group_records
@@ -720,7 +735,7 @@ def _search_group(w: int):
     group = groups[w]
     result = search_batch_sizes([buckets[i] for i in group], probe, **options)
     records = [dataclasses.replace(r, bucket_index=group[r.bucket_index]) for r in result.probes]
-    return result.batch_sizes, result.stop_reasons, records, probe.traces, probe.block_check
+    return result.batch_sizes, result.stop_reasons, records, probe.traces
 
 
 def planned_lines(result) -> dict:

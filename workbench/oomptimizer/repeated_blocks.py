@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 MIN_BLOCKS = 4  # a run this long or longer is cut
-KEEP = 3  # blocks kept per run: the first, a middle one (the template) and the last
+KEEP = 3  # blocks kept per run: the first three (the middle one is the template)
 TEMPLATE = 1  # the kept block whose forward and backward stand for every cut block
 
 
@@ -37,12 +37,13 @@ class BlockRun:
 
 def _signature(module: nn.Module) -> tuple:
     return (type(module), tuple((n, tuple(p.shape), p.dtype) for n, p in module.named_parameters()),
-            tuple((n, tuple(b.shape), b.dtype) for n, b in module.named_buffers()))
+            tuple((n, tuple(b.shape), b.dtype) for n, b in module.named_buffers()),
+            tuple((n, m.extra_repr()) for n, m in module.named_modules()))  # strides, rates, flags
 
 
 def find_block_runs(model: nn.Module) -> list[BlockRun]:
-    """The model's runs of at least MIN_BLOCKS identical blocks (same class, same parameter and buffer
-    shapes), outermost only (a run inside another run's block is left whole)."""
+    """The model's runs of at least MIN_BLOCKS identical blocks (same class, parameter and buffer shapes and
+    settings of every submodule), outermost only (a run inside another run's block is left whole)."""
     runs: list[BlockRun] = []
     for name, module in model.named_modules():
         if not isinstance(module, nn.ModuleList) or len(module) < MIN_BLOCKS:
@@ -72,13 +73,13 @@ def cut_runs(runs: list[BlockRun], marks: list, timeline_length):
                     marks.append((r, b, "fs", timeline_length()))
                     x = args[0] if args else None
                     if isinstance(x, torch.Tensor) and x.requires_grad:
-                        x.register_hook(lambda grad: marks.append((r, b, "be", timeline_length())))
+                        handles.append(x.register_hook(lambda grad: marks.append((r, b, "be", timeline_length()))))
 
                 def after(module, args, output, r=r, b=b):
                     marks.append((r, b, "fe", timeline_length()))
                     y = output[0] if isinstance(output, tuple) else output
                     if isinstance(y, torch.Tensor) and y.requires_grad:
-                        y.register_hook(lambda grad: marks.append((r, b, "bs", timeline_length())))
+                        handles.append(y.register_hook(lambda grad: marks.append((r, b, "bs", timeline_length()))))
 
                 handles += [block.register_forward_pre_hook(before), block.register_forward_hook(after)]
         yield
@@ -117,7 +118,7 @@ def grown_timeline(events: np.ndarray, born: np.ndarray, start: tuple[int, int],
                    marks: list) -> tuple[np.ndarray, np.ndarray]:
     """The full step's (small, large) pool bytes before the first event and after every event, from a cut
     trace: ``events`` [E, 2] (the small- and large-pool bytes each allocation adds or each free removes),
-    ``born`` [E] (for a free, the event that made its storage; -1 for an allocation), ``start`` the pools
+    ``born`` [E] (-1 for an allocation; for a free, the event that made its storage, -2 if made before), ``start`` the pools
     before the first event (the whole model's weights and AdamW state included: they are counted before the
     cut), ``marks`` from :func:`cut_runs`.
 
@@ -126,6 +127,15 @@ def grown_timeline(events: np.ndarray, born: np.ndarray, start: tuple[int, int],
     frees its own there: autocast's weight cache at the end of the forward), unless it falls in another kept
     block of the run (the next block freeing its input: the cut blocks free theirs inside their copies)."""
     stretches = _stretches(runs, marks, len(events))
+    allocation = born == -1
+    for r, run in enumerate(runs):  # the kept blocks a chain, with nothing made between them
+        for b in range(KEEP - 1):
+            (_, fe, bs, _), (fs_next, _, _, be_next) = stretches[r, b], stretches[r, b + 1]
+            if not (fe <= fs_next and be_next <= bs):
+                raise NotRepeatable(f"{run.name}[{b}] and [{b + 1}] do not run one after the other")
+            if allocation[fe:fs_next].any() or allocation[be_next:bs].any():
+                raise NotRepeatable(f"{run.name}: the step makes tensors between blocks {b} and {b + 1}, "
+                                    "outside both (a cut block's share of them is not known)")
     segments = []  # (start, end, copies, run): events [start, end) repeated `copies` more times after `end`
     block_of = np.full(len(events), -1)  # the run whose kept, non-template block holds the event
     for (r, b), (fs, fe, bs, be) in stretches.items():
@@ -144,7 +154,12 @@ def grown_timeline(events: np.ndarray, born: np.ndarray, start: tuple[int, int],
     repeats = np.zeros(len(events), dtype=np.int64)
     for i in np.nonzero(born >= 0)[0]:
         made_in = segment_of[born[i]]
-        if segment_of[i] == -1 and made_in != -1 and block_of[i] != segments[made_in][3]:
+        if made_in == -1:
+            continue
+        if segment_of[i] != -1 and segments[segment_of[i]][3] != segments[made_in][3]:
+            raise NotRepeatable(f"{runs[segments[made_in][3]].name}'s block makes a tensor that "
+                                f"{runs[segments[segment_of[i]][3]].name}'s block frees")
+        if segment_of[i] == -1 and block_of[i] != segments[made_in][3]:
             repeats[i] = segments[made_in][2]
     weighted = events * (1 + repeats)[:, None]
     pieces, at = [], 0
@@ -156,4 +171,23 @@ def grown_timeline(events: np.ndarray, born: np.ndarray, start: tuple[int, int],
     grown = np.concatenate(pieces)
     base = np.array(start, dtype=np.int64)
     pools = np.vstack([base[None], base[None] + np.cumsum(grown, axis=0)])
+    if (pools < 0).any():
+        raise NotRepeatable("the grown timeline frees more than it holds")
     return pools[:, 0], pools[:, 1]
+
+
+def grown_allocations(events: np.ndarray, born: np.ndarray, runs: list[BlockRun], marks: list) -> tuple[int, int]:
+    """(allocations, bytes allocated) over the full step from a cut trace (see :func:`grown_timeline`): the
+    template stretches' allocations counted once more per cut block. A whole trace of the same step must give
+    the same two numbers at any shape, which a peak alone does not show."""
+    stretches = _stretches(runs, marks, len(events))
+    allocation = born == -1
+    sizes = np.where(allocation, events.sum(axis=1), 0)
+    count, total = int(allocation.sum()), int(sizes.sum())
+    for (r, b), (fs, fe, bs, be) in stretches.items():
+        if b == TEMPLATE:
+            copies = runs[r].length - KEEP
+            for s, e in ((fs, fe), (bs, be)):
+                count += copies * int(allocation[s:e].sum())
+                total += copies * int(sizes[s:e].sum())
+    return count, total
