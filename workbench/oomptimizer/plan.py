@@ -31,7 +31,7 @@ What the trace can and cannot see:
 - cuBLAS and cuDNN workspaces, and the allocator's fragmentation, are not traced: the margin covers them.
 - A plan traces each run of identical blocks cut to three and grows the timeline back to full depth
   (:mod:`workbench.oomptimizer.repeated_blocks`): the same peaks for a fraction of the trace, checked against
-  a whole trace at each search's first probe.
+  a whole trace once per plan (:meth:`PlannedProbe.check_block_runs`).
 
 How close the traced peaks come to a GPU's measured ones: benchmarks/results/plan_calibration.json (from
 the H200) and plan_replay.json (each recorded probe traced again, ``python -m
@@ -579,14 +579,14 @@ class PlannedProbe:
     def __call__(self, bucket: tuple[float, float], batch_size: int) -> float:
         if self.tracer.block_runs and self.block_check is None:
             memory = self.check_block_runs(bucket, batch_size)
-        elif self.tracer.block_runs:
+        else:
             try:
                 memory = self.tracer.trace(bucket, batch_size)
             except (PlanError, NotRepeatable) as e:  # the cut model fails where the whole one may not
+                if not self.tracer.block_runs:
+                    raise
                 self._trace_every_block(bucket, batch_size, _first_line(e))
                 memory = self.tracer.trace(bucket, batch_size)
-        else:
-            memory = self.tracer.trace(bucket, batch_size)
         self.traces.append(memory)
         if memory.peak_reserved_bytes > self.budget_bytes:
             raise torch.OutOfMemoryError(
@@ -596,11 +596,10 @@ class PlannedProbe:
 
 
     def check_block_runs(self, bucket: tuple[float, float], batch_size: int) -> StepMemory:
-        """The first probe traced whole and cut short: where the two peaks differ, every later probe is traced
-        whole. Returns the whole trace's memory; ``block_check`` says what was found."""
+        """One probe traced whole and cut short (the first, or one before the searches fork): where the two
+        differ, every later probe is traced whole. Returns the whole trace's memory; ``block_check`` says what
+        was found."""
         whole = self.tracer.trace(bucket, batch_size, every_block=True)
-        runs = ", ".join(f"{r.name} ({r.length} blocks)" for r in self.tracer.block_runs)
-        where = f"at {bucket[0]:g} s / {int(round(bucket[1]))} tokens, batch size {batch_size}"
         try:
             cut = self.tracer.trace(bucket, batch_size)
             found = next((f"its {name} {a} B differed from the whole trace's {b} B" for name, a, b in (
@@ -612,17 +611,23 @@ class PlannedProbe:
         except (PlanError, NotRepeatable) as e:  # e.g. a model that indexes a block past the cut
             found = _first_line(e)
         if found is None:
-            self.block_check = (f"{runs} traced {KEEP_BLOCKS} blocks each: the same peaks and storages as every "
-                                f"block {where}")
+            self.block_check = (f"{self._runs_text()} traced {KEEP_BLOCKS} blocks each: the same peaks and storages "
+                                f"as every block {_where(bucket, batch_size)}")
         else:
             self._trace_every_block(bucket, batch_size, found)
         return whole
 
+    def _runs_text(self) -> str:
+        return ", ".join(f"{r.name} ({r.length} blocks)" for r in self.tracer.block_runs)
+
     def _trace_every_block(self, bucket: tuple[float, float], batch_size: int, why: str) -> None:
-        runs = ", ".join(f"{r.name} ({r.length} blocks)" for r in self.tracer.block_runs)
-        where = f"at {bucket[0]:g} s / {int(round(bucket[1]))} tokens, batch size {batch_size}"
-        self.block_check = f"{runs}: every block traced, since the cut trace {where}: {why}"
+        self.block_check = (f"{self._runs_text()}: every block traced, since the cut trace "
+                            f"{_where(bucket, batch_size)}: {why}")
         self.tracer.block_runs = []
+
+
+def _where(bucket: tuple[float, float], batch_size: int) -> str:
+    return f"at {bucket[0]:g} s / {int(round(bucket[1]))} tokens, batch size {batch_size}"
 
 
 def _first_line(error: BaseException) -> str:
@@ -643,7 +648,8 @@ def plan_profile(model: torch.nn.Module, fake_mode: FakeTensorMode, model_name: 
     ``workers``-th bucket from the largest, so that each sees every shape; a trace is single-threaded Python,
     so the plan takes about 1 / workers of the time, for somewhat more traced steps. ``repeated_blocks``: runs
     of identical blocks traced cut short (:mod:`workbench.oomptimizer.repeated_blocks`), checked against a
-    whole trace at each search's first probe; ``metadata.plan.repeated_blocks`` says what the check found."""
+    whole trace once (:meth:`PlannedProbe.check_block_runs`); ``metadata.plan.repeated_blocks`` says what the
+    check found."""
     import datetime as _dt
 
     from workbench.oomptimizer.run import profile_buckets, profile_with_batch_sizes

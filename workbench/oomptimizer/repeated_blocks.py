@@ -8,7 +8,7 @@ and large pools after every allocation and free). The full step's timeline is th
 block's forward and backward stretches repeated once per block cut, and the frees outside those stretches of
 what the middle block made (autocast's cache of its weights, say) repeated with them; the cut blocks' weights
 and AdamW state are counted before the cut. That is exact where each block's work stays inside its hooks' marks, which
-:class:`workbench.oomptimizer.plan.StepTracer` checks against one full trace before it relies on it.
+:meth:`workbench.oomptimizer.plan.PlannedProbe.check_block_runs` checks against one full trace before a plan relies on it.
 """
 
 from __future__ import annotations
